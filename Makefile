@@ -1,0 +1,31 @@
+# Two-command quickstart: `make demo` and `make test`. Both create/refresh .venv first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+
+.PHONY: venv demo test lint bench clean
+
+# torch is installed only when the venv lacks it: a GPU user keeps their CUDA build, and a
+# machine with a local CPU wheel never downloads CUDA packages.
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch
+	$(PIP) install -e ".[dev]"
+	touch $@
+
+demo: venv
+	$(PY) tutorials/01_dicttensor.py
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+test: venv lint
+	$(PY) -m pytest rlstruct tests
+
+bench: venv
+	$(PY) benchmarks/containers.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,548 @@
+"""``DictTensor``: a batch of named tensors that share their first dimension and their device.
+
+Invariant (checked at construction and on every write):
+    every tensor has shape ``(B, *feat)`` with the same ``B``, and every tensor lives on the same
+    device. An empty DictTensor (no key) is legal; it may still carry a batch size.
+
+Operations that build a new DictTensor from one already checked (``index``, ``slice``, ``to``, ...)
+skip the re-check: the invariant holds by construction, and skipping it keeps them close to the
+cost of a plain ``dict`` comprehension.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from rlstruct.errors import DeviceContractError, KeyMismatchError, ShapeError
+
+__all__ = ["DictTensor", "masked_tensor", "masked_dicttensor", "Index"]
+
+#: What ``index`` accepts: an int, a sequence of ints, a LongTensor of rows or a bool mask (B,).
+Index = int | Sequence[int] | Tensor
+
+DeviceLike = str | torch.device | int
+
+
+def _as_device(device: DeviceLike | None) -> torch.device | None:
+    if device is None or isinstance(device, torch.device):
+        return device
+    return torch.device(device)
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    # "cuda" and "cuda:0" name the same device once a tensor lives there; tensors always carry
+    # an index, so a device given without one matches any index of its type.
+    if a == b:
+        return True
+    return a.type == b.type and (a.index is None or b.index is None)
+
+
+def _row_index(idx: Index, n: int, device: torch.device | None) -> Tensor | slice:
+    """Normalise a row index so that indexing keeps the batch dimension."""
+    if isinstance(idx, bool):
+        raise TypeError("index() takes an int, a sequence of ints or a tensor, not a bool")
+    if isinstance(idx, int):
+        if not -n <= idx < n:
+            raise IndexError(f"row {idx} is out of range for a batch of {n} rows")
+        idx = idx % n
+        return slice(idx, idx + 1)
+    if isinstance(idx, slice):
+        return idx
+    if not isinstance(idx, Tensor):
+        idx = torch.as_tensor(idx, dtype=torch.long)
+    if idx.dtype == torch.bool:
+        if idx.shape != (n,):
+            raise ShapeError(f"boolean row mask has shape {tuple(idx.shape)}, expected ({n},)")
+    elif idx.dtype.is_floating_point or idx.dim() != 1:
+        raise ShapeError(
+            f"row index must be a 1-D integer or bool tensor, got shape {tuple(idx.shape)} "
+            f"and dtype {idx.dtype}"
+        )
+    if device is not None and idx.device != device and idx.device.type != "cpu":
+        idx = idx.to(device)
+    return idx
+
+
+class DictTensor:
+    """A mapping ``str -> Tensor`` whose tensors are batch-first ``(B, *feat)`` on one device.
+
+    Args:
+        tensors: the named tensors; each must have the same first dimension ``B`` and live on
+            the same device. ``None`` or ``{}`` gives an empty DictTensor.
+        batch_size: the expected ``B``. Required to give an empty DictTensor a batch size;
+            checked against the tensors otherwise.
+        device: the expected device; checked against the tensors when given.
+
+    Raises:
+        ShapeError: a tensor is a scalar or its first dimension differs from the others'.
+        DeviceContractError: tensors live on different devices (or not on ``device``).
+        TypeError: a key is not a ``str`` or a value is not a tensor.
+
+    Examples:
+        >>> d = DictTensor({"x": torch.zeros(3, 2), "y": torch.arange(3)})
+        >>> d.n_elems(), d.specs()["x"]
+        (3, (torch.Size([2]), torch.float32))
+        >>> d.index(torch.tensor([2, 0]))["y"]
+        tensor([2, 0])
+    """
+
+    __slots__ = ("_tensors", "_batch_size", "_device")
+
+    def __init__(
+        self,
+        tensors: Mapping[str, Tensor] | None = None,
+        *,
+        batch_size: int | None = None,
+        device: DeviceLike | None = None,
+    ) -> None:
+        self._tensors: dict[str, Tensor] = {}
+        self._batch_size: int | None = batch_size
+        self._device: torch.device | None = _as_device(device)
+        if tensors:
+            for key, value in tensors.items():
+                self.set(key, value)
+
+    @classmethod
+    def _trusted(
+        cls, tensors: dict[str, Tensor], batch_size: int | None, device: torch.device | None
+    ) -> DictTensor:
+        """Builds a DictTensor from tensors known to satisfy the invariant (internal)."""
+        out = cls.__new__(cls)
+        out._tensors = tensors
+        out._batch_size = batch_size
+        out._device = device
+        return out
+
+    # ------------------------------------------------------------------ mapping protocol
+    def keys(self) -> Iterable[str]:
+        """The keys, in insertion order."""
+        return self._tensors.keys()
+
+    def values(self) -> Iterable[Tensor]:
+        """The tensors, in key order."""
+        return self._tensors.values()
+
+    def items(self) -> Iterable[tuple[str, Tensor]]:
+        """``(key, tensor)`` pairs, in key order."""
+        return self._tensors.items()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._tensors
+
+    def __getitem__(self, key: str) -> Tensor:
+        if not isinstance(key, str):
+            raise TypeError(
+                f"DictTensor[...] takes a key (str), got {type(key).__name__}; "
+                "use .index(idx) or .slice(a, b) to select rows"
+            )
+        try:
+            return self._tensors[key]
+        except KeyError:
+            raise KeyMismatchError(
+                f"no key {key!r} in DictTensor; keys are {sorted(self._tensors)}"
+            ) from None
+
+    def __setitem__(self, key: str, value: Tensor) -> None:
+        self.set(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self.unset(key)
+
+    # ------------------------------------------------------------------ invariant
+    def set(self, key: str, value: Tensor) -> None:
+        """Sets (or replaces) ``key`` in place, checking batch size and device.
+
+        Args:
+            key: the name.
+            value: a tensor ``(B, *feat)`` on this DictTensor's device.
+
+        Raises:
+            ShapeError: ``value`` has no batch dimension or another ``B``.
+            DeviceContractError: ``value`` lives on another device.
+        """
+        if not isinstance(key, str):
+            raise TypeError(f"DictTensor keys are str, got {type(key).__name__} ({key!r})")
+        if not isinstance(value, Tensor):
+            raise TypeError(
+                f"DictTensor values are torch.Tensor, got {type(value).__name__} for key {key!r}"
+            )
+        if value.dim() == 0:
+            raise ShapeError(
+                f"key {key!r}: a scalar tensor has no batch dimension; expected shape (B, ...), "
+                "use t.reshape(1) or t.unsqueeze(0)"
+            )
+        b = value.shape[0]
+        if self._batch_size is None:
+            self._batch_size = b
+        elif b != self._batch_size:
+            raise ShapeError(
+                f"key {key!r} has batch size {b}, expected {self._batch_size} "
+                f"(shape {tuple(value.shape)})"
+            )
+        device = value.device
+        if self._device is None:
+            self._device = device
+        elif not _same_device(device, self._device):
+            raise DeviceContractError(
+                f"key {key!r} is on {device}, expected {self._device} like the other tensors",
+                key=key,
+                expected=self._device,
+                actual=device,
+            )
+        else:
+            self._device = device
+        self._tensors[key] = value
+
+    def unset(self, key: str) -> DictTensor:
+        """Removes ``key`` in place and returns ``self``.
+
+        Raises:
+            KeyMismatchError: there is no such key.
+        """
+        if key not in self._tensors:
+            raise KeyMismatchError(f"cannot unset {key!r}: keys are {sorted(self._tensors)}")
+        del self._tensors[key]
+        return self
+
+    def unset_key(self, prefix: str) -> DictTensor:
+        """Removes in place every key that starts with ``prefix`` and returns ``self``."""
+        for key in [k for k in self._tensors if k.startswith(prefix)]:
+            del self._tensors[key]
+        return self
+
+    # ------------------------------------------------------------------ description
+    def n_elems(self) -> int:
+        """The batch size ``B`` (0 for an empty DictTensor without a batch size)."""
+        return self._batch_size or 0
+
+    @property
+    def batch_size(self) -> int | None:
+        """``B``, or ``None`` for an empty DictTensor created without one."""
+        return self._batch_size
+
+    def device(self) -> torch.device | None:
+        """The device of the tensors (``None`` for an empty DictTensor without a device)."""
+        return self._device
+
+    def empty(self) -> bool:
+        """True when the DictTensor holds no key."""
+        return not self._tensors
+
+    def specs(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
+        """``{key: (shape_without_B, dtype)}``: what a buffer for these tensors needs."""
+        return {k: (v.shape[1:], v.dtype) for k, v in self._tensors.items()}
+
+    def __repr__(self) -> str:
+        # Shapes and dtypes only: printing never reads values, so never syncs a GPU.
+        lines = [f"DictTensor(B={self._batch_size}, device={self._device}"]
+        for k, v in self._tensors.items():
+            lines.append(f"  {k}: {tuple(v.shape)} {str(v.dtype).replace('torch.', '')}")
+        return "\n".join(lines) + ")" if len(lines) > 1 else lines[0] + ", empty)"
+
+    # ------------------------------------------------------------------ new DictTensors
+    def _map(self, fn: Callable[[Tensor], Tensor], batch_size: int | None) -> DictTensor:
+        return DictTensor._trusted(
+            {k: fn(v) for k, v in self._tensors.items()}, batch_size, self._device
+        )
+
+    def get(self, keys: str | Iterable[str], clone: bool = False) -> DictTensor:
+        """A DictTensor with only ``keys`` (sharing memory unless ``clone``).
+
+        Raises:
+            KeyMismatchError: a key is missing.
+        """
+        if isinstance(keys, str):
+            keys = [keys]
+        out = {}
+        for k in keys:
+            if k not in self._tensors:
+                raise KeyMismatchError(
+                    f"no key {k!r} in DictTensor; keys are {sorted(self._tensors)}"
+                )
+            out[k] = self._tensors[k].clone() if clone else self._tensors[k]
+        return DictTensor._trusted(out, self._batch_size, self._device)
+
+    def clone(self) -> DictTensor:
+        """A deep copy (new storage for every tensor)."""
+        return self._map(Tensor.clone, self._batch_size)
+
+    def detach(self) -> DictTensor:
+        """The same tensors, detached from the autograd graph."""
+        return self._map(Tensor.detach, self._batch_size)
+
+    def apply(self, fn: Callable[[Tensor], Tensor]) -> DictTensor:
+        """``fn`` applied to every tensor; the result is checked like a new DictTensor.
+
+        Examples:
+            >>> DictTensor({"x": torch.ones(2, 3)}).apply(lambda t: t * 2)["x"].sum().item()
+            12.0
+        """
+        return DictTensor({k: fn(v) for k, v in self._tensors.items()})
+
+    def to(self, device: DeviceLike, non_blocking: bool = False) -> DictTensor:
+        """The DictTensor on ``device``; ``self`` when it is already there.
+
+        Args:
+            device: the target device.
+            non_blocking: forwarded to ``Tensor.to`` (asynchronous copies from pinned memory).
+        """
+        device = _as_device(device)
+        if self._device is None or _same_device(self._device, device):
+            if self._device is None and not self._tensors:
+                return DictTensor._trusted({}, self._batch_size, device)
+            return self
+        out = self._map(lambda t: t.to(device, non_blocking=non_blocking), self._batch_size)
+        if self._tensors:
+            out._device = next(iter(out._tensors.values())).device
+        else:
+            out._device = device
+        return out
+
+    def pin_memory(self) -> DictTensor:
+        """Copies into page-locked memory (for fast, asynchronous host-to-GPU copies)."""
+        return self._map(Tensor.pin_memory, self._batch_size)
+
+    def share_memory_(self) -> DictTensor:
+        """Moves every tensor to shared memory in place (for worker processes); returns self."""
+        for v in self._tensors.values():
+            v.share_memory_()
+        return self
+
+    def slice(self, a: int, b: int | None = None) -> DictTensor:
+        """Rows ``a`` to ``b`` (excluded); ``slice(a)`` is row ``a`` with its batch dim kept.
+
+        Unlike rlstructures, ``slice(a)`` keeps the batch dimension (B=1), so the result is still
+        a valid DictTensor.
+        """
+        n = self.n_elems()
+        if b is None:
+            if not -n <= a < n:
+                raise IndexError(f"row {a} is out of range for a batch of {n} rows")
+            a = a % n
+            b = a + 1
+        start, stop, _ = slice(a, b).indices(n)
+        size = max(0, stop - start)
+        return self._map(lambda t: t[start:stop], size)
+
+    def index(self, idx: Index) -> DictTensor:
+        """Rows selected by ``idx`` (LongTensor, list of ints, int, or bool mask of shape (B,)).
+
+        The batch dimension is always kept: an int gives B=1.
+        """
+        n = self.n_elems()
+        ridx = _row_index(idx, n, self._device)
+        if isinstance(ridx, slice):
+            start, stop, step = ridx.indices(n)
+            size = len(range(start, stop, step))
+        elif ridx.dtype == torch.bool:
+            if not self._tensors:
+                return DictTensor._trusted({}, int(ridx.sum()), self._device)
+            out = self._map(lambda t: t[ridx], None)
+            out._batch_size = next(iter(out._tensors.values())).shape[0]
+            return out
+        else:
+            size = ridx.shape[0]
+            if n == 0 and size > 0:
+                raise IndexError(f"cannot index {size} rows of an empty batch")
+        return self._map(lambda t: t[ridx], size)
+
+    def unfold(self) -> list[DictTensor]:
+        """One DictTensor per row (each with B=1)."""
+        return [self.slice(i) for i in range(self.n_elems())]
+
+    def prepend_key(self, prefix: str) -> DictTensor:
+        """A DictTensor whose keys are ``prefix + key`` (same tensors)."""
+        return DictTensor._trusted(
+            {prefix + k: v for k, v in self._tensors.items()}, self._batch_size, self._device
+        )
+
+    def truncate_key(self, prefix: str) -> DictTensor:
+        """The keys that start with ``prefix``, with the prefix removed (same tensors).
+
+        Examples:
+            >>> d = DictTensor({"obs/x": torch.zeros(2), "act": torch.zeros(2)})
+            >>> list(d.truncate_key("obs/").keys())
+            ['x']
+        """
+        n = len(prefix)
+        return DictTensor._trusted(
+            {k[n:]: v for k, v in self._tensors.items() if k.startswith(prefix)},
+            self._batch_size,
+            self._device,
+        )
+
+    def __add__(self, other: DictTensor) -> DictTensor:
+        """Merges two DictTensors with disjoint keys, the same B and the same device."""
+        if not isinstance(other, DictTensor):
+            return NotImplemented
+        common = self._tensors.keys() & other._tensors.keys()
+        if common:
+            raise KeyMismatchError(f"cannot add DictTensors that share keys {sorted(common)}")
+        out = DictTensor(self._tensors, batch_size=self._batch_size, device=self._device)
+        if (
+            other._batch_size is not None
+            and out._batch_size is not None
+            and other._batch_size != out._batch_size
+        ):
+            raise ShapeError(
+                f"cannot add DictTensors of batch sizes {out._batch_size} and {other._batch_size}"
+            )
+        for k, v in other._tensors.items():
+            out.set(k, v)
+        if out._batch_size is None:
+            out._batch_size = other._batch_size
+        return out
+
+    def copy_(self, src: DictTensor, src_idx: Index, dst_idx: Index) -> None:
+        """In place: ``self[k][dst_idx] = src[k][src_idx]`` for every key of ``self``.
+
+        Raises:
+            KeyMismatchError: ``src`` lacks a key of ``self``.
+        """
+        missing = self._tensors.keys() - src._tensors.keys()
+        if missing:
+            raise KeyMismatchError(f"copy_: source lacks keys {sorted(missing)}")
+        s = _row_index(src_idx, src.n_elems(), src._device)
+        d = _row_index(dst_idx, self.n_elems(), self._device)
+        for k, v in self._tensors.items():
+            v[d] = src._tensors[k][s]
+
+    def equal(self, other: DictTensor, rtol: float = 0.0, atol: float = 0.0) -> bool:
+        """True when both hold the same keys, dtypes, shapes and (close) values.
+
+        With the default tolerances the comparison is exact (NaNs compare equal).
+        """
+        if not isinstance(other, DictTensor) or self._tensors.keys() != other._tensors.keys():
+            return False
+        if self.n_elems() != other.n_elems():
+            return False
+        for k, v in self._tensors.items():
+            w = other._tensors[k]
+            if v.dtype != w.dtype or v.shape != w.shape:
+                return False
+            if w.device != v.device:
+                w = w.to(v.device)
+            if v.dtype.is_floating_point or v.dtype.is_complex:
+                if not torch.allclose(v, w, rtol=rtol, atol=atol, equal_nan=True):
+                    return False
+            elif not torch.equal(v, w):
+                return False
+        return True
+
+    # ------------------------------------------------------------------ several DictTensors
+    @staticmethod
+    def cat(dts: Sequence[DictTensor]) -> DictTensor:
+        """Concatenates along the batch dimension; all must share keys, feature shapes, device.
+
+        Raises:
+            ValueError: ``dts`` is empty.
+            KeyMismatchError: the key sets differ (the message names the keys).
+        """
+        if not dts:
+            raise ValueError("DictTensor.cat needs at least one DictTensor")
+        first = dts[0]
+        keys = first._tensors.keys()
+        for i, d in enumerate(dts[1:], 1):
+            if d._tensors.keys() != keys:
+                raise KeyMismatchError(
+                    f"DictTensor.cat: item {i} has keys {sorted(d._tensors)}, "
+                    f"expected {sorted(keys)} like item 0"
+                )
+        if not keys:
+            return DictTensor._trusted({}, sum(d.n_elems() for d in dts), first._device)
+        for i, d in enumerate(dts[1:], 1):
+            if not _same_device(d._device, first._device):
+                raise DeviceContractError(
+                    f"DictTensor.cat: item {i} is on {d._device}, expected {first._device} "
+                    "like item 0",
+                    expected=first._device,
+                    actual=d._device,
+                )
+        out = {}
+        for k in keys:
+            try:
+                out[k] = torch.cat([d._tensors[k] for d in dts])
+            except RuntimeError as e:
+                raise ShapeError(f"DictTensor.cat: cannot concatenate key {k!r}: {e}") from e
+        return DictTensor(out)
+
+    @staticmethod
+    def stack(dts: Sequence[DictTensor], dim: int = 0) -> DictTensor:
+        """Stacks along a new dimension ``dim`` (0: the list becomes the batch; 1: a new axis
+        after the batch, e.g. steps into ``(B, T, *feat)``).
+
+        Raises:
+            ValueError: ``dts`` is empty or ``dim`` is not 0 or 1.
+            KeyMismatchError: the key sets differ.
+        """
+        if not dts:
+            raise ValueError("DictTensor.stack needs at least one DictTensor")
+        if dim not in (0, 1):
+            raise ValueError(f"DictTensor.stack: dim must be 0 or 1, got {dim}")
+        keys = dts[0]._tensors.keys()
+        for i, d in enumerate(dts[1:], 1):
+            if d._tensors.keys() != keys:
+                raise KeyMismatchError(
+                    f"DictTensor.stack: item {i} has keys {sorted(d._tensors)}, "
+                    f"expected {sorted(keys)} like item 0"
+                )
+        out = {}
+        for k in keys:
+            try:
+                out[k] = torch.stack([d._tensors[k] for d in dts], dim=dim)
+            except RuntimeError as e:
+                raise ShapeError(f"DictTensor.stack: cannot stack key {k!r}: {e}") from e
+        b = len(dts) if dim == 0 else dts[0]._batch_size
+        return DictTensor(out, batch_size=b)
+
+
+def _row_mask(mask: Tensor, like: Tensor, name: str) -> Tensor:
+    if mask.dim() != 1 or mask.shape[0] != like.shape[0]:
+        raise ShapeError(
+            f"{name}: mask has shape {tuple(mask.shape)}, expected ({like.shape[0]},) "
+            "(one flag per row)"
+        )
+    mask = mask.to(device=like.device, dtype=torch.bool)
+    return mask.view((-1,) + (1,) * (like.dim() - 1))
+
+
+def masked_tensor(t0: Tensor, t1: Tensor, mask: Tensor) -> Tensor:
+    """Row-wise choice: row b of the result is ``t1[b]`` where ``mask[b]`` else ``t0[b]``.
+
+    Exact for every dtype (no detour through float) and for tensors of any rank.
+
+    Args:
+        t0: tensor ``(B, *feat)`` taken where the mask is false.
+        t1: tensor ``(B, *feat)`` taken where the mask is true.
+        mask: ``(B,)`` bool (or 0/1) tensor.
+
+    Examples:
+        >>> masked_tensor(torch.zeros(3, 2), torch.ones(3, 2), torch.tensor([0, 1, 0]))[:, 0]
+        tensor([0., 1., 0.])
+    """
+    if t0.shape != t1.shape:
+        raise ShapeError(f"masked_tensor: shapes differ: {tuple(t0.shape)} vs {tuple(t1.shape)}")
+    return torch.where(_row_mask(mask, t0, "masked_tensor"), t1, t0)
+
+
+def masked_dicttensor(d0: DictTensor, d1: DictTensor, mask: Tensor) -> DictTensor:
+    """Row-wise choice between two DictTensors with the same keys (see :func:`masked_tensor`)."""
+    if d0._tensors.keys() != d1._tensors.keys():
+        raise KeyMismatchError(
+            f"masked_dicttensor: keys differ: {sorted(d0._tensors)} vs {sorted(d1._tensors)}"
+        )
+    out = {}
+    for k, v in d0.items():
+        w = d1[k]
+        if v.shape != w.shape:
+            raise ShapeError(
+                f"masked_dicttensor: key {k!r} has shapes {tuple(v.shape)} and {tuple(w.shape)}"
+            )
+        out[k] = torch.where(_row_mask(mask, v, f"masked_dicttensor key {k!r}"), w, v)
+    return DictTensor._trusted(out, d0._batch_size, d0._device)

@@ -1,0 +1,120 @@
+"""The typed errors of rlstruct.
+
+Every error a user can cause derives from :class:`RLStructError` and, where natural, from the
+matching builtin too (``ShapeError`` is a ``ValueError``), so ``except ValueError`` keeps working.
+Messages name the culprit (key, worker, env, device) and say what was expected.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "RLStructError",
+    "ShapeError",
+    "KeyMismatchError",
+    "DeviceContractError",
+    "SpaceError",
+    "ActionError",
+    "ConfigError",
+    "BatcherStateError",
+    "WorkerError",
+    "WorkerTimeoutError",
+]
+
+
+class RLStructError(Exception):
+    """Base class of every error rlstruct raises on purpose."""
+
+
+class ShapeError(RLStructError, ValueError):
+    """A tensor has the wrong batch size, time length or shape."""
+
+
+class KeyMismatchError(RLStructError, KeyError):
+    """Keys are missing, unexpected or overlap (e.g. ``cat`` of DictTensors with other keys)."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable.
+        return str(self.args[0]) if self.args else ""
+
+
+class DeviceContractError(RLStructError, RuntimeError):
+    """A tensor lives on another device than the contract says.
+
+    Attributes:
+        argument: which argument broke the contract (``state``, ``observation``, ...), if known.
+        key: the offending key, if known.
+        expected: the expected device.
+        actual: the device found.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        argument: str | None = None,
+        key: str | None = None,
+        expected: object = None,
+        actual: object = None,
+    ) -> None:
+        super().__init__(message)
+        self.argument = argument
+        self.key = key
+        self.expected = expected
+        self.actual = actual
+
+
+class SpaceError(RLStructError, TypeError):
+    """A gymnasium space that rlstruct cannot carry in tensors."""
+
+
+class ActionError(RLStructError, ValueError):
+    """An action outside its action space (caught before the env sees it)."""
+
+
+class ConfigError(RLStructError, ValueError):
+    """A bad configuration (sizes, seeds, devices, factories), raised before anything starts."""
+
+
+class BatcherStateError(RLStructError, RuntimeError):
+    """A batcher method was called out of order (e.g. ``execute`` twice without ``get``)."""
+
+
+class WorkerError(RLStructError, RuntimeError):
+    """Something failed inside a batcher worker (or the worker died).
+
+    Attributes:
+        worker: index of the worker process.
+        env: global index of the env being stepped, if known.
+        step: time step within the segment, if known.
+        exc_type: the name of the original exception type, if any.
+        remote_traceback: the traceback formatted in the worker, if any.
+        exitcode: the worker's exit code if it died.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        worker: int | None = None,
+        env: int | None = None,
+        step: int | None = None,
+        exc_type: str | None = None,
+        remote_traceback: str | None = None,
+        exitcode: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.worker = worker
+        self.env = env
+        self.step = step
+        self.exc_type = exc_type
+        self.remote_traceback = remote_traceback
+        self.exitcode = exitcode
+
+    def __str__(self) -> str:
+        text = str(self.args[0]) if self.args else ""
+        if self.remote_traceback:
+            text += "\n\nRemote traceback:\n" + self.remote_traceback.rstrip()
+        return text
+
+
+class WorkerTimeoutError(WorkerError, TimeoutError):
+    """A worker stayed silent for longer than the batcher's timeout (hung env or agent)."""

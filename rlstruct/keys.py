@@ -1,0 +1,44 @@
+"""The trajectory key vocabulary, defined once.
+
+| container    | key                 | shape       | meaning                                     |
+|--------------|---------------------|-------------|---------------------------------------------|
+| info         | ``agent_info/<k>``  | (B, ...)    | agent parameters of the row (epsilon, ...)  |
+| info         | ``env_info/<k>``    | (B, ...)    | env parameters passed at reset              |
+| info         | ``agent_state/<k>`` | (B, ...)    | agent state at the start of the segment     |
+| info         | ``env_id``          | (B,)        | global index of the env of the row          |
+| trajectories | ``observation/<k>`` | (B, T, ...) | what the agent saw at t (+ initial_state)   |
+| trajectories | ``action/<k>``      | (B, T, ...) | everything the agent returned at t          |
+| trajectories | ``_observation/<k>``| (B, T, ...) | the env's answer: next obs, reward, flags   |
+| trajectories | ``lengths``         | (B,)        | valid steps per row                         |
+
+``_observation/*`` at an episode end holds the TRUE final observation, never a reset observation.
+``terminated`` (no bootstrap) and ``truncated`` (bootstrap from the final observation) stay apart;
+``done`` is their OR.
+"""
+
+from __future__ import annotations
+
+# Prefixes of the info DictTensor.
+AGENT_INFO = "agent_info/"
+ENV_INFO = "env_info/"
+AGENT_STATE = "agent_state/"
+ENV_ID = "env_id"
+# Prefixes of the trajectories TemporalDictTensor.
+OBSERVATION = "observation/"
+ACTION = "action/"
+NEXT_OBSERVATION = "_observation/"
+LENGTHS = "lengths"
+
+# Leaf keys an environment writes into every observation.
+FRAME = "frame"
+REWARD = "reward"
+TERMINATED = "terminated"
+TRUNCATED = "truncated"
+DONE = "done"
+INITIAL_STATE = "initial_state"
+LAST_ACTION = "last_action"
+ENV_STEP = "env_step"
+# Leaf key the agent must return.
+ACTION_KEY = "action"
+
+ENV_KEYS = (REWARD, TERMINATED, TRUNCATED, DONE, INITIAL_STATE, LAST_ACTION, ENV_STEP)
