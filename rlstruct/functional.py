@@ -52,46 +52,48 @@ def _check_unit(name: str, v: float) -> float:
     return v
 
 
-def _check_lengths(lengths: Tensor, B: int, T: int) -> Tensor:
-    if lengths.dim() != 1 or lengths.shape[0] != B:
-        raise ShapeError(f"lengths has shape {tuple(lengths.shape)}, expected ({B},) (B,)")
+def _check_lengths(lengths: Tensor, batch: int, time: int) -> Tensor:
+    if lengths.dim() != 1 or lengths.shape[0] != batch:
+        raise ShapeError(f"lengths has shape {tuple(lengths.shape)}, expected ({batch},) (B,)")
     if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
         raise TypeError(f"lengths must be an integer tensor, got dtype {lengths.dtype}")
-    if B > 0:
+    if batch > 0:
         lo, hi = torch.aminmax(lengths)  # one host sync, outside every loop
-        if int(lo) < 0 or int(hi) > T:
-            raise ShapeError(f"lengths must lie in [0, {T}] (T), got min {int(lo)} max {int(hi)}")
+        if int(lo) < 0 or int(hi) > time:
+            raise ShapeError(
+                f"lengths must lie in [0, {time}] (T), got min {int(lo)} max {int(hi)}"
+            )
     return lengths
 
 
 def _prepare(
     reward: Tensor, terminated: Tensor, truncated: Tensor, lengths: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Validate and return (terminated, done, valid, cont) as bool (B, T) tensors."""
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Validate and return (terminated, valid, cont) as bool (B, T) tensors."""
     _check_reward(reward)
-    B, T = reward.shape
+    batch, time = reward.shape
     term = _as_flag("terminated", terminated, reward)
     done = term | _as_flag("truncated", truncated, reward)
-    valid = valid_mask(_check_lengths(lengths, B, T).to(reward.device), T)
+    valid = valid_mask(_check_lengths(lengths, batch, time).to(reward.device), time)
     # t + 1 is valid (so t is not the last valid step) and the episode goes on after t.
-    cont = torch.cat([valid[:, 1:], valid.new_zeros(B, min(T, 1))], dim=1) & ~done
-    return term, done, valid, cont
+    cont = torch.cat([valid[:, 1:], valid.new_zeros(batch, min(time, 1))], dim=1) & ~done
+    return term, valid, cont
 
 
 def _reverse_scan(base: Tensor, coef: Tensor) -> Tensor:
     """out[:, t] = base[:, t] + coef[:, t] * out[:, t + 1] (out[:, T] = 0); loops over T."""
-    T = base.shape[1]
-    if T == 0:
+    time = base.shape[1]
+    if time == 0:
         return base.clone()
-    outs: list[Tensor] = [base[:, 0]] * T
+    outs: list[Tensor] = [base[:, 0]] * time
     acc = torch.zeros_like(base[:, 0])
-    for t in range(T - 1, -1, -1):
+    for t in range(time - 1, -1, -1):
         acc = base[:, t] + coef[:, t] * acc
         outs[t] = acc
     return torch.stack(outs, dim=1)
 
 
-def valid_mask(lengths: Tensor, T: int) -> Tensor:
+def valid_mask(lengths: Tensor, T: int) -> Tensor:  # noqa: N803 (T is the documented name)
     """Bool mask of the valid (non-padding) steps.
 
     Args:
@@ -188,7 +190,7 @@ def discounted_returns(
         tensor([[2.7100, 1.9000, 1.0000]])
     """
     gamma = _check_unit("gamma", gamma)
-    term, _, valid, cont = _prepare(reward, terminated, truncated, lengths)
+    term, valid, cont = _prepare(reward, terminated, truncated, lengths)
     zero = torch.zeros((), dtype=reward.dtype, device=reward.device)
     base = torch.where(valid, reward, zero)
     if next_value is not None:
@@ -237,8 +239,8 @@ def td_targets(
     zero = torch.zeros((), dtype=reward.dtype, device=reward.device)
     out = reward + gamma * torch.where(term, zero, next_value)
     if lengths is not None:
-        B, T = reward.shape
-        valid = valid_mask(_check_lengths(lengths, B, T).to(reward.device), T)
+        batch, time = reward.shape
+        valid = valid_mask(_check_lengths(lengths, batch, time).to(reward.device), time)
         out = torch.where(valid, out, zero)
     return out
 
@@ -279,23 +281,23 @@ def n_step_returns(
     gamma = _check_unit("gamma", gamma)
     if isinstance(n, bool) or int(n) != n or n < 1:
         raise ConfigError(f"n must be an integer >= 1, got {n!r}")
-    term, _, valid, cont = _prepare(reward, terminated, truncated, lengths)
+    term, valid, cont = _prepare(reward, terminated, truncated, lengths)
     _check_like("next_value", next_value, reward)
-    T = reward.shape[1]
-    steps = min(int(n), T)
+    time = reward.shape[1]
+    steps = min(int(n), time)
     zero = torch.zeros((), dtype=reward.dtype, device=reward.device)
     pad = max(steps - 1, 0)
     r = torch.nn.functional.pad(torch.where(valid, reward, zero), (0, pad))
     boot = torch.nn.functional.pad(torch.where(valid & ~term, next_value, zero), (0, pad))
     stop = torch.nn.functional.pad(~cont, (0, pad), value=True)
-    out = torch.zeros_like(r[:, :T])
+    out = torch.zeros_like(r[:, :time])
     alive = valid
     disc = 1.0
     for k in range(steps):
-        out = out + torch.where(alive, disc * r[:, k : k + T], zero)
+        out = out + torch.where(alive, disc * r[:, k : k + time], zero)
         disc *= gamma
-        stop_k = stop[:, k : k + T] if k < steps - 1 else torch.ones_like(alive)
-        out = out + torch.where(alive & stop_k, disc * boot[:, k : k + T], zero)
+        stop_k = stop[:, k : k + time] if k < steps - 1 else torch.ones_like(alive)
+        out = out + torch.where(alive & stop_k, disc * boot[:, k : k + time], zero)
         alive = alive & ~stop_k
     return out
 
@@ -341,7 +343,7 @@ def gae(
     """
     gamma = _check_unit("gamma", gamma)
     lam = _check_unit("lam", lam)
-    term, _, valid, cont = _prepare(reward, terminated, truncated, lengths)
+    term, valid, cont = _prepare(reward, terminated, truncated, lengths)
     _check_like("value", value, reward)
     _check_like("next_value", next_value, reward)
     zero = torch.zeros((), dtype=reward.dtype, device=reward.device)

@@ -17,21 +17,12 @@ from rlstruct.functional import (
 
 GARBAGE = 1e9
 
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda",
-        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
-    ),
-]
+# The `device` fixture (cpu, plus cuda when available) comes from tests/conftest.py.
 
 
-@pytest.fixture(params=DEVICES)
-def device(request: pytest.FixtureRequest) -> torch.device:
-    return torch.device(request.param)
-
-
-def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-9) -> None:
+def close(a: torch.Tensor, b: torch.Tensor | list, tol: float = 1e-9) -> None:
+    if isinstance(b, list):
+        b = torch.tensor(b, dtype=torch.float64)
     assert a.shape == b.shape, (a.shape, b.shape)
     torch.testing.assert_close(a.cpu().double(), b.cpu().double(), atol=tol, rtol=tol)
 
@@ -41,9 +32,9 @@ def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-9) -> None:
 
 
 def ref_discounted(r, term, trunc, lengths, gamma, nv=None):
-    B, T = len(r), len(r[0])
-    out = [[0.0] * T for _ in range(B)]
-    for b in range(B):
+    nb, nt = len(r), len(r[0])
+    out = [[0.0] * nt for _ in range(nb)]
+    for b in range(nb):
         g_next = 0.0
         for t in reversed(range(lengths[b])):
             v = 0.0 if nv is None else nv[b][t]
@@ -59,9 +50,9 @@ def ref_discounted(r, term, trunc, lengths, gamma, nv=None):
 
 
 def ref_nstep(r, nv, term, trunc, lengths, gamma, n):
-    B, T = len(r), len(r[0])
-    out = [[0.0] * T for _ in range(B)]
-    for b in range(B):
+    nb, nt = len(r), len(r[0])
+    out = [[0.0] * nt for _ in range(nb)]
+    for b in range(nb):
         for t in range(lengths[b]):
             g, disc, s, k = 0.0, 1.0, t, 0
             while True:
@@ -79,10 +70,10 @@ def ref_nstep(r, nv, term, trunc, lengths, gamma, n):
 
 
 def ref_gae(r, v, nv, term, trunc, lengths, gamma, lam):
-    B, T = len(r), len(r[0])
-    adv = [[0.0] * T for _ in range(B)]
-    ret = [[0.0] * T for _ in range(B)]
-    for b in range(B):
+    nb, nt = len(r), len(r[0])
+    adv = [[0.0] * nt for _ in range(nb)]
+    ret = [[0.0] * nt for _ in range(nb)]
+    for b in range(nb):
         a_next = 0.0
         for t in reversed(range(lengths[b])):
             delta = r[b][t] + gamma * (0.0 if term[b][t] else nv[b][t]) - v[b][t]
@@ -94,19 +85,19 @@ def ref_gae(r, v, nv, term, trunc, lengths, gamma, lam):
     return adv, ret
 
 
-def random_batch(seed: int, B: int = 6, T: int = 7, consistent: bool = False):
+def random_batch(seed: int, nb: int = 6, nt: int = 7, consistent: bool = False):
     """Random segment with garbage (1e9) in padding; lengths include 0 and T."""
     g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(0, T + 1, (B,), generator=g)
-    lengths[0], lengths[1] = 0, T
-    r = torch.randn(B, T, generator=g, dtype=torch.float64)
-    v = torch.randn(B, T, generator=g, dtype=torch.float64)
-    nv = torch.randn(B, T, generator=g, dtype=torch.float64)
-    term = torch.rand(B, T, generator=g) < 0.2
-    trunc = torch.rand(B, T, generator=g) < 0.2
+    lengths = torch.randint(0, nt + 1, (nb,), generator=g)
+    lengths[0], lengths[1] = 0, nt
+    r = torch.randn(nb, nt, generator=g, dtype=torch.float64)
+    v = torch.randn(nb, nt, generator=g, dtype=torch.float64)
+    nv = torch.randn(nb, nt, generator=g, dtype=torch.float64)
+    term = torch.rand(nb, nt, generator=g) < 0.2
+    trunc = torch.rand(nb, nt, generator=g) < 0.2
     if consistent:  # V'_t == V_{t+1} inside an episode (what a real rollout gives).
         nv[:, :-1] = torch.where(term[:, :-1] | trunc[:, :-1], nv[:, :-1], v[:, 1:])
-    pad = ~valid_mask(lengths, T)
+    pad = ~valid_mask(lengths, nt)
     for x in (r, v, nv):
         x[pad] = GARBAGE
     term[pad] = True
@@ -173,11 +164,11 @@ def test_masked_mean_dim_and_broadcast(device):
 
 
 def known_case(device, dtype=torch.float64):
-    G = GARBAGE
-    r = torch.tensor([[1.0, 2, 3, 4]] * 5 + [[G] * 4], dtype=dtype)
-    r[3, 2:] = G
+    big = GARBAGE
+    r = torch.tensor([[1.0, 2, 3, 4]] * 5 + [[big] * 4], dtype=dtype)
+    r[3, 2:] = big
     nv = torch.tensor(
-        [[G, G, G, G], [0, 0, 0, 8], [0, 0, 0, 8], [0, 6, G, G], [0, G, 0, 8], [G] * 4],
+        [[big] * 4, [0, 0, 0, 8], [0, 0, 0, 8], [0, 6, big, big], [0, big, 0, 8], [big] * 4],
         dtype=dtype,
     )
     term = torch.zeros(6, 4, dtype=torch.bool)
@@ -308,12 +299,12 @@ def test_nan_padding_is_ignored(device):
 @pytest.mark.parametrize("gamma", [0.0, 0.9, 1.0])
 def test_discounted_returns_reference(seed, gamma, device):
     r, _, nv, term, trunc, lengths = (x.to(device) for x in random_batch(seed))
-    L = lengths.tolist()
+    lens = lengths.tolist()
     rl, nvl, tl, trl = lists(r, nv, term, trunc)
     out = discounted_returns(r, term, trunc, lengths, gamma, next_value=nv)
-    close(out, torch.tensor(ref_discounted(rl, tl, trl, L, gamma, nvl)))
+    close(out, (ref_discounted(rl, tl, trl, lens, gamma, nvl)))
     out = discounted_returns(r, term, trunc, lengths, gamma)
-    close(out, torch.tensor(ref_discounted(rl, tl, trl, L, gamma)))
+    close(out, (ref_discounted(rl, tl, trl, lens, gamma)))
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -323,7 +314,7 @@ def test_n_step_reference(seed, n, gamma, device):
     r, _, nv, term, trunc, lengths = (x.to(device) for x in random_batch(seed))
     rl, nvl, tl, trl = lists(r, nv, term, trunc)
     out = n_step_returns(r, nv, term, trunc, lengths, gamma, n)
-    close(out, torch.tensor(ref_nstep(rl, nvl, tl, trl, lengths.tolist(), gamma, n)))
+    close(out, (ref_nstep(rl, nvl, tl, trl, lengths.tolist(), gamma, n)))
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -332,8 +323,8 @@ def test_gae_reference(seed, gamma, lam, device):
     r, v, nv, term, trunc, lengths = (x.to(device) for x in random_batch(seed))
     adv, ret = gae(r, v, nv, term, trunc, lengths, gamma, lam)
     ref_a, ref_r = ref_gae(*lists(r, v, nv, term, trunc), lengths.tolist(), gamma, lam)
-    close(adv, torch.tensor(ref_a))
-    close(ret, torch.tensor(ref_r))
+    close(adv, ref_a)
+    close(ret, ref_r)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -412,7 +403,7 @@ def test_gradients_flow():
     r, v, nv, term, trunc, lengths = random_batch(2)
     v = torch.where(valid_mask(lengths, 7), v, 0).requires_grad_()
     nv = torch.where(valid_mask(lengths, 7), nv, 0).requires_grad_()
-    adv, ret = gae(r, v, nv, term, trunc, lengths, 0.9, 0.9)
+    adv, _ = gae(r, v, nv, term, trunc, lengths, 0.9, 0.9)
     (adv.sum() + discounted_returns(r, term, trunc, lengths, 0.9, nv).sum()).backward()
     assert v.grad is not None and nv.grad is not None
     assert nv.grad.abs().sum() > 0
@@ -420,13 +411,13 @@ def test_gradients_flow():
 
 
 def test_empty_time_and_batch():
-    for B, T in [(3, 0), (0, 4)]:
-        r = torch.zeros(B, T)
-        f = torch.zeros(B, T, dtype=torch.bool)
-        L = torch.zeros(B, dtype=torch.long)
-        assert discounted_returns(r, f, f, L, 0.9, r).shape == (B, T)
-        assert n_step_returns(r, r, f, f, L, 0.9, 3).shape == (B, T)
-        assert gae(r, r, r, f, f, L, 0.9, 0.9)[0].shape == (B, T)
+    for nb, nt in [(3, 0), (0, 4)]:
+        r = torch.zeros(nb, nt)
+        f = torch.zeros(nb, nt, dtype=torch.bool)
+        lens = torch.zeros(nb, dtype=torch.long)
+        assert discounted_returns(r, f, f, lens, 0.9, r).shape == (nb, nt)
+        assert n_step_returns(r, r, f, f, lens, 0.9, 3).shape == (nb, nt)
+        assert gae(r, r, r, f, f, lens, 0.9, 0.9)[0].shape == (nb, nt)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -440,74 +431,74 @@ def _args():
 
 
 def test_errors_shapes():
-    r, f, L = _args()
+    r, f, lens = _args()
     bad = torch.zeros(3, 4)
     with pytest.raises(ShapeError, match=r"next_value has shape \(3, 4\), expected \(3, 5\) like"):
         td_targets(r, bad, f, f, 0.9)
     with pytest.raises(ShapeError, match=r"next_value has shape \(3, 4\), expected \(3, 5\)"):
-        discounted_returns(r, f, f, L, 0.9, next_value=bad)
+        discounted_returns(r, f, f, lens, 0.9, next_value=bad)
     with pytest.raises(ShapeError, match=r"next_value has shape \(3, 4\)"):
-        n_step_returns(r, bad, f, f, L, 0.9, 2)
+        n_step_returns(r, bad, f, f, lens, 0.9, 2)
     with pytest.raises(ShapeError, match=r"value has shape \(3, 4\), expected \(3, 5\) like rew"):
-        gae(r, bad, r, f, f, L, 0.9, 0.9)
+        gae(r, bad, r, f, f, lens, 0.9, 0.9)
     with pytest.raises(ShapeError, match=r"^next_value has shape \(3, 4\)"):
-        gae(r, r, bad, f, f, L, 0.9, 0.9)
+        gae(r, r, bad, f, f, lens, 0.9, 0.9)
     with pytest.raises(ShapeError, match=r"terminated has shape \(3, 4\), expected \(3, 5\)"):
-        gae(r, r, r, bad.bool(), f, L, 0.9, 0.9)
+        gae(r, r, r, bad.bool(), f, lens, 0.9, 0.9)
     with pytest.raises(ShapeError, match=r"truncated has shape \(5,\), expected \(3, 5\)"):
-        discounted_returns(r, f, f[0], L, 0.9)
+        discounted_returns(r, f, f[0], lens, 0.9)
     with pytest.raises(ShapeError, match=r"truncated has shape \(3, 4\)"):
         td_targets(r, r, f, bad, 0.9)
     with pytest.raises(ShapeError, match=r"reward must be 2-D \(B, T\), got shape \(5,\)"):
-        discounted_returns(r[0], f[0], f[0], L, 0.9)
+        discounted_returns(r[0], f[0], f[0], lens, 0.9)
     assert issubclass(ShapeError, ValueError)
 
 
 def test_errors_lengths():
-    r, f, L = _args()
+    r, f, lens = _args()
     with pytest.raises(ShapeError, match=r"lengths has shape \(2,\), expected \(3,\)"):
-        gae(r, r, r, f, f, L[:2], 0.9, 0.9)
+        gae(r, r, r, f, f, lens[:2], 0.9, 0.9)
     with pytest.raises(ShapeError, match=r"lengths has shape \(3, 1\), expected \(3,\)"):
-        n_step_returns(r, r, f, f, L[:, None], 0.9, 1)
+        n_step_returns(r, r, f, f, lens[:, None], 0.9, 1)
     with pytest.raises(ShapeError, match=r"lengths has shape \(2,\)"):
-        td_targets(r, r, f, f, 0.9, lengths=L[:2])
+        td_targets(r, r, f, f, 0.9, lengths=lens[:2])
     with pytest.raises(ShapeError, match=r"lengths must lie in \[0, 5\].*max 6"):
         discounted_returns(r, f, f, torch.tensor([6, 0, 0]), 0.9)
     with pytest.raises(ShapeError, match=r"lengths must lie in \[0, 5\].*min -1"):
         gae(r, r, r, f, f, torch.tensor([-1, 0, 0]), 0.9, 0.9)
     with pytest.raises(TypeError, match="lengths must be an integer tensor"):
-        discounted_returns(r, f, f, L.float(), 0.9)
+        discounted_returns(r, f, f, lens.float(), 0.9)
     with pytest.raises(ShapeError, match=r"lengths has shape \(\), expected \(B,\)"):
         valid_mask(torch.tensor(3), 4)
     with pytest.raises(ValueError, match="T must be >= 0, got -1"):
-        valid_mask(L, -1)
+        valid_mask(lens, -1)
 
 
 @pytest.mark.parametrize("gamma", [-0.1, 1.5, float("nan")])
 def test_errors_gamma(gamma):
-    r, f, L = _args()
+    r, f, lens = _args()
     with pytest.raises(ValueError, match=r"gamma must be in \[0, 1\], got"):
-        discounted_returns(r, f, f, L, gamma)
+        discounted_returns(r, f, f, lens, gamma)
     with pytest.raises(ValueError, match=r"gamma must be in \[0, 1\]"):
         td_targets(r, r, f, f, gamma)
     with pytest.raises(ValueError, match=r"gamma must be in \[0, 1\]"):
-        n_step_returns(r, r, f, f, L, gamma, 2)
+        n_step_returns(r, r, f, f, lens, gamma, 2)
     with pytest.raises(ValueError, match=r"gamma must be in \[0, 1\]"):
-        gae(r, r, r, f, f, L, gamma, 0.9)
+        gae(r, r, r, f, f, lens, gamma, 0.9)
 
 
 @pytest.mark.parametrize("lam", [-0.5, 1.01])
 def test_errors_lam(lam):
-    r, f, L = _args()
+    r, f, lens = _args()
     with pytest.raises(ValueError, match=rf"lam must be in \[0, 1\], got {lam}"):
-        gae(r, r, r, f, f, L, 0.9, lam)
+        gae(r, r, r, f, f, lens, 0.9, lam)
 
 
 @pytest.mark.parametrize("n", [0, -2, 1.5, True])
 def test_errors_n(n):
-    r, f, L = _args()
+    r, f, lens = _args()
     with pytest.raises(ValueError, match=r"n must be an integer >= 1, got"):
-        n_step_returns(r, r, f, f, L, 0.9, n)
+        n_step_returns(r, r, f, f, lens, 0.9, n)
 
 
 def test_errors_masked_mean():
