@@ -6,6 +6,7 @@
 | info         | ``env_info/<k>``    | (B, ...)    | env parameters passed at reset              |
 | info         | ``agent_state/<k>`` | (B, ...)    | agent state at the start of the segment     |
 | info         | ``env_id``          | (B,)        | global index of the env of the row          |
+| info         | ``policy_version``  | (B,)        | number of ``update`` calls the row saw      |
 | trajectories | ``observation/<k>`` | (B, T, ...) | what the agent saw at t (+ initial_state)   |
 | trajectories | ``action/<k>``      | (B, T, ...) | everything the agent returned at t          |
 | trajectories | ``_observation/<k>``| (B, T, ...) | the env's answer: next obs, reward, flags   |
@@ -23,6 +24,7 @@ AGENT_INFO = "agent_info/"
 ENV_INFO = "env_info/"
 AGENT_STATE = "agent_state/"
 ENV_ID = "env_id"
+POLICY_VERSION = "policy_version"
 # Prefixes of the trajectories TemporalDictTensor.
 OBSERVATION = "observation/"
 ACTION = "action/"

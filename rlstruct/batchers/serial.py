@@ -1,0 +1,174 @@
+"""``SerialBatcher``: the acquisition loop in the calling process, on any device.
+
+It is the reference implementation (``Batcher`` must return exactly what it returns for the same
+seeds) and, with a GPU ``device``, the single-process GPU batcher: the envs run on the CPU behind
+a :class:`~rlstruct.envs.DeviceEnv`, the agent's copy of the model and the slot buffer live on the
+device, and one process steps many envs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from rlstruct.agent import Agent
+from rlstruct.batchers.base import BatcherBase, Phase
+from rlstruct.batchers.buffer import SlotBuffer
+from rlstruct.batchers.config import broadcast_rows, cpu_copy, env_seed_bases
+from rlstruct.batchers.rollout import Rollout, infer_specs
+from rlstruct.dicttensor import DeviceLike, DictTensor
+from rlstruct.envs.base import VecEnv
+from rlstruct.errors import ConfigError
+from rlstruct.trajectories import Trajectories
+
+__all__ = ["SerialBatcher", "make_env_on"]
+
+
+def make_env_on(
+    create_env: Callable[..., VecEnv], env_args: Mapping[str, Any], seed: int, device: torch.device
+) -> VecEnv:
+    """Builds the VecEnv and, for a non-CPU ``device``, wraps it in a DeviceEnv."""
+    env = create_env(**env_args, seed=seed)
+    if not isinstance(env, VecEnv):
+        raise ConfigError(f"create_env returned a {type(env).__name__}, expected a VecEnv")
+    if device.type != "cpu":
+        from rlstruct.envs.device import DeviceEnv
+
+        if not isinstance(env, DeviceEnv):
+            env = DeviceEnv(env, torch.device("cpu"), device)
+    return env
+
+
+class SerialBatcher(BatcherBase):
+    """Collects trajectories in the calling process (see :class:`~rlstruct.Batcher` for the API).
+
+    Args:
+        n_timesteps: ``T``, the maximum number of steps of a segment.
+        create_agent: ``create_agent(**agent_args) -> Agent``; built on the CPU then moved to
+            ``device`` (so a model that lives on cuda:0 is copied to cuda:k via the CPU).
+        agent_args: keyword arguments of ``create_agent``.
+        create_env: ``create_env(**env_args, seed=s) -> VecEnv``; env ``k`` uses seed ``s + k``.
+        env_args: keyword arguments of ``create_env`` (no ``seed``).
+        seeds: the run seed (env ``g`` gets ``seeds * 2**20 + g``) or ``[s]`` (env ``k`` gets
+            ``s + k``, rlstructures-style).
+        agent_info: example DictTensor (1 or B rows) fixing the keys, shapes and dtypes of
+            agent_info; also the default at ``reset``.
+        env_info: same for env_info (passed to the envs at reset).
+        agent_seeds: the agent's seed (``[s]``); derived from ``seeds`` when None.
+        device: where the agent, the buffer and the returned trajectories live.
+
+    Examples:
+        >>> from rlstruct.envs import GymEnv
+        >>> from rlstruct.envs.debug import ConstantAgent
+        >>> b = SerialBatcher(4, ConstantAgent, {}, GymEnv, {"env": "CartPole-v1", "n_envs": 2}, 0)
+        >>> b.reset(); b.execute(); traj, n_running = b.get()
+        >>> traj.trajectories.n_timesteps(), n_running
+        (4, 2)
+        >>> b.close()
+    """
+
+    def __init__(
+        self,
+        n_timesteps: int,
+        create_agent: Callable[..., Agent],
+        agent_args: Mapping[str, Any] | None,
+        create_env: Callable[..., VecEnv],
+        env_args: Mapping[str, Any] | None,
+        seeds: int | Sequence[int] = 0,
+        agent_info: DictTensor | None = None,
+        env_info: DictTensor | None = None,
+        agent_seeds: Sequence[int] | None = None,
+        device: DeviceLike = "cpu",
+    ) -> None:
+        problems = self._validate_common(
+            n_timesteps, create_agent, agent_args, create_env, env_args, seeds, agent_info,
+            env_info,
+        )
+        if agent_seeds is not None and len(agent_seeds) != 1:
+            problems.append(f"agent_seeds must hold one seed, got {list(agent_seeds)}")
+        self._raise_problems(problems)
+        self._device = torch.device(device)
+        agent_args, env_args = dict(agent_args or {}), dict(env_args or {})
+        self.n_timesteps = n_timesteps
+
+        probe = make_env_on(create_env, env_args, 0, self._device)
+        try:
+            n = probe.n_envs()
+            env_bases, default_agent_seeds = env_seed_bases(seeds, 1, n)
+            self._n_rows = n
+            self._agent_info = broadcast_rows(agent_info, n, "agent_info")
+            self._env_info = broadcast_rows(env_info, n, "env_info")
+            self.agent = create_agent(**cpu_copy(agent_args)).to(self._device)
+            step_specs, info_specs = infer_specs(probe, self.agent, self._agent_info, self._env_info)
+        finally:
+            probe.close()
+        self._agent_info_specs = self._agent_info.specs()
+        self._env_info_specs = self._env_info.specs()
+        self.agent.seed((agent_seeds or default_agent_seeds)[0])
+        self.env = make_env_on(create_env, env_args, env_bases[0], self._device)
+        self.buffer = SlotBuffer(n, n_timesteps, step_specs, info_specs, self._device)
+        self._rollout = Rollout(self.env, self.agent, self.buffer, offset=0)
+        self._n_running: int | None = None
+        self._phase = Phase.NEW
+
+    def reset(self, agent_info: DictTensor | None = None, env_info: DictTensor | None = None) -> None:
+        """Resets every env (with ``env_info``) and every row's agent state and agent_info.
+
+        Args:
+            agent_info: DictTensor (1 or B rows); default: the constructor's example.
+            env_info: DictTensor (1 or B rows); default: the constructor's example.
+        """
+        self._require("reset", Phase.NEW, Phase.READY)
+        ai = self._rows_info(agent_info, self._agent_info, self._agent_info_specs, "agent_info")
+        ei = self._rows_info(env_info, self._env_info, self._env_info_specs, "env_info")
+        self._rollout.reset(ai, ei)
+        self._phase = Phase.READY
+
+    def execute(self, agent_info: DictTensor | None = None) -> None:
+        """Collects one segment of at most ``n_timesteps`` steps (synchronously).
+
+        Args:
+            agent_info: new per-row agent_info (1 or B rows) used from now on by running rows.
+        """
+        self._require("execute", Phase.READY)
+        if agent_info is not None:
+            ai = self._rows_info(agent_info, self._agent_info, self._agent_info_specs, "agent_info")
+            self._rollout.set_agent_info(ai)
+        self._phase = Phase.RUNNING
+        try:
+            self._n_running = self._rollout.run(self.n_timesteps)
+        except BaseException:
+            self._phase = Phase.READY
+            raise
+
+    def get(self, blocking: bool = True) -> tuple[Trajectories | None, int | None]:
+        """The segment of the last ``execute``: ``(Trajectories, n_still_running)``.
+
+        Rows whose env was not running at the segment start are left out; ``T`` is the longest
+        row's length. The batch is a copy (it never aliases the buffer).
+        """
+        self._require("get", Phase.RUNNING)
+        self._phase = Phase.READY
+        return self.buffer.read(), self._n_running
+
+    def update(self, info: Any) -> None:
+        """Passes ``info`` (e.g. a ``state_dict``) to the agent's ``update``; tensors are
+        copied via the CPU so that nothing new is allocated on another GPU."""
+        self._require("update", Phase.NEW, Phase.READY, Phase.RUNNING)
+        self.agent.update(cpu_copy(info))
+        self._rollout.version += 1
+
+    @property
+    def version(self) -> int:
+        """How many times ``update`` was called."""
+        return self._rollout.version
+
+    def close(self) -> None:
+        """Closes the envs and the agent (idempotent)."""
+        if self._phase is Phase.CLOSED:
+            return
+        self._phase = Phase.CLOSED
+        self.env.close()
+        self.agent.close()
