@@ -12,6 +12,7 @@ device, ``agent_info`` on the CPU or empty):
   ``reward``, ``terminated``, ``truncated``, ``done``, ``initial_state``, ``last_action``,
   ``env_step``).
 - ``agent_info``: DictTensor ``(n, ...)`` of per-row parameters (epsilon, greedy flag, ...).
+  During replay it comes from ``trajectories.info`` and lives on the trajectories' device.
 - returns ``action`` (must hold the key ``action``; extra keys such as probabilities or values are
   stored in the trajectories too) and ``new_state`` (same keys and shapes as ``state``).
 """
@@ -70,6 +71,11 @@ class Agent:
     ) -> tuple[DictTensor, DictTensor]:
         """The default replay step: calls the agent on step ``t`` of stored trajectories.
 
+        :func:`rlstruct.replay.replay_agent` calls it for ``t = 0 .. T-1``;
+        :func:`rlstruct.replay.replay_agent_stateless` calls it once with ``t = 0`` on the
+        ``B * T`` steps flattened into trajectories of one step. Override it (or pass another
+        method name to the replay functions) to compute extra outputs during replay.
+
         Args:
             trajectories: Trajectories ``(B, T, ...)`` on the agent's device.
             t: the time step.
@@ -113,8 +119,8 @@ class Agent:
             f"module, but it has {len(modules)} ({sorted(modules)}); override update()"
         )
 
-    def seed(self, seed: int) -> None:  # noqa: B027 - optional hook, empty by default
+    def seed(self, seed: int) -> None:
         """Seeds the agent's own random generators (default: nothing to seed)."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook, empty by default
+    def close(self) -> None:
         """Releases the agent's resources (default: nothing)."""
