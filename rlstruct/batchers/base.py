@@ -91,6 +91,15 @@ class BatcherBase:
         }
         raise BatcherStateError(f"{method}() is not allowed now ({phase.value}): {hints[phase]}")
 
+    _n_running: int | None = None
+
+    def _require_running_envs(self) -> None:
+        if self._n_running == 0:
+            raise BatcherStateError(
+                "execute(): no env is running (every episode ended in an earlier segment); "
+                "call reset() to start new episodes"
+            )
+
     def _rows_info(
         self, given: DictTensor | None, default: DictTensor, specs: Specs, name: str
     ) -> DictTensor:

@@ -251,8 +251,9 @@ class Batcher(BatcherBase):
                     self._poll(w, expect)  # a last message may have arrived before death
                     if w in self._pending:
                         hint = (
-                            " (a script that starts a Batcher must guard it with "
-                            "`if __name__ == '__main__':`)" if what == "start" else ""
+                            "; its stderr says why (common causes: the worker could not import "
+                            "something, or a script starts a Batcher without an "
+                            "`if __name__ == '__main__':` guard)" if what == "start" else ""
                         )
                         raise self._fail(WorkerError(
                             f"worker {w} died during {what} with exit code {proc.exitcode}{hint}",
@@ -313,6 +314,7 @@ class Batcher(BatcherBase):
             BatcherStateError: not after ``reset``/``get`` (e.g. a second ``execute``).
         """
         self._require("execute", Phase.READY)
+        self._require_running_envs()
         if agent_info is not None:
             ai = self._rows_info(agent_info, self._agent_info, self._agent_info_specs, "agent_info")
             for k, v in ai.items():

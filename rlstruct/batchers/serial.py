@@ -58,15 +58,6 @@ class SerialBatcher(BatcherBase):
         env_info: same for env_info (passed to the envs at reset).
         agent_seeds: the agent's seed (``[s]``); derived from ``seeds`` when None.
         device: where the agent, the buffer and the returned trajectories live.
-
-    Examples:
-        >>> from rlstruct.envs import GymEnv
-        >>> from rlstruct.envs.debug import ConstantAgent
-        >>> b = SerialBatcher(4, ConstantAgent, {}, GymEnv, {"env": "CartPole-v1", "n_envs": 2}, 0)
-        >>> b.reset(); b.execute(); traj, n_running = b.get()
-        >>> traj.trajectories.n_timesteps(), n_running
-        (4, 2)
-        >>> b.close()
     """
 
     def __init__(
@@ -124,6 +115,7 @@ class SerialBatcher(BatcherBase):
         ai = self._rows_info(agent_info, self._agent_info, self._agent_info_specs, "agent_info")
         ei = self._rows_info(env_info, self._env_info, self._env_info_specs, "env_info")
         self._rollout.reset(ai, ei)
+        self._n_running = self._rollout.n_running
         self._phase = Phase.READY
 
     def execute(self, agent_info: DictTensor | None = None) -> None:
@@ -133,6 +125,7 @@ class SerialBatcher(BatcherBase):
             agent_info: new per-row agent_info (1 or B rows) used from now on by running rows.
         """
         self._require("execute", Phase.READY)
+        self._require_running_envs()
         if agent_info is not None:
             ai = self._rows_info(agent_info, self._agent_info, self._agent_info_specs, "agent_info")
             self._rollout.set_agent_info(ai)

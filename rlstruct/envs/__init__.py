@@ -1,0 +1,38 @@
+"""Vectorised environments: ``N`` gymnasium envs behind one DictTensor interface.
+
+``VecEnv`` is the contract (see :mod:`rlstruct.envs.base`); ``GymEnv`` (episodic) and
+``GymEnvInf`` (auto-reset) step gymnasium envs on the CPU; ``DeviceEnv`` moves their tensors to
+another device. The debug envs of :mod:`rlstruct.envs.debug` are registered with gymnasium as
+``rlstruct/Counter-v0`` and ``rlstruct/Repeat-v0`` on import (idempotent; the only import-time
+effect of this package).
+"""
+
+from rlstruct.envs.base import VecEnv
+from rlstruct.envs.debug import (
+    COUNTER_ID,
+    REPEAT_ID,
+    CounterEnv,
+    RepeatEnv,
+    make_counter_env,
+    make_repeat_env,
+    register_debug_envs,
+)
+from rlstruct.envs.device import DeviceEnv
+from rlstruct.envs.gym import EnvFactory, GymEnv, GymEnvInf
+
+register_debug_envs()
+
+__all__ = [
+    "VecEnv",
+    "GymEnv",
+    "GymEnvInf",
+    "DeviceEnv",
+    "EnvFactory",
+    "CounterEnv",
+    "RepeatEnv",
+    "COUNTER_ID",
+    "REPEAT_ID",
+    "make_counter_env",
+    "make_repeat_env",
+    "register_debug_envs",
+]
