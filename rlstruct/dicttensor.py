@@ -52,7 +52,17 @@ def _row_index(idx: Index, n: int, device: torch.device | None) -> Tensor | slic
     if isinstance(idx, slice):
         return idx
     if not isinstance(idx, Tensor):
-        idx = torch.as_tensor(idx, dtype=torch.long)
+        # Keep the sequence's own dtype: [True, False] is a mask and [1.5] an error, not rows
+        # 1, 0 and 1 as a cast to long would make them; only [] needs a dtype.
+        idx = torch.as_tensor(idx)
+        if idx.numel() == 0:
+            idx = idx.long()
+    if idx.dtype == torch.uint8:
+        # torch reads a uint8 index as a (deprecated) mask, which would break the batch size.
+        raise TypeError(
+            "row index has dtype torch.uint8, which is ambiguous; use .bool() for a row mask "
+            "or .long() for row numbers"
+        )
     if idx.dtype == torch.bool:
         if idx.shape != (n,):
             raise ShapeError(f"boolean row mask has shape {tuple(idx.shape)}, expected ({n},)")
@@ -178,25 +188,22 @@ class DictTensor:
                 "use t.reshape(1) or t.unsqueeze(0)"
             )
         b = value.shape[0]
-        if self._batch_size is None:
-            self._batch_size = b
-        elif b != self._batch_size:
+        if self._batch_size is not None and b != self._batch_size:
             raise ShapeError(
                 f"key {key!r} has batch size {b}, expected {self._batch_size} "
                 f"(shape {tuple(value.shape)})"
             )
         device = value.device
-        if self._device is None:
-            self._device = device
-        elif not _same_device(device, self._device):
+        if self._device is not None and not _same_device(device, self._device):
             raise DeviceContractError(
                 f"key {key!r} is on {device}, expected {self._device} like the other tensors",
                 key=key,
                 expected=self._device,
                 actual=device,
             )
-        else:
-            self._device = device
+        # Only once every check passed: a rejected write leaves the DictTensor as it was.
+        self._batch_size = b
+        self._device = device
         self._tensors[key] = value
 
     def unset(self, key: str) -> DictTensor:
@@ -283,6 +290,8 @@ class DictTensor:
             >>> DictTensor({"x": torch.ones(2, 3)}).apply(lambda t: t * 2)["x"].sum().item()
             12.0
         """
+        if not self._tensors:
+            return DictTensor._trusted({}, self._batch_size, self._device)
         return DictTensor({k: fn(v) for k, v in self._tensors.items()})
 
     def to(self, device: DeviceLike, non_blocking: bool = False) -> DictTensor:
@@ -333,7 +342,12 @@ class DictTensor:
     def index(self, idx: Index) -> DictTensor:
         """Rows selected by ``idx`` (LongTensor, list of ints, int, or bool mask of shape (B,)).
 
-        The batch dimension is always kept: an int gives B=1.
+        The batch dimension is always kept: an int gives B=1. A list of bools is a mask.
+
+        Raises:
+            IndexError: an int row out of range, or rows asked of an empty batch.
+            ShapeError: a mask of the wrong length, or an index that is not 1-D integer or bool.
+            TypeError: a bool or a uint8 tensor (ambiguous: use ``.bool()`` or ``.long()``).
         """
         n = self.n_elems()
         ridx = _row_index(idx, n, self._device)
@@ -470,7 +484,10 @@ class DictTensor:
                 out[k] = torch.cat([d._tensors[k] for d in dts])
             except RuntimeError as e:
                 raise ShapeError(f"DictTensor.cat: cannot concatenate key {k!r}: {e}") from e
-        return DictTensor(out)
+        # The invariant holds by construction: one device (checked above), and torch.cat gave
+        # every key the same number of rows; re-checking each key would cost ~1 µs per key.
+        b = next(iter(out.values())).shape[0]
+        return DictTensor._trusted(out, b, first._device)
 
     @staticmethod
     def stack(dts: Sequence[DictTensor], dim: int = 0) -> DictTensor:
@@ -492,6 +509,15 @@ class DictTensor:
                     f"DictTensor.stack: item {i} has keys {sorted(d._tensors)}, "
                     f"expected {sorted(keys)} like item 0"
                 )
+        if keys:
+            for i, d in enumerate(dts[1:], 1):
+                if not _same_device(d._device, dts[0]._device):
+                    raise DeviceContractError(
+                        f"DictTensor.stack: item {i} is on {d._device}, expected "
+                        f"{dts[0]._device} like item 0",
+                        expected=dts[0]._device,
+                        actual=d._device,
+                    )
         out = {}
         for k in keys:
             try:

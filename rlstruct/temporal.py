@@ -52,9 +52,15 @@ class TemporalDictTensor:
         n_timesteps: int | None = None,
     ) -> None:
         tensors = dict(tensors.items()) if tensors is not None else {}
+        if lengths is not None and not isinstance(lengths, Tensor):
+            raise TypeError(f"lengths must be a tensor, got {type(lengths).__name__}")
         self._T: int | None = n_timesteps
-        batch_size = None if lengths is None else (lengths.shape[0] if lengths.dim() else None)
-        device = None if lengths is None else lengths.device
+        # The tensors set B and the device; lengths is then checked against them, so that an
+        # error blames lengths when lengths is the odd one out. Without tensors, lengths sets them.
+        batch_size = device = None
+        if lengths is not None and not tensors:
+            batch_size = lengths.shape[0] if lengths.dim() else None
+            device = lengths.device
         self._dt = DictTensor(batch_size=batch_size, device=device)
         for k, v in tensors.items():
             self.set(k, v)

@@ -27,11 +27,18 @@ class Trajectories:
     Raises:
         ShapeError: the two have different numbers of rows.
         DeviceContractError: they live on different devices.
+        TypeError: ``info`` is not a DictTensor or ``trajectories`` not a TemporalDictTensor.
     """
 
     __slots__ = ("info", "trajectories")
 
     def __init__(self, info: DictTensor, trajectories: TemporalDictTensor) -> None:
+        if not isinstance(info, DictTensor):
+            raise TypeError(f"info must be a DictTensor, got {type(info).__name__}")
+        if not isinstance(trajectories, TemporalDictTensor):
+            raise TypeError(
+                f"trajectories must be a TemporalDictTensor, got {type(trajectories).__name__}"
+            )
         if not info.empty() and info.n_elems() != trajectories.n_elems():
             raise ShapeError(
                 f"info has {info.n_elems()} rows, trajectories has {trajectories.n_elems()}"

@@ -122,7 +122,9 @@ class BatcherBase:
 
     _n_rows: int = 0
 
-    def reset(self, agent_info: DictTensor | None = None, env_info: DictTensor | None = None) -> None:
+    def reset(
+        self, agent_info: DictTensor | None = None, env_info: DictTensor | None = None
+    ) -> None:
         """Resets every env and agent state."""
         raise NotImplementedError
 

@@ -7,6 +7,7 @@ costs milliseconds and leaves no process behind.
 from __future__ import annotations
 
 import io
+import itertools
 import pickle
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -64,12 +65,14 @@ def env_seed_bases(
         return bases, [seeds * SEED_BLOCK + SEED_BLOCK // 2 + p for p in range(n_processes)]
     seeds = list(seeds)
     if len(seeds) != n_processes:
-        raise ConfigError(f"seeds has {len(seeds)} entries, expected one per process ({n_processes})")
+        raise ConfigError(
+            f"seeds has {len(seeds)} entries, expected one per process ({n_processes})"
+        )
     bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, int) or s < 0]
     if bad:
         raise ConfigError(f"seeds must be non-negative ints, got {bad}")
     order = sorted(range(n_processes), key=lambda p: seeds[p])
-    for a, b in zip(order, order[1:]):
+    for a, b in itertools.pairwise(order):
         if seeds[b] < seeds[a] + n_envs:
             raise ConfigError(
                 f"env seeds overlap: process {a} uses seeds {seeds[a]}..{seeds[a] + n_envs - 1} "
@@ -130,7 +133,9 @@ def to_cpu_bytes(obj: Any) -> bytes:
 
 def from_cpu_bytes(blob: bytes) -> Any:
     """Reads what :func:`to_cpu_bytes` wrote, mapping every tensor to the CPU."""
-    return torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False, pickle_module=pickle)
+    return torch.load(
+        io.BytesIO(blob), map_location="cpu", weights_only=False, pickle_module=pickle
+    )
 
 
 def cpu_copy(obj: Any) -> Any:

@@ -8,6 +8,7 @@ sentinels with a deadline), so a dead or hung worker becomes a typed error, neve
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -44,10 +45,8 @@ CLOSE_GRACE_S = 1.0
 def _shutdown(procs: list[Any], conns: list[Connection], grace: float = CLOSE_GRACE_S) -> None:
     """Stops every worker within about ``grace + 1.5`` seconds: ask, terminate, then kill."""
     for conn in conns:
-        try:
+        with contextlib.suppress(Exception):
             conn.send((Command.CLOSE, None))
-        except Exception:
-            pass
     deadline = time.monotonic() + grace
     for proc in procs:
         proc.join(max(0.0, deadline - time.monotonic()))
@@ -115,7 +114,13 @@ class Batcher(BatcherBase):
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
         problems = self._validate_common(
-            n_timesteps, create_agent, agent_args, create_env, env_args, seeds, agent_info,
+            n_timesteps,
+            create_agent,
+            agent_args,
+            create_env,
+            env_args,
+            seeds,
+            agent_info,
             env_info,
         )
         if isinstance(n_processes, bool) or not isinstance(n_processes, int) or n_processes <= 0:
@@ -125,17 +130,26 @@ class Batcher(BatcherBase):
                 f"agent_seeds has {len(agent_seeds)} entries, expected one per process "
                 f"({n_processes})"
             )
-        if not isinstance(seeds, int) and isinstance(seeds, Sequence) and isinstance(
-            n_processes, int
-        ) and len(seeds) != n_processes:
-            problems.append(f"seeds has {len(seeds)} entries, expected one per process ({n_processes})")
+        if (
+            not isinstance(seeds, int)
+            and isinstance(seeds, Sequence)
+            and isinstance(n_processes, int)
+            and len(seeds) != n_processes
+        ):
+            problems.append(
+                f"seeds has {len(seeds)} entries, expected one per process ({n_processes})"
+            )
         if torch.device(device).type != "cpu":
             problems.append(
                 f"device={device!r}: Batcher workers are CPU-only; use SerialBatcher(device=...) "
                 "to collect on a GPU (one process, DeviceEnv)"
             )
-        for name, value in (("agent_args", agent_args), ("env_args", env_args),
-                            ("agent_info", agent_info), ("env_info", env_info)):
+        for name, value in (
+            ("agent_args", agent_args),
+            ("env_args", env_args),
+            ("agent_info", agent_info),
+            ("env_info", env_info),
+        ):
             for where in find_non_cpu(value, name):
                 problems.append(
                     f"{where}: Batcher workers are CPU-only; pass CPU tensors/models (the "
@@ -147,8 +161,12 @@ class Batcher(BatcherBase):
             problems.append(f"timeouts must be > 0, got {timeout!r} and {start_timeout!r}")
         self._raise_problems(problems)
         agent_args, env_args = dict(agent_args or {}), dict(env_args or {})
-        check_picklable(create_env=create_env, env_args=env_args, create_agent=create_agent,
-                        agent_args=agent_args)
+        check_picklable(
+            create_env=create_env,
+            env_args=env_args,
+            create_agent=create_agent,
+            agent_args=agent_args,
+        )
         self.n_timesteps, self.n_processes, self.timeout = n_timesteps, n_processes, timeout
 
         # A probe env and agent in this process: learn n and every spec before spawning.
@@ -181,14 +199,25 @@ class Batcher(BatcherBase):
         started = time.monotonic()
         for p in range(n_processes):
             spec = WorkerSpec(
-                index=p, factories=factories, env_seed=env_bases[p], agent_seed=agent_seeds[p],
-                n_envs=n, offset=p * n, n_timesteps=n_timesteps, n_threads=n_threads,
-                buffer=self.buffer, agent_info_in=self._agent_info_in,
+                index=p,
+                factories=factories,
+                env_seed=env_bases[p],
+                agent_seed=agent_seeds[p],
+                n_envs=n,
+                offset=p * n,
+                n_timesteps=n_timesteps,
+                n_threads=n_threads,
+                buffer=self.buffer,
+                agent_info_in=self._agent_info_in,
                 env_info_in=self._env_info_in,
             )
             parent_conn, child_conn = ctx.Pipe(duplex=True)
-            proc = ctx.Process(target=worker_main, args=(spec, child_conn), daemon=True,
-                               name=f"rlstruct-worker-{p}")
+            proc = ctx.Process(
+                target=worker_main,
+                args=(spec, child_conn),
+                daemon=True,
+                name=f"rlstruct-worker-{p}",
+            )
             proc.start()
             child_conn.close()
             self._procs.append(proc)
@@ -219,12 +248,16 @@ class Batcher(BatcherBase):
             if payload.get("step") is not None:
                 where.append(f"step {payload['step']}")
             phase = f" during {payload['phase']}" if payload.get("phase") else ""
-            raise self._fail(WorkerError(
-                f"{', '.join(where)}{phase}: {payload['type']}: {payload['message']}",
-                worker=payload.get("worker", w), env=payload.get("env"),
-                step=payload.get("step"), exc_type=payload["type"],
-                remote_traceback=payload["traceback"],
-            ))
+            raise self._fail(
+                WorkerError(
+                    f"{', '.join(where)}{phase}: {payload['type']}: {payload['message']}",
+                    worker=payload.get("worker", w),
+                    env=payload.get("env"),
+                    step=payload.get("step"),
+                    exc_type=payload["type"],
+                    remote_traceback=payload["traceback"],
+                )
+            )
         if kind is expect:
             self._results[w] = payload
             self._pending.pop(w, None)
@@ -253,22 +286,30 @@ class Batcher(BatcherBase):
                         hint = (
                             "; its stderr says why (common causes: the worker could not import "
                             "something, or a script starts a Batcher without an "
-                            "`if __name__ == '__main__':` guard)" if what == "start" else ""
+                            "`if __name__ == '__main__':` guard)"
+                            if what == "start"
+                            else ""
                         )
-                        raise self._fail(WorkerError(
-                            f"worker {w} died during {what} with exit code {proc.exitcode}{hint}",
-                            worker=w, exitcode=proc.exitcode,
-                        ))
+                        raise self._fail(
+                            WorkerError(
+                                f"worker {w} died during {what} with exit code "
+                                f"{proc.exitcode}{hint}",
+                                worker=w,
+                                exitcode=proc.exitcode,
+                            )
+                        )
             if not self._pending:
                 return True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 silent = sorted(self._pending)
-                raise self._fail(WorkerTimeoutError(
-                    f"workers {silent} sent nothing for {what} within the timeout "
-                    f"(hung env or agent?); they were stopped",
-                    worker=silent[0],
-                ))
+                raise self._fail(
+                    WorkerTimeoutError(
+                        f"workers {silent} sent nothing for {what} within the timeout "
+                        f"(hung env or agent?); they were stopped",
+                        worker=silent[0],
+                    )
+                )
             if not blocking:
                 return False
             watch = [self._conns[w] for w in self._pending]
@@ -278,14 +319,15 @@ class Batcher(BatcherBase):
     def _send_all(self, command: Command, arg: Any, expect: Reply) -> None:
         self._results = {}
         self._pending = {w: expect for w in range(len(self._procs))}
-        for w, conn in enumerate(self._conns):
-            try:
+        for _w, conn in enumerate(self._conns):
+            # A dead worker's pipe is broken: _collect reports the death with the exit code.
+            with contextlib.suppress(BrokenPipeError, OSError):
                 conn.send((command, arg))
-            except (BrokenPipeError, OSError):
-                pass  # the death is reported by _collect with the exit code
 
     # ------------------------------------------------------------------ API
-    def reset(self, agent_info: DictTensor | None = None, env_info: DictTensor | None = None) -> None:
+    def reset(
+        self, agent_info: DictTensor | None = None, env_info: DictTensor | None = None
+    ) -> None:
         """Resets every env (with ``env_info``) and every row's agent state and agent_info.
 
         Args:

@@ -192,7 +192,7 @@ class Rollout:
                         f"for {n_run} running envs"
                     )
                 try:
-                    (obs_t1, was_running), (obs_next, still_running) = self.env.step(action)
+                    (obs_t1, _was_running), (obs_next, still_running) = self.env.step(action)
                 except Exception as e:
                     env = getattr(e, "env_index", None)
                     _annotate(e, "env step", t, None if env is None else env + offset)

@@ -74,7 +74,13 @@ class SerialBatcher(BatcherBase):
         device: DeviceLike = "cpu",
     ) -> None:
         problems = self._validate_common(
-            n_timesteps, create_agent, agent_args, create_env, env_args, seeds, agent_info,
+            n_timesteps,
+            create_agent,
+            agent_args,
+            create_env,
+            env_args,
+            seeds,
+            agent_info,
             env_info,
         )
         if agent_seeds is not None and len(agent_seeds) != 1:
@@ -92,7 +98,9 @@ class SerialBatcher(BatcherBase):
             self._agent_info = broadcast_rows(agent_info, n, "agent_info")
             self._env_info = broadcast_rows(env_info, n, "env_info")
             self.agent = create_agent(**cpu_copy(agent_args)).to(self._device)
-            step_specs, info_specs = infer_specs(probe, self.agent, self._agent_info, self._env_info)
+            step_specs, info_specs = infer_specs(
+                probe, self.agent, self._agent_info, self._env_info
+            )
         finally:
             probe.close()
         self._agent_info_specs = self._agent_info.specs()
@@ -104,7 +112,9 @@ class SerialBatcher(BatcherBase):
         self._n_running: int | None = None
         self._phase = Phase.NEW
 
-    def reset(self, agent_info: DictTensor | None = None, env_info: DictTensor | None = None) -> None:
+    def reset(
+        self, agent_info: DictTensor | None = None, env_info: DictTensor | None = None
+    ) -> None:
         """Resets every env (with ``env_info``) and every row's agent state and agent_info.
 
         Args:

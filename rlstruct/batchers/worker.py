@@ -1,4 +1,4 @@
-"""The worker side of ``Batcher``: a command Enum, a module-level worker function, structured errors.
+"""The worker side of ``Batcher``: command Enum, module-level worker function, structured errors.
 
 Protocol (one duplex pipe per worker; the parent sends commands, the worker answers each):
 

@@ -16,6 +16,8 @@
   or Tuple space) plus ``reward`` (float32), ``terminated``, ``truncated``, ``done`` (bool),
   ``initial_state`` (bool), ``last_action``, ``env_step`` (int64). The same keys, shapes and dtypes
   appear at reset and at every step.
+- An exception raised by env ``k`` (local index) during ``step`` or ``reset`` carries
+  ``exc.env_index = k``; batchers add their offset to report the GLOBAL env index.
 - ``n_envs()`` has no side effect; ``close()`` releases the envs; ``action_space`` and
   ``observation_space`` are the single-env gymnasium spaces.
 """

@@ -23,13 +23,13 @@ import numpy as np
 
 from rlstruct.envs.gym import GymEnv, GymEnvInf
 
-__all__ = ["FAULTS", "InjectedFault", "FaultyEnv", "faulty_gym_env"]
+__all__ = ["FAULTS", "InjectedFaultError", "FaultyEnv", "faulty_gym_env"]
 
 #: The faults a :class:`FaultyEnv` can inject.
 FAULTS = ("raise", "hang", "exit", "kill", "nan")
 
 
-class InjectedFault(RuntimeError):
+class InjectedFaultError(RuntimeError):
     """The exception a ``fault="raise"`` env raises."""
 
 
@@ -38,7 +38,7 @@ class FaultyEnv(gym.Wrapper):
 
     Args:
         env: the env to wrap.
-        fault: one of :data:`FAULTS`: ``raise`` an InjectedFault, ``hang`` (sleep
+        fault: one of :data:`FAULTS`: ``raise`` an InjectedFaultError, ``hang`` (sleep
             ``hang_seconds``), ``exit`` (``os._exit(3)``), ``kill`` (SIGKILL itself), ``nan``
             (NaN observation and reward).
         at_step: the 0-based index of the faulty ``step`` call.
@@ -56,7 +56,7 @@ class FaultyEnv(gym.Wrapper):
         due = self.n_steps == self.at_step
         self.n_steps += 1
         if due and self.fault == "raise":
-            raise InjectedFault(f"injected fault at step call {self.at_step}")
+            raise InjectedFaultError(f"injected fault at step call {self.at_step}")
         if due and self.fault == "hang":
             time.sleep(self.hang_seconds)
         if due and self.fault == "exit":
@@ -108,15 +108,15 @@ def faulty_gym_env(
         at_step: the faulty env's 0-based faulty ``step`` call.
         hang_seconds: how long a ``hang`` lasts.
         auto_reset: build a GymEnvInf instead of a GymEnv.
-        factory_fails: raise InjectedFault from this factory itself when ``fault_seed`` is one of
-            its seeds (a failing env constructor).
+        factory_fails: raise InjectedFaultError from this factory itself when ``fault_seed`` is
+            one of its seeds (a failing env constructor).
 
     Returns:
         The VecEnv.
     """
     seeds = range(seed, seed + n_envs)
     if factory_fails and fault_seed in seeds:
-        raise InjectedFault(f"injected failure of the env factory (seed {fault_seed})")
+        raise InjectedFaultError(f"injected failure of the env factory (seed {fault_seed})")
     factories = [
         _Factory(env_id, fault if s == fault_seed else None, at_step, hang_seconds) for s in seeds
     ]
