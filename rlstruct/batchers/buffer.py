@@ -15,11 +15,12 @@ workers are writing into.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor
 
+from rlstruct import keys as K
 from rlstruct.dicttensor import DictTensor
 from rlstruct.errors import KeyMismatchError, ShapeError
 from rlstruct.temporal import TemporalDictTensor
@@ -70,13 +71,20 @@ class SlotBuffer:
         self.lengths = torch.zeros(n_rows, dtype=torch.long, device=device)
         if shared:
             self.lengths.share_memory_()
-        # Per prefix: (full key, buffer tensor, expected feature shape, dtype), in a fixed order.
+        # Per prefix: (leaf, full key, buffer tensor, feature shape, dtype), in a fixed order.
         self._plan: dict[str, list[tuple[str, str, Tensor, tuple, torch.dtype]]] = {}
         for key, (shape, dtype) in self.step_specs.items():
             prefix, _, leaf = key.partition("/")
             self._plan.setdefault(prefix + "/", []).append(
                 (leaf, key, self.steps[key], tuple(shape), dtype)
             )
+        # Views ``buf[rows, t]`` for contiguous row ranges, built once per (prefix, rows, t):
+        # building a view costs as much as the copy itself in the hot loop.
+        self._views: dict[tuple[int, int], list[list[Tensor] | None]] = {}
+        #: The step prefixes, in the order :meth:`write_steps` takes them.
+        self._order = (K.OBSERVATION, K.ACTION, K.NEXT_OBSERVATION)
+        for prefix in self._order:
+            self._plan.setdefault(prefix, [])
 
     def nbytes(self) -> int:
         """Bytes of all the buffer's tensors."""
@@ -87,43 +95,66 @@ class SlotBuffer:
         """Buffer bytes per stored transition (one row, one step)."""
         return sum(t[0, 0].numel() * t.element_size() for t in self.steps.values())
 
-    def _check(self, prefix: str, values: DictTensor, n: int, where: str) -> None:
+    def _mismatch(self, prefix: str, values: DictTensor, n: int, where: str) -> Exception:
         plan = self._plan.get(prefix, [])
-        if len(values._tensors) != len(plan) or any(p[0] not in values for p in plan):
-            expected = sorted(p[0] for p in plan)
-            raise KeyMismatchError(
+        expected = sorted(p[0] for p in plan)
+        if sorted(values.keys()) != expected:
+            return KeyMismatchError(
                 f"{where}: {prefix[:-1]} has keys {sorted(values.keys())}, expected {expected} "
                 "(the keys seen at the first step must stay the same)"
             )
         for leaf, _key, _buf, shape, dtype in plan:
             v = values._tensors[leaf]
             if v.dtype != dtype or v.shape[1:] != shape or v.shape[0] != n:
-                raise ShapeError(
+                return ShapeError(
                     f"{where}: {prefix}{leaf} is {tuple(v.shape)} {v.dtype}, expected "
                     f"{(n, *shape)} {dtype} (no silent cast)"
                 )
+        return AssertionError(f"{where}: {prefix} mismatch not found")  # pragma: no cover
 
-    def write_step(
-        self, prefix: str, values: DictTensor, rows: Tensor | slice, n: int, t: int, where: str
+    def _row_views(self, rows: slice, t: int) -> list[Tensor]:
+        """Views ``buf[rows, t]`` of every step key, in plan order (built once, then cached)."""
+        per_t = self._views.get((rows.start, rows.stop))
+        if per_t is None:
+            per_t = self._views[(rows.start, rows.stop)] = [None] * self.n_timesteps
+        views = per_t[t]
+        if views is None:
+            views = per_t[t] = [e[2][rows, t] for p in self._order for e in self._plan[p]]
+        return views
+
+    def write_steps(
+        self, groups: Sequence[DictTensor], rows: Tensor | slice, n: int, t: int, where: str
     ) -> None:
-        """Writes ``values`` (n rows, leaf keys) into ``steps[prefix + leaf][rows, t]``.
+        """Writes one step of every prefix into ``steps[prefix + leaf][rows, t]``.
+
+        Keys, shapes and dtypes are checked against the specs: a mismatch raises (no cast).
 
         Args:
-            prefix: ``"observation/"``, ``"action/"`` or ``"_observation/"``.
-            values: DictTensor ``(n, *feat)`` with exactly the leaf keys of ``prefix``.
-            rows: buffer rows (a slice when they are contiguous, the fast path).
+            groups: DictTensors ``(n, *feat)`` with the leaf keys of ``observation/``,
+                ``action/`` and ``_observation/``, in that order.
+            rows: buffer rows (a slice when they are contiguous: the fast path, one batched copy).
             n: number of rows.
             t: the time step.
             where: context for error messages (worker, step).
         """
-        self._check(prefix, values, n, where)
-        tensors = values._tensors
+        sources = []
+        for prefix, values in zip(self._order, groups):
+            tensors = values._tensors
+            plan = self._plan[prefix]
+            if len(tensors) != len(plan):
+                raise self._mismatch(prefix, values, n, f"{where}, step {t}")
+            for leaf, _key, _buf, shape, dtype in plan:
+                v = tensors.get(leaf)
+                if v is None or v.dtype != dtype or v.shape[1:] != shape or v.shape[0] != n:
+                    raise self._mismatch(prefix, values, n, f"{where}, step {t}")
+                sources.append(v)
         if isinstance(rows, slice):
-            for leaf, _key, buf, _shape, _dtype in self._plan[prefix]:
-                buf[rows, t].copy_(tensors[leaf])
+            # One dispatch for all the copies: per-copy overhead dominates these tiny writes.
+            torch._foreach_copy_(self._row_views(rows, t), sources)
         else:
-            for leaf, _key, buf, _shape, _dtype in self._plan[prefix]:
-                buf[rows, t] = tensors[leaf]
+            plans = (e for p in self._order for e in self._plan[p])
+            for entry, v in zip(plans, sources):
+                entry[2][rows, t] = v
 
     def write_info(self, values: Mapping[str, Tensor], rows: Tensor | slice) -> None:
         """Writes per-row info (full keys) into ``info[key][rows]``."""

@@ -178,6 +178,7 @@ class Rollout:
         }
         buffer.write_info(info, rows)
         where = f"worker {self.worker}"
+        n_steps = 0
         with torch.no_grad():
             for t in range(n_timesteps):
                 n_run = running.shape[0]
@@ -197,12 +198,11 @@ class Rollout:
                     env = getattr(e, "env_index", None)
                     _annotate(e, "env step", t, None if env is None else env + offset)
                     raise
-                at = f"{where}, step {t}"
-                buffer.write_step(K.OBSERVATION, obs, rows, n_run, t, at)
-                buffer.write_step(K.ACTION, action, rows, n_run, t, at)
-                buffer.write_step(K.NEXT_OBSERVATION, obs_t1, rows, n_run, t, at)
-                buffer.lengths[rows] = t + 1
+                buffer.write_steps((obs, action, obs_t1), rows, n_run, t, where)
+                n_steps = t + 1
                 if still_running.shape[0] != n_run:
+                    # Rows that stop here have n_steps valid steps; the others get theirs below.
+                    buffer.lengths[rows] = n_steps
                     still_running = still_running.to(running.device)
                     keep = torch.searchsorted(running, still_running)
                     new_state = self._keep_rows(new_state, keep)
@@ -212,6 +212,8 @@ class Rollout:
                 obs, state = obs_next, new_state
                 if running.shape[0] == 0:
                     break
+        if running.shape[0]:
+            buffer.lengths[rows] = n_steps
         self._running, self._obs, self._state = running, obs, state
         return int(running.shape[0])
 
