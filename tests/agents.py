@@ -33,8 +33,13 @@ from rlstruct.dicttensor import DeviceLike, DictTensor, masked_dicttensor
 from rlstruct.temporal import TemporalDictTensor
 from rlstruct.trajectories import Trajectories
 
-__all__ = ["DeterministicAgent", "RecurrentAgent", "MLPAgent", "counter_observation",
-           "collect_counter"]
+__all__ = [
+    "DeterministicAgent",
+    "RecurrentAgent",
+    "MLPAgent",
+    "counter_observation",
+    "collect_counter",
+]
 
 
 def _flat_frame(observation: DictTensor, key: str) -> torch.Tensor:
@@ -61,7 +66,10 @@ class DeterministicAgent(Agent):
         self.n_calls = 0
 
     def __call__(
-        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor,
+        self,
+        state: DictTensor,
+        observation: DictTensor,
+        agent_info: DictTensor,
         history: Any = None,
     ) -> tuple[DictTensor, DictTensor]:
         self.n_calls += 1
@@ -106,7 +114,10 @@ class RecurrentAgent(Agent):
         return DictTensor({"h": torch.zeros(n, self.k, device=self.device)})
 
     def __call__(
-        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor,
+        self,
+        state: DictTensor,
+        observation: DictTensor,
+        agent_info: DictTensor,
         history: Any = None,
     ) -> tuple[DictTensor, DictTensor]:
         n = observation.n_elems()
@@ -147,8 +158,9 @@ class MLPAgent(Agent):
         init_seed: seed of the weight initialisation.
     """
 
-    def __init__(self, obs_dim: int = 3, n_actions: int = 3, hidden: int = 16,
-                 init_seed: int = 0) -> None:
+    def __init__(
+        self, obs_dim: int = 3, n_actions: int = 3, hidden: int = 16, init_seed: int = 0
+    ) -> None:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(init_seed)
             self.model = nn.Sequential(
@@ -185,7 +197,10 @@ class MLPAgent(Agent):
             self.generator.set_state(rng_state)
 
     def __call__(
-        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor,
+        self,
+        state: DictTensor,
+        observation: DictTensor,
+        agent_info: DictTensor,
         history: Any = None,
     ) -> tuple[DictTensor, DictTensor]:
         logits = self.model(_flat_frame(observation, K.FRAME).float())
@@ -217,16 +232,18 @@ def counter_observation(
     if last_action is None:
         last_action = torch.zeros(n, dtype=torch.long, device=device)
     last_action = torch.where(first, torch.zeros_like(last_action), last_action)
-    return DictTensor({
-        K.FRAME: torch.stack([b, e, k], -1),
-        K.REWARD: k.float(),
-        K.TERMINATED: k == length - 1,
-        K.TRUNCATED: torch.zeros(n, dtype=torch.bool, device=device),
-        K.DONE: k == length - 1,
-        K.INITIAL_STATE: first,
-        K.LAST_ACTION: last_action,
-        K.ENV_STEP: k,
-    })
+    return DictTensor(
+        {
+            K.FRAME: torch.stack([b, e, k], -1),
+            K.REWARD: k.float(),
+            K.TERMINATED: k == length - 1,
+            K.TRUNCATED: torch.zeros(n, dtype=torch.bool, device=device),
+            K.DONE: k == length - 1,
+            K.INITIAL_STATE: first,
+            K.LAST_ACTION: last_action,
+            K.ENV_STEP: k,
+        }
+    )
 
 
 def collect_counter(
@@ -262,8 +279,9 @@ def collect_counter(
             observations.append(obs)
             actions.append(action)
             step += 1
-        steps = (DictTensor.stack(observations, 1).prepend_key(K.OBSERVATION)
-                 + DictTensor.stack(actions, 1).prepend_key(K.ACTION))
+        steps = DictTensor.stack(observations, 1).prepend_key(K.OBSERVATION) + DictTensor.stack(
+            actions, 1
+        ).prepend_key(K.ACTION)
         lengths = None
         if i == n_segments - 1 and last_lengths is not None:
             lengths = last_lengths.to(device)

@@ -69,3 +69,31 @@ class GreedyMLPAgent(Agent):
 def cartpole_env(n_envs: int, seed: int, auto_reset: bool = True) -> GymEnv | GymEnvInf:
     """``n_envs`` CartPole-v1 envs."""
     return (GymEnvInf if auto_reset else GymEnv)("CartPole-v1", n_envs=n_envs, seed=seed)
+
+
+class DriftingAgent(Agent):
+    """Misbehaves from its ``at``-th call on: ``how="dtype"`` returns its ``extra`` output as
+    float64 instead of float32, ``"key"`` adds a key, ``"rows"`` returns one row too many (tests
+    that the batcher never casts or guesses)."""
+
+    def __init__(self, at: int = 2, how: str = "dtype") -> None:
+        self.at, self.how, self.calls = at, how, 0
+
+    def __call__(
+        self,
+        state: DictTensor,
+        observation: DictTensor,
+        agent_info: DictTensor,
+        history: Any = None,
+    ) -> tuple[DictTensor, DictTensor]:
+        n = observation["frame"].shape[0]
+        action = {"action": torch.zeros(n, dtype=torch.long), "extra": torch.zeros(n)}
+        if self.calls >= self.at:
+            if self.how == "dtype":
+                action["extra"] = action["extra"].double()
+            elif self.how == "key":
+                action["more"] = torch.zeros(n)
+            else:
+                action = {k: torch.cat([v, v[:1]]) for k, v in action.items()}
+        self.calls += 1
+        return DictTensor(action), state

@@ -73,8 +73,9 @@ def test_default_call_replay_feeds_step_t_and_agent_info():
             seen.update(obs=observation, info=agent_info)
             return DictTensor({"action": observation["x"]}), state
 
-    steps = TemporalDictTensor({"observation/x": torch.arange(6).view(2, 3),
-                                "action/action": torch.zeros(2, 3)})
+    steps = TemporalDictTensor(
+        {"observation/x": torch.arange(6).view(2, 3), "action/action": torch.zeros(2, 3)}
+    )
     info = DictTensor({"agent_info/eps": torch.tensor([0.1, 0.2]), "env_id": torch.arange(2)})
     Spy().call_replay(Trajectories(info, steps), 1, DictTensor(batch_size=2))
     assert list(seen["obs"].keys()) == ["x"] and seen["obs"]["x"].tolist() == [1, 4]
@@ -125,14 +126,18 @@ def test_mlp_agent_pickles_with_its_stream():
     agent.seed(1)
     agent(state, obs, DictTensor())
     clone = pickle.loads(pickle.dumps(agent))
-    assert torch.equal(clone(state, obs, DictTensor())[0]["action"],
-                       agent(state, obs, DictTensor())[0]["action"])
+    assert torch.equal(
+        clone(state, obs, DictTensor())[0]["action"], agent(state, obs, DictTensor())[0]["action"]
+    )
 
 
 @pytest.mark.gpu
 def test_to_cuda_moves_modules():
     agent = MLPAgent().to("cuda")
     assert agent.model[0].weight.is_cuda
-    action = agent(DictTensor(batch_size=4), counter_observation(0, 4, device="cuda"),
-                   DictTensor({"greedy": torch.ones(4, dtype=torch.bool)}))[0]
+    action = agent(
+        DictTensor(batch_size=4),
+        counter_observation(0, 4, device="cuda"),
+        DictTensor({"greedy": torch.ones(4, dtype=torch.bool)}),
+    )[0]
     assert action["action"].is_cuda

@@ -26,7 +26,7 @@ from agents import DeterministicAgent
 from batcher_helpers import counter_env
 
 from rlstruct.agent import Agent
-from rlstruct.batchers import Batcher
+from rlstruct.batchers import Batcher, SerialBatcher
 from rlstruct.batchers.config import SEED_BLOCK
 from rlstruct.envs.faults import faulty_gym_env
 from rlstruct.errors import BatcherStateError, ConfigError, WorkerError, WorkerTimeoutError
@@ -373,3 +373,56 @@ def test_r14_missing_main_guard_fails_fast_with_a_hint(tmp_path):
     assert done.returncode != 0
     assert "__main__" in done.stderr and "WorkerError" in done.stderr
     assert time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize(
+    ("how", "error", "match"),
+    [
+        (
+            "dtype",
+            "ShapeError",
+            r"worker 0, step 2: action/extra is \(2,\) torch.float64, "
+            r"expected \(2,\) torch.float32 \(no silent cast\)",
+        ),
+        ("key", "KeyMismatchError", r"worker 0, step 2: action has keys \['action', 'extra', "),
+        ("rows", "ShapeError", r"step 2: the agent returned 3 action rows for 2 running envs"),
+    ],
+)
+def test_r18_agent_output_drift_is_caught_at_the_step(how, error, match):
+    args = {"at": 2, "how": how}
+    with (
+        pytest.raises(Exception, match=match) as serial,
+        SerialBatcher(
+            5, batcher_helpers.DriftingAgent, args, counter_env, {"n_envs": 2, "auto_reset": True}
+        ) as b,
+    ):
+        b.reset()
+        b.execute()
+    assert type(serial.value).__name__ == error
+    with Batcher(
+        5,
+        batcher_helpers.DriftingAgent,
+        args,
+        counter_env,
+        {"n_envs": 2, "auto_reset": True},
+        n_processes=1,
+    ) as b:
+        b.reset()
+        b.execute()
+        with pytest.raises(WorkerError, match=match) as multi:
+            b.get()
+    assert multi.value.exc_type == error and multi.value.step == 2
+
+
+def test_bad_update_is_reported_by_update():
+    with Batcher(
+        2,
+        batcher_helpers.GreedyMLPAgent,
+        {"n_actions": 3},
+        counter_env,
+        {"n_envs": 2, "n_actions": 3},
+        n_processes=2,
+    ) as b:
+        b.reset()
+        with pytest.raises(WorkerError, match=r"during update|size mismatch|Missing key"):
+            b.update({"weight": torch.zeros(1)})

@@ -11,15 +11,17 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OPS = {"index", "slice", "cat", "clone", "to(cpu)", "tdt.index", "temporal_index",
-       "to_transitions"}
+OPS = {"index", "slice", "cat", "clone", "to(cpu)", "tdt.index", "temporal_index", "to_transitions"}
 
 
 def test_containers_benchmark_quick(tmp_path: Path) -> None:
     out = tmp_path / "containers.json"
     res = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "containers.py"), "--quick", "--json", str(out)],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
     )
     assert res.returncode == 0, res.stdout + res.stderr
     data = json.loads(out.read_text())

@@ -54,8 +54,11 @@ class Recording(RecurrentAgent):
 
 def inputs(device="cpu"):
     agent = RecurrentAgent()
-    return (agent.initial_state(DictTensor(), N).to(device), counter_observation(0, N).to(device),
-            DictTensor({"eps": torch.zeros(N)}))
+    return (
+        agent.initial_state(DictTensor(), N).to(device),
+        counter_observation(0, N).to(device),
+        DictTensor({"eps": torch.zeros(N)}),
+    )
 
 
 def test_no_false_positive_when_everything_is_right():
@@ -67,8 +70,12 @@ def test_no_false_positive_when_everything_is_right():
     assert action.equal(expected[0]) and new_state.equal(expected[1])
     assert inner.n_calls == 1
     empties = CheckDevice(DeterministicAgent(), "meta")  # empty state and agent_info pass
-    assert empties(DictTensor(batch_size=N), counter_observation(0, N).to("meta"),
-                   DictTensor())[0]["action"].device == META
+    assert (
+        empties(DictTensor(batch_size=N), counter_observation(0, N).to("meta"), DictTensor())[0][
+            "action"
+        ].device
+        == META
+    )
     assert agent.initial_state(info, N)["h"].shape == (N, 4)
 
 
@@ -134,8 +141,11 @@ def test_trajectories_breach_in_replay():
     inner = Recording()
     agent = CheckDevice(inner, "cpu")
     meta = traj.to("meta")
-    for call in (lambda: agent.call_replay(meta, 0, inner.initial_state(DictTensor(), N)),
-                 lambda: replay_agent(agent, meta), lambda: replay_agent_stateless(agent, meta)):
+    for call in (
+        lambda: agent.call_replay(meta, 0, inner.initial_state(DictTensor(), N)),
+        lambda: replay_agent(agent, meta),
+        lambda: replay_agent_stateless(agent, meta),
+    ):
         with _raises("trajectories", "observation/frame", CPU, META) as err:
             call()
         _check_attrs(err.value, "trajectories", "observation/frame", CPU, META)
@@ -147,8 +157,9 @@ def test_replay_through_the_wrapper_is_unchanged():
     wrapped = replay_agent(CheckDevice(RecurrentAgent(), "cpu"), traj)
     assert wrapped.equal(replay_agent(RecurrentAgent(), traj))
     # agent_info comes from trajectories.info in replay: on the device, not a breach.
-    (traj,) = collect_counter(DeterministicAgent(), n=N, n_steps=3,
-                              agent_info=DictTensor({"eps": torch.zeros(N)}))
+    (traj,) = collect_counter(
+        DeterministicAgent(), n=N, n_steps=3, agent_info=DictTensor({"eps": torch.zeros(N)})
+    )
     assert replay_agent_stateless(CheckDevice(DeterministicAgent(), "cpu"), traj).n_elems() == N
 
 

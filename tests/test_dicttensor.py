@@ -575,8 +575,10 @@ def test_repr(case: Case) -> None:
 def test_repr_does_not_read_values() -> None:
     # meta tensors have no data: any read of values would raise.
     dt = DictTensor(
-        {"observation/frame": torch.empty(2, 84, 84, 3, dtype=torch.uint8, device="meta"),
-         "action/action": torch.empty(2, dtype=torch.int64, device="meta")}
+        {
+            "observation/frame": torch.empty(2, 84, 84, 3, dtype=torch.uint8, device="meta"),
+            "action/action": torch.empty(2, dtype=torch.int64, device="meta"),
+        }
     )
     text = repr(dt)
     assert "observation/frame: (2, 84, 84, 3) uint8" in text
@@ -636,8 +638,10 @@ def test_masked_tensor_empty_batch(device: torch.device) -> None:
 def test_masked_dicttensor(device: torch.device) -> None:
     d0 = DictTensor(make_tensors(5, device, seed=1))
     d1 = DictTensor(make_tensors(5, device, seed=2))
-    for mask in (torch.tensor(MASK_ROWS, device=device),
-                 torch.tensor(MASK_ROWS, dtype=torch.bool, device=device)):
+    for mask in (
+        torch.tensor(MASK_ROWS, device=device),
+        torch.tensor(MASK_ROWS, dtype=torch.bool, device=device),
+    ):
         out = masked_dicttensor(d0, d1, mask)
         assert list(out.keys()) == list(SCHEMA) and out.n_elems() == 5
         assert same_device(out.device(), device)
@@ -797,8 +801,9 @@ def test_masked_errors() -> None:
     with pytest.raises(KeyMismatchError, match=r"keys differ: \['a', 'b'\] vs \['a'\]"):
         masked_dicttensor(d, DictTensor({"a": torch.zeros(3)}), torch.ones(3))
     with pytest.raises(ShapeError, match=r"key 'b' has shapes \(3,\) and \(3, 2\)"):
-        masked_dicttensor(d, DictTensor({"a": torch.zeros(3), "b": torch.zeros(3, 2)}),
-                          torch.ones(3))
+        masked_dicttensor(
+            d, DictTensor({"a": torch.zeros(3), "b": torch.zeros(3, 2)}), torch.ones(3)
+        )
     with pytest.raises(ShapeError, match=r"masked_dicttensor key 'a': mask has shape \(2,\)"):
         masked_dicttensor(d, d, torch.ones(2))
 
@@ -818,7 +823,10 @@ def test_checks_survive_python_dash_o() -> None:
     )
     res = subprocess.run(
         [sys.executable, "-O", "-c", code],
-        capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[1],
     )
     assert res.returncode == 0, res.stderr
     with pytest.raises(ShapeError) as info:

@@ -21,7 +21,7 @@ REPLAYS = [replay_agent, replay_agent_stateless]
 def assert_reproduces(replayed: TemporalDictTensor, traj: Trajectories) -> None:
     """Every output equals the stored ``action/*`` on valid steps, bit for bit."""
     steps = traj.trajectories
-    stored = {k[len(K.ACTION):] for k in steps if k.startswith(K.ACTION)}
+    stored = {k[len(K.ACTION) :] for k in steps if k.startswith(K.ACTION)}
     assert set(replayed.keys()) == stored
     assert replayed.n_timesteps() == steps.n_timesteps()
     assert torch.equal(replayed.lengths, steps.lengths)
@@ -60,8 +60,9 @@ def test_stateless_flattens_rows_then_steps_and_repeats_info():
             return DictTensor({"action": observation["x"]}), state
 
     x = torch.arange(6).view(2, 3)
-    info = DictTensor({"agent_info/eps": torch.tensor([0.5, 0.25]),
-                       "agent_state/h": torch.ones(2, 1)})
+    info = DictTensor(
+        {"agent_info/eps": torch.tensor([0.5, 0.25]), "agent_state/h": torch.ones(2, 1)}
+    )
     traj = Trajectories(info, TemporalDictTensor({"observation/x": x}, torch.tensor([3, 1])))
     out = replay_agent_stateless(Spy(), traj)
     assert seen["obs"]["x"].tolist() == [0, 1, 2, 3, 4, 5]
@@ -79,8 +80,9 @@ def test_recurrent_replay_reproduces_acquisition():
 
 
 def test_recurrent_replay_continues_across_segments():
-    first, second = collect_counter(RecurrentAgent(), n=4, n_steps=5, n_segments=2,
-                                    last_lengths=torch.tensor([5, 3, 2, 0]))
+    first, second = collect_counter(
+        RecurrentAgent(), n=4, n_steps=5, n_segments=2, last_lengths=torch.tensor([5, 3, 2, 0])
+    )
     assert_reproduces(replay_agent(RecurrentAgent(), first), first)
     assert_reproduces(replay_agent(RecurrentAgent(), second), second)
     # The test can fail: restarting the second segment from a fresh state gets it wrong.
@@ -157,8 +159,10 @@ def test_outputs_on_another_device_raise():
 
 @pytest.mark.parametrize("replay", REPLAYS)
 def test_no_step_no_call(replay):
-    steps = TemporalDictTensor({"observation/frame": torch.zeros(2, 0, 3, dtype=torch.long)},
-                               torch.zeros(2, dtype=torch.long))
+    steps = TemporalDictTensor(
+        {"observation/frame": torch.zeros(2, 0, 3, dtype=torch.long)},
+        torch.zeros(2, dtype=torch.long),
+    )
     agent = DeterministicAgent()
     out = replay(agent, Trajectories(DictTensor(), steps))
     assert out.n_timesteps() == 0 and out.n_elems() == 2 and not list(out.keys())

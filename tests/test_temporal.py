@@ -138,15 +138,17 @@ def test_construction(case: Case, device: torch.device) -> None:
     for k, v in case.raw.items():
         assert k in tdt and tdt[k] is v
     assert all(a is b for a, b in zip(tdt.values(), case.raw.values()))
-    assert tdt.specs() == ({k: (torch.Size(f), d) for k, (f, d) in SCHEMA.items()}
-                           if case.raw else {})
+    assert tdt.specs() == (
+        {k: (torch.Size(f), d) for k, (f, d) in SCHEMA.items()} if case.raw else {}
+    )
     assert tdt.full() == all(x == case.T for x in case.lengths)
 
 
 def test_construction_from_dicttensor_and_int32_lengths(device: torch.device) -> None:
     raw = make_seq(2, 3, device)
-    tdt = TemporalDictTensor(DictTensor(raw), torch.tensor([1, 3], dtype=torch.int32,
-                                                           device=device))
+    tdt = TemporalDictTensor(
+        DictTensor(raw), torch.tensor([1, 3], dtype=torch.int32, device=device)
+    )
     assert tdt.lengths.dtype == torch.int64 and tdt.lengths.tolist() == [1, 3]
     assert list(tdt.keys()) == list(raw)
 
@@ -422,8 +424,10 @@ def test_equal_ignores_padding(rows_case: Case, device: torch.device) -> None:
     # A longer T with the same valid steps is still equal (the extra steps are padding).
     n, t = rows_case.n, rows_case.T
     longer = TemporalDictTensor(
-        {k: torch.ones(1, t + 2, *v.shape[2:], dtype=v.dtype, device=device)
-         for k, v in rows_case.raw.items()},
+        {
+            k: torch.ones(1, t + 2, *v.shape[2:], dtype=v.dtype, device=device)
+            for k, v in rows_case.raw.items()
+        },
         torch.zeros(1, dtype=torch.long, device=device),
     )
     wide = TemporalDictTensor.cat([tdt, longer]).slice(0, n)

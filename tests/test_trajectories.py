@@ -19,11 +19,18 @@ def make_traj(
 ) -> Trajectories:
     b = len(lengths)
     ids = torch.arange(first_id, first_id + b)
-    info = DictTensor(
-        {"env_id": ids, "agent_info/epsilon": ids.double() / 10,
-         "agent_state/h": ids.float().unsqueeze(1).repeat(1, 3)},
-        batch_size=b,
-    ) if with_info else DictTensor()
+    info = (
+        DictTensor(
+            {
+                "env_id": ids,
+                "agent_info/epsilon": ids.double() / 10,
+                "agent_state/h": ids.float().unsqueeze(1).repeat(1, 3),
+            },
+            batch_size=b,
+        )
+        if with_info
+        else DictTensor()
+    )
     steps = {
         "observation/row": ids.view(b, 1).repeat(1, n_steps),
         "observation/frame": torch.randint(0, 256, (b, n_steps, 2, 2), dtype=torch.uint8),
@@ -168,8 +175,9 @@ def test_construction_errors() -> None:
     traj = TemporalDictTensor({"x": torch.zeros(3, 2)})
     with pytest.raises(ShapeError, match="info has 2 rows, trajectories has 3"):
         Trajectories(DictTensor({"env_id": torch.arange(2)}), traj)
-    with pytest.raises(DeviceContractError, match="info is on meta but trajectories are on cpu"
-                       ) as info:
+    with pytest.raises(
+        DeviceContractError, match="info is on meta but trajectories are on cpu"
+    ) as info:
         Trajectories(DictTensor({"env_id": torch.arange(3, device="meta")}), traj)
     assert info.value.key == "info"
     assert info.value.expected == torch.device("cpu")

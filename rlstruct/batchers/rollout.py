@@ -188,17 +188,23 @@ class Rollout:
                     _annotate(e, "agent call", t, None)
                     raise
                 if action.n_elems() != n_run:
-                    raise ShapeError(
+                    error = ShapeError(
                         f"{where}, step {t}: the agent returned {action.n_elems()} action rows "
                         f"for {n_run} running envs"
                     )
+                    _annotate(error, "agent call", t, None)
+                    raise error
                 try:
                     (obs_t1, _was_running), (obs_next, still_running) = self.env.step(action)
                 except Exception as e:
                     env = getattr(e, "env_index", None)
                     _annotate(e, "env step", t, None if env is None else env + offset)
                     raise
-                buffer.write_steps((obs, action, obs_t1), rows, n_run, t, where)
+                try:
+                    buffer.write_steps((obs, action, obs_t1), rows, n_run, t, where)
+                except Exception as e:
+                    _annotate(e, "buffer write", t, None)
+                    raise
                 n_steps = t + 1
                 if still_running.shape[0] != n_run:
                     # Rows that stop here have n_steps valid steps; the others get theirs below.

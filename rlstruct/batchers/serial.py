@@ -97,10 +97,15 @@ class SerialBatcher(BatcherBase):
             self._n_rows = n
             self._agent_info = broadcast_rows(agent_info, n, "agent_info")
             self._env_info = broadcast_rows(env_info, n, "env_info")
-            self.agent = create_agent(**cpu_copy(agent_args)).to(self._device)
+            agent_args = cpu_copy(agent_args)
+            # A throwaway agent learns the specs, so the real one starts untouched (its RNG and
+            # any counters), exactly like a Batcher worker's agent.
+            probe_agent = create_agent(**agent_args).to(self._device)
             step_specs, info_specs = infer_specs(
-                probe, self.agent, self._agent_info, self._env_info
+                probe, probe_agent, self._agent_info, self._env_info
             )
+            probe_agent.close()
+            self.agent = create_agent(**agent_args).to(self._device)
         finally:
             probe.close()
         self._agent_info_specs = self._agent_info.specs()
