@@ -40,7 +40,7 @@ def test_throughput_benchmark_quick(tmp_path: Path) -> None:
         assert r["status"] == "ok", (key, r["status"])
         s = r["steps_per_s"]
         assert s["n"] >= 3 and 0 < s["min"] <= s["median"] <= s["max"], (key, s)
-        assert r["cpu_cores"]["median"] > 0 and r["peak_rss_mb"] > 0, key
+        assert r["cpu_cores"]["median"] >= 0 and r["peak_rss_mb"] > 0, key
         assert r["runner_torch_threads"] == 1, key
         assert r["label"] in res.stdout  # the summary table names every row
     startup = data["startup"]
