@@ -274,7 +274,7 @@ def _sequence_kwargs(hint: Any, origin: Any, optional: bool) -> dict[str, Any]:
         "converters": converters,
         "count": count,
         "optional": optional,
-        "container": list if origin is list else tuple,
+        "factory": list if origin is list else tuple,
         "metavar": _SCALARS[elems[0]].upper() if len(set(elems)) == 1 else None,
     }
 
@@ -329,14 +329,14 @@ class _SequenceAction(argparse.Action):
         converters: list[Callable[[str], Any]],
         count: int | None,
         optional: bool,
-        container: type,
+        factory: type,
         **kwargs: Any,
     ) -> None:
         super().__init__(option_strings, dest, **kwargs)
         self.converters = converters
         self.count = count
         self.optional = optional
-        self.container = container
+        self.factory = factory
 
     def __call__(
         self,
@@ -360,4 +360,4 @@ class _SequenceAction(argparse.Action):
             ]
         except argparse.ArgumentTypeError as err:
             raise argparse.ArgumentError(self, str(err)) from None
-        setattr(namespace, self.dest, self.container(items))
+        setattr(namespace, self.dest, self.factory(items))

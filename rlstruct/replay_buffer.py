@@ -399,7 +399,8 @@ class ReplayBuffer:
         copied into this buffer's storage, allocated from their specs if needed.
 
         Raises:
-            ConfigError: another capacity, or inconsistent counters.
+            ConfigError: another capacity, inconsistent counters, or a generator state saved on
+                another device type.
             KeyMismatchError: other keys than the stored (or requested) ones.
             ShapeError: another feature shape or dtype than the storage's.
         """
@@ -444,7 +445,13 @@ class ReplayBuffer:
         if gen_state is not None and self._device.type != "meta":
             # Restored into a fresh generator first: a bad state raises before anything changes.
             generator = torch.Generator(device=self._device)
-            generator.set_state(gen_state)
+            try:
+                generator.set_state(gen_state)
+            except RuntimeError as e:  # e.g. a CPU generator's state for a CUDA buffer
+                raise ConfigError(
+                    f"ReplayBuffer.load_state_dict: cannot restore the generator state on "
+                    f"{self._device}: {e}"
+                ) from e
         if self._storage is None and tensors:
             self._allocate(specs)
         if tensors:
@@ -454,6 +461,6 @@ class ReplayBuffer:
         self._size, self._position, self._n_added = size, position, n_added
         if generator is not self._generator:
             if self._generator is None:
-                pass
+                self._generator = generator
             else:  # keep the user's generator object, with the saved state
                 self._generator.set_state(generator.get_state())

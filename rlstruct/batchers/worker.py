@@ -15,6 +15,7 @@ parent dies (Linux), and exits when its pipe reaches EOF.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import signal
@@ -22,7 +23,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NoReturn
 
 import cloudpickle
 import torch
@@ -134,8 +135,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         conn.send((Reply.READY, None))
     except BaseException as e:
         _send_quietly(conn, (Reply.ERROR, _error_payload(e, spec.index, None)))
-        _close_quietly(env, agent, conn)
-        return
+        _exit(env, agent, conn)
 
     failed = False
     while True:
@@ -166,7 +166,17 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
             failed = True
             if not _send_quietly(conn, (Reply.ERROR, _error_payload(e, spec.index, rollout))):
                 break
+    _exit(env, agent, conn)
+
+
+def _exit(env: Any, agent: Any, conn: Connection) -> NoReturn:
+    """Closes everything, then leaves at once: the interpreter's own teardown (torch's, mostly)
+    takes about a second and would make every ``close()`` wait for it."""
     _close_quietly(env, agent, conn)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 def _send_quietly(conn: Connection, message: Any) -> bool:
