@@ -177,13 +177,14 @@ def test_sampling_is_reproducible_with_a_seeded_generator(device: torch.device) 
 
 
 def test_sampling_without_generator_follows_the_global_seed() -> None:
-    def draws() -> list[int]:
-        torch.manual_seed(123)
+    def draws(seed: int) -> list[int]:
+        torch.manual_seed(seed)
         rb = ReplayBuffer(64)
         rb.add(make_batch([30, 20], n_steps=30))
         return uids(rb.sample(40))
 
-    assert draws() == draws()
+    assert draws(123) == draws(123)
+    assert draws(123) != draws(124)
 
 
 def test_samples_come_from_the_filled_part_only(device: torch.device) -> None:
@@ -401,6 +402,15 @@ def test_state_dict_round_trip() -> None:
     for b in (rb, restored):
         b.add(make_batch([2], n_steps=2, first_uid=7))
     assert uids(restored.transitions()) == uids(rb.transitions()) == [3, 4, 5, 6, 7, 8]
+
+    # A buffer built with its own generator keeps that object, set to the saved state.
+    own = torch.Generator().manual_seed(99)
+    mine = ReplayBuffer(6, generator=own)
+    mine.load_state_dict(state)
+    assert torch.equal(own.get_state(), state["generator_state"])
+    twin = ReplayBuffer(6)
+    twin.load_state_dict(state)
+    assert uids(mine.sample(20)) == uids(twin.sample(20))
 
     # Loading replaces whatever a buffer held.
     other = ReplayBuffer(6)
