@@ -97,3 +97,20 @@ class DriftingAgent(Agent):
                 action = {k: torch.cat([v, v[:1]]) for k, v in action.items()}
         self.calls += 1
         return DictTensor(action), state
+
+
+class MetaActionAgent(Agent):
+    """Returns its action on the ``meta`` device: a planted device-contract breach."""
+
+    def __init__(self, n_actions: int = 2) -> None:
+        self.n_actions = n_actions
+
+    def __call__(
+        self,
+        state: DictTensor,
+        observation: DictTensor,
+        agent_info: DictTensor,
+        history: Any = None,
+    ) -> tuple[DictTensor, DictTensor]:
+        n = observation["frame"].shape[0]
+        return DictTensor({"action": torch.zeros(n, dtype=torch.long, device="meta")}), state

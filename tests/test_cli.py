@@ -27,7 +27,7 @@ class AllTypes:
     seed: int = arg(1, "random seed")
     lr: float = arg(3e-4, "learning rate (100% of the step)")
     name: str = arg("run", "run name")
-    root: Path = arg(Path("runs"), "where runs go")  # noqa: RUF009
+    root: Path = arg(Path("runs"), "where runs go")
     cuda: bool = arg(False, "train on the GPU")
     anneal: bool = arg(True, "anneal the learning rate")
     max_grad_norm: float | None = arg(None, "clip gradients (none: no clipping)")
@@ -37,8 +37,8 @@ class AllTypes:
     schedule_kind: Literal["linear", "cosine"] | None = arg(None, "lr schedule")
     hidden: tuple[int, ...] = arg((64, 64), "hidden layer sizes")
     betas: tuple[float, float] = arg((0.9, 0.999), "Adam betas")
-    milestones: list[float] = arg([0.5, 0.75], "lr milestones (fractions)")  # noqa: RUF009
-    tags: list[str] = arg([], "free-form tags")  # noqa: RUF009
+    milestones: list[float] = arg([0.5, 0.75], "lr milestones (fractions)")
+    tags: list[str] = arg([], "free-form tags")
     crop: tuple[int, int] | None = arg(None, "crop size")
     plain: int = 7
 

@@ -36,7 +36,7 @@ class Cfg:
 
     lr: float = arg(3e-4, "learning rate")
     hidden: tuple[int, ...] = arg((64, 64), "sizes")
-    root: Path = arg(Path("runs"), "root")  # noqa: RUF009
+    root: Path = arg(Path("runs"), "root")
 
 
 class FakeTTY(io.StringIO):

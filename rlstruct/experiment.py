@@ -1,0 +1,118 @@
+"""Device layouts for experiments: the flags every algorithm shares and the batcher they select.
+
+A batcher device that is an accelerator selects the single-process device batcher
+(:class:`~rlstruct.SerialBatcher` with the envs behind a DeviceEnv); the CPU selects the
+multi-process :class:`~rlstruct.Batcher` (or the SerialBatcher when ``n_processes`` is 1, which
+saves the workers' start-up). ``--check-devices`` wraps every agent in
+:class:`~rlstruct.CheckDevice`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlstruct.agent import Agent
+from rlstruct.batchers import Batcher, SerialBatcher
+from rlstruct.checks import CheckDevice
+from rlstruct.cli import arg
+from rlstruct.devices import is_accelerator, resolve_device
+from rlstruct.dicttensor import DeviceLike, DictTensor
+from rlstruct.envs.base import VecEnv
+
+__all__ = ["LayoutConfig", "make_batcher", "checked_agent_factory", "default_processes"]
+
+
+def default_processes() -> int:
+    """The number of cores this process may use (at least 1)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass
+class LayoutConfig:
+    """Where each part of an experiment runs (shared by every algorithm's config)."""
+
+    learner_device: str = arg("auto", "device of the model being trained and of the loss")
+    batcher_device: str = arg(
+        "cpu", "device of the training batcher: cpu (worker processes) or a GPU (one process)"
+    )
+    eval_device: str = arg("cpu", "device of the evaluation batcher")
+    n_processes: int = arg(0, "training worker processes on the CPU (0: one per core)")
+    n_envs: int = arg(8, "environments per worker process (or in the device batcher)")
+    seed: int = arg(0, "run seed: envs, agents and the learner derive their seeds from it")
+    check_devices: bool = arg(False, "wrap every agent in CheckDevice (debugging aid)")
+
+
+class _Checked:
+    """Picklable factory: builds the agent and wraps it in CheckDevice."""
+
+    def __init__(self, create_agent: Callable[..., Agent], device: torch.device) -> None:
+        self.create_agent, self.device = create_agent, device
+
+    def __call__(self, **agent_args: Any) -> Agent:
+        return CheckDevice(self.create_agent(**agent_args), self.device)
+
+
+def checked_agent_factory(
+    create_agent: Callable[..., Agent], device: DeviceLike
+) -> Callable[..., Agent]:
+    """``create_agent`` whose agents are wrapped in CheckDevice for ``device``."""
+    return _Checked(create_agent, torch.device(device))
+
+
+def make_batcher(
+    *,
+    device: DeviceLike,
+    n_processes: int,
+    n_timesteps: int,
+    create_agent: Callable[..., Agent],
+    agent_args: Mapping[str, Any],
+    create_env: Callable[..., VecEnv],
+    env_args: Mapping[str, Any],
+    seeds: int | Sequence[int],
+    agent_info: DictTensor | None = None,
+    env_info: DictTensor | None = None,
+    check_devices: bool = False,
+) -> Batcher | SerialBatcher:
+    """The batcher a device layout calls for.
+
+    Args:
+        device: the batcher's device (``"auto"`` resolves to a GPU when there is one).
+        n_processes: CPU worker processes (0: one per core); ignored on an accelerator.
+        n_timesteps: ``T`` of each segment.
+        create_agent: builds the agent (on the CPU; the batcher moves its copy to ``device``).
+        agent_args: keyword arguments of ``create_agent`` (CPU tensors and modules).
+        create_env: ``create_env(**env_args, seed=s) -> VecEnv`` on the CPU.
+        env_args: keyword arguments of ``create_env``.
+        seeds: the run seed.
+        agent_info: example agent_info (1 or B rows).
+        env_info: example env_info (1 or B rows).
+        check_devices: wrap the agent in CheckDevice.
+
+    Returns:
+        A SerialBatcher on ``device`` for an accelerator (or one CPU process), else a Batcher.
+    """
+    device = resolve_device(device)
+    if check_devices:
+        create_agent = checked_agent_factory(create_agent, device)
+    common = dict(
+        n_timesteps=n_timesteps,
+        create_agent=create_agent,
+        agent_args=agent_args,
+        create_env=create_env,
+        env_args=env_args,
+        seeds=seeds,
+        agent_info=agent_info,
+        env_info=env_info,
+    )
+    n_processes = n_processes or default_processes()
+    if is_accelerator(device) or n_processes == 1:
+        return SerialBatcher(**common, device=device)
+    return Batcher(**common, n_processes=n_processes)
