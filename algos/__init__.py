@@ -1,0 +1,1 @@
+"""Reference algorithms written with rlstruct: one readable, runnable file each."""
