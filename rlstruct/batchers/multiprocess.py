@@ -223,7 +223,7 @@ class Batcher(BatcherBase):
             self._procs.append(proc)
             self._conns.append(parent_conn)
         self._version = 0
-        self._pending: dict[int, Any] = {}
+        self._pending: dict[int, Any] = {w: Reply.READY for w in range(n_processes)}
         self._results: dict[int, Any] = {}
         self._deferred_update: bytes | None = None
         self._deadline = 0.0
@@ -274,8 +274,6 @@ class Batcher(BatcherBase):
     def _collect(self, expect: Reply, deadline: float, what: str, blocking: bool = True) -> bool:
         """Waits (until ``deadline``) for ``expect`` from every worker; False if not blocking
         and some are still busy. Dead or silent workers raise WorkerError."""
-        if not self._pending and not self._results:
-            self._pending = {w: expect for w in range(len(self._procs))}
         while True:
             for w in list(self._pending):
                 self._poll(w, expect)
