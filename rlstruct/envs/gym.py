@@ -127,7 +127,6 @@ class _GymVecEnv(VecEnv):
         for name, a in zip(self._info_keys, self._reset_info):
             self._reset_buf[_INFO + name] = a
         self._frame_only = len(self._leaves) == 1 and self._leaves[0].path == ()
-        self._act_is_discrete = isinstance(self.action_space, gym.spaces.Discrete)
         self._arange = np.arange(n)
         self._float_keys = [lf.key for lf in self._leaves if lf.dtype.kind in "fc"] + [K.REWARD]
 
@@ -257,9 +256,7 @@ class _GymVecEnv(VecEnv):
         envs = self._envs
         infos = self._step_info
         self._t[run] += 1
-        # Discrete actions go to the envs as Python ints: gymnasium's own checks take their fast
-        # path for ints (a numpy integer costs ~2 us more per step in Discrete.contains).
-        acts = a.tolist() if self._act_is_discrete else list(a)
+        acts = list(a)  # numpy scalars / rows: what gymnasium's own vector envs pass
         k = -1
         try:
             if self._frame_only:  # the common case: collect, then build each array in one call
@@ -508,15 +505,17 @@ class GymEnvInf(_GymVecEnv):
             ActionError: an action is outside the action space (no env was stepped).
         """
         run, a = self._begin_step(action)
-        t1 = self._step_obs(run, a, self._step_envs(run, a))
+        arrays = self._step_envs(run, a)
+        t1 = self._step_obs(run, a, arrays)
         n = self._n
-        done = t1[K.DONE].numpy()
+        done = arrays[-2] | arrays[-1]
         if done.any():
             ended = np.flatnonzero(done)
             for k in ended.tolist():
                 self._reset_env(k)
             nxt = {}
             for key, v in t1.items():
+                # numpy views of t1's tensors: patch a copy with the reset rows.
                 x = v.numpy().copy()
                 x[ended] = self._reset_buf[key][ended]
                 nxt[key] = torch.from_numpy(x)
