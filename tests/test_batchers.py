@@ -428,3 +428,24 @@ def test_no_thread_left_behind():
     with make("multi", 1, 2, 2) as b:
         b.reset()
     assert threading.active_count() <= before + 1  # multiprocessing's resource sharer at most
+
+
+def test_n_running_property_and_agent_info_hint():
+    with make("serial", 1, 3, 10) as b:
+        assert b.n_running is None
+        b.reset()
+        assert b.n_running == 3
+        b.execute()
+        b.get()
+        assert b.n_running == 0
+    with pytest.raises(KeyError) as info:
+        SerialBatcher(2, InfoAgentNeedsEpsilon, {}, counter_env, {"n_envs": 2})
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    if hasattr(info.value, "add_note"):
+        assert "agent_info=DictTensor" in notes
+
+
+class InfoAgentNeedsEpsilon(InfoAgent):
+    def __call__(self, state, observation, agent_info, history=None):
+        agent_info["epsilon"]  # noqa: B018 - reading it is the point
+        return super().__call__(state, observation, agent_info, history)

@@ -116,6 +116,11 @@ class BatcherBase:
             )
         return rows
 
+    @property
+    def n_running(self) -> int | None:
+        """Envs still running (after ``reset``: all; after ``get``: what it returned)."""
+        return self._n_running
+
     def n_elems(self) -> int:
         """``B``: the number of rows (envs) of a full batch."""
         return self._n_rows

@@ -42,6 +42,11 @@ class StepContext:
         return ", ".join(parts)
 
 
+def _add_note(exc: BaseException, note: str) -> None:
+    if hasattr(exc, "add_note"):  # Python >= 3.11
+        exc.add_note(note)
+
+
 def _annotate(exc: BaseException, phase: str, step: int | None, env: int | None) -> None:
     if getattr(exc, "rlstruct_context", None) is None:
         exc.rlstruct_context = StepContext(phase, step, env)  # type: ignore[attr-defined]
@@ -68,8 +73,17 @@ def infer_specs(
     n = env.n_envs()
     obs, _ = env.reset(None if env_info.empty() else env_info)
     state = agent.initial_state(agent_info, n)
-    with torch.no_grad():
-        action, _ = agent(state, obs, agent_info)
+    try:
+        with torch.no_grad():
+            action, _ = agent(state, obs, agent_info)
+    except KeyError as e:
+        if agent_info.empty():
+            _add_note(
+                e,
+                "The batcher calls the agent once to learn its outputs. If the agent "
+                "reads agent_info, give the batcher an example: agent_info=DictTensor({...})",
+            )
+        raise
     if K.ACTION_KEY not in action:
         raise KeyMismatchError(
             f"the agent returned keys {sorted(action.keys())}; it must return the key 'action'"

@@ -51,7 +51,8 @@ class SerialBatcher(BatcherBase):
         agent_args: keyword arguments of ``create_agent``.
         create_env: ``create_env(**env_args, seed=s) -> VecEnv``; env ``k`` uses seed ``s + k``.
         env_args: keyword arguments of ``create_env`` (no ``seed``).
-        seeds: the run seed (env ``g`` gets ``seeds * 2**20 + g``) or ``[s]`` (env ``k`` gets
+        seeds: (keyword-only, like every argument after it, so that swapping SerialBatcher and
+            Batcher never shifts a positional argument) the run seed (env ``g`` gets ``seeds * 2**20 + g``) or ``[s]`` (env ``k`` gets
             ``s + k``, rlstructures-style).
         agent_info: example DictTensor (1 or B rows) fixing the keys, shapes and dtypes of
             agent_info; also the default at ``reset``.
@@ -67,6 +68,7 @@ class SerialBatcher(BatcherBase):
         agent_args: Mapping[str, Any] | None,
         create_env: Callable[..., VecEnv],
         env_args: Mapping[str, Any] | None,
+        *,
         seeds: int | Sequence[int] = 0,
         agent_info: DictTensor | None = None,
         env_info: DictTensor | None = None,
