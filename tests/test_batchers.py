@@ -447,5 +447,5 @@ def test_n_running_property_and_agent_info_hint():
 
 class InfoAgentNeedsEpsilon(InfoAgent):
     def __call__(self, state, observation, agent_info, history=None):
-        agent_info["epsilon"]  # noqa: B018 - reading it is the point
+        agent_info["epsilon"]  # reading it is the point
         return super().__call__(state, observation, agent_info, history)

@@ -51,9 +51,9 @@ class SerialBatcher(BatcherBase):
         agent_args: keyword arguments of ``create_agent``.
         create_env: ``create_env(**env_args, seed=s) -> VecEnv``; env ``k`` uses seed ``s + k``.
         env_args: keyword arguments of ``create_env`` (no ``seed``).
-        seeds: (keyword-only, like every argument after it, so that swapping SerialBatcher and
-            Batcher never shifts a positional argument) the run seed (env ``g`` gets ``seeds * 2**20 + g``) or ``[s]`` (env ``k`` gets
-            ``s + k``, rlstructures-style).
+        seeds: the run seed (env ``g`` gets ``seeds * 2**20 + g``) or ``[s]`` (env ``k`` gets
+            ``s + k``, rlstructures-style). This and every later argument are keyword-only, so
+            that swapping SerialBatcher and Batcher never shifts a positional argument.
         agent_info: example DictTensor (1 or B rows) fixing the keys, shapes and dtypes of
             agent_info; also the default at ``reset``.
         env_info: same for env_info (passed to the envs at reset).
