@@ -1,20 +1,23 @@
 """rlstruct.compat: an rlstructures-style REINFORCE runs on rlstruct, plus the argument mapping.
 
-``ReinforceAgent``, ``Model``, ``get_loss`` and the training loop are written as rlstructures'
-``rlalgos/reinforce`` wrote them (an ``RL_Agent`` subclass with ``__call__(self, state,
-observation, agent_info=None, history=None)``, an ``RL_Batcher`` built with positional arguments,
-``reset / execute / get / replay_agent / update``). Against that original, three lines change:
+``ReinforceAgent``, the models, ``get_loss`` and the training loop follow rlstructures'
+``rlalgos/reinforce`` (an ``RL_Agent`` subclass with ``__call__(self, state, observation,
+agent_info=None, history=None)``, an ``RL_Batcher`` built with positional arguments, the loop
+``reset / execute / get / replay_agent / update``), without its logger and evaluation batcher, and
+with ``seed`` seeding torch (the original printed the seed) so that the test is deterministic.
+Against that original, the port needed:
 
-1. the imports point at ``rlstruct.compat``;
-2. ``create_env`` passes a gymnasium id to ``GymEnv`` (rlstruct's GymEnv builds its envs from an
+1. the imports pointing at ``rlstruct.compat``;
+2. ``create_env`` passing a gymnasium id to ``GymEnv`` (rlstruct's GymEnv builds its envs from an
    id or from factories, not from env instances);
-3. ``get_loss`` returns a dict of scalars (a DictTensor refuses 0-d tensors: it has no batch dim).
+3. ``get_loss`` returning a dict of scalars (a DictTensor refuses 0-d tensors: no batch dim).
 """
 
 from __future__ import annotations
 
 import copy
 import sys
+import time
 
 import cloudpickle
 import pytest
@@ -311,9 +314,11 @@ def test_cpu_maps_to_a_multiprocess_batcher_with_rlstructures_methods():
         b.execute()
         with pytest.raises(BatcherStateError, match="in flight"):
             b.execute()  # rlstructures would deadlock here
-        traj, n_running = b.get()
-        while traj is None:
-            traj, n_running = b.get(blocking=False)
+        deadline = time.monotonic() + 60
+        while (result := b.get(blocking=False)) == (None, None):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        traj, n_running = result
         assert traj.n_elems() == 4 and n_running == 4
         assert traj.trajectories["action/action"].eq(0).all()
         # rlstructures' seeds: env k of process p gets seeds[p] + k.
