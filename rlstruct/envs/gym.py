@@ -388,10 +388,12 @@ class _GymVecEnv(VecEnv):
         if getattr(e, "env_index", None) is None:
             with contextlib.suppress(AttributeError):  # exceptions with __slots__
                 e.env_index = k  # type: ignore[attr-defined]
-        if not isinstance(e, RLStructError):  # ours already name the env
+        if not isinstance(e, RLStructError) and hasattr(e, "add_note"):  # Python >= 3.11
+            # k is this VecEnv's own index; a batcher reports the global one (WorkerError.env).
+            known = f", global id {self._offset + k}" if self._offset else ""
             e.add_note(
-                f"raised while {type(self).__name__} called {what}() of env "
-                f"{self._offset + k} (env_step {int(self._t[k])}); call reset() to go on"
+                f"raised while {type(self).__name__} called {what}() of its env {k}{known} "
+                f"(env_step {int(self._t[k])}); call reset() to go on"
             )
 
     def _check_open(self) -> None:
