@@ -114,3 +114,25 @@ class MetaActionAgent(Agent):
     ) -> tuple[DictTensor, DictTensor]:
         n = observation["frame"].shape[0]
         return DictTensor({"action": torch.zeros(n, dtype=torch.long, device="meta")}), state
+
+
+class SleepyAgent(Agent):
+    """Sleeps ``seconds`` in its ``at``-th call (a hung agent)."""
+
+    def __init__(self, at: int = 1, seconds: float = 3600.0) -> None:
+        self.at, self.seconds, self.calls = at, seconds, 0
+
+    def __call__(
+        self,
+        state: DictTensor,
+        observation: DictTensor,
+        agent_info: DictTensor,
+        history: Any = None,
+    ) -> tuple[DictTensor, DictTensor]:
+        import time
+
+        if self.calls == self.at:
+            time.sleep(self.seconds)
+        self.calls += 1
+        n = observation["frame"].shape[0]
+        return DictTensor({"action": torch.zeros(n, dtype=torch.long)}), state

@@ -426,3 +426,59 @@ def test_bad_update_is_reported_by_update():
         b.reset()
         with pytest.raises(WorkerError, match=r"during update|size mismatch|Missing key"):
             b.update({"weight": torch.zeros(1)})
+
+
+def test_r03_failing_env_reset_in_a_worker():
+    b = faulty_batcher("raise_in_reset", worker=1, env=2, at_step=0)
+    with pytest.raises(WorkerError, match="worker 1, env 6 during env reset: InjectedFaultError"):
+        b.reset()
+    assert_all_stopped(b)
+
+
+def test_r06_hung_agent_trips_the_timeout():
+    b = Batcher(
+        4,
+        batcher_helpers.SleepyAgent,
+        {"at": 1},
+        counter_env,
+        {"n_envs": 2, "auto_reset": True},
+        n_processes=2,
+        timeout=1.0,
+    )
+    b.reset()
+    b.execute()
+    start = time.monotonic()
+    with pytest.raises(WorkerTimeoutError, match=r"workers \[0, 1\]"):
+        b.get()
+    assert time.monotonic() - start < 1.0 + 1.0 + 2.5
+    assert_all_stopped(b, within=0.5)
+
+
+def test_r13_many_gets_under_a_low_fd_limit():
+    """R13: 10 000 execute/get round trips with ulimit -n 256: fd and /dev/shm counts stay flat."""
+    n_gets = int(os.environ.get("RLSTRUCT_R13_GETS", "10000"))
+    proc = run_script(f"""
+        import os, resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+        from agents import DeterministicAgent
+        from batcher_helpers import counter_env
+        from rlstruct.batchers import Batcher
+        if __name__ == "__main__":
+            with Batcher(1, DeterministicAgent, {{"n_actions": 2}}, counter_env,
+                         {{"n_envs": 2, "auto_reset": True}}, n_processes=1) as b:
+                b.reset()
+                fds, shm = [], []
+                for i in range({n_gets}):
+                    b.execute()
+                    b.get()
+                    if i in (10, {n_gets} - 1):
+                        fds.append(len(os.listdir("/proc/self/fd")))
+                        shm.append(len(os.listdir("/dev/shm")))
+            print(fds[0], fds[1], shm[0], shm[1], flush=True)
+    """)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    assert "Errno 24" not in err
+    fd_start, fd_end, shm_start, shm_end = (int(x) for x in out.split())
+    assert fd_end <= fd_start + 2
+    assert shm_end <= shm_start

@@ -151,7 +151,8 @@ class Rollout:
         try:
             obs, running = self.env.reset(None if env_info.empty() else env_info)
         except Exception as e:
-            _annotate(e, "env reset", None, None)
+            env = getattr(e, "env_index", None)
+            _annotate(e, "env reset", None, None if env is None else env + self.offset)
             raise
         self._obs = obs
         self._running = running.to(self.buffer.lengths.device)

@@ -26,7 +26,7 @@ from rlstruct.envs.gym import GymEnv, GymEnvInf
 __all__ = ["FAULTS", "InjectedFaultError", "FaultyEnv", "faulty_gym_env"]
 
 #: The faults a :class:`FaultyEnv` can inject.
-FAULTS = ("raise", "hang", "exit", "kill", "nan")
+FAULTS = ("raise", "hang", "exit", "kill", "nan", "raise_in_reset")
 
 
 class InjectedFaultError(RuntimeError):
@@ -40,7 +40,8 @@ class FaultyEnv(gym.Wrapper):
         env: the env to wrap.
         fault: one of :data:`FAULTS`: ``raise`` an InjectedFaultError, ``hang`` (sleep
             ``hang_seconds``), ``exit`` (``os._exit(3)``), ``kill`` (SIGKILL itself), ``nan``
-            (NaN observation and reward).
+            (NaN observation and reward); ``raise_in_reset`` raises from ``reset`` instead (at
+            every reset; ``at_step`` is ignored).
         at_step: the 0-based index of the faulty ``step`` call.
         hang_seconds: how long ``hang`` sleeps.
     """
@@ -51,6 +52,11 @@ class FaultyEnv(gym.Wrapper):
         super().__init__(env)
         self.fault, self.at_step, self.hang_seconds = fault, at_step, hang_seconds
         self.n_steps = 0
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        if self.fault == "raise_in_reset":
+            raise InjectedFaultError("injected fault in reset")
+        return self.env.reset(**kwargs)
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         due = self.n_steps == self.at_step
