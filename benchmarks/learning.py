@@ -1,0 +1,588 @@
+"""Time to solve CartPole-v1: rlstruct's algorithms vs stable-baselines3 with default settings.
+
+*Solved* means: the mean return of the last 20 finished **training** episodes reaches 475.
+Rows (all measured in the same run, over the same seeds):
+
+* rlstruct ``algos/reinforce.py``, ``algos/a2c.py``, ``algos/ppo.py``, ``algos/dqn.py`` with
+  their own defaults (the seed, the time budget, the target return and the output folder are the
+  only settings this script passes);
+* stable-baselines3 ``PPO``, ``A2C`` and ``DQN`` with their DEFAULT hyperparameters:
+  ``PPO("MlpPolicy", "CartPole-v1", seed=s, device="cpu")`` etc.; a callback reads the finished
+  episodes (``infos[i]["episode"]["r"]``, from the Monitor wrapper SB3 puts around the env) and
+  stops ``learn()`` once the 20-episode mean reaches 475, or at the wall-clock cap. A row says
+  "not installed" when stable-baselines3 is missing.
+
+Method:
+
+* every (algorithm, seed) runs in its own subprocess, one at a time (the machine has 2 cores),
+  so start-up (imports, worker spawn) is part of the measured time; the order of the rows is
+  rotated from one seed to the next so that a change of the machine's load hits every row alike;
+* two times per run: **launch->solve**, from the parent's ``Popen`` to the solve (the headline
+  figure, used by the targets), and **algo**, the time the algorithm reports (rlstruct's
+  ``time_to_solve``, measured from ``main()``'s start; for SB3 from the model's construction).
+  For rlstruct, launch->solve = (the time ``main()`` was entered - launch) + ``time_to_solve``;
+  an algo whose summary has no ``time_to_solve`` but stops when solved is read from its
+  ``seconds``/``wall_time`` and ``frames`` instead (the JSON says which);
+* a run that does not solve within its budget counts as +inf in the medians ("unsolved"), so a
+  median is finite only if more than half of the seeds solved;
+* threads: every child starts WITHOUT ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` (both are removed
+  from its environment): rlstruct's algorithms pin their own learner (1 thread by default) and
+  SB3 runs with one torch thread as BENCHMARKS.md asks (``--sb3-threads 0``: torch's
+  default). The JSON records the thread count each run ended with. Measured on a busy 2-core
+  machine (load 4-9), SB3 with torch's default 2 threads collapsed (PPO: 10k-20k steps in
+  120 s, vs ~35k in 20-50 s with one thread);
+* the 1-minute load average is sampled every 2 s for the whole benchmark and reported (other
+  people's jobs may share the machine); each run also records its process tree's CPU seconds.
+
+Targets (the issue): rlstruct PPO and A2C median launch->solve <= 0.5x SB3's PPO resp. A2C in the
+same run; REINFORCE and DQN solve on 3 of 3 seeds (at least 3 seeds), each within 120 s.
+
+Usage::
+
+    python benchmarks/learning.py                        # 3 seeds, every algorithm + SB3 peers
+    python benchmarks/learning.py --algos ppo a2c --seeds 0 1 2 3 4 --json out.json
+    python benchmarks/learning.py --quick --algos ppo --no-peers   # plumbing check (~20 s)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import json
+import math
+import os
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import _common
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH_DIR = Path(__file__).resolve().parent
+ENV_ID = "CartPole-v1"
+TARGET_RETURN = 475.0
+WINDOW = 20  # finished training episodes averaged
+ALGOS = ("reinforce", "a2c", "ppo", "dqn")
+SB3_PEERS = {"ppo": "PPO", "a2c": "A2C", "dqn": "DQN"}  # rlstruct algo -> SB3 class
+MAX_RATIO = 0.5  # rlstruct PPO / A2C median launch->solve vs SB3's
+SOLVE_WITHIN_S = 120.0  # REINFORCE and DQN: every seed within this
+GRACE_S = 90.0  # beyond a run's budget before the parent kills it (start-up + teardown)
+
+# Config field names the runner looks for, first match wins (the algos are written separately).
+TIME_FIELDS = ("time_budget", "max_seconds", "time_limit", "max_time")
+ROOT_FIELDS = ("runs_dir", "log_dir", "run_root", "runs_root", "root", "out_dir", "output_dir")
+WINDOW_FIELDS = ("target_window",)
+
+
+# ============================================================================ child processes
+def _first(names: Any, candidates: tuple[str, ...]) -> str | None:
+    return next((c for c in candidates if c in names), None)
+
+
+def _as_flag(name: str, value: Any) -> list[str]:
+    return [f"--{name.replace('_', '-')}", str(value)]
+
+
+def run_rlstruct(name: str, seed: int, budget: float, out_root: str) -> dict[str, Any]:
+    """Runs ``algos.<name>`` in this process; returns its summary plus what was passed."""
+    import torch  # the algo imports it anyway
+
+    mod = importlib.import_module(f"algos.{name}")
+    fields = {f.name: f for f in dataclasses.fields(mod.Config)}
+    overrides: dict[str, Any] = {"seed": seed}
+    time_field = _first(fields, TIME_FIELDS)
+    if time_field is None:
+        raise RuntimeError(f"algos.{name}.Config has none of the time fields {TIME_FIELDS}")
+    overrides[time_field] = float(budget)
+    root_field = _first(fields, ROOT_FIELDS)  # else the runs land in the child's cwd (a tmp dir)
+    if root_field is not None:
+        default = fields[root_field].default
+        overrides[root_field] = Path(out_root) if isinstance(default, Path) else out_root
+    if "target_return" in fields:
+        overrides["target_return"] = TARGET_RETURN
+    window_field = _first(fields, WINDOW_FIELDS)
+    if window_field is not None:
+        overrides[window_field] = WINDOW
+
+    params = list(inspect.signature(mod.main).parameters)
+    argv_style = bool(params) and params[0] in ("argv", "args")
+    entered = time.time()
+    if argv_style:  # main(argv): build the command line
+        argv = [s for k, v in overrides.items() for s in _as_flag(k, v)]
+        summary = mod.main(argv)
+    else:
+        summary = mod.main(mod.Config(**overrides))
+    return {
+        "main_entered": entered,
+        "overrides": {k: str(v) for k, v in overrides.items()},
+        "call": "main(argv)" if argv_style else "main(Config)",
+        "summary": summary,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def run_sb3(algo: str, seed: int, budget: float, max_steps: int, threads: int) -> dict[str, Any]:
+    """Trains SB3's ``algo`` with defaults until solved, ``budget`` seconds or ``max_steps``."""
+    import stable_baselines3 as sb3
+    import torch
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+
+    class StopWhenSolved(BaseCallback):
+        """Tracks finished episodes; stops on the target or on the wall-clock cap."""
+
+        def __init__(self, start: float) -> None:
+            super().__init__()
+            self.start, self.returns = start, []
+            self.solved: tuple[int, float, float] | None = None
+            self.capped = False
+
+        def _on_step(self) -> bool:
+            for info in self.locals["infos"]:
+                if "episode" in info:
+                    self.returns.append(float(info["episode"]["r"]))
+            last = self.returns[-WINDOW:]
+            if len(last) == WINDOW and sum(last) / WINDOW >= TARGET_RETURN:
+                self.solved = (self.num_timesteps, time.perf_counter() - self.start, time.time())
+                return False
+            if time.perf_counter() - self.start >= budget:
+                self.capped = True
+                return False
+            return True
+
+    start = time.perf_counter()
+    model = getattr(sb3, algo)("MlpPolicy", ENV_ID, seed=seed, device="cpu", verbose=0)
+    callback = StopWhenSolved(start)
+    model.learn(total_timesteps=max_steps, callback=callback)
+    last = callback.returns[-WINDOW:]
+    solved = callback.solved
+    return {
+        "summary": {
+            "solved": solved is not None,
+            "frames_to_solve": None if solved is None else solved[0],
+            "time_to_solve": None if solved is None else solved[1],
+            "solved_at": None if solved is None else solved[2],
+            "frames": int(model.num_timesteps),
+            "wall_time": time.perf_counter() - start,
+            "episodes": len(callback.returns),
+            "train_return": sum(last) / len(last) if last else math.nan,
+            "stopped_by": "target" if solved else "time cap" if callback.capped else "step cap",
+        },
+        "torch_threads": torch.get_num_threads(),
+        "sb3_version": sb3.__version__,
+    }
+
+
+def runner(argv: list[str]) -> int:
+    """Entry point of a child: runs one (algorithm, seed) and writes the result as JSON."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--kind", choices=("rlstruct", "sb3"), required=True)
+    p.add_argument("--algo", required=True)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--budget", type=float, required=True)
+    p.add_argument("--max-steps", type=int, default=1_000_000)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--out-root", default=".")
+    p.add_argument("--result", required=True)
+    a = p.parse_args(argv)
+    try:
+        if a.kind == "rlstruct":
+            res = run_rlstruct(a.algo, a.seed, a.budget, a.out_root)
+        else:
+            res = run_sb3(a.algo, a.seed, a.budget, a.max_steps, a.threads)
+        res["status"] = "ok"
+    except BaseException as e:  # reported in the row, never fatal to the benchmark
+        res = {"status": "error", "error": f"{type(e).__name__}: {e}",
+               "traceback": traceback.format_exc()[-3000:]}
+    Path(a.result).write_text(json.dumps(res, default=str))
+    return 0 if res["status"] == "ok" else 1
+
+
+# ============================================================================ parent process
+class LoadSampler:
+    """Samples the 1-minute load average every ``period`` seconds in a daemon thread."""
+
+    def __init__(self, period: float = 2.0) -> None:
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(period,), daemon=True)
+
+    def _loop(self, period: float) -> None:
+        while not self._stop.is_set():
+            self.samples.append(os.getloadavg()[0])
+            self._stop.wait(period)
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _child_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(BENCH_DIR), env.get("PYTHONPATH", "")])
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Ends the child we started and its workers (its own session/process group)."""
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(wait)
+            return
+
+
+def _tail(path: Path, n: int = 1500) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+def launch(kind: str, algo: str, seed: int, budget: float, args: argparse.Namespace,
+           workdir: Path) -> dict[str, Any]:
+    """Runs one child to completion; returns the run's record (times from the launch)."""
+    workdir.mkdir(parents=True)
+    result = workdir / "result.json"
+    cmd = [
+        sys.executable, "-c",
+        "import sys, learning; sys.exit(learning.runner(sys.argv[1:]))",
+        "--kind", kind, "--algo", algo, "--seed", str(seed), "--budget", str(budget),
+        "--max-steps", str(args.sb3_max_steps), "--threads", str(args.sb3_threads),
+        "--out-root", str(workdir / "runs"), "--result", str(result),
+    ]
+    load0 = os.getloadavg()[0]
+    cpu0 = _children_cpu()
+    algo_file = ROOT / "algos" / f"{algo}.py"
+    sha = (hashlib.sha256(algo_file.read_bytes()).hexdigest()[:16]
+           if kind == "rlstruct" and algo_file.exists() else None)
+    with open(workdir / "stdout.txt", "wb") as out, open(workdir / "stderr.txt", "wb") as err:
+        t_launch, t0 = time.time(), time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=workdir, env=_child_env(), stdout=out, stderr=err,
+                                start_new_session=True)
+        killed = False
+        try:
+            proc.wait(timeout=budget + GRACE_S)
+        except subprocess.TimeoutExpired:
+            killed = True
+            _kill_group(proc)
+        exit_s = time.perf_counter() - t0
+    cpu_s = _children_cpu() - cpu0
+    rec: dict[str, Any] = {
+        "seed": seed, "budget_s": budget, "rc": proc.returncode, "launch_to_exit": exit_s,
+        "cpu_s": cpu_s, "cpu_cores": cpu_s / exit_s if exit_s > 0 else 0.0,
+        "loadavg_1m_at_launch": load0, "loadavg_1m_at_exit": os.getloadavg()[0],
+        "launched_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t_launch)),
+    }
+    if sha is not None:  # the version of the algo file this run measured
+        rec["file_sha256"] = sha
+    res = json.loads(result.read_text()) if result.exists() else None
+    if res is None or res.get("status") != "ok":
+        rec["status"] = "killed (over budget + grace)" if killed else "error"
+        rec["error"] = (res or {}).get("error") or f"rc={proc.returncode}, no result"
+        rec["traceback"] = (res or {}).get("traceback") or _tail(workdir / "stderr.txt")
+        rec["solved"] = False
+        return rec
+    s = res["summary"]
+    rec["status"] = "ok"
+    rec["torch_threads"] = res.get("torch_threads")
+    rec["solved"] = bool(s.get("solved"))
+    rec["frames"] = s.get("frames")
+    rec["train_return"] = s.get("train_return")
+    rec["wall_time"] = s.get("wall_time", s.get("seconds"))
+    for key in ("overrides", "call", "sb3_version"):
+        if key in res:
+            rec[key] = res[key]
+    if "stopped_by" in s:
+        rec["stopped_by"] = s["stopped_by"]
+    # The algorithm's own time and frames to solve; fall back to its stop time and frames.
+    tts, fts, source = s.get("time_to_solve"), s.get("frames_to_solve"), "time_to_solve"
+    if rec["solved"] and tts is None:
+        tts, source = s.get("seconds", s.get("wall_time")), "seconds/wall_time at stop"
+        fts = s.get("frames")
+    rec["time_to_solve"] = tts if rec["solved"] else None
+    rec["frames_to_solve"] = fts if rec["solved"] else None
+    rec["time_source"] = source
+    if kind == "rlstruct":  # launch -> main() entered: interpreter start and imports
+        rec["startup_s"] = res["main_entered"] - t_launch
+    if rec["solved"] and tts is not None:
+        if kind == "sb3":
+            rec["launch_to_solve"] = s["solved_at"] - t_launch
+        else:
+            rec["launch_to_solve"] = rec["startup_s"] + tts
+    else:
+        rec["launch_to_solve"] = None
+    return rec
+
+
+def _censored(values: list[float | None]) -> list[float]:
+    return [math.inf if v is None else float(v) for v in values]
+
+
+def _stats(values: list[float | None]) -> dict[str, Any] | None:
+    """min / median / max with unsolved runs as +inf (None when there is no run)."""
+    if not values:
+        return None
+    v = _censored(values)
+    return {"min": min(v), "median": statistics.median(v), "max": max(v), "n": len(v)}
+
+
+def finish_row(row: dict[str, Any]) -> None:
+    runs = row["runs"]
+    if not runs:
+        return
+    ok = [r for r in runs if r["status"] == "ok"]
+    row["status"] = "ok" if len(ok) == len(runs) else "error" if not ok else "partial"
+    row["n_runs"], row["n_solved"] = len(runs), sum(bool(r["solved"]) for r in runs)
+    for key in ("launch_to_solve", "time_to_solve", "frames_to_solve"):
+        row[key] = _stats([r.get(key) for r in runs])
+
+
+def _fmt_s(x: float | None) -> str:
+    return "unsolved" if x is None or math.isinf(x) else f"{x:.1f}"
+
+
+def _fmt_stats(s: dict[str, Any] | None, steps: bool = False) -> str:
+    if s is None:
+        return "-"
+    if steps:
+        m = s["median"]
+        return "unsolved" if m is None or math.isinf(m) else f"{m:,.0f}"
+    if s["n"] == 1:
+        return _fmt_s(s["median"])
+    return f"{_fmt_s(s['median'])} ({_fmt_s(s['min'])}-{_fmt_s(s['max'])})"
+
+
+def targets(rows: dict[str, dict[str, Any]], seeds: list[int]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for algo in ("ppo", "a2c"):
+        mine, peer = rows.get(f"rlstruct/{algo}"), rows.get(f"sb3/{SB3_PEERS[algo]}")
+        if mine is None:
+            continue
+        t: dict[str, Any] = {"name": f"rlstruct {algo.upper()} / SB3 {SB3_PEERS[algo]}",
+                             "threshold": f"<= {MAX_RATIO}", "metric": "median launch->solve"}
+        if mine.get("launch_to_solve") is None:
+            t["verdict"] = "n/a (rlstruct: " + mine.get("status", "not run") + ")"
+        elif peer is None or peer.get("launch_to_solve") is None:
+            t["verdict"] = "n/a (SB3: " + (peer or {}).get("status", "not run") + ")"
+        else:
+            a, b = mine["launch_to_solve"]["median"], peer["launch_to_solve"]["median"]
+            if math.isinf(a):
+                t["ratio"], t["verdict"] = None, "MISS (rlstruct unsolved)"
+            elif math.isinf(b):  # SB3 did not solve within its cap: the ratio is below a/cap
+                t["ratio"], t["ratio_upper_bound"] = None, a / peer["budget_s"]
+                t["verdict"] = f"PASS (SB3 unsolved within its {peer['budget_s']:g} s cap)"
+            else:
+                t["ratio"] = a / b
+                t["verdict"] = "PASS" if a / b <= MAX_RATIO else "MISS"
+            ra = (mine.get("time_to_solve") or {}).get("median", math.inf)
+            rb = (peer.get("time_to_solve") or {}).get("median", math.inf)
+            if math.isfinite(ra) and math.isfinite(rb):
+                t["ratio_algo_reported"] = ra / rb
+        out.append(t)
+    for algo in ("reinforce", "dqn"):
+        mine = rows.get(f"rlstruct/{algo}")
+        if mine is None:
+            continue
+        t = {"name": f"rlstruct {algo.upper()} solves every seed",
+             "threshold": f"{len(seeds)}/{len(seeds)} seeds (>= 3), each <= {SOLVE_WITHIN_S:g} s",
+             "metric": "launch->solve"}
+        if not mine["runs"]:
+            t["verdict"] = "n/a (" + mine.get("status", "not run") + ")"
+        else:
+            within = [r for r in mine["runs"] if r.get("launch_to_solve") is not None
+                      and r["launch_to_solve"] <= SOLVE_WITHIN_S]
+            t["n_within"] = len(within)
+            if len(seeds) < 3:
+                t["verdict"] = (f"n/a (needs >= 3 seeds; {len(within)}/{len(mine['runs'])} "
+                                f"within {SOLVE_WITHIN_S:g} s)")
+            elif len(within) == len(mine["runs"]) == len(seeds):
+                t["verdict"] = "PASS"
+            else:
+                t["verdict"] = "MISS"
+        out.append(t)
+    return out
+
+
+def print_table(rows: dict[str, dict[str, Any]], tgts: list[dict[str, Any]],
+                load: dict[str, Any]) -> None:
+    head = (f"{'algorithm':<10} {'implementation':<28} {'solved':>7}  "
+            f"{'launch->solve s, median (min-max)':<36} {'algo-reported s':<28} "
+            f"{'steps to solve (median)':>24}")
+    print("\nCartPole-v1, time until the mean of the last 20 training episodes >= 475")
+    print(head)
+    print("-" * len(head))
+    for algo in ALGOS:
+        for key in (f"rlstruct/{algo}", f"sb3/{SB3_PEERS.get(algo, '')}"):
+            row = rows.get(key)
+            if row is None:
+                continue
+            if not row["runs"]:
+                print(f"{algo.upper():<10} {row['label']:<28} {row['status']}")
+                continue
+            solved = f"{row['n_solved']}/{row['n_runs']}"
+            note = "" if row["status"] == "ok" else f"  [{row['status']}]"
+            if row.get("cli_help_ok") is False:
+                note += f"  [python -m algos.{algo} --help failed]"
+            print(f"{algo.upper():<10} {row['label']:<28} {solved:>7}  "
+                  f"{_fmt_stats(row['launch_to_solve']):<36} "
+                  f"{_fmt_stats(row['time_to_solve']):<28} "
+                  f"{_fmt_stats(row['frames_to_solve'], steps=True):>24}{note}")
+    print("\nTargets")
+    for t in tgts:
+        ratio = f"ratio {t['ratio']:.2f}  " if t.get("ratio") is not None else ""
+        if t.get("ratio_upper_bound") is not None:
+            ratio = f"ratio < {t['ratio_upper_bound']:.2f}  "
+        extra = (f"  (algo-reported ratio {t['ratio_algo_reported']:.2f})"
+                 if t.get("ratio_algo_reported") is not None else "")
+        print(f"  {t['name']:<42} {ratio}target {t['threshold']}: {t['verdict']}{extra}")
+    print(f"\nload average (1 min) during the run: median {load['median']:.2f}, "
+          f"min {load['min']:.2f}, max {load['max']:.2f} on {os.cpu_count()} cores")
+
+
+def _sanitize(x: Any) -> Any:
+    """JSON-safe: inf/nan -> None (the text format says "unsolved")."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _sanitize(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_sanitize(v) for v in x]
+    return x
+
+
+def cli_ok(algo: str) -> bool:
+    """``python -m algos.<algo> --help`` exits 0."""
+    try:
+        r = subprocess.run([sys.executable, "-m", f"algos.{algo}", "--help"], cwd=ROOT,
+                           env=_child_env(), capture_output=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return False
+    return r.returncode == 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS))
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="seconds per rlstruct run and SB3 PPO/A2C cap (default 120; --quick 15)")
+    p.add_argument("--sb3-dqn-budget", type=float, default=None,
+                   help="SB3 DQN cap in seconds (default 60: with defaults it does not solve)")
+    p.add_argument("--sb3-max-steps", type=int, default=1_000_000,
+                   help="total_timesteps passed to SB3 learn() (the step cap)")
+    p.add_argument("--sb3-threads", type=int, default=1,
+                   help="torch threads of the SB3 runs (BENCHMARKS.md pins 1; 0: torch's default)")
+    p.add_argument("--no-peers", action="store_true", help="skip stable-baselines3")
+    p.add_argument("--quick", action="store_true",
+                   help="one seed, ~15 s budgets: checks the plumbing, the numbers mean little")
+    p.add_argument("--keep-runs", action="store_true", help="keep the run folders (printed)")
+    p.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.seeds = args.seeds[:1]
+    budget = args.time_budget or (15.0 if args.quick else SOLVE_WITHIN_S)
+    dqn_budget = args.sb3_dqn_budget or (15.0 if args.quick else 60.0)
+
+    sb3_installed = importlib.util.find_spec("stable_baselines3") is not None
+    rows: dict[str, dict[str, Any]] = {}
+    for algo in args.algos:
+        path = ROOT / "algos" / f"{algo}.py"
+        rows[f"rlstruct/{algo}"] = {
+            "key": f"rlstruct/{algo}", "algo": algo, "impl": "rlstruct",
+            "label": f"rlstruct algos/{algo}.py", "budget_s": budget, "runs": [],
+            "status": "pending" if path.exists() else f"missing (algos/{algo}.py does not exist)",
+            "cli_help_ok": cli_ok(algo) if path.exists() else None,
+            # Which version of the file was measured (the algos change while being tuned).
+            "file_sha256": hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+            if path.exists() else None,
+        }
+        if algo in SB3_PEERS and not args.no_peers:
+            cls = SB3_PEERS[algo]
+            rows[f"sb3/{cls}"] = {
+                "key": f"sb3/{cls}", "algo": algo, "impl": "sb3",
+                "label": f"SB3 {cls} (defaults)", "runs": [],
+                "budget_s": dqn_budget if cls == "DQN" else budget,
+                "status": "pending" if sb3_installed else "not installed",
+            }
+    todo = [k for k, r in rows.items() if r["status"] == "pending"]
+
+    env = _common.environment(
+        benchmark="learning", env_id=ENV_ID, target_return=TARGET_RETURN, window=WINDOW,
+        seeds=args.seeds, quick=args.quick, time_budget_s=budget, sb3_dqn_budget_s=dqn_budget,
+        sb3_max_steps=args.sb3_max_steps, sb3_threads=args.sb3_threads or "torch default",
+        child_threads="OMP/MKL_NUM_THREADS unset; rlstruct: the algo's own setting; "
+                      "SB3: --sb3-threads (default 1)",
+        sb3_installed=sb3_installed,
+    )
+    print(f"learning benchmark: {', '.join(todo) or 'nothing to run'}; seeds {args.seeds}; "
+          f"budget {budget:g} s (SB3 DQN {dqn_budget:g} s); load {os.getloadavg()}")
+    tmp = Path(tempfile.mkdtemp(prefix="rlstruct-learning-"))
+    t_start = time.perf_counter()
+    with LoadSampler() as sampler:
+        for i, seed in enumerate(args.seeds):
+            order = todo[i % len(todo):] + todo[:i % len(todo)] if todo else []
+            for key in order:
+                row = rows[key]
+                kind = row["impl"]
+                name = row["algo"] if kind == "rlstruct" else SB3_PEERS[row["algo"]]
+                rec = launch(kind, name, seed, row["budget_s"], args,
+                             tmp / f"{key.replace('/', '_')}_seed{seed}")
+                row["runs"].append(rec)
+                print(f"  {row['label']:<26} seed {seed}: {rec['status']}, "
+                      f"{'solved' if rec['solved'] else 'not solved'}"
+                      + (f" launch->solve {rec['launch_to_solve']:.1f} s"
+                         f" (algo {rec['time_to_solve']:.1f} s), {rec['frames_to_solve']} steps"
+                         if rec.get("launch_to_solve") is not None else "")
+                      + f"; exit {rec['launch_to_exit']:.1f} s, {rec['cpu_cores']:.2f} cores, "
+                      f"load {rec['loadavg_1m_at_exit']:.2f}"
+                      + (f"; {rec['error']}" if rec["status"] != "ok" else ""), flush=True)
+    for row in rows.values():
+        finish_row(row)
+    samples = sampler.samples or [os.getloadavg()[0]]
+    load = {"min": min(samples), "median": statistics.median(samples), "max": max(samples),
+            "n_samples": len(samples), "loadavg_at_end": os.getloadavg()}
+    tgts = targets(rows, args.seeds)
+    print_table(rows, tgts, load)
+    print(f"total {time.perf_counter() - t_start:.0f} s")
+    if args.keep_runs:
+        print(f"run folders kept in {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if args.json is not None:
+        data = {"environment": env, "loadavg_1m": load, "rows": list(rows.values()),
+                "targets": tgts}
+        args.json.write_text(json.dumps(_sanitize(data), indent=2, default=str))
+        print(f"results written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
