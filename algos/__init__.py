@@ -1,1 +1,4 @@
-"""Reference algorithms written with rlstruct: one readable, runnable file each."""
+"""Reference algorithms written with rlstruct: one readable, runnable file each.
+
+Conventions (Config, main(), tests, speed targets): see algos/README.md.
+"""

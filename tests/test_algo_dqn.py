@@ -70,9 +70,9 @@ def test_replay_of_buffer_samples_gives_q_of_s_and_s_next():
     sample = dqn.as_trajectories(buffer.sample(5))
     assert sample.trajectories.n_timesteps() == 1 and sample.lengths.tolist() == [1] * 5
     out = replay_agent_stateless(dqn.QAgent(model), sample)
-    torch.testing.assert_close(out["q"][:, 0], model(sample.trajectories["observation/frame"][:, 0]))
-    next_frame_sampled = sample.trajectories["_observation/frame"][:, 0]
-    torch.testing.assert_close(out["next_q"][:, 0], model(next_frame_sampled))
+    sampled = sample.trajectories
+    torch.testing.assert_close(out["q"][:, 0], model(sampled["observation/frame"][:, 0]))
+    torch.testing.assert_close(out["next_q"][:, 0], model(sampled["_observation/frame"][:, 0]))
 
 
 def test_dueling_head_is_value_plus_centred_advantage():
@@ -126,18 +126,22 @@ def test_finished_episodes_carries_returns_across_segments_by_env_id():
         steps(
             [3, 3], reward=torch.tensor([[2.0, 2.0, 2.0], [1.0, 1.0, 1.0]]),
             done=torch.tensor([[False, False, False], [False, True, False]]),
+            **{"_observation/env_step": torch.tensor([[5, 6, 7], [1, 2, 1]])},
         ),
     )
-    assert dqn.finished_episodes(seg1, acc).tolist() == [2.0]
+    returns, lengths = dqn.finished_episodes(seg1, acc)
+    assert returns.tolist() == [2.0] and lengths.tolist() == [2]
     assert acc.tolist() == [1.0, 6.0]
     seg2 = Trajectories(
         DictTensor({"env_id": torch.tensor([0, 1])}),
         steps(
             [3, 3], reward=torch.tensor([[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]),
             done=torch.tensor([[False, False, True], [True, False, False]]),
+            **{"_observation/env_step": torch.tensor([[2, 3, 4], [8, 1, 2]])},
         ),
     )
-    assert dqn.finished_episodes(seg2, acc).tolist() == [8.0, 4.0]  # in time order
+    returns, lengths = dqn.finished_episodes(seg2, acc)
+    assert returns.tolist() == [8.0, 4.0] and lengths.tolist() == [8, 4]  # in time order
     assert acc.tolist() == [0.0, 4.0]
 
 
