@@ -1,0 +1,211 @@
+"""algos/ppo.py: known-answer tests of the loss pieces, replay, smoke runs, a learning test."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from algo_helpers_pg import check_episode_returns, collect, gae_by_loops
+from algo_helpers_vd import check_run_dir, run_algo, steps
+
+from algos import ppo
+from rlstruct import DictTensor, Trajectories, replay_agent_stateless
+from rlstruct.errors import DeviceContractError
+
+
+# ----------------------------------------------------------------------------- loss pieces
+def test_clipped_policy_loss_takes_the_pessimistic_side_of_the_clip():
+    ratio = torch.tensor([1.5, 1.5, 0.5, 0.5, 1.1, 1.0])
+    advantage = torch.tensor([1.0, -1.0, 1.0, -1.0, 2.0, -3.0])
+    loss = ppo.clipped_policy_loss(ratio.log(), torch.zeros(6), advantage, clip=0.2)
+    # A > 0: the gain stops at 1 + eps; A < 0: the loss is never clipped away when r grows;
+    # r < 1 - eps with A > 0 is not clipped (min keeps r A); inside the clip range: -r A.
+    torch.testing.assert_close(loss, torch.tensor([-1.2, 1.5, -0.5, 0.8, -2.2, 3.0]))
+
+
+def test_clipped_policy_loss_passes_no_gradient_once_clipped():
+    logp = torch.tensor([math.log(1.5), math.log(1.1)], requires_grad=True)
+    ppo.clipped_policy_loss(logp, torch.zeros(2), torch.ones(2), clip=0.2).sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([0.0, -1.1]))  # d(-r)/dlogp = -r
+
+
+def test_value_loss_unclipped_and_clipped():
+    value, old = torch.tensor([3.0, 1.2, 0.0, 4.0]), torch.tensor([1.0, 1.0, 1.0, 1.0])
+    returns = torch.tensor([2.0, 3.0, 3.0, 3.0])
+    plain = ppo.value_loss(value, old, returns, clip=None)
+    torch.testing.assert_close(plain, torch.tensor([0.5, 1.62, 4.5, 0.5]))
+    # Clipped: V_old + clamp(V - V_old, -0.5, 0.5) = [1.5, 1.2, 0.5, 1.5]; the max of both.
+    clipped = ppo.value_loss(value, old, returns, clip=0.5)
+    torch.testing.assert_close(clipped, torch.tensor([0.5, 1.62, 4.5, 1.125]))
+
+
+def test_gae_advantages_bootstrap_from_the_critic_on_the_true_next_observation():
+    model = ppo.ActorCritic(obs_dim=2, n_actions=2, hidden=8)
+    # Row 0 terminates at t=1; row 1 is truncated at t=0, then padding; row 2 is cut at t=2.
+    reward = torch.tensor([[1.0, 2.0, 3.0], [1.0, 7.0, 7.0], [0.5, 0.5, 0.5]])
+    terminated = torch.tensor([[False, True, False], [False] * 3, [False] * 3])
+    truncated = torch.tensor([[False] * 3, [True, False, False], [False] * 3])
+    next_frame = torch.randn(3, 3, 2)
+    traj = Trajectories(DictTensor(), steps(
+        [3, 1, 3], reward=reward, terminated=terminated, truncated=truncated,
+        next_frame=next_frame, **{"action/value": torch.randn(3, 3)},
+    ))
+    adv, ret = ppo.gae_advantages(model, traj, gamma=0.9, lam=0.8)
+    with torch.no_grad():
+        next_value = model.value(next_frame.flatten(0, 1)).view(3, 3)
+    exp_adv, exp_ret = gae_by_loops(
+        reward, traj.trajectories["action/value"], next_value, terminated, truncated,
+        [3, 1, 3], 0.9, 0.8,
+    )
+    torch.testing.assert_close(adv, exp_adv)
+    torch.testing.assert_close(ret, exp_ret)
+
+
+def test_one_step_segments_keep_the_valid_steps_in_row_major_order():
+    frame = torch.arange(12.0).view(2, 3, 2)
+    traj = Trajectories(DictTensor(), steps(
+        [3, 1], frame=frame, action=torch.tensor([[0, 1, 0], [1, 1, 1]]),
+        **{"action/logp": torch.zeros(2, 3), "action/value": torch.zeros(2, 3),
+           "observation/other": torch.zeros(2, 3)},
+    ))
+    adv = torch.tensor([[1.0, 2.0, 3.0], [4.0, 99.0, 99.0]])
+    seg = ppo.one_step_segments(traj, adv, adv * 10)
+    assert seg.n_elems() == 4 and seg.trajectories.n_timesteps() == 1
+    assert seg.lengths.tolist() == [1, 1, 1, 1]
+    assert seg.trajectories["advantage"][:, 0].tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert seg.trajectories["return"][:, 0].tolist() == [10.0, 20.0, 30.0, 40.0]
+    assert seg.trajectories["observation/frame"][:, 0].tolist() == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert "observation/other" not in seg.trajectories  # only what the loss reads
+
+
+@pytest.mark.parametrize("adv_norm", ["minibatch", "off"])
+def test_ppo_loss_matches_the_formula_written_out(adv_norm):
+    torch.manual_seed(0)
+    model = ppo.ActorCritic(obs_dim=3, n_actions=2, hidden=8)
+    n = 5
+    frame, action = torch.randn(n, 1, 3), torch.randint(2, (n, 1))
+    logp_old, value_old = -torch.rand(n, 1), torch.randn(n, 1)
+    adv, ret = torch.randn(n, 1), torch.randn(n, 1)
+    minibatch = Trajectories(DictTensor(), steps(
+        [1] * n, frame=frame, action=action, advantage=adv, **{"return": ret},
+        **{"action/logp": logp_old, "action/value": value_old},
+    ))
+    cfg = ppo.Config(clip_coef=0.2, vf_coef=0.5, ent_coef=0.01, adv_norm=adv_norm)
+    loss, stats = ppo.ppo_loss(ppo.PPOAgent(model), minibatch, cfg)
+
+    with torch.no_grad():
+        logits, value = model(frame[:, 0])
+    expected_policy = expected_value = expected_entropy = 0.0
+    a = adv[:, 0]
+    if adv_norm == "minibatch":
+        a = (a - a.mean()) / (a.std(correction=0) + 1e-8)
+    for i in range(n):
+        p = torch.softmax(logits[i], -1)
+        r = float(p[action[i, 0]].log() - logp_old[i, 0])
+        r = math.exp(r)
+        expected_policy -= min(r * a[i], min(max(r, 0.8), 1.2) * a[i]) / n
+        expected_value += 0.5 * float(value[i] - ret[i, 0]) ** 2 / n
+        expected_entropy -= float((p * p.log()).sum()) / n
+    assert stats["policy_loss"].item() == pytest.approx(float(expected_policy), rel=1e-5, abs=1e-6)
+    assert stats["value_loss"].item() == pytest.approx(expected_value, rel=1e-5)
+    assert stats["entropy"].item() == pytest.approx(expected_entropy, rel=1e-5)
+    expected = expected_policy + 0.5 * expected_value - 0.01 * expected_entropy
+    assert loss.item() == pytest.approx(float(expected), rel=1e-5, abs=1e-6)
+
+
+def test_replay_reproduces_the_logp_and_value_the_workers_stored():
+    model = ppo.ActorCritic(obs_dim=4, n_actions=2, hidden=16)
+    (traj,) = collect(ppo.PPOAgent, model, n_segments=1)
+    out = replay_agent_stateless(ppo.PPOAgent(model), traj)
+    stored = traj.trajectories
+    logp = out["logits"].log_softmax(-1).gather(-1, stored["action/action"].unsqueeze(-1))
+    torch.testing.assert_close(logp.squeeze(-1), stored["action/logp"])
+    torch.testing.assert_close(out["value"], stored["action/value"])
+    assert out["logits"].requires_grad
+
+
+def test_agent_samples_reproducibly_and_acts_greedily_on_request():
+    model = ppo.ActorCritic(obs_dim=3, n_actions=4, hidden=8)
+    obs, state = DictTensor({"frame": torch.randn(64, 3)}), DictTensor(batch_size=64)
+    a, b = ppo.PPOAgent(model), ppo.PPOAgent(model)
+    a.seed(7)
+    b.seed(7)
+    first = a(state, obs, DictTensor())[0]
+    assert first["action"].equal(b(state, obs, DictTensor())[0]["action"])
+    greedy = DictTensor({"greedy": torch.ones(64, dtype=torch.bool)})
+    assert a(state, obs, greedy)[0]["action"].equal(model(obs["frame"])[0].argmax(-1))
+
+
+def test_episode_returns_carry_across_segments():
+    check_episode_returns(ppo.EpisodeReturns)
+
+
+@pytest.mark.parametrize("adv_norm,value_clip", [("batch", 0.2), ("off", None)])
+def test_learn_runs_every_option_and_changes_the_model(adv_norm, value_clip):
+    model = ppo.ActorCritic(obs_dim=4, n_actions=2, hidden=16)
+    (traj,) = collect(ppo.PPOAgent, model, n_segments=1)
+    before = [p.detach().clone() for p in model.parameters()]
+    cfg = ppo.Config(n_epochs=2, minibatch_size=12, adv_norm=adv_norm, value_clip=value_clip)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    stats = ppo.learn(ppo.PPOAgent(model), optimizer, traj, cfg)
+    assert set(stats) == {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"}
+    assert all(math.isfinite(v) for v in stats.values())
+    assert any(not p.equal(q) for p, q in zip(model.parameters(), before))
+
+
+# ----------------------------------------------------------------------------- runs
+SMOKE = ["--max-frames", "1500", "--n-envs", "2", "--n-timesteps", "16", "--eval-every", "2",
+         "--n-epochs", "2", "--seed", "0"]
+
+
+@pytest.mark.timeout(180)
+def test_smoke_run_with_worker_processes_writes_a_complete_run_dir(tmp_path):
+    run_dir, stdout = run_algo("ppo", [*SMOKE, "--n-processes", "2", "--runs-dir", str(tmp_path)])
+    rows = check_run_dir(run_dir)
+    assert int(rows[-1]["frames"]) >= 1500 and "'solved': False" in stdout
+    assert any(row["eval_return"] not in ("", "nan") for row in rows)
+    assert {"policy_loss", "value_loss", "entropy", "approx_kl", "lr"} <= set(rows[-1])
+
+
+@pytest.mark.timeout(180)
+def test_check_devices_smoke_run(tmp_path):
+    cfg = ppo.Config(n_processes=1, n_envs=2, n_timesteps=16, max_frames=300, eval_every=1,
+                     n_epochs=1, check_devices=True, runs_dir=str(tmp_path))
+    check_run_dir(Path(ppo.main(cfg)["run_dir"]))
+
+
+class _MetaAgent(ppo.PPOAgent):
+    """Returns its outputs on the meta device: a planted device-contract breach."""
+
+    def __call__(self, state, observation, agent_info, history=None):
+        action, state = super().__call__(state, observation, agent_info, history)
+        return action.to("meta"), state
+
+
+def test_check_devices_catches_a_planted_wrong_device(tmp_path, monkeypatch):
+    monkeypatch.setattr(ppo, "PPOAgent", _MetaAgent)
+    cfg = ppo.Config(n_processes=1, n_envs=2, max_frames=300, check_devices=True,
+                     runs_dir=str(tmp_path))
+    with pytest.raises(DeviceContractError, match=r"action\['action'\] is on meta, expected cpu"):
+        ppo.main(cfg)
+
+
+def test_learns_the_repeat_env(tmp_path):
+    # Reward 1 per step for repeating the observed symbol: random play earns 5 of 10.
+    cfg = ppo.Config(
+        env_id="rlstruct/Repeat-v0", n_processes=1, n_envs=8, n_timesteps=16, eval_every=0,
+        target_return=9.5, max_frames=50_000, time_budget=50, runs_dir=str(tmp_path),
+    )
+    summary = ppo.main(cfg)
+    assert summary["train_return"] >= 8.0, summary
+
+
+@pytest.mark.gpu
+def test_gpu_layout(tmp_path):
+    cfg = ppo.Config(
+        learner_device="cuda:0", batcher_device="cuda", eval_device="cpu", n_envs=4,
+        max_frames=2000, eval_every=1, n_epochs=2, check_devices=True, runs_dir=str(tmp_path),
+    )
+    check_run_dir(Path(ppo.main(cfg)["run_dir"]))
