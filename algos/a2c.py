@@ -114,8 +114,8 @@ class MLPActorCritic(nn.Module):
 
 
 class GRUNet(nn.Module):
-    """tanh encoder ``x`` -> GRU cell ``h'`` -> head over ``[x, h']``; the skip from ``x`` lets
-    the head use the current observation while the memory is still useless."""
+    """tanh encoder ``x`` -> GRU cell ``h'`` -> linear head over ``[x, h']`` (the skip gives the
+    head the current observation directly; the memory adds what the past tells)."""
 
     def __init__(self, obs_dim: int, hidden: int, n_out: int, out_gain: float) -> None:
         super().__init__()

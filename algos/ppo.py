@@ -48,6 +48,7 @@ from rlstruct import keys as K
 from rlstruct.cli import arg, config_to_dict, parse_config
 from rlstruct.devices import resolve_device
 from rlstruct.envs import GymEnv, GymEnvInf  # (also registers rlstruct/Repeat-v0)
+from rlstruct.errors import ConfigError
 from rlstruct.experiment import LayoutConfig, make_batcher
 from rlstruct.logger import RunLogger
 
@@ -86,6 +87,13 @@ class Config(LayoutConfig):
     checkpoint_every: int = arg(50, "save checkpoints/latest.pt every this many iterations")
     n_threads: int = arg(1, "torch threads of the learner (the cores are shared with the workers)")
     runs_dir: str = arg("runs", "folder of the run directories")
+
+    def __post_init__(self) -> None:
+        if self.n_epochs < 1 or self.minibatch_size < 1 or not 0 < self.clip_coef < 1:
+            raise ConfigError(
+                f"need n_epochs >= 1, minibatch_size >= 1 and 0 < clip_coef < 1; got "
+                f"{self.n_epochs}, {self.minibatch_size} and {self.clip_coef}"
+            )
 
 
 # --------------------------------------------------------------------------------------- model

@@ -12,6 +12,7 @@ from algo_helpers_vd import check_run_dir, run_algo, steps
 
 from algos import ppo
 from rlstruct import DictTensor, Trajectories, replay_agent_stateless
+from rlstruct.cli import parse_config
 from rlstruct.errors import DeviceContractError
 
 
@@ -153,6 +154,12 @@ def test_learn_runs_every_option_and_changes_the_model(adv_norm, value_clip):
     assert set(stats) == {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"}
     assert all(math.isfinite(v) for v in stats.values())
     assert any(not p.equal(q) for p, q in zip(model.parameters(), before))
+
+
+def test_bad_options_fail_at_parse_time(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(ppo.Config, ["--minibatch-size", "0"])
+    assert exit_info.value.code == 2 and "minibatch_size >= 1" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- runs
