@@ -37,7 +37,9 @@ and takes the start-up figure from the first construction: it checks that everyt
 numbers mean little.
 
 Targets (BENCHMARKS.md): SerialBatcher >= 0.9x row 2; Batcher >= 1.5x row 2, >= 1.75x row 3
-and >= 10x row 4; Batcher start-up (constructor, 2 workers) <= 3 s.
+and >= 10x row 4; Batcher start-up (2 workers): the program's first <= 3 s (constructor and
+reset, in the runner's first construction, beside the other runners' builds), later ones
+(constructor) <= 0.5 s.
 
 Usage::
 
@@ -90,7 +92,8 @@ TARGETS: list[tuple[str, str, float]] = [
     ("rl_batcher", "gym_async", 1.75),
     ("rl_batcher", "torchrl", 10.0),
 ]
-MAX_STARTUP_S = 3.0
+MAX_STARTUP_S = 3.0  # the first Batcher of a program (the forkserver imports torch once)
+MAX_LATER_STARTUP_S = 0.5  # every later Batcher of the same program
 
 #: key -> (row number, label)
 ROWS: dict[str, tuple[int, str]] = {
@@ -703,9 +706,15 @@ def run(quick: bool, reps: int | None, min_time: float | None, n_timesteps: int 
         else:
             t["verdict"] = f"n/a ({b['status'] if 'steps_per_s' in a else a['status']})"
         targets.append(t)
-    if "construct_s" in startup:
+    if "rl_batcher" in runner_of and "construct_s" in rows["rl_batcher"]:
+        # The runner's first construction (constructor + reset) is the program's first Batcher.
+        first = rows["rl_batcher"]["construct_s"]
+        startup["first_s"] = first
+        startup["first_verdict"] = "PASS" if first <= MAX_STARTUP_S else "MISS"
+    if "construct_s" in startup and startup_reps:
+        startup["later_target_s"] = MAX_LATER_STARTUP_S
         startup["verdict"] = (
-            "PASS" if startup["construct_s"]["median"] <= MAX_STARTUP_S else "MISS")
+            "PASS" if startup["construct_s"]["median"] <= MAX_LATER_STARTUP_S else "MISS")
     else:
         startup["verdict"] = "n/a"
     for k in ("bytes_per_transition",):
@@ -774,6 +783,12 @@ def print_table(result: dict) -> None:
         if st.get("note"):
             parts.append(st["note"])
         print(f"{7:>2} {'rlstruct Batcher start-up, 2 workers':<48} " + "; ".join(parts))
+        if "first_s" in st:
+            print(f"{'':>2} {'  first Batcher of the program (+ reset)':<48} "
+                  f"{st['first_s']:.2f} s (target <= {MAX_STARTUP_S:g} s) {st['first_verdict']}")
+        if st.get("later_target_s"):
+            print(f"{'':>2} {'  later Batchers (constructor, median)':<48} "
+                  f"{c['median']:.2f} s (target <= {MAX_LATER_STARTUP_S:g} s) {st['verdict']}")
         print(f"{'':>2} {'rlstruct buffer bytes per transition':<48} "
               f"{st['bytes_per_transition']:.0f} B")
     else:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from rlstruct.agent import Agent
-from rlstruct.batchers.config import SEED_BLOCK
+from rlstruct.batchers.seeding import SEED_BLOCK
 from rlstruct.dicttensor import DictTensor
 from rlstruct.envs.debug import make_counter_env
 from rlstruct.envs.gym import GymEnv, GymEnvInf

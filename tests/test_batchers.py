@@ -19,7 +19,7 @@ from batcher_helpers import GreedyMLPAgent, InfoAgent, counter_env
 
 from rlstruct import keys as K
 from rlstruct.batchers import Batcher, SerialBatcher
-from rlstruct.batchers.config import SEED_BLOCK, env_seed_bases
+from rlstruct.batchers.seeding import SEED_BLOCK, env_seed_bases
 from rlstruct.dicttensor import DictTensor
 from rlstruct.errors import BatcherStateError, ConfigError
 from rlstruct.replay import replay_agent

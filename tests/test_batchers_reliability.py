@@ -24,10 +24,12 @@ import pytest
 import torch
 from agents import DeterministicAgent
 from batcher_helpers import counter_env
+from processes import children
 
 from rlstruct.agent import Agent
 from rlstruct.batchers import Batcher, SerialBatcher
-from rlstruct.batchers.config import SEED_BLOCK
+from rlstruct.batchers.seeding import SEED_BLOCK
+from rlstruct.dicttensor import DictTensor
 from rlstruct.envs.faults import faulty_gym_env
 from rlstruct.errors import BatcherStateError, ConfigError, WorkerError, WorkerTimeoutError
 
@@ -50,18 +52,6 @@ class CartPoleAgent(Agent):
 
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-def children() -> list[psutil.Process]:
-    """Child processes, except multiprocessing's resource tracker (one per parent, by design)."""
-    out = []
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if "resource_tracker" not in " ".join(child.cmdline()):
-                out.append(child)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def shm_entries() -> set[str]:
@@ -187,11 +177,48 @@ def test_r12_close_is_idempotent_and_bounded_with_a_hung_worker():
     b.reset()
     b.execute()
     time.sleep(0.3)
+    procs = [psutil.Process(p.pid) for p in b._procs]
     start = time.monotonic()
     b.close()
     b.close()
     assert time.monotonic() - start < 5.0
-    assert_all_stopped(b, within=0.1)
+    _gone, alive = psutil.wait_procs(procs, timeout=0.1)
+    assert not alive
+
+
+class BrokenStrError(Exception):
+    """An exception that cannot describe itself."""
+
+    def __str__(self) -> str:
+        raise ValueError("no description today")
+
+
+class BrokenStrAgent(Agent):
+    """Raises BrokenStrError from its second call on (the batcher's probe calls it once)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, state, observation, agent_info, history=None):
+        self.calls += 1
+        if self.calls > 1:
+            raise BrokenStrError()
+        n = observation["frame"].shape[0]
+        return DictTensor({"action": torch.zeros(n, dtype=torch.long)}), state
+
+
+def test_r01_an_exception_whose_str_raises_is_still_reported():
+    b = Batcher(2, BrokenStrAgent, {}, counter_env, {"n_envs": 2}, n_processes=1)
+    with b:
+        b.reset()
+        b.execute()
+        with pytest.raises(WorkerError) as info:
+            b.get()
+    err = info.value
+    assert err.exc_type == "BrokenStrError" and err.worker == 0 and err.step == 1
+    assert err.exitcode is None  # reported by the worker, not a death
+    assert "BrokenStrError" in str(err) and "BrokenStrAgent" not in str(err.exc_type)
+    assert "__call__" in err.remote_traceback
 
 
 def test_r12_close_after_a_worker_died():

@@ -35,3 +35,4 @@ def test_readme_example_runs(tmp_path):
     done = run(script)
     assert done.returncode == 0, done.stderr
     assert "torch.Size([8, 16])" in done.stdout
+    assert "same batch: True" in done.stdout  # the README's claim, as written

@@ -8,7 +8,7 @@ from typing import Any
 
 from rlstruct.agent import Agent
 from rlstruct.batchers.buffer import Specs
-from rlstruct.batchers.config import broadcast_rows
+from rlstruct.batchers.rows import broadcast_rows
 from rlstruct.dicttensor import DictTensor
 from rlstruct.envs.base import VecEnv
 from rlstruct.errors import BatcherStateError, ConfigError, ShapeError

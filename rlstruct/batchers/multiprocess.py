@@ -1,14 +1,22 @@
 """``Batcher``: CPU worker processes, each with a copy of the agent and many envs.
 
-The slot buffer is allocated once in shared memory before the workers spawn; worker ``p`` owns
+The slot buffer is allocated once in shared memory before the workers start; worker ``p`` owns
 rows ``[p * n, (p + 1) * n)`` (``n`` envs each) and writes its segments there by index. Commands
-and tiny replies travel over one pipe per worker; every wait is liveness-aware (pipes and process
-sentinels with a deadline), so a dead or hung worker becomes a typed error, never a hang.
+and tiny replies travel over one pipe per worker. Every wait has a deadline: sends and receives
+go through :mod:`rlstruct.batchers.transport`, and waits watch pipes and process sentinels, so a
+dead, hung or frozen worker becomes a typed error, never a hang.
+
+Workers are forked from a forkserver process that has torch and rlstruct imported already
+(multiprocessing's ``forkserver`` start method with a preload list): the first Batcher of a
+program pays for those imports once, later ones start in a fraction of a second. The forkserver
+is a fresh single-threaded process, so no CUDA context or thread of the caller is ever forked.
 """
 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
+import multiprocessing.forkserver
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -20,33 +28,59 @@ import torch
 import torch.multiprocessing as tmp
 
 from rlstruct.agent import Agent
+from rlstruct.batchers import transport
 from rlstruct.batchers.base import BatcherBase, Phase
 from rlstruct.batchers.buffer import SlotBuffer
-from rlstruct.batchers.config import (
-    broadcast_rows,
-    check_picklable,
-    env_seed_bases,
-    find_non_cpu,
-    to_cpu_bytes,
-)
 from rlstruct.batchers.rollout import infer_specs
+from rlstruct.batchers.rows import broadcast_rows
+from rlstruct.batchers.seeding import env_seed_bases, isolated_rngs
+from rlstruct.batchers.validation import check_picklable, find_non_cpu
 from rlstruct.batchers.worker import Command, Reply, WorkerSpec, worker_main
 from rlstruct.dicttensor import DeviceLike, DictTensor
 from rlstruct.envs.base import VecEnv
 from rlstruct.errors import ConfigError, WorkerError, WorkerTimeoutError
 from rlstruct.trajectories import Trajectories
 
-__all__ = ["Batcher"]
+__all__ = ["Batcher", "worker_context"]
 
-#: Seconds ``close`` waits for workers to exit by themselves before terminating them.
+#: Seconds ``close`` gives workers to leave by themselves (after CLOSE, then after SIGTERM)
+#: before the next, harder step.
 CLOSE_GRACE_S = 1.0
+
+#: Modules the forkserver imports once, so that workers forked from it start without importing.
+PRELOAD = ["rlstruct.batchers.worker", "rlstruct.envs"]
+
+
+def worker_context(start: bool = False) -> multiprocessing.context.BaseContext:
+    """The multiprocessing context workers start from: a forkserver with torch and rlstruct
+    preloaded where the platform has one (Linux, macOS), ``spawn`` elsewhere.
+
+    Args:
+        start: start the forkserver now if it is not running (it imports its preload list in
+            the background while the caller goes on; the first worker start waits for it).
+    """
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = tmp.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
+        if start:
+            multiprocessing.forkserver.ensure_running()
+        return ctx
+    return tmp.get_context("spawn")
+
+
+def _send_close(conns: list[Connection], skip: Sequence[int] = ()) -> None:
+    """Asks every worker to leave; never waits more than a few milliseconds in all."""
+    deadline = time.monotonic() + 0.05
+    for w, conn in enumerate(conns):
+        if w not in skip:
+            with contextlib.suppress(Exception):  # dead or full pipe: escalation handles it
+                transport.send(conn, (Command.CLOSE, None), deadline)
 
 
 def _shutdown(procs: list[Any], conns: list[Connection], grace: float = CLOSE_GRACE_S) -> None:
-    """Stops every worker within about ``grace + 1.5`` seconds: ask, terminate, then kill."""
-    for conn in conns:
-        with contextlib.suppress(Exception):
-            conn.send((Command.CLOSE, None))
+    """Stops every worker within about ``3 * grace`` seconds: CLOSE (envs closed), SIGTERM
+    (envs closed too, for a worker busy in a segment), then SIGKILL; releases the processes."""
+    _send_close(conns)
     deadline = time.monotonic() + grace
     for proc in procs:
         proc.join(max(0.0, deadline - time.monotonic()))
@@ -54,7 +88,7 @@ def _shutdown(procs: list[Any], conns: list[Connection], grace: float = CLOSE_GR
         alive = [p for p in procs if p.is_alive()]
         for proc in alive:
             getattr(proc, signal_fn)()
-        deadline = time.monotonic() + 0.75
+        deadline = time.monotonic() + grace
         for proc in alive:
             proc.join(max(0.0, deadline - time.monotonic()))
     for proc in procs:
@@ -62,6 +96,9 @@ def _shutdown(procs: list[Any], conns: list[Connection], grace: float = CLOSE_GR
             proc.close()
     for conn in conns:
         conn.close()
+    # The Process objects hold the worker specs, which hold the shared buffer.
+    procs.clear()
+    conns.clear()
 
 
 class Batcher(BatcherBase):
@@ -86,6 +123,15 @@ class Batcher(BatcherBase):
         timeout: seconds a segment (or a reset/update) may take before the silent workers are
             reported as hung.
         start_timeout: seconds the workers may take to start.
+
+    Random numbers: each worker seeds its process's global generators (torch, numpy, ``random``)
+    with ``agent_seeds[0]`` before it builds its env and agent (so a model initialised in
+    ``create_agent`` has the same weights in every worker), then with its own ``agent_seeds[p]``
+    (the stream the agent samples from). The same configuration gives bitwise-equal batches;
+    with one process they equal a ``SerialBatcher``'s with the same seeds. Env seeds depend on
+    the global env index only, but each process has its own sampling stream, so an agent that
+    samples from the global generators collects other actions with P=2 than with P=1 (a
+    deterministic agent, or one seeding per row, collects the same data for any P).
 
     Raises:
         ConfigError: a bad argument (every bad field listed), before any process starts.
@@ -169,21 +215,27 @@ class Batcher(BatcherBase):
         )
         self.n_timesteps, self.n_processes, self.timeout = n_timesteps, n_processes, timeout
 
-        # A probe env and agent in this process: learn n and every spec before spawning.
-        probe_env = create_env(**env_args, seed=0)
-        try:
-            if not isinstance(probe_env, VecEnv):
-                raise ConfigError(f"create_env returned a {type(probe_env).__name__}, not a VecEnv")
-            n = probe_env.n_envs()
-            probe_agent = create_agent(**agent_args)
-            self._agent_info = broadcast_rows(agent_info, n * n_processes, "agent_info")
-            self._env_info = broadcast_rows(env_info, n * n_processes, "env_info")
-            step_specs, info_specs = infer_specs(
-                probe_env, probe_agent, self._agent_info.slice(0, n), self._env_info.slice(0, n)
-            )
-            probe_agent.close()
-        finally:
-            probe_env.close()
+        # The forkserver imports torch and rlstruct while the probe runs.
+        ctx = worker_context(start=True)
+        # A probe env and agent in this process learn n and every spec before any worker
+        # starts; whatever they draw from the global generators is given back to the caller.
+        with isolated_rngs():
+            probe_env = create_env(**env_args, seed=0)
+            try:
+                if not isinstance(probe_env, VecEnv):
+                    raise ConfigError(
+                        f"create_env returned a {type(probe_env).__name__}, not a VecEnv"
+                    )
+                n = probe_env.n_envs()
+                probe_agent = create_agent(**agent_args)
+                self._agent_info = broadcast_rows(agent_info, n * n_processes, "agent_info")
+                self._env_info = broadcast_rows(env_info, n * n_processes, "env_info")
+                step_specs, info_specs = infer_specs(
+                    probe_env, probe_agent, self._agent_info.slice(0, n), self._env_info.slice(0, n)
+                )
+                probe_agent.close()
+            finally:
+                probe_env.close()
         env_bases, default_agent_seeds = env_seed_bases(seeds, n_processes, n)
         agent_seeds = list(agent_seeds) if agent_seeds is not None else default_agent_seeds
         self._n_envs, self._n_rows = n, n * n_processes
@@ -194,7 +246,6 @@ class Batcher(BatcherBase):
         self._env_info_in = {k: v.clone().share_memory_() for k, v in self._env_info.items()}
 
         factories = cloudpickle.dumps((create_env, env_args, create_agent, agent_args))
-        ctx = tmp.get_context("spawn")
         self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns)
         started = time.monotonic()
         for p in range(n_processes):
@@ -202,6 +253,7 @@ class Batcher(BatcherBase):
                 index=p,
                 factories=factories,
                 env_seed=env_bases[p],
+                build_seed=agent_seeds[0],
                 agent_seed=agent_seeds[p],
                 n_envs=n,
                 offset=p * n,
@@ -227,17 +279,39 @@ class Batcher(BatcherBase):
         self._results: dict[int, Any] = {}
         self._deferred_update: bytes | None = None
         self._deadline = 0.0
-        self._collect(Reply.READY, started + start_timeout, "start")
+        try:
+            self._collect(Reply.READY, started + start_timeout, "start")
+        except BaseException:
+            self.close()  # nobody gets this object to close it: stop the workers now
+            raise
         self.startup_seconds = time.monotonic() - started
         self._n_running: int | None = None
         self._phase = Phase.NEW
 
     # ------------------------------------------------------------------ waiting
-    def _fail(self, error: WorkerError) -> WorkerError:
+    def _fail(self, error: WorkerError, hung: Sequence[int] = ()) -> WorkerError:
+        """Marks the batcher failed and starts stopping the workers without waiting for them:
+        CLOSE to the healthy ones (they close their envs), SIGTERM to the ``hung`` ones.
+        ``close()`` (or garbage collection) waits for them, bounded."""
         self._phase = Phase.FAILED
         self._failure = str(error).split("\n", 1)[0]
-        self._finalizer()
+        _send_close(self._conns, skip=hung)
+        for w in hung:
+            with contextlib.suppress(Exception):
+                self._procs[w].terminate()
         return error
+
+    def _timeout(self, workers: Sequence[int], what: str) -> WorkerTimeoutError:
+        silent = sorted(workers)
+        return self._fail(
+            WorkerTimeoutError(
+                f"workers {silent} did not answer {what} within the timeout "
+                f"({self.timeout:g} s; hung env or agent, or a "
+                "stopped process?); they are being stopped",
+                worker=silent[0],
+            ),
+            hung=silent,
+        )
 
     def _handle(self, w: int, message: tuple[Reply, Any], expect: Reply) -> None:
         kind, payload = message
@@ -262,24 +336,27 @@ class Batcher(BatcherBase):
             self._results[w] = payload
             self._pending.pop(w, None)
 
-    def _poll(self, w: int, expect: Reply) -> None:
+    def _poll(self, w: int, expect: Reply, deadline: float, what: str) -> None:
         conn = self._conns[w]
         while w in self._pending and conn.poll():
             try:
-                message = conn.recv()
+                message = transport.recv(conn, deadline)
             except (EOFError, OSError):
                 break
+            except TimeoutError:
+                raise self._timeout([w], what) from None
             self._handle(w, message, expect)
 
     def _collect(self, expect: Reply, deadline: float, what: str, blocking: bool = True) -> bool:
         """Waits (until ``deadline``) for ``expect`` from every worker; False if not blocking
-        and some are still busy. Dead or silent workers raise WorkerError."""
+        and some are still busy. Dead or silent workers raise at once, without waiting for
+        the other workers to stop (``close`` does that)."""
         while True:
             for w in list(self._pending):
-                self._poll(w, expect)
+                self._poll(w, expect, deadline, what)
                 proc = self._procs[w]
                 if w in self._pending and not proc.is_alive():
-                    self._poll(w, expect)  # a last message may have arrived before death
+                    self._poll(w, expect, deadline, what)  # a last message before death
                     if w in self._pending:
                         hint = (
                             "; its stderr says why (common causes: the worker could not import "
@@ -300,27 +377,24 @@ class Batcher(BatcherBase):
                 return True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                silent = sorted(self._pending)
-                raise self._fail(
-                    WorkerTimeoutError(
-                        f"workers {silent} sent nothing for {what} within the timeout "
-                        f"(hung env or agent?); they were stopped",
-                        worker=silent[0],
-                    )
-                )
+                raise self._timeout(list(self._pending), what)
             if not blocking:
                 return False
             watch = [self._conns[w] for w in self._pending]
             watch += [self._procs[w].sentinel for w in self._pending]
             wait(watch, timeout=min(remaining, 1.0))
 
-    def _send_all(self, command: Command, arg: Any, expect: Reply) -> None:
+    def _send_all(self, command: Command, arg: Any, expect: Reply, what: str) -> None:
         self._results = {}
         self._pending = {w: expect for w in range(len(self._procs))}
-        for _w, conn in enumerate(self._conns):
-            # A dead worker's pipe is broken: _collect reports the death with the exit code.
-            with contextlib.suppress(BrokenPipeError, OSError):
-                conn.send((command, arg))
+        deadline = time.monotonic() + self.timeout
+        for w, conn in enumerate(self._conns):
+            try:
+                transport.send(conn, (command, arg), deadline)
+            except TimeoutError:
+                raise self._timeout([w], what) from None
+            except OSError:
+                pass  # a dead worker's pipe is broken: _collect reports it with its exit code
 
     # ------------------------------------------------------------------ API
     def reset(
@@ -339,7 +413,7 @@ class Batcher(BatcherBase):
             self._agent_info_in[k].copy_(v)
         for k, v in ei.items():
             self._env_info_in[k].copy_(v)
-        self._send_all(Command.RESET, None, Reply.RESET_DONE)
+        self._send_all(Command.RESET, None, Reply.RESET_DONE, "reset")
         self._collect(Reply.RESET_DONE, time.monotonic() + self.timeout, "reset")
         self._n_running = sum(self._results.values())
         self._phase = Phase.READY
@@ -359,7 +433,7 @@ class Batcher(BatcherBase):
             ai = self._rows_info(agent_info, self._agent_info, self._agent_info_specs, "agent_info")
             for k, v in ai.items():
                 self._agent_info_in[k].copy_(v)
-        self._send_all(Command.EXECUTE, agent_info is not None, Reply.DONE)
+        self._send_all(Command.EXECUTE, agent_info is not None, Reply.DONE, "execute")
         self._deadline = time.monotonic() + self.timeout
         self._phase = Phase.RUNNING
 
@@ -397,14 +471,14 @@ class Batcher(BatcherBase):
         """
         self._require("update", Phase.NEW, Phase.READY, Phase.RUNNING)
         self._version += 1
-        blob = to_cpu_bytes(info)
+        blob = transport.to_cpu_bytes(info)
         if self._phase is Phase.RUNNING:
             self._deferred_update = blob
         else:
             self._push_update(blob)
 
     def _push_update(self, blob: bytes) -> None:
-        self._send_all(Command.UPDATE, (self._version, blob), Reply.UPDATED)
+        self._send_all(Command.UPDATE, (self._version, blob), Reply.UPDATED, "update")
         self._collect(Reply.UPDATED, time.monotonic() + self.timeout, "update")
         self._results = {}
 
@@ -414,8 +488,16 @@ class Batcher(BatcherBase):
         return self._version
 
     def close(self) -> None:
-        """Stops every worker (asks, then terminates, then kills): idempotent, bounded (< 5 s)."""
+        """Stops every worker and frees the shared buffer: idempotent, bounded (about 3 s).
+
+        Workers are asked to leave first (they close their envs and agent), then sent SIGTERM
+        (an orderly exit too, for a worker busy in a segment), then SIGKILL. The shared-memory
+        buffer is released here, not when the Batcher object is garbage collected; batches
+        already returned by ``get`` are copies and stay valid.
+        """
         if self._phase is not Phase.FAILED:
             self._phase = Phase.CLOSED
         if hasattr(self, "_finalizer"):
             self._finalizer()
+        self.buffer = None  # type: ignore[assignment]
+        self._agent_info_in, self._env_info_in = {}, {}

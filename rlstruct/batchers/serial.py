@@ -16,8 +16,10 @@ import torch
 from rlstruct.agent import Agent
 from rlstruct.batchers.base import BatcherBase, Phase
 from rlstruct.batchers.buffer import SlotBuffer
-from rlstruct.batchers.config import broadcast_rows, cpu_copy, env_seed_bases
 from rlstruct.batchers.rollout import Rollout, infer_specs
+from rlstruct.batchers.rows import broadcast_rows
+from rlstruct.batchers.seeding import RNGStreams, env_seed_bases, isolated_rngs
+from rlstruct.batchers.transport import cpu_copy
 from rlstruct.dicttensor import DeviceLike, DictTensor
 from rlstruct.envs.base import VecEnv
 from rlstruct.errors import ConfigError
@@ -59,6 +61,13 @@ class SerialBatcher(BatcherBase):
         env_info: same for env_info (passed to the envs at reset).
         agent_seeds: the agent's seed (``[s]``); derived from ``seeds`` when None.
         device: where the agent, the buffer and the returned trajectories live.
+
+    Random numbers: the batcher owns random streams (torch's CPU generator, the device's CUDA
+    generator, numpy's and ``random``'s global generators) seeded with the agent seed, and
+    swaps them in around everything it runs (building the env and the agent, ``reset``,
+    ``execute``, ``update``). An agent that samples from the global generators, or a model
+    initialised in ``create_agent``, is therefore reproducible, the caller's streams are not
+    consumed, and the data equal a one-process ``Batcher``'s with the same seeds.
     """
 
     def __init__(
@@ -92,28 +101,39 @@ class SerialBatcher(BatcherBase):
         agent_args, env_args = dict(agent_args or {}), dict(env_args or {})
         self.n_timesteps = n_timesteps
 
-        probe = make_env_on(create_env, env_args, 0, self._device)
-        try:
-            n = probe.n_envs()
-            env_bases, default_agent_seeds = env_seed_bases(seeds, 1, n)
-            self._n_rows = n
-            self._agent_info = broadcast_rows(agent_info, n, "agent_info")
-            self._env_info = broadcast_rows(env_info, n, "env_info")
-            agent_args = cpu_copy(agent_args)
-            # A throwaway agent learns the specs, so the real one starts untouched (its RNG and
-            # any counters), exactly like a Batcher worker's agent.
-            probe_agent = create_agent(**agent_args).to(self._device)
-            step_specs, info_specs = infer_specs(
-                probe, probe_agent, self._agent_info, self._env_info
-            )
-            probe_agent.close()
-            self.agent = create_agent(**agent_args).to(self._device)
-        finally:
-            probe.close()
+        # A throwaway env and agent learn the specs, under saved-and-restored generators: the
+        # caller's random streams are not consumed, and the real agent starts untouched (its RNG
+        # and any counters), exactly like a Batcher worker's agent.
+        with isolated_rngs(self._device):
+            probe = make_env_on(create_env, env_args, 0, self._device)
+            try:
+                n = probe.n_envs()
+                env_bases, default_agent_seeds = env_seed_bases(seeds, 1, n)
+                self._n_rows = n
+                self._agent_info = broadcast_rows(agent_info, n, "agent_info")
+                self._env_info = broadcast_rows(env_info, n, "env_info")
+                agent_args = cpu_copy(agent_args)
+                probe_agent = create_agent(**agent_args).to(self._device)
+                step_specs, info_specs = infer_specs(
+                    probe, probe_agent, self._agent_info, self._env_info
+                )
+                probe_agent.close()
+            finally:
+                probe.close()
         self._agent_info_specs = self._agent_info.specs()
         self._env_info_specs = self._env_info.specs()
-        self.agent.seed((agent_seeds or default_agent_seeds)[0])
-        self.env = make_env_on(create_env, env_args, env_bases[0], self._device)
+        agent_seed = (agent_seeds or default_agent_seeds)[0]
+        # Everything this batcher runs (building, reset, steps, update) draws from streams of
+        # its own, seeded like a one-process Batcher's worker: same seeds, same data.
+        with RNGStreams(agent_seed, self._device).active():
+            self.env = make_env_on(create_env, env_args, env_bases[0], self._device)
+            try:
+                self.agent = create_agent(**agent_args).to(self._device)
+                self.agent.seed(agent_seed)
+            except BaseException:
+                self.env.close()
+                raise
+        self._rngs = RNGStreams(agent_seed, self._device)
         self.buffer = SlotBuffer(n, n_timesteps, step_specs, info_specs, self._device)
         self._rollout = Rollout(self.env, self.agent, self.buffer, offset=0)
         self._n_running: int | None = None
@@ -131,7 +151,8 @@ class SerialBatcher(BatcherBase):
         self._require("reset", Phase.NEW, Phase.READY)
         ai = self._rows_info(agent_info, self._agent_info, self._agent_info_specs, "agent_info")
         ei = self._rows_info(env_info, self._env_info, self._env_info_specs, "env_info")
-        self._rollout.reset(ai, ei)
+        with self._rngs.active():
+            self._rollout.reset(ai, ei)
         self._n_running = self._rollout.n_running
         self._phase = Phase.READY
 
@@ -148,7 +169,8 @@ class SerialBatcher(BatcherBase):
             self._rollout.set_agent_info(ai)
         self._phase = Phase.RUNNING
         try:
-            self._n_running = self._rollout.run(self.n_timesteps)
+            with self._rngs.active():
+                self._n_running = self._rollout.run(self.n_timesteps)
         except BaseException:
             self._phase = Phase.READY
             raise
@@ -167,7 +189,9 @@ class SerialBatcher(BatcherBase):
         """Passes ``info`` (e.g. a ``state_dict``) to the agent's ``update``; tensors are
         copied via the CPU so that nothing new is allocated on another GPU."""
         self._require("update", Phase.NEW, Phase.READY, Phase.RUNNING)
-        self.agent.update(cpu_copy(info))
+        info = cpu_copy(info)
+        with self._rngs.active():
+            self.agent.update(info)
         self._rollout.version += 1
 
     @property

@@ -9,8 +9,13 @@ Protocol (one duplex pipe per worker; the parent sends commands, the worker answ
     (CLOSE, None)             -- the worker exits
     any failure               (ERROR, {type, message, traceback, worker, env, step, phase})
 
-The worker ignores SIGINT (the main process owns shutdown), asks the kernel to kill it when the
-parent dies (Linux), and exits when its pipe reaches EOF.
+The worker seeds its process's global generators (torch, numpy, ``random``) with the build seed
+(the same in every worker) before it builds its env and its agent, then with its own agent seed,
+so models initialised in ``create_agent`` are the same in every worker and every run, and agents
+that sample from the global generators are reproducible. It ignores SIGINT (the main process
+owns shutdown), turns SIGTERM into an orderly exit (env and agent closed, so envs that own
+helper processes release them), asks the kernel to kill it when its parent dies (Linux), and
+exits when its pipe reaches EOF.
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ import cloudpickle
 import torch
 
 from rlstruct.batchers.buffer import SlotBuffer
-from rlstruct.batchers.config import from_cpu_bytes
 from rlstruct.batchers.rollout import Rollout, StepContext
+from rlstruct.batchers.seeding import seed_global_rngs
+from rlstruct.batchers.transport import from_cpu_bytes
 from rlstruct.dicttensor import DictTensor
 
 __all__ = ["Command", "Reply", "WorkerSpec", "worker_main"]
@@ -62,7 +68,8 @@ class WorkerSpec:
     index: int
     factories: bytes  # cloudpickle of (create_env, env_args, create_agent, agent_args)
     env_seed: int
-    agent_seed: int
+    build_seed: int  # the global generators' seed while env and agent are built (same for all)
+    agent_seed: int  # then: this worker's own stream, for everything the agent samples
     n_envs: int
     offset: int
     n_timesteps: int
@@ -85,6 +92,31 @@ def _die_with_parent() -> None:
         pass
 
 
+class _Terminate(BaseException):
+    """Raised by the SIGTERM handler: leave through the orderly exit (envs closed)."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminate()
+
+
+def _describe(exc: BaseException) -> str:
+    """``str(exc)``, or a stand-in when the exception cannot even describe itself."""
+    try:
+        return str(exc)
+    except BaseException as e:  # a broken __str__ must not kill the report
+        return f"<{type(exc).__name__}.__str__ raised {type(e).__name__}>"
+
+
+def _format_traceback(exc: BaseException) -> str:
+    try:
+        return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except BaseException:
+        frames = "".join(traceback.format_tb(exc.__traceback__))
+        head = "Traceback (most recent call last):\n"
+        return f"{head}{frames}{type(exc).__name__}: {_describe(exc)}\n"
+
+
 def _error_payload(exc: BaseException, worker: int, rollout: Rollout | None) -> dict[str, Any]:
     where = rollout.describe_failure(exc) if rollout is not None else {"worker": worker}
     ctx = getattr(exc, "rlstruct_context", None)
@@ -92,8 +124,8 @@ def _error_payload(exc: BaseException, worker: int, rollout: Rollout | None) -> 
         where.update(env=ctx.env, step=ctx.step, phase=ctx.phase)
     return {
         "type": type(exc).__name__,
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        "message": _describe(exc),
+        "traceback": _format_traceback(exc),
         **where,
     }
 
@@ -108,12 +140,16 @@ def _rows(tensors: dict[str, torch.Tensor], spec: WorkerSpec) -> DictTensor:
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     """Entry point of a worker process (module level, so spawn can import it)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _on_sigterm)
     _die_with_parent()
     torch.set_num_threads(spec.n_threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(spec.n_threads))
     rollout: Rollout | None = None
     env = agent = None
     try:
+        # Before anything user-written runs: a model built in create_agent gets the same
+        # weights in every worker and every run, then the agent samples from its own stream.
+        seed_global_rngs(spec.build_seed)
         try:
             create_env, env_args, create_agent, agent_args = cloudpickle.loads(spec.factories)
             env = create_env(**env_args, seed=spec.env_seed)
@@ -131,18 +167,30 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         except Exception as e:
             e.rlstruct_context = StepContext("agent factory", None, None)  # type: ignore[attr-defined]
             raise
+        seed_global_rngs(spec.agent_seed)
         rollout = Rollout(env, agent, spec.buffer, spec.offset, worker=spec.index)
         conn.send((Reply.READY, None))
+    except _Terminate:
+        _exit(env, agent, conn)
     except BaseException as e:
         _send_quietly(conn, (Reply.ERROR, _error_payload(e, spec.index, None)))
         _exit(env, agent, conn)
 
+    with contextlib.suppress(_Terminate):
+        _serve(spec, conn, rollout, agent)
+    _exit(env, agent, conn)
+
+
+def _serve(spec: WorkerSpec, conn: Connection, rollout: Rollout, agent: Any) -> None:
+    """Answers the parent's commands until CLOSE, EOF or SIGTERM."""
     failed = False
     while True:
         try:
             command, arg = conn.recv()
-        except (EOFError, OSError):
-            break  # the parent is gone
+        except _Terminate:
+            raise
+        except Exception:
+            break  # the parent is gone (EOF), or a message cut by a timed-out send
         if command is Command.CLOSE:
             break
         if failed:
@@ -162,16 +210,18 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
                 conn.send((Reply.UPDATED, version))
         except (BrokenPipeError, EOFError):
             break
+        except _Terminate:
+            raise
         except BaseException as e:
             failed = True
             if not _send_quietly(conn, (Reply.ERROR, _error_payload(e, spec.index, rollout))):
                 break
-    _exit(env, agent, conn)
 
 
 def _exit(env: Any, agent: Any, conn: Connection) -> NoReturn:
     """Closes everything, then leaves at once: the interpreter's own teardown (torch's, mostly)
     takes about a second and would make every ``close()`` wait for it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut close() short
     _close_quietly(env, agent, conn)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

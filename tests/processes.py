@@ -1,0 +1,32 @@
+"""The processes a test leaves behind: every descendant except the long-lived helpers.
+
+multiprocessing keeps two helper processes per program on purpose: the resource tracker and the
+forkserver (the Batcher forks its workers from it). Everything else a test started must be gone
+when it ends.
+"""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+
+
+def _forkserver_pid() -> int | None:
+    from multiprocessing import forkserver
+
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)
+
+
+def children() -> list[psutil.Process]:
+    """Descendants of this process, except multiprocessing's resource tracker and forkserver."""
+    keep = {_forkserver_pid()}
+    out = []
+    for child in psutil.Process(os.getpid()).children(recursive=True):
+        try:
+            if child.pid in keep or "resource_tracker" in " ".join(child.cmdline()):
+                continue
+            out.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return out
