@@ -23,6 +23,7 @@ class Phase(enum.Enum):
     NEW = "created, reset() not called yet"
     READY = "ready for execute()"
     RUNNING = "a segment is being collected; call get()"
+    STREAMING = "pipelined collection is running; call get(), or reset() to stop it"
     FAILED = "failed"
     CLOSED = "closed"
 
@@ -88,6 +89,7 @@ class BatcherBase:
             Phase.NEW: "call reset() first",
             Phase.READY: "call execute() first",
             Phase.RUNNING: "a segment is in flight: call get() first",
+            Phase.STREAMING: "pipelined collection is streaming: call get(), or reset() to stop",
         }
         raise BatcherStateError(f"{method}() is not allowed now ({phase.value}): {hints[phase]}")
 

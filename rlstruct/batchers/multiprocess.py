@@ -19,6 +19,7 @@ import multiprocessing
 import multiprocessing.forkserver
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -35,6 +36,7 @@ from rlstruct.batchers.rollout import infer_specs
 from rlstruct.batchers.rows import broadcast_rows
 from rlstruct.batchers.seeding import env_seed_bases, isolated_rngs
 from rlstruct.batchers.validation import check_picklable, find_non_cpu
+from rlstruct.batchers.weights import SharedWeights, is_state_dict
 from rlstruct.batchers.worker import Command, Reply, WorkerSpec, worker_main
 from rlstruct.dicttensor import DeviceLike, DictTensor
 from rlstruct.envs.base import VecEnv
@@ -46,6 +48,10 @@ __all__ = ["Batcher", "worker_context"]
 #: Seconds ``close`` gives workers to leave by themselves (after CLOSE, then after SIGTERM)
 #: before the next, harder step.
 CLOSE_GRACE_S = 1.0
+
+#: The forkserver hands at most 256 descriptors to a new process (multiprocessing's limit);
+#: a buffer with more shared tensors starts its workers with ``spawn`` instead.
+FORKSERVER_MAX_FDS = 240
 
 #: Modules the forkserver imports once, so that workers forked from it start without importing.
 PRELOAD = ["rlstruct.batchers.worker", "rlstruct.envs"]
@@ -123,6 +129,21 @@ class Batcher(BatcherBase):
         timeout: seconds a segment (or a reset/update) may take before the silent workers are
             reported as hung.
         start_timeout: seconds the workers may take to start.
+        pipeline: segment slots per worker. 1 (default): synchronous, ``execute`` collects
+            one segment and ``get`` returns it. ``K >= 2``: pipelined, see below.
+
+    Pipelined collection (``pipeline=K >= 2``): ``execute()`` starts a stream; each worker
+    collects segments back to back into K slots of shared memory, and ``get()`` returns the
+    oldest finished one (a copy: its slot is free again at once). After ``get()`` returns
+    segment ``j``, segment ``j + K`` starts at the next ``update()`` (with those weights) or
+    at the next ``get()``, whichever comes first: workers never run more than K segments
+    ahead of the learner (bounded memory, back-pressure), never overwrite unread data, and
+    for a learner that updates once per batch, segment ``j + K`` is collected with the
+    weights learnt from segments ``0..j`` (a lag of ``K - 1`` updates, visible in
+    ``info['policy_version']``). The data depend only on the seeds and on the sequence of
+    calls, not on timing: same seeds, same learner, same data. ``reset()`` stops the stream
+    (it waits for the segments in flight and drops them); a worker error surfaces at the next
+    ``get()`` or ``update()``, with worker, env and step.
 
     Random numbers: each worker seeds its process's global generators (torch, numpy, ``random``)
     with ``agent_seeds[0]`` before it builds its env and agent (so a model initialised in
@@ -156,6 +177,7 @@ class Batcher(BatcherBase):
         n_threads: int = 1,
         timeout: float = 300.0,
         start_timeout: float = 120.0,
+        pipeline: int = 1,
     ) -> None:
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
@@ -203,6 +225,11 @@ class Batcher(BatcherBase):
                 )
         if not isinstance(n_threads, int) or n_threads <= 0:
             problems.append(f"n_threads must be a positive int, got {n_threads!r}")
+        if isinstance(pipeline, bool) or not isinstance(pipeline, int) or pipeline < 1:
+            problems.append(
+                f"pipeline must be an int >= 1 (1: synchronous, K >= 2: K segment slots), "
+                f"got {pipeline!r}"
+            )
         if not timeout > 0 or not start_timeout > 0:
             problems.append(f"timeouts must be > 0, got {timeout!r} and {start_timeout!r}")
         self._raise_problems(problems)
@@ -214,6 +241,7 @@ class Batcher(BatcherBase):
             agent_args=agent_args,
         )
         self.n_timesteps, self.n_processes, self.timeout = n_timesteps, n_processes, timeout
+        self.pipeline = pipeline
 
         # The forkserver imports torch and rlstruct while the probe runs.
         ctx = worker_context(start=True)
@@ -241,11 +269,19 @@ class Batcher(BatcherBase):
         self._n_envs, self._n_rows = n, n * n_processes
         self._agent_info_specs = self._agent_info.specs()
         self._env_info_specs = self._env_info.specs()
-        self.buffer = SlotBuffer(self._n_rows, n_timesteps, step_specs, info_specs, shared=True)
+        self.buffers = [
+            SlotBuffer(self._n_rows, n_timesteps, step_specs, info_specs, shared=True)
+            for _ in range(pipeline)
+        ]
+        self.buffer = self.buffers[0]
         self._agent_info_in = {k: v.clone().share_memory_() for k, v in self._agent_info.items()}
         self._env_info_in = {k: v.clone().share_memory_() for k, v in self._env_info.items()}
 
         factories = cloudpickle.dumps((create_env, env_args, create_agent, agent_args))
+        n_shared = sum(len(b.steps) + len(b.info) + 1 for b in self.buffers)
+        n_shared += len(self._agent_info_in) + len(self._env_info_in)
+        if n_shared > FORKSERVER_MAX_FDS:  # one descriptor per shared tensor travels at start
+            ctx = tmp.get_context("spawn")
         self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns)
         started = time.monotonic()
         for p in range(n_processes):
@@ -259,7 +295,7 @@ class Batcher(BatcherBase):
                 offset=p * n,
                 n_timesteps=n_timesteps,
                 n_threads=n_threads,
-                buffer=self.buffer,
+                buffers=self.buffers,
                 agent_info_in=self._agent_info_in,
                 env_info_in=self._env_info_in,
             )
@@ -275,12 +311,20 @@ class Batcher(BatcherBase):
             self._procs.append(proc)
             self._conns.append(parent_conn)
         self._version = 0
-        self._pending: dict[int, Any] = {w: Reply.READY for w in range(n_processes)}
-        self._results: dict[int, Any] = {}
-        self._deferred_update: bytes | None = None
-        self._deadline = 0.0
+        self._weights: SharedWeights | None = None
+        self._shared_version: int | None = None
+        self._requested: list[int | None] = [None] * n_processes  # last load asked of each
+        self._inflight: list[deque[tuple[int, int | None]]] = [deque() for _ in self._procs]
+        self._done: dict[int, dict[int, int]] = {}  # segment -> {worker: n_running}
+        self._release_times: dict[int, float] = {}
+        self._released = 0  # id of the next segment to release
+        self._next_get = 0  # id of the oldest segment not returned yet
+        self._release_owed = False  # pipelined: one release at the next update() or get()
+        self._waiting: set[int] = set(range(n_processes))  # READY / RESET_DONE expected
+        self._reset_results: dict[int, int] = {}
+        self._last_progress = started
         try:
-            self._collect(Reply.READY, started + start_timeout, "start")
+            self._pump(lambda: not self._waiting, lambda: started + start_timeout, "start")
         except BaseException:
             self.close()  # nobody gets this object to close it: stop the workers now
             raise
@@ -301,19 +345,23 @@ class Batcher(BatcherBase):
                 self._procs[w].terminate()
         return error
 
+    def _busy(self) -> list[int]:
+        """Workers the batcher expects an answer from."""
+        return sorted(w for w in range(len(self._procs)) if self._inflight[w] or w in self._waiting)
+
     def _timeout(self, workers: Sequence[int], what: str) -> WorkerTimeoutError:
         silent = sorted(workers)
         return self._fail(
             WorkerTimeoutError(
                 f"workers {silent} did not answer {what} within the timeout "
-                f"({self.timeout:g} s; hung env or agent, or a "
-                "stopped process?); they are being stopped",
+                f"({self.timeout:g} s; hung env or agent, or a stopped process?); they are "
+                "being stopped",
                 worker=silent[0],
             ),
             hung=silent,
         )
 
-    def _handle(self, w: int, message: tuple[Reply, Any], expect: Reply) -> None:
+    def _handle(self, w: int, message: tuple[Reply, Any]) -> None:
         kind, payload = message
         if kind is Reply.ERROR:
             where = [f"worker {payload.get('worker', w)}"]
@@ -332,69 +380,91 @@ class Batcher(BatcherBase):
                     remote_traceback=payload["traceback"],
                 )
             )
-        if kind is expect:
-            self._results[w] = payload
-            self._pending.pop(w, None)
+        if kind is Reply.DONE:
+            slot, n_running = payload
+            segment, _load = self._inflight[w].popleft()
+            assert segment % self.pipeline == slot, (segment, slot)
+            self._done.setdefault(segment, {})[w] = n_running
+            self._last_progress = time.monotonic()
+        elif kind in (Reply.READY, Reply.RESET_DONE):
+            self._waiting.discard(w)
+            if kind is Reply.RESET_DONE:
+                self._reset_results[w] = payload
 
-    def _poll(self, w: int, expect: Reply, deadline: float, what: str) -> None:
+    def _drain(self, w: int, deadline: float, what: str) -> None:
+        """Handles every message worker ``w`` has sent so far."""
         conn = self._conns[w]
-        while w in self._pending and conn.poll():
+        while conn.poll():
             try:
                 message = transport.recv(conn, deadline)
             except (EOFError, OSError):
                 break
             except TimeoutError:
                 raise self._timeout([w], what) from None
-            self._handle(w, message, expect)
+            self._handle(w, message)
 
-    def _collect(self, expect: Reply, deadline: float, what: str, blocking: bool = True) -> bool:
-        """Waits (until ``deadline``) for ``expect`` from every worker; False if not blocking
-        and some are still busy. Dead or silent workers raise at once, without waiting for
-        the other workers to stop (``close`` does that)."""
+    def _pump(
+        self,
+        done: Callable[[], bool],
+        deadline: Callable[[], float],
+        what: str,
+        blocking: bool = True,
+    ) -> bool:
+        """Handles the workers' messages until ``done()``; False if not ``blocking`` and not
+        done yet. A worker that died or stayed silent past ``deadline()`` raises at once,
+        without waiting for the other workers to stop (``close`` does that)."""
         while True:
-            for w in list(self._pending):
-                self._poll(w, expect, deadline, what)
-                proc = self._procs[w]
-                if w in self._pending and not proc.is_alive():
-                    self._poll(w, expect, deadline, what)  # a last message before death
-                    if w in self._pending:
-                        hint = (
-                            "; its stderr says why (common causes: the worker could not import "
-                            "something, or a script starts a Batcher without an "
-                            "`if __name__ == '__main__':` guard)"
-                            if what == "start"
-                            else ""
+            limit = deadline()
+            for w in range(len(self._procs)):
+                self._drain(w, limit, what)
+            for w, proc in enumerate(self._procs):
+                if not proc.is_alive():
+                    self._drain(w, limit, what)  # a last message before death
+                    hint = (
+                        "; its stderr says why (common causes: the worker could not import "
+                        "something, or a script starts a Batcher without an "
+                        "`if __name__ == '__main__':` guard)"
+                        if what == "start"
+                        else ""
+                    )
+                    raise self._fail(
+                        WorkerError(
+                            f"worker {w} died during {what} with exit code {proc.exitcode}{hint}",
+                            worker=w,
+                            exitcode=proc.exitcode,
                         )
-                        raise self._fail(
-                            WorkerError(
-                                f"worker {w} died during {what} with exit code "
-                                f"{proc.exitcode}{hint}",
-                                worker=w,
-                                exitcode=proc.exitcode,
-                            )
-                        )
-            if not self._pending:
+                    )
+            if done():
                 return True
-            remaining = deadline - time.monotonic()
+            remaining = limit - time.monotonic()
             if remaining <= 0:
-                raise self._timeout(list(self._pending), what)
+                raise self._timeout(self._busy() or list(range(len(self._procs))), what)
             if not blocking:
                 return False
-            watch = [self._conns[w] for w in self._pending]
-            watch += [self._procs[w].sentinel for w in self._pending]
-            wait(watch, timeout=min(remaining, 1.0))
+            wait(self._conns + [p.sentinel for p in self._procs], timeout=min(remaining, 1.0))
 
-    def _send_all(self, command: Command, arg: Any, expect: Reply, what: str) -> None:
-        self._results = {}
-        self._pending = {w: expect for w in range(len(self._procs))}
-        deadline = time.monotonic() + self.timeout
-        for w, conn in enumerate(self._conns):
-            try:
-                transport.send(conn, (command, arg), deadline)
-            except TimeoutError:
-                raise self._timeout([w], what) from None
-            except OSError:
-                pass  # a dead worker's pipe is broken: _collect reports it with its exit code
+    def _send(self, w: int, message: Any, what: str) -> None:
+        try:
+            transport.send(self._conns[w], message, time.monotonic() + self.timeout)
+        except TimeoutError:
+            raise self._timeout([w], what) from None
+        except OSError:
+            pass  # a dead worker's pipe is broken: _pump reports it with its exit code
+
+    def _release(self, new_info: bool = False) -> None:
+        """Queues the next segment in every worker, with the newest weights."""
+        segment = self._released
+        slot = segment % self.pipeline
+        for w in range(len(self._procs)):
+            load = self._shared_version
+            if load is not None and self._requested[w] == load:
+                load = None  # already loaded (or queued) there
+            self._send(w, (Command.EXECUTE, (slot, self._version, load, new_info)), "execute")
+            self._inflight[w].append((segment, load))
+            if load is not None:
+                self._requested[w] = load
+        self._release_times[segment] = time.monotonic()
+        self._released += 1
 
     # ------------------------------------------------------------------ API
     def reset(
@@ -402,24 +472,41 @@ class Batcher(BatcherBase):
     ) -> None:
         """Resets every env (with ``env_info``) and every row's agent state and agent_info.
 
+        While pipelined collection is streaming, it first waits for the segments already
+        started and drops them, then resets (``execute`` starts streaming again).
+
         Args:
             agent_info: DictTensor with 1 or B rows; default: the constructor's example.
             env_info: DictTensor with 1 or B rows; default: the constructor's example.
         """
-        self._require("reset", Phase.NEW, Phase.READY)
+        self._require("reset", Phase.NEW, Phase.READY, Phase.STREAMING)
         ai = self._rows_info(agent_info, self._agent_info, self._agent_info_specs, "agent_info")
         ei = self._rows_info(env_info, self._env_info, self._env_info_specs, "env_info")
+        if self._phase is Phase.STREAMING:
+            self._pump(
+                lambda: not any(self._inflight), self._segment_deadline, "execute (reset drain)"
+            )
+            self._done.clear()
+            self._release_times.clear()
+            self._next_get, self._release_owed = self._released, False
+            self._phase = Phase.READY
         for k, v in ai.items():
             self._agent_info_in[k].copy_(v)
         for k, v in ei.items():
             self._env_info_in[k].copy_(v)
-        self._send_all(Command.RESET, None, Reply.RESET_DONE, "reset")
-        self._collect(Reply.RESET_DONE, time.monotonic() + self.timeout, "reset")
-        self._n_running = sum(self._results.values())
+        self._waiting, self._reset_results = set(range(len(self._procs))), {}
+        for w in range(len(self._procs)):
+            self._send(w, (Command.RESET, None), "reset")
+        started = time.monotonic()
+        self._pump(lambda: not self._waiting, lambda: started + self.timeout, "reset")
+        self._n_running = sum(self._reset_results.values())
         self._phase = Phase.READY
 
     def execute(self, agent_info: DictTensor | None = None) -> None:
-        """Starts collecting one segment in every worker and returns at once.
+        """Starts collecting: one segment (synchronous), or the stream (``pipeline >= 2``).
+
+        Returns at once. With ``pipeline=K >= 2``, the workers start K segments and keep
+        going: see the class docstring for when each later segment starts.
 
         Args:
             agent_info: new per-row agent_info (1 or B rows) used from now on by running rows.
@@ -433,12 +520,17 @@ class Batcher(BatcherBase):
             ai = self._rows_info(agent_info, self._agent_info, self._agent_info_specs, "agent_info")
             for k, v in ai.items():
                 self._agent_info_in[k].copy_(v)
-        self._send_all(Command.EXECUTE, agent_info is not None, Reply.DONE, "execute")
-        self._deadline = time.monotonic() + self.timeout
-        self._phase = Phase.RUNNING
+        for i in range(self.pipeline):
+            self._release(new_info=agent_info is not None and i == 0)
+        self._phase = Phase.RUNNING if self.pipeline == 1 else Phase.STREAMING
+
+    def _segment_deadline(self) -> float:
+        """A segment is overdue once its workers were silent for ``timeout`` seconds."""
+        started = self._release_times.get(self._next_get, time.monotonic())
+        return max(started, self._last_progress) + self.timeout
 
     def get(self, blocking: bool = True) -> tuple[Trajectories | None, int | None]:
-        """The segment started by ``execute``: ``(Trajectories, n_still_running)`` on the CPU.
+        """The oldest segment not returned yet: ``(Trajectories, n_still_running)`` on the CPU.
 
         Args:
             blocking: wait for the segment; when False, return ``(None, None)`` while it is
@@ -448,39 +540,74 @@ class Batcher(BatcherBase):
             WorkerError: a worker raised (with worker, env, step and remote traceback) or died.
             WorkerTimeoutError: a worker stayed silent longer than ``timeout``.
         """
-        self._require("get", Phase.RUNNING)
-        if not self._collect(Reply.DONE, self._deadline, "execute", blocking):
+        self._require("get", Phase.RUNNING, Phase.STREAMING)
+        if self._release_owed:
+            self._release()
+            self._release_owed = False
+        segment, n_workers = self._next_get, len(self._procs)
+        if not self._pump(
+            lambda: len(self._done.get(segment, ())) == n_workers,
+            self._segment_deadline,
+            "execute",
+            blocking,
+        ):
             return None, None
-        n_running = sum(self._results.values())
-        self._results = {}
+        n_running = sum(self._done.pop(segment).values())
+        del self._release_times[segment]
+        batch = self.buffers[segment % self.pipeline].read()
+        self._next_get += 1
         self._n_running = n_running
-        batch = self.buffer.read()
-        self._phase = Phase.READY
-        if self._deferred_update is not None:
-            blob, self._deferred_update = self._deferred_update, None
-            self._push_update(blob)
+        if self._phase is Phase.STREAMING:
+            self._release_owed = True  # the slot just read takes the segment K ahead
+        else:
+            self._phase = Phase.READY
         return batch, n_running
 
     def update(self, info: Any) -> None:
-        """Sends ``info`` (e.g. a model's ``state_dict``, on any device) to every worker's agent.
+        """Hands ``info`` (e.g. a model's ``state_dict``, on any device) to every worker's agent.
 
-        Tensors travel through the CPU. Called between segments, it returns once every worker
-        has loaded it; called while a segment is in flight, it is applied right after that
-        segment (never in the middle of one). Every batch records in ``info['policy_version']``
-        the number of updates its rows were collected with.
+        A state_dict (a mapping of str to tensors) is copied once into shared memory (a ring of
+        versioned copies allocated at the first call; later calls must have the same keys,
+        shapes and dtypes) and the call returns without waiting for the workers: each loads the
+        newest version at the start of its next segment, never in the middle of one. Anything
+        else is pickled to every worker and applied between segments, in order. Every batch
+        records in ``info['policy_version']`` the number of updates its rows were collected
+        with. A worker's failure to load surfaces at the next ``get``.
+
+        Raises:
+            KeyMismatchError: a state_dict with other keys than the first one (named).
+            ShapeError: a state_dict entry with another shape or dtype than the first one.
         """
-        self._require("update", Phase.NEW, Phase.READY, Phase.RUNNING)
-        self._version += 1
-        blob = transport.to_cpu_bytes(info)
-        if self._phase is Phase.RUNNING:
-            self._deferred_update = blob
+        self._require("update", Phase.NEW, Phase.READY, Phase.RUNNING, Phase.STREAMING)
+        if is_state_dict(info):
+            if self._weights is None:
+                self._weights = SharedWeights(info, max(2, self.pipeline + 1))
+                for w in range(len(self._procs)):
+                    self._send(w, (Command.WEIGHTS, self._weights), "update")
+            else:
+                self._weights.check(info)
+            version = self._version + 1
+            ring = self._weights.n_slots
+            # Never overwrite a version that a queued segment has yet to load.
+            self._pump(
+                lambda: not any(
+                    load is not None and load % ring == version % ring
+                    for q in self._inflight
+                    for _seg, load in q
+                ),
+                lambda: self._last_progress + self.timeout,
+                "execute (update)",
+            )
+            self._weights.write(version, info)
+            self._version = self._shared_version = version
         else:
-            self._push_update(blob)
-
-    def _push_update(self, blob: bytes) -> None:
-        self._send_all(Command.UPDATE, (self._version, blob), Reply.UPDATED, "update")
-        self._collect(Reply.UPDATED, time.monotonic() + self.timeout, "update")
-        self._results = {}
+            self._version += 1
+            blob = transport.to_cpu_bytes(info)
+            for w in range(len(self._procs)):
+                self._send(w, (Command.UPDATE, (self._version, blob)), "update")
+        if self._release_owed:
+            self._release()
+            self._release_owed = False
 
     @property
     def version(self) -> int:
@@ -488,16 +615,17 @@ class Batcher(BatcherBase):
         return self._version
 
     def close(self) -> None:
-        """Stops every worker and frees the shared buffer: idempotent, bounded (about 3 s).
+        """Stops every worker and frees the shared memory: idempotent, bounded (about 3 s).
 
         Workers are asked to leave first (they close their envs and agent), then sent SIGTERM
         (an orderly exit too, for a worker busy in a segment), then SIGKILL. The shared-memory
-        buffer is released here, not when the Batcher object is garbage collected; batches
-        already returned by ``get`` are copies and stay valid.
+        buffers and weights are released here, not when the Batcher object is garbage
+        collected; batches already returned by ``get`` are copies and stay valid.
         """
         if self._phase is not Phase.FAILED:
             self._phase = Phase.CLOSED
         if hasattr(self, "_finalizer"):
             self._finalizer()
         self.buffer = None  # type: ignore[assignment]
+        self.buffers, self._weights = [], None
         self._agent_info_in, self._env_info_in = {}, {}

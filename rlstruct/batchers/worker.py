@@ -1,13 +1,19 @@
 """The worker side of ``Batcher``: command Enum, module-level worker function, structured errors.
 
-Protocol (one duplex pipe per worker; the parent sends commands, the worker answers each):
+Protocol (one duplex pipe per worker; the parent may queue several commands, the worker takes
+them in order):
 
-    parent -> worker          worker -> parent
-    (RESET, None)             (RESET_DONE, n_running)
-    (EXECUTE, use_new_info)   (DONE, n_running)
-    (UPDATE, (version, blob)) (UPDATED, version)
-    (CLOSE, None)             -- the worker exits
-    any failure               (ERROR, {type, message, traceback, worker, env, step, phase})
+    parent -> worker                                 worker -> parent
+    (RESET, None)                                    (RESET_DONE, n_running)
+    (EXECUTE, (slot, policy_version, load, new_info)) (DONE, (slot, n_running))
+    (WEIGHTS, SharedWeights)                         -- (the ring, sent once)
+    (UPDATE, (version, blob))                        -- (non-tensor info, applied in order)
+    (CLOSE, None)                                    -- the worker exits
+    any failure                                      (ERROR, {type, message, traceback, worker,
+                                                      env, step, phase})
+
+``EXECUTE`` collects one segment into buffer slot ``slot``, after loading weights version
+``load`` from the ring when ``load`` is not None (so weights change only between segments).
 
 The worker seeds its process's global generators (torch, numpy, ``random``) with the build seed
 (the same in every worker) before it builds its env and its agent, then with its own agent seed,
@@ -37,6 +43,7 @@ from rlstruct.batchers.buffer import SlotBuffer
 from rlstruct.batchers.rollout import Rollout, StepContext
 from rlstruct.batchers.seeding import seed_global_rngs
 from rlstruct.batchers.transport import from_cpu_bytes
+from rlstruct.batchers.weights import SharedWeights
 from rlstruct.dicttensor import DictTensor
 
 __all__ = ["Command", "Reply", "WorkerSpec", "worker_main"]
@@ -49,6 +56,7 @@ class Command(enum.Enum):
     EXECUTE = 2
     UPDATE = 3
     CLOSE = 4
+    WEIGHTS = 5
 
 
 class Reply(enum.Enum):
@@ -57,7 +65,6 @@ class Reply(enum.Enum):
     READY = 1
     RESET_DONE = 2
     DONE = 3
-    UPDATED = 4
     ERROR = 5
 
 
@@ -74,7 +81,7 @@ class WorkerSpec:
     offset: int
     n_timesteps: int
     n_threads: int
-    buffer: SlotBuffer
+    buffers: list[SlotBuffer]  # one per segment slot
     agent_info_in: dict[str, torch.Tensor]  # (R, ...) shared, written by the parent
     env_info_in: dict[str, torch.Tensor]
 
@@ -168,7 +175,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
             e.rlstruct_context = StepContext("agent factory", None, None)  # type: ignore[attr-defined]
             raise
         seed_global_rngs(spec.agent_seed)
-        rollout = Rollout(env, agent, spec.buffer, spec.offset, worker=spec.index)
+        rollout = Rollout(env, agent, spec.buffers[0], spec.offset, worker=spec.index)
         conn.send((Reply.READY, None))
     except _Terminate:
         _exit(env, agent, conn)
@@ -184,6 +191,8 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
 def _serve(spec: WorkerSpec, conn: Connection, rollout: Rollout, agent: Any) -> None:
     """Answers the parent's commands until CLOSE, EOF or SIGTERM."""
     failed = False
+    weights: SharedWeights | None = None
+    staging: dict[str, torch.Tensor] = {}
     while True:
         try:
             command, arg = conn.recv()
@@ -200,14 +209,30 @@ def _serve(spec: WorkerSpec, conn: Connection, rollout: Rollout, agent: Any) -> 
                 rollout.reset(_rows(spec.agent_info_in, spec), _rows(spec.env_info_in, spec))
                 conn.send((Reply.RESET_DONE, rollout.n_running))
             elif command is Command.EXECUTE:
-                if arg:
+                slot, version, load, new_info = arg
+                if load is not None:
+                    assert weights is not None, "EXECUTE with a load before WEIGHTS"
+                    weights.read_into(load, staging)
+                    try:
+                        agent.update(staging)
+                    except Exception as e:
+                        e.rlstruct_context = StepContext("agent update", None, None)  # type: ignore[attr-defined]
+                        raise
+                rollout.version = version
+                if new_info:
                     rollout.set_agent_info(_rows(spec.agent_info_in, spec))
-                conn.send((Reply.DONE, rollout.run(spec.n_timesteps)))
+                rollout.buffer = spec.buffers[slot]
+                conn.send((Reply.DONE, (slot, rollout.run(spec.n_timesteps))))
+            elif command is Command.WEIGHTS:
+                weights, staging = arg, arg.staging()
             elif command is Command.UPDATE:
                 version, blob = arg
-                agent.update(from_cpu_bytes(blob))
+                try:
+                    agent.update(from_cpu_bytes(blob))
+                except Exception as e:
+                    e.rlstruct_context = StepContext("agent update", None, None)  # type: ignore[attr-defined]
+                    raise
                 rollout.version = version
-                conn.send((Reply.UPDATED, version))
         except (BrokenPipeError, EOFError):
             break
         except _Terminate:

@@ -1,0 +1,109 @@
+"""Model weights shared with the workers: a ring of versioned copies in shared memory.
+
+``Batcher.update(state_dict)`` writes the tensors into one slot of the ring (one ``copy_`` per
+tensor, no pickling, no per-worker copy) and returns; a worker loads a given version from its
+slot at the start of a segment, never in the middle of one. The ring is allocated once, at the
+first update, from that state_dict's keys, shapes and dtypes; a later state_dict must match.
+
+Slot ``v % n_slots`` holds version ``v``. Each slot carries a tag: the version it holds, or -1
+while it is being written. The batcher never overwrites a slot that a released, unfinished
+segment still has to load, so a reader always finds its version there; readers check the tag
+before and after copying anyway (a violated invariant is an internal error, never torn weights).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlstruct.errors import KeyMismatchError, ShapeError
+
+__all__ = ["SharedWeights", "is_state_dict"]
+
+
+def is_state_dict(info: Any) -> bool:
+    """True for a non-empty mapping of ``str`` keys to tensors (what the ring carries)."""
+    return (
+        isinstance(info, Mapping)
+        and len(info) > 0
+        and all(isinstance(k, str) and isinstance(v, Tensor) for k, v in info.items())
+    )
+
+
+class SharedWeights:
+    """``n_slots`` CPU copies of a state_dict in shared memory, with version tags.
+
+    Args:
+        example: the first state_dict (any device); fixes keys, shapes and dtypes.
+        n_slots: ring size (>= 2).
+    """
+
+    def __init__(self, example: Mapping[str, Tensor], n_slots: int) -> None:
+        assert n_slots >= 2, n_slots
+        self.keys = list(example)
+        self.specs = {k: (tuple(v.shape), v.dtype) for k, v in example.items()}
+        self.slots = [
+            {
+                k: torch.empty(shape, dtype=dtype).share_memory_()
+                for k, (shape, dtype) in self.specs.items()
+            }
+            for _ in range(n_slots)
+        ]
+        self.tags = torch.full((n_slots,), -1, dtype=torch.long).share_memory_()
+
+    @property
+    def n_slots(self) -> int:
+        """The ring size."""
+        return len(self.slots)
+
+    def nbytes(self) -> int:
+        """Bytes of one slot."""
+        return sum(t.numel() * t.element_size() for t in self.slots[0].values())
+
+    def check(self, state_dict: Mapping[str, Tensor]) -> None:
+        """Raises unless ``state_dict`` has exactly the ring's keys, shapes and dtypes.
+
+        Raises:
+            KeyMismatchError: a missing or extra key (named).
+            ShapeError: a key with another shape or dtype (named, with both).
+        """
+        missing = [k for k in self.keys if k not in state_dict]
+        extra = [k for k in state_dict if k not in self.specs]
+        if missing or extra:
+            raise KeyMismatchError(
+                f"update(): the state_dict has other keys than the first one: missing "
+                f"{missing}, unexpected {extra} (the shared weights were allocated from the "
+                "first update's keys)"
+            )
+        for k, v in state_dict.items():
+            shape, dtype = self.specs[k]
+            if tuple(v.shape) != shape or v.dtype != dtype:
+                raise ShapeError(
+                    f"update(): state_dict[{k!r}] is {tuple(v.shape)} {v.dtype}, but the first "
+                    f"update had {shape} {dtype}"
+                )
+
+    def write(self, version: int, state_dict: Mapping[str, Tensor]) -> None:
+        """Copies ``state_dict`` (checked, any device) into the slot of ``version``."""
+        slot = version % self.n_slots
+        self.tags[slot] = -1
+        dst = self.slots[slot]
+        torch._foreach_copy_([dst[k] for k in self.keys], [state_dict[k] for k in self.keys])
+        self.tags[slot] = version
+
+    def staging(self) -> dict[str, Tensor]:
+        """A worker-local copy of one slot's tensors, to load versions into."""
+        return {k: t.clone() for k, t in self.slots[0].items()}
+
+    def read_into(self, version: int, staging: Mapping[str, Tensor]) -> None:
+        """Copies version ``version`` into ``staging`` (from :meth:`staging`)."""
+        slot = version % self.n_slots
+        src = self.slots[slot]
+        if int(self.tags[slot]) != version:
+            raise RuntimeError(f"weights version {version} is not in its slot (internal error)")
+        torch._foreach_copy_([staging[k] for k in self.keys], [src[k] for k in self.keys])
+        if int(self.tags[slot]) != version:
+            raise RuntimeError(f"weights version {version} was overwritten while read (internal)")
