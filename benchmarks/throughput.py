@@ -41,9 +41,12 @@ and >= 10x row 4; Batcher start-up (2 workers): the program's first <= 3 s (cons
 reset, in the runner's first construction, beside the other runners' builds), later ones
 (constructor) <= 0.5 s.
 
+A full run then runs ``benchmarks/pipeline.py`` (shared-memory ``update`` of a 50M-parameter
+state_dict; pipelined vs synchronous ``Batcher`` with a fake learner), in the same run.
+
 Usage::
 
-    python benchmarks/throughput.py                  # full run (~1.5 min on 2 cores)
+    python benchmarks/throughput.py                  # full run (~3 min on 2 cores)
     python benchmarks/throughput.py --quick          # smoke run (~15 s, TorchRL's start-up)
     python benchmarks/throughput.py --reps 7 --json out.json
 """
@@ -824,6 +827,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds per rep and setup (default 1.5, quick 0.05)")
     parser.add_argument("-T", dest="n_timesteps", type=int,
                         help="vector steps per batch (default 64, quick 16)")
+    parser.add_argument("--no-pipeline", action="store_true",
+                        help="skip the pipelined-collection section (benchmarks/pipeline.py)")
     parser.add_argument("--runner", help=argparse.SUPPRESS)
     parser.add_argument("--runner-config", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -834,6 +839,13 @@ def main(argv: list[str] | None = None) -> int:
     _common.pin_threads(1)
     result = run(args.quick, args.reps, args.min_time, args.n_timesteps)
     print_table(result)
+    if not args.quick and not args.no_pipeline:
+        # Issue 11's rows, in the same run: shared-memory update and pipelined collection.
+        import pipeline
+
+        print("\n--- overlapping collection and learning (benchmarks/pipeline.py) ---")
+        result["pipeline"] = pipeline.run(quick=False)
+        pipeline.print_result(result["pipeline"])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
