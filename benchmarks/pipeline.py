@@ -205,7 +205,8 @@ def print_result(result: dict[str, Any]) -> None:
     s = u["update_s"]
     print(f"update() of a {u['n_params'] / 1e6:.0f}M-parameter state_dict, 2 workers: median "
           f"{s['median'] * 1e3:.1f} ms ({s['min'] * 1e3:.1f}-{s['max'] * 1e3:.1f}); first "
-          f"(allocates the ring) {u['first_update_s'] * 1e3:.0f} ms; one copy_ {u['copy_s'] * 1e3:.1f} ms; "
+          f"(allocates the ring) {u['first_update_s'] * 1e3:.0f} ms; "
+          f"one copy_ {u['copy_s'] * 1e3:.1f} ms; "
           f"ratio {u['ratio_to_copy']:.2f}x (targets <= {UPDATE_MAX_S} s, <= "
           f"{UPDATE_MAX_COPIES:g}x) {u['verdict']}")
     growth = ", ".join(f"{v:+.1f}" for v in u["rss_growth_mb"].values())
