@@ -32,6 +32,7 @@ from rlstruct.agent import Agent
 from rlstruct.batchers import transport
 from rlstruct.batchers.base import BatcherBase, Phase
 from rlstruct.batchers.buffer import SlotBuffer
+from rlstruct.batchers.restart import Fault, RestartPolicy, restart_env_seed
 from rlstruct.batchers.rollout import infer_specs
 from rlstruct.batchers.rows import broadcast_rows
 from rlstruct.batchers.seeding import env_seed_bases, isolated_rngs
@@ -131,6 +132,12 @@ class Batcher(BatcherBase):
         start_timeout: seconds the workers may take to start.
         pipeline: segment slots per worker. 1 (default): synchronous, ``execute`` collects
             one segment and ``get`` returns it. ``K >= 2``: pipelined, see below.
+        restart: ``None`` (default): fail fast, the first worker fault raises. A
+            :class:`~rlstruct.batchers.restart.RestartPolicy`: a worker whose process dies or
+            whose env/agent raises is replaced (same index, fresh env seeds derived from the
+            run seed and its restart count, current weights, envs reset); the segments it owed
+            are not retried, their rows of that worker are left out of those batches, and
+            each fault is appended to ``batcher.faults``. Hung workers (timeouts) still raise.
 
     Pipelined collection (``pipeline=K >= 2``): ``execute()`` starts a stream; each worker
     collects segments back to back into K slots of shared memory, and ``get()`` returns the
@@ -178,6 +185,7 @@ class Batcher(BatcherBase):
         timeout: float = 300.0,
         start_timeout: float = 120.0,
         pipeline: int = 1,
+        restart: RestartPolicy | None = None,
     ) -> None:
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
@@ -230,6 +238,8 @@ class Batcher(BatcherBase):
                 f"pipeline must be an int >= 1 (1: synchronous, K >= 2: K segment slots), "
                 f"got {pipeline!r}"
             )
+        if restart is not None and not isinstance(restart, RestartPolicy):
+            problems.append(f"restart must be a RestartPolicy or None, got {restart!r}")
         if not timeout > 0 or not start_timeout > 0:
             problems.append(f"timeouts must be > 0, got {timeout!r} and {start_timeout!r}")
         self._raise_problems(problems)
@@ -283,33 +293,14 @@ class Batcher(BatcherBase):
         if n_shared > FORKSERVER_MAX_FDS:  # one descriptor per shared tensor travels at start
             ctx = tmp.get_context("spawn")
         self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns)
+        self._ctx, self._factories, self._n_threads = ctx, factories, n_threads
+        self._env_bases, self._agent_seeds = env_bases, agent_seeds
+        self._start_timeout = start_timeout
         started = time.monotonic()
         for p in range(n_processes):
-            spec = WorkerSpec(
-                index=p,
-                factories=factories,
-                env_seed=env_bases[p],
-                build_seed=agent_seeds[0],
-                agent_seed=agent_seeds[p],
-                n_envs=n,
-                offset=p * n,
-                n_timesteps=n_timesteps,
-                n_threads=n_threads,
-                buffers=self.buffers,
-                agent_info_in=self._agent_info_in,
-                env_info_in=self._env_info_in,
-            )
-            parent_conn, child_conn = ctx.Pipe(duplex=True)
-            proc = ctx.Process(
-                target=worker_main,
-                args=(spec, child_conn),
-                daemon=True,
-                name=f"rlstruct-worker-{p}",
-            )
-            proc.start()
-            child_conn.close()
+            proc, conn = self._start_worker(p, env_bases[p])
             self._procs.append(proc)
-            self._conns.append(parent_conn)
+            self._conns.append(conn)
         self._version = 0
         self._weights: SharedWeights | None = None
         self._shared_version: int | None = None
@@ -323,6 +314,13 @@ class Batcher(BatcherBase):
         self._waiting: set[int] = set(range(n_processes))  # READY / RESET_DONE expected
         self._reset_results: dict[int, int] = {}
         self._last_progress = started
+        self.restart = restart
+        #: Every worker fault a restart absorbed, oldest first.
+        self.faults: list[Fault] = []
+        self._restarts = [0] * n_processes  # per worker: seeds of its next replacement
+        self._consecutive_faults = 0
+        self._spoiled: set[int] = set()  # segments that lost a worker's rows
+        self._last_blob: tuple[int, bytes] | None = None
         try:
             self._pump(lambda: not self._waiting, lambda: started + start_timeout, "start")
         except BaseException:
@@ -331,6 +329,30 @@ class Batcher(BatcherBase):
         self.startup_seconds = time.monotonic() - started
         self._n_running: int | None = None
         self._phase = Phase.NEW
+        self._started = True
+
+    def _start_worker(self, p: int, env_seed: int) -> tuple[Any, Connection]:
+        spec = WorkerSpec(
+            index=p,
+            factories=self._factories,
+            env_seed=env_seed,
+            build_seed=self._agent_seeds[0],
+            agent_seed=self._agent_seeds[p],
+            n_envs=self._n_envs,
+            offset=p * self._n_envs,
+            n_timesteps=self.n_timesteps,
+            n_threads=self._n_threads,
+            buffers=self.buffers,
+            agent_info_in=self._agent_info_in,
+            env_info_in=self._env_info_in,
+        )
+        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(
+            target=worker_main, args=(spec, child_conn), daemon=True, name=f"rlstruct-worker-{p}"
+        )
+        proc.start()
+        child_conn.close()
+        return proc, parent_conn
 
     # ------------------------------------------------------------------ waiting
     def _fail(self, error: WorkerError, hung: Sequence[int] = ()) -> WorkerError:
@@ -370,16 +392,18 @@ class Batcher(BatcherBase):
             if payload.get("step") is not None:
                 where.append(f"step {payload['step']}")
             phase = f" during {payload['phase']}" if payload.get("phase") else ""
-            raise self._fail(
-                WorkerError(
-                    f"{', '.join(where)}{phase}: {payload['type']}: {payload['message']}",
-                    worker=payload.get("worker", w),
-                    env=payload.get("env"),
-                    step=payload.get("step"),
-                    exc_type=payload["type"],
-                    remote_traceback=payload["traceback"],
-                )
+            error = WorkerError(
+                f"{', '.join(where)}{phase}: {payload['type']}: {payload['message']}",
+                worker=payload.get("worker", w),
+                env=payload.get("env"),
+                step=payload.get("step"),
+                exc_type=payload["type"],
+                remote_traceback=payload["traceback"],
             )
+            final = self._absorb(w, error)
+            if final is not None:
+                raise self._fail(final)
+            return
         if kind is Reply.DONE:
             slot, n_running = payload
             segment, _load = self._inflight[w].popleft()
@@ -390,6 +414,117 @@ class Batcher(BatcherBase):
             self._waiting.discard(w)
             if kind is Reply.RESET_DONE:
                 self._reset_results[w] = payload
+
+    def _absorb(self, w: int, error: WorkerError) -> WorkerError | None:
+        """Replaces worker ``w`` after ``error`` if the restart policy allows it (None), else
+        returns the error to raise (saying so when the budget is spent)."""
+        policy = self.restart
+        if policy is None or not getattr(self, "_started", False):
+            return error
+        done = sum(self._restarts)
+        spent = done >= policy.max_restarts
+        in_a_row = (
+            policy.max_consecutive is not None
+            and self._consecutive_faults >= policy.max_consecutive
+        )
+        if spent or in_a_row:
+            why = (
+                f"max_restarts={policy.max_restarts} spent"
+                if spent
+                else f"{self._consecutive_faults} faults in a row (max_consecutive="
+                f"{policy.max_consecutive})"
+            )
+            return WorkerError(
+                f"{error.args[0]} [restart budget exhausted: {done} restart(s) so far, {why}; "
+                "this is the last cause; earlier ones are in batcher.faults]",
+                worker=error.worker,
+                env=error.env,
+                step=error.step,
+                exc_type=error.exc_type,
+                remote_traceback=error.remote_traceback,
+                exitcode=error.exitcode,
+            )
+        self._replace(w, error)
+        return None
+
+    def _replace(self, w: int, error: WorkerError) -> None:
+        """Stops worker ``w``, drops its rows from the segments it owed, starts a fresh one
+        (new env seeds, current weights, envs reset) in its place."""
+        assert self.restart is not None
+        segments = [segment for segment, _load in self._inflight[w]]
+        _shutdown([self._procs[w]], [self._conns[w]], grace=0.5)
+        self._restarts[w] += 1
+        self._consecutive_faults += 1
+        self.faults.append(
+            Fault(
+                worker=w,
+                env=error.env,
+                step=error.step,
+                segment=segments[0] if segments else None,
+                exc_type=error.exc_type,
+                message=str(error.args[0]).split("\n", 1)[0],
+                exitcode=error.exitcode,
+                restart=sum(self._restarts),
+            )
+        )
+        rows = slice(w * self._n_envs, (w + 1) * self._n_envs)
+        for segment in segments:  # never handed to the learner as if valid
+            self.buffers[segment % self.pipeline].lengths[rows] = 0
+            self._spoiled.add(segment)
+        if self.restart.delay_s:
+            time.sleep(self.restart.delay_s)
+        seed = restart_env_seed(self._env_bases[w], self._restarts[w])
+        self._procs[w], self._conns[w] = self._start_worker(w, seed)
+        self._inflight[w], self._requested[w] = deque(), None
+        self._await_ready(w)
+        if self._weights is not None:
+            self._send(w, (Command.WEIGHTS, (self._weights, self._shared_version)), "restart")
+            self._requested[w] = self._shared_version
+        blob = self._last_blob
+        if blob is not None and (self._shared_version is None or blob[0] > self._shared_version):
+            self._send(w, (Command.UPDATE, blob), "restart")
+        n_running = 0
+        if self._phase is not Phase.NEW or w in self._waiting:
+            self._send(w, (Command.RESET, None), "restart")
+            self._waiting.add(w)
+            n_running = self._n_envs
+        for segment in segments:
+            self._done.setdefault(segment, {})[w] = n_running
+        self._last_progress = time.monotonic()
+
+    def _await_ready(self, w: int) -> None:
+        """Waits for a replacement worker's READY (bounded by ``start_timeout``)."""
+        deadline = time.monotonic() + self._start_timeout
+        conn, proc = self._conns[w], self._procs[w]
+        while True:
+            if conn.poll():
+                try:
+                    kind, payload = transport.recv(conn, deadline)
+                except TimeoutError:
+                    raise self._timeout([w], "restart") from None
+                if kind is Reply.READY:
+                    return
+                raise self._fail(
+                    WorkerError(
+                        f"the replacement of worker {w} failed while starting: "
+                        f"{payload['type']}: {payload['message']}",
+                        worker=w,
+                        exc_type=payload["type"],
+                        remote_traceback=payload["traceback"],
+                    )
+                )
+            if not proc.is_alive():
+                raise self._fail(
+                    WorkerError(
+                        f"the replacement of worker {w} died while starting (exit code "
+                        f"{proc.exitcode})",
+                        worker=w,
+                        exitcode=proc.exitcode,
+                    )
+                )
+            if time.monotonic() > deadline:
+                raise self._timeout([w], "restart")
+            wait([conn, proc.sentinel], timeout=min(1.0, max(0.0, deadline - time.monotonic())))
 
     def _drain(self, w: int, deadline: float, what: str) -> None:
         """Handles every message worker ``w`` has sent so far."""
@@ -402,6 +537,8 @@ class Batcher(BatcherBase):
             except TimeoutError:
                 raise self._timeout([w], what) from None
             self._handle(w, message)
+            if self._conns[w] is not conn:
+                break  # the worker was replaced
 
     def _pump(
         self,
@@ -420,6 +557,8 @@ class Batcher(BatcherBase):
             for w, proc in enumerate(self._procs):
                 if not proc.is_alive():
                     self._drain(w, limit, what)  # a last message before death
+                    if self._procs[w] is not proc:
+                        continue  # that message was an error, and the worker was replaced
                     hint = (
                         "; its stderr says why (common causes: the worker could not import "
                         "something, or a script starts a Batcher without an "
@@ -427,13 +566,14 @@ class Batcher(BatcherBase):
                         if what == "start"
                         else ""
                     )
-                    raise self._fail(
-                        WorkerError(
-                            f"worker {w} died during {what} with exit code {proc.exitcode}{hint}",
-                            worker=w,
-                            exitcode=proc.exitcode,
-                        )
+                    error = WorkerError(
+                        f"worker {w} died during {what} with exit code {proc.exitcode}{hint}",
+                        worker=w,
+                        exitcode=proc.exitcode,
                     )
+                    final = self._absorb(w, error)
+                    if final is not None:
+                        raise self._fail(final)
             if done():
                 return True
             remaining = limit - time.monotonic()
@@ -554,6 +694,10 @@ class Batcher(BatcherBase):
             return None, None
         n_running = sum(self._done.pop(segment).values())
         del self._release_times[segment]
+        if segment in self._spoiled:
+            self._spoiled.discard(segment)
+        else:
+            self._consecutive_faults = 0  # a complete batch
         batch = self.buffers[segment % self.pipeline].read()
         self._next_get += 1
         self._n_running = n_running
@@ -583,7 +727,7 @@ class Batcher(BatcherBase):
             if self._weights is None:
                 self._weights = SharedWeights(info, max(2, self.pipeline + 1))
                 for w in range(len(self._procs)):
-                    self._send(w, (Command.WEIGHTS, self._weights), "update")
+                    self._send(w, (Command.WEIGHTS, (self._weights, None)), "update")
             else:
                 self._weights.check(info)
             version = self._version + 1
@@ -603,6 +747,7 @@ class Batcher(BatcherBase):
         else:
             self._version += 1
             blob = transport.to_cpu_bytes(info)
+            self._last_blob = (self._version, blob)
             for w in range(len(self._procs)):
                 self._send(w, (Command.UPDATE, (self._version, blob)), "update")
         if self._release_owed:

@@ -6,7 +6,8 @@ them in order):
     parent -> worker                                 worker -> parent
     (RESET, None)                                    (RESET_DONE, n_running)
     (EXECUTE, (slot, policy_version, load, new_info)) (DONE, (slot, n_running))
-    (WEIGHTS, SharedWeights)                         -- (the ring, sent once)
+    (WEIGHTS, (SharedWeights, load))                 -- (the ring, sent once; a replacement
+                                                      loads version ``load`` at once)
     (UPDATE, (version, blob))                        -- (non-tensor info, applied in order)
     (CLOSE, None)                                    -- the worker exits
     any failure                                      (ERROR, {type, message, traceback, worker,
@@ -224,7 +225,11 @@ def _serve(spec: WorkerSpec, conn: Connection, rollout: Rollout, agent: Any) -> 
                 rollout.buffer = spec.buffers[slot]
                 conn.send((Reply.DONE, (slot, rollout.run(spec.n_timesteps))))
             elif command is Command.WEIGHTS:
-                weights, staging = arg, arg.staging()
+                weights, load = arg
+                staging = weights.staging()
+                if load is not None:  # a replacement worker catches up at once
+                    weights.read_into(load, staging)
+                    agent.update(staging)
             elif command is Command.UPDATE:
                 version, blob = arg
                 try:
