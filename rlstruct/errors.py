@@ -14,6 +14,7 @@ __all__ = [
     "DeviceContractError",
     "SpaceError",
     "ActionError",
+    "RewardError",
     "ConfigError",
     "BatcherStateError",
     "WorkerError",
@@ -68,6 +69,15 @@ class SpaceError(RLStructError, TypeError):
 
 class ActionError(RLStructError, ValueError):
     """An action outside its action space (caught before the env sees it)."""
+
+
+class RewardError(RLStructError, TypeError):
+    """An env returned a reward that is not a real scalar number (``None``, a ``str``, an array
+    of several values, a complex number); rlstruct refuses it instead of casting it.
+
+    Attributes:
+        env_index: the LOCAL index of the env in its VecEnv (batchers report the global one).
+    """
 
 
 class ConfigError(RLStructError, ValueError):

@@ -4,6 +4,12 @@ A :class:`Rollout` owns a VecEnv of ``n`` envs, an agent and the rows ``[offset,
 :class:`~rlstruct.batchers.buffer.SlotBuffer`. Per step it calls the agent ONCE over all running
 envs, steps the envs, and writes observation, action and the env's answer into the buffer by
 index. Nothing is concatenated, unfolded or pickled per step.
+
+Right after each agent call it checks the agent's outputs (a DictTensor holding ``action``, on the
+batcher's device, the buffer's): a breach is the agent's fault and is reported as such
+(:class:`DeviceContractError` naming the agent, the key, both devices, worker and step), not as
+an error of the env that would receive the action. A ``DeviceContractError`` raised inside the
+agent's call (e.g. a DictTensor built from tensors on two devices) is re-raised naming the agent.
 """
 
 from __future__ import annotations
@@ -16,9 +22,9 @@ from torch import Tensor
 from rlstruct import keys as K
 from rlstruct.agent import Agent
 from rlstruct.batchers.buffer import SlotBuffer, Specs
-from rlstruct.dicttensor import DictTensor
+from rlstruct.dicttensor import DictTensor, _same_device
 from rlstruct.envs.base import VecEnv
-from rlstruct.errors import BatcherStateError, KeyMismatchError, ShapeError
+from rlstruct.errors import BatcherStateError, DeviceContractError, KeyMismatchError, ShapeError
 
 __all__ = ["Rollout", "infer_specs", "StepContext"]
 
@@ -52,6 +58,91 @@ def _annotate(exc: BaseException, phase: str, step: int | None, env: int | None)
         exc.rlstruct_context = StepContext(phase, step, env)  # type: ignore[attr-defined]
 
 
+def _agent_name(agent: Agent) -> str:
+    inner = getattr(agent, "unwrapped", agent)  # CheckDevice and other wrappers
+    return type(inner).__name__
+
+
+def _checkdevice_hint(device: torch.device) -> str:
+    return (
+        f"wrap the agent with rlstruct.CheckDevice(agent, {str(device)!r}) to find where in the "
+        "agent it happens"
+    )
+
+
+def _agent_device_error(
+    exc: DeviceContractError, agent: Agent, where: str, device: torch.device | None
+) -> DeviceContractError:
+    """A DeviceContractError raised inside the agent's call, re-raised naming the agent."""
+    hint = ""
+    if device is not None and "CheckDevice" not in str(exc):
+        hint = (
+            f"; every tensor the agent puts in a DictTensor or returns must live on {device}, "
+            f"the batcher's device: {_checkdevice_hint(device)}"
+        )
+    return DeviceContractError(
+        f"{where}: the agent's call ({_agent_name(agent)}.__call__) raised: {exc}{hint}",
+        argument=exc.argument or "action",
+        key=exc.key,
+        expected=exc.expected,
+        actual=exc.actual,
+    )
+
+
+def _check_agent_output(
+    action: Any, new_state: Any, agent: Agent, device: torch.device, worker: int, step: int
+) -> None:
+    """Checks what the agent's call returned: a DictTensor ``action`` holding ``"action"`` and a
+    DictTensor ``new_state``, every tensor on ``device`` (the batcher's).
+
+    The common path reads each DictTensor's device (one for all its tensors, by the container's
+    invariant): a few comparisons per step, no copy, no host sync, no string built.
+
+    Raises:
+        TypeError: an output is not a DictTensor.
+        KeyMismatchError: ``action`` lacks the key ``"action"``.
+        DeviceContractError: an output lives on another device; ``argument`` is ``action`` or
+            ``new_state``, ``key`` the trajectory key (``action/action``) or the state key.
+    """
+    if (
+        isinstance(action, DictTensor)
+        and isinstance(new_state, DictTensor)
+        and action.device() == device
+        and K.ACTION_KEY in action
+        and (new_state.empty() or new_state.device() == device)
+    ):
+        return
+    where = f"worker {worker}, step {step}"
+    name = _agent_name(agent)
+    for argument, out in (("action", action), ("new_state", new_state)):
+        if not isinstance(out, DictTensor):
+            raise TypeError(
+                f"{where}: the agent {name} returned {argument} as {type(out).__name__}; it must "
+                "return (action, new_state), two DictTensors"
+            )
+        actual = out.device()
+        if actual is None or out.empty() or _same_device(actual, device):
+            continue
+        keys = sorted(out.keys(), key=lambda k: k != K.ACTION_KEY)  # name "action" first
+        key = next((k for k in keys if not _same_device(out[k].device, device)), keys[0])
+        actual = out[key].device
+        full = K.ACTION + key if argument == "action" else f"new_state[{key!r}]"
+        raise DeviceContractError(
+            f"{where}: the agent {name} returned {full} on {actual}, expected {device} (the "
+            "batcher's device); the agent is the culprit, not the env: it must return its "
+            f"outputs on the device of its observations; {_checkdevice_hint(device)}",
+            argument=argument,
+            key=full if argument == "action" else key,
+            expected=device,
+            actual=actual,
+        )
+    if K.ACTION_KEY not in action:
+        raise KeyMismatchError(
+            f"{where}: the agent {name} returned keys {sorted(action.keys())}; it must return "
+            "the key 'action'"
+        )
+
+
 def _info_specs(prefix: str, dt: DictTensor) -> dict[str, tuple[torch.Size, torch.dtype]]:
     return {prefix + k: spec for k, spec in dt.specs().items()}
 
@@ -76,6 +167,8 @@ def infer_specs(
     try:
         with torch.no_grad():
             action, _ = agent(state, obs, agent_info)
+    except DeviceContractError as e:
+        raise _agent_device_error(e, agent, "the batcher's first agent call", obs.device()) from e
     except KeyError as e:
         if agent_info.empty():
             _add_note(
@@ -125,6 +218,7 @@ class Rollout:
         self.worker = worker
         self.version = 0
         device = buffer.lengths.device
+        self._device = device
         self._all_rows = slice(offset, offset + self.n)
         self._env_ids = torch.arange(offset, offset + self.n, device=device)
         self._running: Tensor | None = None
@@ -199,6 +293,15 @@ class Rollout:
                 n_run = running.shape[0]
                 try:
                     action, new_state = self.agent(state, obs, agent_info)
+                except DeviceContractError as e:
+                    error = _agent_device_error(e, self.agent, f"{where}, step {t}", self._device)
+                    _annotate(error, "agent call", t, None)
+                    raise error from e
+                except Exception as e:
+                    _annotate(e, "agent call", t, None)
+                    raise
+                try:
+                    _check_agent_output(action, new_state, self.agent, self._device, self.worker, t)
                 except Exception as e:
                     _annotate(e, "agent call", t, None)
                     raise

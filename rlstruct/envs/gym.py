@@ -17,18 +17,31 @@ Seeding: env ``k`` of a VecEnv built with ``seed=s`` has its ``action_space`` se
 gets ``reset(seed=s + k)`` on its FIRST reset only; later resets continue the env's own RNG, as
 gymnasium recommends.
 
+Rewards: each env's reward must be a real scalar number: a Python ``int``, ``float`` or ``bool``
+(``True`` is 1.0), a numpy integer, float or bool scalar, a 0-d array of such a dtype, or any
+other ``numbers.Real``. ``None``, a ``str`` (even ``"2.5"``), an array of several values and a
+complex number raise :class:`RewardError` naming the env and its ``env_step``; nothing is cast
+silently. Rewards are stored as float32: a finite reward too large for float32 (``1e40``) raises
+``FloatingPointError`` with ``check_finite=True`` and otherwise is stored as ``inf`` with a
+``RuntimeWarning`` naming the env (never numpy's anonymous overflow warning). The check is one
+vectorised conversion per step; the rewards are walked one by one only when it fails.
+
 Failures: an invalid action raises :class:`ActionError` before any env is stepped, and the VecEnv
-stays usable. Any error raised once envs have been stepped (by an env, or an observation that
-does not match its space) leaves the envs half-stepped: the next ``step`` asks for a ``reset``.
-Every error about one env (those, :class:`ActionError`, ``FloatingPointError``) carries
-``exc.env_index``, the LOCAL index of the env in this VecEnv (batchers add their offset), and
-errors raised by the env itself get a note naming the env by its global index.
+stays usable. Any error raised once envs have been stepped (by an env, an observation that does
+not match its space, or a bad reward) leaves the envs half-stepped: the next ``step`` asks for a
+``reset``. Every error about one env (those, :class:`ActionError`, ``FloatingPointError``)
+carries ``exc.env_index``, the LOCAL index of the env that produced it in this VecEnv (batchers add
+their offset), its message names that env by its global index, and errors raised by the env
+itself get a note naming it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import numbers
+import warnings
 from collections.abc import Callable, Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 import gymnasium as gym
@@ -53,6 +66,7 @@ from rlstruct.errors import (
     BatcherStateError,
     ConfigError,
     DeviceContractError,
+    RewardError,
     RLStructError,
     ShapeError,
     SpaceError,
@@ -65,6 +79,8 @@ EnvFactory = Callable[[], gym.Env]
 
 _CPU = torch.device("cpu")
 _INFO = "info/"
+_DTYPE = attrgetter("dtype")
+_REAL_KINDS = "biuf"  # numpy dtype kinds a reward may have: bool, int, uint, float
 
 
 class _GymVecEnv(VecEnv):
@@ -82,6 +98,9 @@ class _GymVecEnv(VecEnv):
         env_id_offset: int = 0,
         check_finite: bool = False,
     ) -> None:
+        # First: rlstructures' GymEnv(envs, seed) (env instances, the seed second) gets an error
+        # saying what changed, whatever its other arguments hold.
+        _refuse_env_instances(env, n_envs)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ConfigError(f"seed must be an int >= 0, got {seed!r}")
         if not isinstance(env_id_offset, (int, np.integer)) or env_id_offset < 0:
@@ -127,6 +146,7 @@ class _GymVecEnv(VecEnv):
         for name, a in zip(self._info_keys, self._reset_info):
             self._reset_buf[_INFO + name] = a
         self._frame_only = len(self._leaves) == 1 and self._leaves[0].path == ()
+        self._frame_dtypes = {self._leaves[0].dtype}
         self._arange = np.arange(n)
         self._float_keys = [lf.key for lf in self._leaves if lf.dtype.kind in "fc"] + [K.REWARD]
 
@@ -257,6 +277,8 @@ class _GymVecEnv(VecEnv):
         infos = self._step_info
         self._t[run] += 1
         acts = list(a)  # numpy scalars / rows: what gymnasium's own vector envs pass
+        # ``k`` is the env being stepped while the loops run; once they are done it goes back to
+        # -1, and the checks that follow name their culprit themselves (``exc.env_index``).
         k = -1
         try:
             if self._frame_only:  # the common case: collect, then build each array in one call
@@ -264,13 +286,18 @@ class _GymVecEnv(VecEnv):
                 append = answers.append
                 for k, act in zip(run.tolist(), acts):
                     append(envs[k].step(act))
+                k = -1
                 if not answers:
                     return self._empty_step()
-                obs, rew, te, tr, info = zip(*answers)
+                try:
+                    obs, rew, te, tr, info = zip(*answers)
+                except (ValueError, TypeError):
+                    self._check_answers(answers, run)
+                    raise
                 out = [self._stack_frame(obs, run)]
                 if infos:
-                    for j, (k, i) in enumerate(zip(run.tolist(), info)):
-                        self._write_info(i, j, k, infos)
+                    for j, (i_env, i) in enumerate(zip(run.tolist(), info)):
+                        self._write_info(i, j, i_env, infos)
             else:
                 leaves, all_leaves = self._step_leaves, self._leaves
                 rew, te, tr = [], [], []
@@ -282,17 +309,14 @@ class _GymVecEnv(VecEnv):
                     tr.append(truncated)
                     if infos:
                         self._write_info(info, j, k, infos)
+                k = -1
                 n = run.shape[0]
                 out = [x[:n].copy() for x in leaves]
+            out += [self._rewards(rew, run), np.asarray(te, dtype=bool), np.asarray(tr, dtype=bool)]
         except BaseException as e:
             self._fail(e, k, "step")
             raise
-        return [
-            *out,
-            np.asarray(rew, dtype=np.float32),
-            np.asarray(te, dtype=bool),
-            np.asarray(tr, dtype=bool),
-        ]
+        return out
 
     def _empty_step(self) -> list[np.ndarray]:
         lf = self._leaves[0]
@@ -304,20 +328,133 @@ class _GymVecEnv(VecEnv):
         ]
 
     def _stack_frame(self, obs: Sequence[Any], run: np.ndarray) -> np.ndarray:
-        """The observations of the rows as one array, exactly in the leaf's dtype (no cast)."""
+        """The observations of the rows as one array, exactly in the leaf's dtype (no cast).
+
+        Fast path: one ``np.asarray`` plus one C-level pass over the values' dtypes (numpy
+        promotes silently: an int16 row among float32 rows, or a float32 row among float64
+        rows, would otherwise be cast). Otherwise each row is checked and the first bad one
+        raises, with ``env_index`` set to ITS env (not the last env stepped).
+        """
         lf = self._leaves[0]
         try:
             frame = np.asarray(obs)
-        except ValueError:  # ragged shapes: find the culprit below
+        except (ValueError, TypeError):  # ragged shapes: find the culprit below
             frame = None
-        if frame is None or frame.dtype != lf.dtype or frame.shape[1:] != lf.shape:
-            for k, v in zip(run.tolist(), obs):
-                if v.__class__ is not np.ndarray or v.dtype != lf.dtype or v.shape != lf.shape:
+        if frame is not None and frame.dtype == lf.dtype and frame.shape[1:] == lf.shape:
+            if lf.scalar_int:  # Python ints of a Discrete leaf are exact
+                exact = True
+            else:
+                try:
+                    exact = set(map(_DTYPE, obs)) == self._frame_dtypes
+                except AttributeError:  # a list or a Python number: check_leaf refuses it
+                    exact = False
+            if exact:
+                if frame.base is not None or not frame.flags.writeable:
+                    frame = frame.copy()
+                return frame
+        for k, v in zip(run.tolist(), obs):
+            if v.__class__ is not np.ndarray or v.dtype != lf.dtype or v.shape != lf.shape:
+                try:
                     check_leaf(v, lf, self._offset + k)  # raises unless exact (e.g. int)
-            frame = np.asarray(obs).astype(lf.dtype)
-        elif frame.base is not None or not frame.flags.writeable:
-            frame = frame.copy()
-        return frame
+                except RLStructError as e:
+                    e.env_index = k  # type: ignore[attr-defined]
+                    raise
+        return np.asarray(obs).astype(lf.dtype)
+
+    def _check_answers(self, answers: Sequence[Any], run: np.ndarray) -> None:
+        """Raises naming the first env whose ``step`` did not return 5 values."""
+        for k, answer in zip(run.tolist(), answers):
+            try:
+                n = len(answer)
+            except TypeError:
+                n = None
+            if n != 5:
+                got = f"{n} values" if n is not None else f"a {type(answer).__name__}"
+                err = ValueError(
+                    f"env {self._offset + k}: step() returned {got}, expected the 5 values of "
+                    "gymnasium's API (obs, reward, terminated, truncated, info)"
+                )
+                err.env_index = k  # type: ignore[attr-defined]
+                raise err
+
+    def _rewards(self, rew: Sequence[Any], run: np.ndarray) -> np.ndarray:
+        """The rewards of the rows as a fresh float32 array (see the module docstring).
+
+        Fast path: one ``np.asarray`` whose dtype kind and shape say every reward is a real
+        scalar, and one cast to float32 that raises on overflow instead of warning. The rewards
+        are walked one by one only when that fails, to name the culprit.
+
+        Raises:
+            RewardError: a reward is not a real scalar number.
+            FloatingPointError: a finite reward overflows float32 and ``check_finite`` is set.
+        """
+        try:
+            r = np.asarray(rew)
+        except Exception:  # ragged (an array among scalars), or a value numpy cannot take
+            r = None
+        if r is None or r.dtype.kind not in _REAL_KINDS or r.shape != (run.shape[0],):
+            r = self._walk_rewards(rew, run)
+        if r.dtype.kind == "f" and r.dtype.itemsize > 4:
+            try:
+                with np.errstate(over="raise"):
+                    return r.astype(np.float32)
+            except FloatingPointError:
+                limit = np.finfo(np.float32).max
+                for j in np.flatnonzero(np.isfinite(r) & (np.abs(r) > limit)).tolist():
+                    self._reward_overflow(rew[j], int(run[j]))
+                with np.errstate(over="ignore"):
+                    return r.astype(np.float32)
+        return r.astype(np.float32, copy=False)  # np.asarray built a fresh array
+
+    def _walk_rewards(self, rew: Sequence[Any], run: np.ndarray) -> np.ndarray:
+        """The slow path of :meth:`_rewards`: float64 values, or RewardError for the first
+        reward that is not a real scalar number."""
+        out = np.empty(len(rew), np.float64)
+        for j, (k, v) in enumerate(zip(run.tolist(), rew)):
+            if isinstance(v, numbers.Real):  # Python and numpy numbers, bool, Fraction
+                try:
+                    out[j] = v
+                except OverflowError:  # an int beyond float64: overflows float32 too
+                    self._reward_overflow(v, k)
+                    out[j] = np.inf if v > 0 else -np.inf
+                continue
+            try:
+                a = np.asarray(v)
+            except Exception:
+                a = None
+            if a is not None and a.shape == () and a.dtype.kind in _REAL_KINDS:
+                out[j] = a  # a 0-d array (numpy's, or a CPU tensor's)
+                continue
+            if isinstance(v, np.ndarray):
+                what = f"an ndarray of shape {v.shape} and dtype {v.dtype}"
+            else:
+                what = f"{short_repr(v)} ({type(v).__name__})"
+            err = RewardError(
+                f"env {self._offset + k}: its reward at env_step {int(self._t[k])} is {what}; a "
+                "reward must be one real number (int, float, bool, a numpy real scalar or 0-d "
+                "array) and rlstruct never casts it silently: fix the env or wrap it with a "
+                "gymnasium.RewardWrapper; call reset() to go on"
+            )
+            err.env_index = k  # type: ignore[attr-defined]
+            raise err
+        return out
+
+    def _reward_overflow(self, v: Any, k: int) -> None:
+        """A finite reward ``v`` of env ``k`` overflows float32: raise or warn, naming env ``k``."""
+        what = (
+            f"env {self._offset + k}: the reward {short_repr(v)} at env_step {int(self._t[k])} "
+            "overflows float32 (largest finite value 3.4e38)"
+        )
+        if self._check_finite:
+            err = FloatingPointError(f"{what} (check_finite=True); call reset() to go on")
+            err.env_index = k  # type: ignore[attr-defined]
+            raise err
+        warnings.warn(
+            f"{what}; it is stored as inf. Scale the env's rewards (gymnasium.RewardWrapper), "
+            "or pass check_finite=True to make this an error",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     def _step_obs(self, run: np.ndarray, a: np.ndarray, arrays: list[np.ndarray]) -> dict:
         """The ``obs_t1`` tensors of the rows just stepped (from the fresh arrays)."""
@@ -361,10 +498,12 @@ class _GymVecEnv(VecEnv):
             try:
                 arr[j] = v
             except (TypeError, ValueError):
-                raise ConfigError(
+                err = ConfigError(
                     f"env {self._offset + k}: info[{name!r}] is {short_repr(v)} "
                     f"({type(v).__name__}); info_keys must name numeric scalar entries"
-                ) from None
+                )
+                err.env_index = k  # type: ignore[attr-defined]
+                raise err from None
 
     def _finite(self, obs: Mapping[str, Tensor], run: np.ndarray) -> None:
         for key in self._float_keys:
@@ -382,12 +521,17 @@ class _GymVecEnv(VecEnv):
                 raise err
 
     def _fail(self, e: BaseException, k: int, what: str) -> None:
+        """Marks the VecEnv failed and names the env of ``e``: the one a check already set in
+        ``e.env_index``, else ``k`` (the env being stepped or reset; -1: none known)."""
         self._running = None
-        if k < 0:
-            return
-        if getattr(e, "env_index", None) is None:
+        known_index = getattr(e, "env_index", None)
+        if known_index is not None:
+            k = int(known_index)
+        elif k >= 0:
             with contextlib.suppress(AttributeError):  # exceptions with __slots__
                 e.env_index = k  # type: ignore[attr-defined]
+        if k < 0:
+            return
         if not isinstance(e, RLStructError) and hasattr(e, "add_note"):  # Python >= 3.11
             # k is this VecEnv's own index; a batcher reports the global one (WorkerError.env).
             known = f", global id {self._offset + k}" if self._offset else ""
@@ -420,7 +564,8 @@ class GymEnv(_GymVecEnv):
             ``info/<name>`` keys (0 where absent).
         env_id_offset: global index of env 0, used in error messages (batcher workers).
         check_finite: raise ``FloatingPointError`` (naming env, key and env_step) when a float
-            observation or a reward is NaN or Inf.
+            observation or a reward is NaN or Inf, or a finite reward overflows float32 (without
+            it, such a reward becomes inf with a ``RuntimeWarning`` naming the env).
 
     Raises:
         ConfigError: bad ``env``, ``n_envs``, ``seed``, ``make_kwargs`` or offset.
@@ -453,8 +598,11 @@ class GymEnv(_GymVecEnv):
 
         Raises:
             BatcherStateError: no reset yet, closed, failed step, or no env running.
-            ShapeError: ``action`` does not have one row per running env.
+            ShapeError: ``action`` does not have one row per running env, or an observation
+                has another shape than its space.
             ActionError: an action is outside the action space (no env was stepped).
+            SpaceError: an observation has another dtype than its space (no silent cast).
+            RewardError: a reward is not a real scalar number.
         """
         run, a = self._begin_step(action)
         t1 = self._step_obs(run, a, self._step_envs(run, a))
@@ -503,8 +651,11 @@ class GymEnvInf(_GymVecEnv):
 
         Raises:
             BatcherStateError: no reset yet, closed, or a failed step.
-            ShapeError: ``action`` does not have ``N`` rows.
+            ShapeError: ``action`` does not have ``N`` rows, or an observation has another
+                shape than its space.
             ActionError: an action is outside the action space (no env was stepped).
+            SpaceError: an observation has another dtype than its space (no silent cast).
+            RewardError: a reward is not a real scalar number.
         """
         run, a = self._begin_step(action)
         arrays = self._step_envs(run, a)
@@ -535,24 +686,48 @@ class GymEnvInf(_GymVecEnv):
 def _make_envs(
     env: str | Sequence[EnvFactory], n_envs: int | None, make_kwargs: Mapping[str, Any] | None
 ) -> list[gym.Env]:
+    """Builds the envs of a VecEnv: ``n_envs`` ``gym.make(env)`` or one env per factory.
+
+    Args:
+        env: a gymnasium id, or a non-empty list of zero-argument factories.
+        n_envs: the number of envs for an id (default 1); ``None`` or ``len(env)`` for factories.
+        make_kwargs: keyword arguments of ``gym.make`` (id only).
+
+    Returns:
+        The envs, distinct objects over distinct underlying envs.
+
+    Raises:
+        ConfigError: a bad ``env`` or ``n_envs`` (with what changed since rlstructures when the
+            call looks like rlstructures' ``GymEnv(envs, seed)``), a factory that returns no
+            gymnasium env, or factories that return the same env twice. Every env built before
+            the error is closed, each once.
+    """
+    _refuse_env_instances(env, n_envs)
+    factory_list = isinstance(env, Sequence) and not isinstance(env, str)
     if n_envs is not None and (
         isinstance(n_envs, bool) or not isinstance(n_envs, (int, np.integer)) or n_envs < 1
     ):
-        raise ConfigError(f"n_envs must be an int >= 1 or None, got {n_envs!r}")
+        raise ConfigError(
+            f"n_envs must be an int >= 1 or None, got {n_envs!r}"
+            + (_SECOND_ARGUMENT.format(n=n_envs) if factory_list else "")
+        )
     if isinstance(env, str):
         factories: list[EnvFactory] = [lambda: gym.make(env, **(make_kwargs or {}))] * (
             1 if n_envs is None else int(n_envs)
         )
-    elif isinstance(env, Sequence) and env and all(callable(f) for f in env):
+    elif factory_list and env and all(callable(f) for f in env):
         if make_kwargs:
             raise ConfigError("make_kwargs only applies when env is a gymnasium id")
         if n_envs is not None and n_envs != len(env):
-            raise ConfigError(f"n_envs={n_envs} but {len(env)} env factories were given")
+            raise ConfigError(
+                f"n_envs={n_envs} but {len(env)} env factories were given"
+                + _SECOND_ARGUMENT.format(n=n_envs)
+            )
         factories = list(env)
     else:
         raise ConfigError(
             f"env must be a gymnasium id or a non-empty list of zero-argument env factories, "
-            f"got {short_repr(env)}; to wrap an env instance e, pass [lambda: e]"
+            f"got {short_repr(env)}"
         )
     envs: list[gym.Env] = []
     try:
@@ -563,10 +738,144 @@ def _make_envs(
                     f"env factory {k} returned {type(e).__name__}, not a gymnasium.Env"
                 )
             envs.append(e)
+        _refuse_shared_envs(envs)
     except BaseException as exc:
         if not isinstance(exc, RLStructError) and hasattr(exc, "add_note"):
             exc.add_note(f"raised while building env {len(envs)}")
-        for e in envs:
-            e.close()
+            if isinstance(exc, TypeError) and "max_episode_steps" in str(exc):
+                exc.add_note(_TIME_LIMIT_HINT)
+        _close_once(envs)
         raise
     return envs
+
+
+#: Appended to n_envs errors when env is a list: rlstructures' GymEnv took the seed second.
+_SECOND_ARGUMENT = (
+    "; GymEnv's second argument is n_envs (the number of envs, default len(env) for factories), "
+    "not the seed as in rlstructures' GymEnv(envs, seed): if {n!r} is a seed, pass it as the "
+    "keyword seed={n!r}"
+)
+
+#: Added to gymnasium's TypeError for ``TimeLimit(env, max_episode_steps=None)``.
+_TIME_LIMIT_HINT = (
+    "gymnasium's TimeLimit needs an int max_episode_steps (gym's accepted None for the "
+    "registered limit): write gym.make(env_id, max_episode_steps=n), which keeps the registered "
+    "limit when n is None, or wrap with TimeLimit only when n is not None"
+)
+
+
+def _is_env_instance(x: object) -> bool:
+    """A gymnasium env, or an object with ``step`` and ``reset`` that is not a factory (gym's)."""
+    return isinstance(x, gym.Env) or (
+        not callable(x) and hasattr(x, "step") and hasattr(x, "reset")
+    )
+
+
+def _env_name(e: object) -> str:
+    """The gymnasium id of an env (from its spec), else its class name."""
+    spec = getattr(e, "spec", None)
+    return str(getattr(spec, "id", None) or type(e).__name__)
+
+
+def _refuse_env_instances(env: object, n_envs: object) -> None:
+    """Refuses env instances where factories are expected, saying what changed since
+    rlstructures (whose ``GymEnv(gym_env, seed)`` took a list of instances and the seed second).
+
+    Raises:
+        ConfigError: ``env`` is an env instance, or a list holding one.
+    """
+    if _is_env_instance(env):
+        name = _env_name(env)
+        raise ConfigError(
+            f"env is an env instance ({name}), but GymEnv builds its envs itself: pass a "
+            f"gymnasium id (GymEnv({_id_or(name, 'CartPole-v1')!r}, n_envs=n, seed=s)) or a list "
+            "of zero-argument factories that each build a fresh env; to keep this env instance "
+            "e, pass [lambda: e]"
+        )
+    if not isinstance(env, Sequence) or isinstance(env, str):
+        return
+    where = [k for k, x in enumerate(env) if _is_env_instance(x)]
+    if not where:
+        return
+    n = len(env)
+    names = sorted({_env_name(env[k]) for k in where})
+    if len(where) == n:
+        what = f"a list of {n} env instance{'s' if n > 1 else ''} ({', '.join(names)})"
+    else:
+        what = (
+            f"env instances at positions {_enumerate(where)}"
+            if len(where) > 1
+            else f"an env instance at position {where[0]}"
+        ) + f" ({', '.join(names)}) among factories"
+    changed = "rlstruct takes zero-argument factories that each build a fresh env"
+    if n_envs is None:
+        seed = "s"
+        what += f": rlstructures' GymEnv(envs, seed) took env instances, {changed}"
+    else:
+        seed = repr(n_envs)
+        what += (
+            f" and n_envs={n_envs!r}: this is rlstructures' GymEnv(envs, seed), which changed: "
+            f"{changed}, its second argument is n_envs (default: one env per factory) and the "
+            "seed is the keyword seed="
+        )
+    ids = {_id_or(name, "") for name in names} - {""}
+    by_id = f"GymEnv({ids.pop()!r}, n_envs={n}, seed={seed}), or " if len(ids) == 1 else ""
+    raise ConfigError(
+        f"GymEnv got {what}. Write {by_id}GymEnv([make_env] * {n}, seed={seed}) where make_env() "
+        "builds one env (wrappers included); to keep envs already built, bind each one: "
+        f"GymEnv([lambda e=e: e for e in envs], seed={seed}) (in [lambda: e for e in envs] "
+        "every lambda returns the last env)"
+    )
+
+
+def _id_or(name: str, default: str) -> str:
+    """``name`` if it looks like a gymnasium id (``Name-v<k>``), else ``default``."""
+    return name if "-v" in name else default
+
+
+def _refuse_shared_envs(envs: Sequence[gym.Env]) -> None:
+    """Refuses factories that returned one env object (or wrappers of one env) more than once.
+
+    A VecEnv would step that one env several times per step: the classic cause is Python's late
+    binding, ``[lambda: e for e in envs]`` (every lambda returns the last ``e``).
+
+    Raises:
+        ConfigError: naming the factories that share an env.
+    """
+    groups: dict[int, list[int]] = {}
+    for k, e in enumerate(envs):
+        groups.setdefault(id(e.unwrapped), []).append(k)
+    shared = [ks for ks in groups.values() if len(ks) > 1]
+    if not shared:
+        return
+    parts = []
+    for ks in shared:
+        same = all(envs[k] is envs[ks[0]] for k in ks)
+        obj = "the same env object" if same else "wrappers of the same env object"
+        parts.append(f"env factories {_enumerate(ks)} returned {obj} ({_env_name(envs[ks[0]])})")
+    example = _id_or(_env_name(envs[shared[0][0]]), "CartPole-v1")
+    raise ConfigError(
+        f"{'; '.join(parts)}: the VecEnv would step one env several times per step. In "
+        "[lambda: e for e in envs] every lambda returns the last e (Python's late binding): "
+        "bind each env with [lambda e=e: e for e in envs], or better give factories that each "
+        f"build a fresh env (e.g. [lambda: gym.make({example!r})] * n)"
+    )
+
+
+def _close_once(envs: Sequence[gym.Env]) -> None:
+    """Closes the envs of a refused or failed construction, each underlying env once, ignoring
+    errors raised by ``close`` (the construction error is the one to report)."""
+    closed: set[int] = set()
+    for e in envs:
+        base = id(e.unwrapped)
+        if base in closed:
+            continue
+        closed.add(base)
+        with contextlib.suppress(Exception):
+            e.close()
+
+
+def _enumerate(indices: Sequence[int]) -> str:
+    """``0``, ``0 and 1``, ``0, 1 and 2``."""
+    names = [str(k) for k in indices]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
