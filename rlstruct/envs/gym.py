@@ -116,6 +116,10 @@ class _GymVecEnv(VecEnv):
             raise
         n = len(self._envs)
         self._n = n
+        # What each step call goes to, and the time limit this VecEnv applies itself (0: none).
+        self._steppers, limits = zip(*(_stepper(e) for e in self._envs))
+        self._limits = np.asarray(limits, dtype=np.int64)
+        self._own_limits = bool(self._limits.any())
         self._seed = int(seed)
         self._offset = int(env_id_offset)
         self._check_finite = bool(check_finite)
@@ -273,7 +277,7 @@ class _GymVecEnv(VecEnv):
     def _step_envs(self, run: np.ndarray, a: np.ndarray) -> list[np.ndarray]:
         """Steps env ``run[j]`` with ``a[j]``; returns fresh arrays (row j = env ``run[j]``):
         one per observation leaf, then reward, terminated and truncated."""
-        envs = self._envs
+        envs = self._steppers
         infos = self._step_info
         self._t[run] += 1
         acts = list(a)  # numpy scalars / rows: what gymnasium's own vector envs pass
@@ -312,7 +316,11 @@ class _GymVecEnv(VecEnv):
                 k = -1
                 n = run.shape[0]
                 out = [x[:n].copy() for x in leaves]
-            out += [self._rewards(rew, run), np.asarray(te, dtype=bool), np.asarray(tr, dtype=bool)]
+            truncated = np.asarray(tr, dtype=bool)
+            if self._own_limits:  # gymnasium's TimeLimit, for envs stepped past their wrappers
+                limit = self._limits[run]
+                truncated |= (limit > 0) & (self._t[run] >= limit)
+            out += [self._rewards(rew, run), np.asarray(te, dtype=bool), truncated]
         except BaseException as e:
             self._fail(e, k, "step")
             raise
@@ -879,3 +887,54 @@ def _enumerate(indices: Sequence[int]) -> str:
     """``0``, ``0 and 1``, ``0, 1 and 2``."""
     names = [str(k) for k in indices]
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+#: Wrappers that ``gym.make`` adds by default and that a VecEnv can do without: it checks
+#: actions and observations itself, enforces reset-before-step, and applies the time limit.
+_STANDARD_WRAPPERS = (
+    gym.wrappers.TimeLimit,
+    gym.wrappers.OrderEnforcing,
+    gym.wrappers.PassiveEnvChecker,
+)
+
+
+def _stepper(env: gym.Env) -> tuple[Any, int]:
+    """What to call ``step`` on for ``env``, and the time limit to apply (0: none).
+
+    An env wrapped by nothing but ``gym.make``'s standard wrappers (TimeLimit, OrderEnforcing,
+    PassiveEnvChecker) is stepped through ``env.unwrapped``: the VecEnv validates actions and
+    observations itself, refuses a step before reset, and applies the TimeLimit (truncated once
+    ``env_step`` reaches ``max_episode_steps``, as the wrapper does), which saves three calls per
+    env and step. Any other wrapper (a user's, Atari preprocessing) keeps the whole chain. Resets
+    always go through the whole chain. For a ``Discrete`` action space the unwrapped env's
+    ``action_space.contains`` gets a fast path for the int64 scalars the VecEnv passes (the same
+    answer, without numpy's dtype introspection): gymnasium's classic envs assert it every step.
+    """
+    limit = 0
+    inner = env
+    while isinstance(inner, gym.Wrapper):
+        if not isinstance(inner, _STANDARD_WRAPPERS) or type(inner) not in _STANDARD_WRAPPERS:
+            return env, 0
+        if isinstance(inner, gym.wrappers.TimeLimit):
+            limit = int(getattr(inner, "_max_episode_steps", 0) or 0)
+            if limit <= 0:
+                return env, 0
+        inner = inner.env
+    space = inner.action_space
+    if type(space) is gym.spaces.Discrete and space.dtype == np.int64:
+        space.contains = _FastDiscreteContains(space)  # type: ignore[method-assign]
+    return inner, limit
+
+
+class _FastDiscreteContains:
+    """``Discrete.contains`` with a fast path for numpy int64 scalars (the VecEnv's actions)."""
+
+    def __init__(self, space: gym.spaces.Discrete) -> None:
+        self._low = int(space.start)
+        self._high = int(space.start) + int(space.n)
+        self._general = type(space).contains.__get__(space)
+
+    def __call__(self, x: Any) -> bool:
+        if x.__class__ is np.int64:
+            return self._low <= x < self._high
+        return self._general(x)

@@ -1,0 +1,62 @@
+"""Envs behind gym.make's standard wrappers are stepped through ``unwrapped`` (issue 11): the
+data must be exactly what the full wrapper chain gives, time limits included."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from rlstruct.dicttensor import DictTensor
+from rlstruct.envs.gym import GymEnv, GymEnvInf
+from rlstruct.errors import ActionError
+
+
+class UserWrapper(gym.Wrapper):
+    """Changes nothing, but is not one of gym.make's standard wrappers: full chain stepped."""
+
+
+def rollout(env, n_steps: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    obs, running = env.reset()
+    for _ in range(n_steps):
+        if running.numel() == 0:
+            break
+        action = torch.from_numpy(rng.integers(0, 2, size=running.numel()))
+        (obs_t1, _), (obs, running) = env.step(DictTensor({"action": action}))
+        out.append({k: v.clone() for k, v in obs_t1.items()})
+    return out
+
+
+@pytest.mark.parametrize("vec", [GymEnvInf, GymEnv])
+def test_fast_path_gives_the_same_data_as_the_full_wrapper_chain(vec):
+    limit = 15  # short episodes: many truncations by the time limit
+    fast = vec("CartPole-v1", n_envs=3, seed=5, make_kwargs={"max_episode_steps": limit})
+    full = vec(
+        [lambda: UserWrapper(gym.make("CartPole-v1", max_episode_steps=limit))] * 3, seed=5
+    )
+    assert fast._own_limits and not full._own_limits
+    assert fast._steppers[0] is fast.envs[0].unwrapped
+    a, b = rollout(fast, 120), rollout(full, 120)
+    assert len(a) == len(b) > 10
+    for x, y in zip(a, b):
+        assert sorted(x) == sorted(y)
+        for k in x:
+            assert torch.equal(x[k], y[k]), k
+    truncated = torch.cat([x["truncated"] for x in a])
+    assert truncated.any()  # the time limit was exercised
+    steps_at_truncation = torch.cat([x["env_step"][x["truncated"]] for x in a])
+    assert torch.all(steps_at_truncation == limit)
+
+
+def test_fast_path_keeps_action_checks_and_the_space_answers():
+    env = GymEnvInf("CartPole-v1", n_envs=2, seed=0)
+    env.reset()
+    with pytest.raises(ActionError):
+        env.step(DictTensor({"action": torch.tensor([0, 2])}))
+    space = env.envs[0].unwrapped.action_space
+    assert space.contains(np.int64(1)) and not space.contains(np.int64(2))
+    assert space.contains(1) and not space.contains(-1) and not space.contains("1")
+    assert space == gym.spaces.Discrete(2)
