@@ -19,6 +19,8 @@ __all__ = [
     "BatcherStateError",
     "WorkerError",
     "WorkerTimeoutError",
+    "LearnerError",
+    "LearnerTimeoutError",
 ]
 
 
@@ -128,3 +130,34 @@ class WorkerError(RLStructError, RuntimeError):
 
 class WorkerTimeoutError(WorkerError, TimeoutError):
     """A worker stayed silent for longer than the batcher's timeout (hung env or agent)."""
+
+
+class LearnerError(RLStructError, RuntimeError):
+    """``learn`` raised in the learner thread (or the thread is gone).
+
+    Raised ``from`` the original exception: ``err.__cause__`` is it, with its traceback from the
+    learner thread (which keeps the frames of ``learn``, and so the batch, alive while referenced).
+
+    Attributes:
+        batch: index of the batch ``learn`` failed on, counting from 0 in put order, if known.
+        exc_type: the name of the original exception type, if any.
+        learner_traceback: the original traceback, formatted in the learner thread, if any.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        batch: int | None = None,
+        exc_type: str | None = None,
+        learner_traceback: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.batch = batch
+        self.exc_type = exc_type
+        self.learner_traceback = learner_traceback
+
+
+class LearnerTimeoutError(RLStructError, TimeoutError):
+    """``put`` found no free queue slot before its deadline, ``wait_idle`` ran out of time, or
+    ``stop`` could not join a thread still inside ``learn``."""
