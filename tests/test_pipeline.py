@@ -204,3 +204,32 @@ def test_a_worker_error_in_the_stream_surfaces_at_get_with_worker_env_step():
         # Every env fails at t=13 (segment 3, step 0); the first report names its own env.
         assert err.worker in (0, 1) and err.env == 2 * err.worker and err.step == 0
         assert "injected failure" in str(err)
+
+
+# ---------------------------------------------------------------------------- get(device=...)
+@pytest.mark.slow
+def test_get_to_another_device_returns_the_same_batch_there():
+    with batcher() as a, batcher() as b:
+        for x in (a, b):
+            x.reset()
+            x.execute()
+        here, _ = a.get()
+        there, _ = b.get(device="meta")  # "another device" on a CPU-only machine
+        assert there.trajectories.device() == torch.device("meta")
+        assert there.trajectories.lengths.shape == here.trajectories.lengths.shape
+        assert there.info["policy_version"].device == torch.device("meta")
+        assert sorted(there.trajectories.keys()) == sorted(here.trajectories.keys())
+
+
+@pytest.mark.gpu
+def test_get_to_a_gpu_copies_from_the_pinned_buffer():
+    with batcher() as a, batcher() as b:
+        for x in (a, b):
+            x.reset()
+            x.execute()
+        here, _ = a.get()
+        there, _ = b.get(device="cuda")
+        assert b.buffers[0]._pinned is True
+        assert there.trajectories.device().type == "cuda"
+        assert there.to("cpu").trajectories.equal(here.trajectories)
+        assert there.to("cpu").info.equal(here.info)

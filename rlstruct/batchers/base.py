@@ -9,7 +9,7 @@ from typing import Any
 from rlstruct.agent import Agent
 from rlstruct.batchers.buffer import Specs
 from rlstruct.batchers.rows import broadcast_rows
-from rlstruct.dicttensor import DictTensor
+from rlstruct.dicttensor import DeviceLike, DictTensor
 from rlstruct.envs.base import VecEnv
 from rlstruct.errors import BatcherStateError, ConfigError, ShapeError
 from rlstruct.trajectories import Trajectories
@@ -139,8 +139,10 @@ class BatcherBase:
         """Starts collecting one segment."""
         raise NotImplementedError
 
-    def get(self, blocking: bool = True) -> tuple[Trajectories | None, int | None]:
-        """The segment started by ``execute``."""
+    def get(
+        self, blocking: bool = True, device: DeviceLike | None = None
+    ) -> tuple[Trajectories | None, int | None]:
+        """The segment started by ``execute`` (on ``device`` when given)."""
         raise NotImplementedError
 
     def close(self) -> None:

@@ -69,6 +69,8 @@ class SlotBuffer:
         self.steps: dict[str, Tensor] = _alloc(step_specs, (n_rows, n_timesteps), device, shared)
         self.info: dict[str, Tensor] = _alloc(info_specs, (n_rows,), device, shared)
         self.lengths = torch.zeros(n_rows, dtype=torch.long, device=device)
+        self._pinned: bool | None = None
+        self._registered: list[Tensor] = []
         if shared:
             self.lengths.share_memory_()
         # Per prefix: (leaf, full key, buffer tensor, feature shape, dtype), in a fixed order.
@@ -167,13 +169,65 @@ class SlotBuffer:
                 )
             buf[rows] = v
 
-    def read(self, rows: Tensor | None = None) -> Trajectories:
+    def pin(self) -> bool:
+        """Page-locks the buffer's CPU tensors in place (``cudaHostRegister``), so that
+        :meth:`read` can copy them straight to a GPU, asynchronously. Best effort: False when
+        there is no CUDA or registration fails (then reads to a GPU go through a CPU copy)."""
+        if self._pinned is not None:
+            return self._pinned
+        self._pinned = False
+        if self.lengths.device.type != "cpu" or not torch.cuda.is_available():
+            return False
+        cudart = torch.cuda.cudart()
+        for t in self._host_tensors():
+            if int(cudart.cudaHostRegister(t.data_ptr(), t.untyped_storage().nbytes(), 0)) != 0:
+                self.unpin()
+                return False
+            self._registered.append(t)
+        self._pinned = True
+        return True
+
+    def unpin(self) -> None:
+        """Undoes :meth:`pin` (before the memory is freed)."""
+        if self._registered:
+            cudart = torch.cuda.cudart()
+            for t in self._registered:
+                cudart.cudaHostUnregister(t.data_ptr())
+        self._registered, self._pinned = [], None
+
+    def _host_tensors(self) -> list[Tensor]:
+        return [t for t in (*self.steps.values(), *self.info.values(), self.lengths) if t.numel()]
+
+    def read(self, rows: Tensor | None = None, device: torch.device | None = None) -> Trajectories:
         """A copy of the rows with at least one valid step, shortened to the longest row.
+
+        One copy: from the buffer to the result. With a CUDA ``device`` and a pinned buffer
+        (:meth:`pin`) whose rows are all valid for the whole segment (the usual auto-reset
+        case), that one copy goes straight to the GPU, non-blocking on the current stream
+        (so the learner's kernels queue behind it); otherwise it goes through a CPU copy.
 
         Args:
             rows: restrict to these rows (default: all rows with a valid step).
+            device: where the result lives (default: the buffer's device).
         """
         lengths = self.lengths
+        target = torch.device(device) if device is not None else lengths.device
+        if (
+            rows is None
+            and target.type == "cuda"
+            and self._pinned
+            and bool((lengths == self.n_timesteps).all())
+        ):
+            n, t_max = self.n_rows, self.n_timesteps
+            steps = {k: v.to(target, non_blocking=True) for k, v in self.steps.items()}
+            info = {k: v.to(target, non_blocking=True) for k, v in self.info.items()}
+            sel = lengths.to(target, non_blocking=True)
+            # The buffer may be rewritten once the caller lets the workers go on.
+            torch.cuda.current_stream(target).synchronize()
+            return Trajectories(
+                DictTensor._trusted(info, n, target),
+                TemporalDictTensor._trusted(DictTensor._trusted(steps, n, target), sel, t_max),
+            )
         if rows is None:
             rows = torch.nonzero(lengths > 0).squeeze(1)
         sel = lengths.index_select(0, rows)
@@ -182,6 +236,12 @@ class SlotBuffer:
         info = {k: v.index_select(0, rows) for k, v in self.info.items()}
         n = rows.shape[0]
         device = lengths.device
+        if target != device:
+            batch = Trajectories(
+                DictTensor._trusted(info, n, device),
+                TemporalDictTensor._trusted(DictTensor._trusted(steps, n, device), sel, t_max),
+            )
+            return batch.to(target)
         return Trajectories(
             DictTensor._trusted(info, n, device),
             TemporalDictTensor._trusted(DictTensor._trusted(steps, n, device), sel, t_max),

@@ -669,12 +669,18 @@ class Batcher(BatcherBase):
         started = self._release_times.get(self._next_get, time.monotonic())
         return max(started, self._last_progress) + self.timeout
 
-    def get(self, blocking: bool = True) -> tuple[Trajectories | None, int | None]:
-        """The oldest segment not returned yet: ``(Trajectories, n_still_running)`` on the CPU.
+    def get(
+        self, blocking: bool = True, device: DeviceLike | None = None
+    ) -> tuple[Trajectories | None, int | None]:
+        """The oldest segment not returned yet: ``(Trajectories, n_still_running)``.
 
         Args:
             blocking: wait for the segment; when False, return ``(None, None)`` while it is
                 still being collected.
+            device: where the batch should live (default: the CPU). For a GPU learner, pass
+                its device: the shared buffer is page-locked once and full segments are copied
+                straight to the GPU (one copy, by DMA); otherwise the batch goes through one
+                CPU copy, then ``to(device)``.
 
         Raises:
             WorkerError: a worker raised (with worker, env, step and remote traceback) or died.
@@ -698,7 +704,11 @@ class Batcher(BatcherBase):
             self._spoiled.discard(segment)
         else:
             self._consecutive_faults = 0  # a complete batch
-        batch = self.buffers[segment % self.pipeline].read()
+        target = None if device is None else torch.device(device)
+        if target is not None and target.type == "cuda":
+            for buffer in self.buffers:
+                buffer.pin()
+        batch = self.buffers[segment % self.pipeline].read(device=target)
         self._next_get += 1
         self._n_running = n_running
         if self._phase is Phase.STREAMING:
@@ -771,6 +781,8 @@ class Batcher(BatcherBase):
             self._phase = Phase.CLOSED
         if hasattr(self, "_finalizer"):
             self._finalizer()
+        for buffer in getattr(self, "buffers", []):
+            buffer.unpin()
         self.buffer = None  # type: ignore[assignment]
         self.buffers, self._weights = [], None
         self._agent_info_in, self._env_info_in = {}, {}

@@ -175,15 +175,22 @@ class SerialBatcher(BatcherBase):
             self._phase = Phase.READY
             raise
 
-    def get(self, blocking: bool = True) -> tuple[Trajectories | None, int | None]:
+    def get(
+        self, blocking: bool = True, device: DeviceLike | None = None
+    ) -> tuple[Trajectories | None, int | None]:
         """The segment of the last ``execute``: ``(Trajectories, n_still_running)``.
 
         Rows whose env was not running at the segment start are left out; ``T`` is the longest
         row's length. The batch is a copy (it never aliases the buffer).
+
+        Args:
+            blocking: ignored (``execute`` already collected the segment).
+            device: where the batch should live (default: the batcher's device).
         """
         self._require("get", Phase.RUNNING)
         self._phase = Phase.READY
-        return self.buffer.read(), self._n_running
+        target = None if device is None else torch.device(device)
+        return self.buffer.read(device=target), self._n_running
 
     def update(self, info: Any) -> None:
         """Passes ``info`` (e.g. a ``state_dict``) to the agent's ``update``; tensors are
