@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test test-fast lint bench clean
 
 # torch is installed only when the venv lacks it: a GPU user keeps their CUDA build, and a
 # machine with a local CPU wheel never downloads CUDA packages.
@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -e ".[dev]"
 	touch $@
 
-# The main job: PPO on CartPole-v1 with the multi-process batcher on every core, until the mean
+# The main job: PPO on CartPole-v1 with 2 worker processes (the multi-process batcher), until the mean
 # return of the last 20 training episodes reaches 475 (or 50 s pass). Outputs go to runs/.
 demo: venv
 	$(PY) -m algos.ppo --time-budget 50
@@ -25,6 +25,11 @@ lint: venv
 
 test: venv lint
 	$(PY) -m pytest rlstruct tests
+
+# The inner loop: everything but the tests marked slow (worker processes, subprocess runs of the
+# algorithms, tutorials, benchmark smokes); under 2 minutes on 2 cores. CI runs `make test`.
+test-fast: venv lint
+	$(PY) -m pytest rlstruct tests -m "not slow"
 
 bench: venv
 	$(PY) benchmarks/containers.py

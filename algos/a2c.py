@@ -7,102 +7,67 @@ One iteration:
    recurrent agent carries ``h`` in its state, resets it where ``observation["initial_state"]``
    is true, and the batcher records the state at the segment start in ``info["agent_state/h"]``.
 2. **Replay** the agent on the learner device, with gradients: ``replay_agent`` for the GRU
-   policy, starting from the stored ``agent_state/h``, so the memory of an episode that began
-   in an earlier segment is restored exactly; ``replay_agent_stateless`` (one batched call) for
-   the memoryless policy.
+   policy, from the stored ``agent_state/h`` (the memory of an episode begun in an earlier
+   segment is restored exactly); ``replay_agent_stateless`` (one batched call) otherwise.
 3. **One gradient step** on ``-logp(a) A + vf_coef (V - R)^2 - ent_coef H`` with GAE(lambda)
    advantages ``A`` and returns ``R``. ``V'`` of the TRUE next observations
    (``_observation/frame``) comes from one batched, gradient-free call (for the GRU policy from
    the state after each step): terminated steps do not bootstrap, truncated steps and segment
    cuts bootstrap from ``V'``.
-4. **Publish**: ``batcher.update(state_dict)``; the workers collect the next segment while the
-   learner logs and evaluates.
+4. **Publish**: ``run.publish`` (``batcher.update(state_dict)``, then ``execute()``). With
+   ``--pipeline 2`` the workers already collect the next segment while the learner learns on
+   this one (one update of policy lag).
 
 Run: ``python -m algos.a2c --help``; ``python -m algos.a2c --recurrent``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import sys
-import time
 from dataclasses import dataclass
 from typing import Any
 
-import gymnasium as gym
 import torch
+import tyro
 from torch import Tensor, nn
 
-from rlstruct import (
-    Agent,
-    CheckDevice,
-    DictTensor,
-    TemporalDictTensor,
-    Trajectories,
-    masked_dicttensor,
-    replay_agent,
-    replay_agent_stateless,
-)
+from rlstruct import Agent, DictTensor, TemporalDictTensor, Trajectories, masked_dicttensor
 from rlstruct import functional as F
 from rlstruct import keys as K
-from rlstruct.cli import arg, config_to_dict, parse_config
-from rlstruct.devices import resolve_device
-from rlstruct.envs import GymEnv, GymEnvInf  # (also registers rlstruct/Repeat-v0)
-from rlstruct.episodes import EpisodeReturns
-from rlstruct.experiment import LayoutConfig, make_batcher
-from rlstruct.logger import RunLogger
+from rlstruct.envs import GymEnvInf
+from rlstruct.nets import linear, mlp
+from rlstruct.optim import gradient_step
+from rlstruct.replay import replay_agent, replay_agent_stateless
+from rlstruct.run import Run, RunConfig
+from rlstruct.sampling import CategoricalSampler
 
 FRAME, NEXT_FRAME = K.OBSERVATION + K.FRAME, K.NEXT_OBSERVATION + K.FRAME
-ACTION = K.ACTION + K.ACTION_KEY
-REWARD, DONE = K.NEXT_OBSERVATION + K.REWARD, K.NEXT_OBSERVATION + K.DONE
+ACTION, REWARD = K.ACTION + K.ACTION_KEY, K.NEXT_OBSERVATION + K.REWARD
+GREEDY = DictTensor({"greedy": torch.ones(1, dtype=torch.bool)})  # the evaluation's agent_info
 
 
 @dataclass
-class Config(LayoutConfig):
+class Config(RunConfig):
     """A2C with GAE on auto-reset segments (see algos/a2c.py); defaults tuned for CartPole-v1."""
 
-    env_id: str = arg("CartPole-v1", "gymnasium id of the environment (discrete actions)")
-    recurrent: bool = arg(False, "GRU policy: memory in the agent state, replayed from agent_state")
-    n_timesteps: int = arg(32, "T: steps per env and segment (one gradient step per segment)")
-    hidden: int = arg(64, "width of the hidden layers (and of the GRU state)")
-    lr: float = arg(4e-3, "Adam learning rate")
-    gamma: float = arg(0.99, "discount factor")
-    gae_lambda: float = arg(0.95, "GAE lambda")
-    vf_coef: float = arg(0.5, "weight of the value loss")
-    ent_coef: float = arg(0.0, "weight of the entropy bonus")
-    normalize_advantages: bool = arg(True, "normalise advantages over the batch (mean 0, std 1)")
-    max_grad_norm: float = arg(0.5, "clip the global gradient norm to this")
-    max_frames: int = arg(1_000_000, "stop after this many environment frames")
-    time_budget: float = arg(600.0, "stop after this many seconds")
-    target_return: float | None = arg(475.0, "stop once target_window episodes average this")
-    target_window: int = arg(20, "training episodes averaged for target_return")
-    eval_every: int = arg(50, "evaluate the greedy policy every this many iterations (0: never)")
-    eval_envs: int = arg(4, "episodes per evaluation")
-    checkpoint_every: int = arg(200, "save checkpoints/latest.pt every this many iterations")
-    n_threads: int = arg(1, "torch threads of the learner (the cores are shared with the workers)")
-    runs_dir: str = arg("runs", "folder of the run directories")
+    eval_every: int = 50
+    checkpoint_every: int = 200
+    lr: float = 4e-3
+    recurrent: bool = False
+    """GRU policy: memory in the agent state, replayed from info["agent_state/h"]"""
+    gae_lambda: float = 0.95
+    """GAE lambda"""
+    vf_coef: float = 0.5
+    """weight of the value loss"""
+    ent_coef: float = 0.0
+    """weight of the entropy bonus"""
+    normalize_advantages: bool = True
+    """normalise advantages over the batch's valid steps (mean 0, std 1)"""
 
 
 # --------------------------------------------------------------------------------------- model
-def linear(n_in: int, n_out: int, gain: float) -> nn.Linear:
-    """A linear layer with orthogonal weights; a small gain starts the policy uniform."""
-    layer = nn.Linear(n_in, n_out)
-    nn.init.orthogonal_(layer.weight, gain)
-    nn.init.zeros_(layer.bias)
-    return layer
-
-
-def mlp(n_in: int, hidden: int, n_out: int, out_gain: float) -> nn.Sequential:
-    """Two tanh hidden layers (gain sqrt 2), then a linear output layer with ``out_gain``."""
-    g = math.sqrt(2)
-    return nn.Sequential(linear(n_in, hidden, g), nn.Tanh(), linear(hidden, hidden, g), nn.Tanh(),
-                         linear(hidden, n_out, out_gain))
-
-
 class MLPActorCritic(nn.Module):
-    """Memoryless: separate actor and critic MLPs.
-    ``forward(frame, None) -> (logits (n, A), value (n,), None)``."""
+    """Memoryless, separate actor and critic: ``forward(frame, None) -> (logits, value, None)``."""
 
     def __init__(self, obs_dim: int, n_actions: int, hidden: int) -> None:
         super().__init__()
@@ -163,11 +128,10 @@ class A2CAgent(Agent):
     def __init__(self, model: MLPActorCritic | GRUActorCritic) -> None:
         self.model = model
         self.recurrent = isinstance(model, GRUActorCritic)
-        self._seed = 0
-        self.generator: torch.Generator | None = None
+        self.sample = CategoricalSampler()
 
     def seed(self, seed: int) -> None:
-        self._seed, self.generator = seed, None
+        self.sample.seed(seed)
 
     def initial_state(self, agent_info: DictTensor, n: int) -> DictTensor:
         if not self.recurrent:
@@ -191,11 +155,7 @@ class A2CAgent(Agent):
         self, state: DictTensor, observation: DictTensor, agent_info: DictTensor, history=None
     ) -> tuple[DictTensor, DictTensor]:
         logits, value, new_state = self._step(state, observation)
-        if self.generator is None or self.generator.device != logits.device:
-            self.generator = torch.Generator(logits.device).manual_seed(self._seed)
-        action = torch.multinomial(logits.softmax(-1), 1, generator=self.generator).squeeze(1)
-        if "greedy" in agent_info:
-            action = torch.where(agent_info["greedy"].to(logits.device), logits.argmax(-1), action)
+        action = self.sample(logits, agent_info)
         return DictTensor({K.ACTION_KEY: action, "logits": logits, "value": value}), new_state
 
     def call_replay(
@@ -226,11 +186,7 @@ def next_values(model: nn.Module, traj: Trajectories, out: TemporalDictTensor) -
 
 
 def a2c_loss(
-    logits: Tensor,
-    value: Tensor,
-    next_value: Tensor,
-    traj: Trajectories,
-    cfg: Config,
+    logits: Tensor, value: Tensor, next_value: Tensor, traj: Trajectories, cfg: Config
 ) -> tuple[Tensor, dict[str, float]]:
     """The A2C loss over ``(B, T)`` steps; padding is ignored.
 
@@ -265,118 +221,30 @@ def a2c_loss(
 
 
 # --------------------------------------------------------------------------------------- main
-def evaluation_return(traj: Trajectories) -> float:
-    """Mean return of the full greedy episodes of an evaluation batch (``GymEnv``)."""
-    steps = traj.trajectories
-    return float(torch.where(steps.mask(), steps[REWARD], 0.0).sum(1).mean())
-
-
 def main(cfg: Config) -> dict[str, Any]:
-    """Trains until ``target_return``, ``max_frames`` or ``time_budget``; returns a summary."""
-    start = time.monotonic()  # wall_time and time_to_solve include the workers' start-up
-    torch.set_num_threads(cfg.n_threads)
-    torch.manual_seed(cfg.seed)
-    device = resolve_device(cfg.learner_device)
-    probe = gym.make(cfg.env_id)
-    obs_dim, n_actions = math.prod(probe.observation_space.shape), int(probe.action_space.n)
-    probe.close()
-    model_cls = GRUActorCritic if cfg.recurrent else MLPActorCritic
-    model = model_cls(obs_dim, n_actions, cfg.hidden)  # on the CPU: the batchers copy it
-    frames, iteration, eval_return, evaluating, solved_at = 0, 0, math.nan, False, None
-    episodes = EpisodeReturns()
-    with contextlib.ExitStack() as stack:  # closes batchers and logger, on Ctrl-C too
-        batcher = stack.enter_context(make_batcher(
-            device=cfg.batcher_device, n_processes=cfg.n_processes, n_timesteps=cfg.n_timesteps,
-            create_agent=A2CAgent, agent_args={"model": model}, create_env=GymEnvInf,
-            env_args={"env": cfg.env_id, "n_envs": cfg.n_envs}, seeds=cfg.seed,
-            check_devices=cfg.check_devices,
-        ))
-        evaluator = None
-        if cfg.eval_every > 0:  # greedy, full episodes; one process (synchronous on the CPU)
-            evaluator = stack.enter_context(make_batcher(
-                device=cfg.eval_device, n_processes=1,
-                n_timesteps=gym.spec(cfg.env_id).max_episode_steps or 1000,
-                create_agent=A2CAgent, agent_args={"model": model}, create_env=GymEnv,
-                env_args={"env": cfg.env_id, "n_envs": cfg.eval_envs}, seeds=cfg.seed + 1000,
-                agent_info=DictTensor({"greedy": torch.ones(1, dtype=torch.bool)}),
-                check_devices=cfg.check_devices,
-            ))
-        log = stack.enter_context(
-            RunLogger("a2c", cfg.env_id, cfg, cfg.runs_dir, total_frames=cfg.max_frames)
-        )
-
-        model.to(device)
-        agent = CheckDevice(A2CAgent(model), device) if cfg.check_devices else A2CAgent(model)
-        # One fused kernel for all of Adam's per-parameter updates: cheaper for a small net.
-        fused = device.type in ("cpu", "cuda")
+    """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
+    with Run("a2c", cfg) as run:
+        net = GRUActorCritic if cfg.recurrent else MLPActorCritic
+        model = net(run.obs_dim, run.n_actions, cfg.hidden)  # on the CPU: the batchers copy it
+        batcher = run.training_batcher(A2CAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
+        run.evaluator(A2CAgent, {"model": model}, agent_info=GREEDY)
+        agent = run.learner(A2CAgent(model))
+        fused = run.device.type in ("cpu", "cuda")  # one kernel for all of Adam's updates
         optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, fused=fused)
-
-        def checkpoint() -> None:
-            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                     "config": config_to_dict(cfg), "frames": frames}
-            log.checkpoint(state, score=log.train_return(last=cfg.target_window))
-
-        batcher.reset()
-        batcher.execute()
-        while True:
-            # 1. The segment the workers collected with the current policy.
-            traj, _ = batcher.get()
-            frames += int(traj.lengths.sum())
-            returns, lengths = episodes(traj.trajectories)
-            log.record_episodes(returns, lengths, frames=frames)
-            if (
-                cfg.target_return is not None
-                and log.episodes >= cfg.target_window
-                and log.train_return(last=cfg.target_window) >= cfg.target_return
-            ):
-                solved_at = (frames, time.monotonic() - start)
-                break
-            if frames >= cfg.max_frames or time.monotonic() - start >= cfg.time_budget:
-                break
-
+        run.checkpoint_state(model=model, optimizer=optimizer)
+        # 1. Each segment the workers collected with the current policy, until the stop test.
+        for traj in run.segments(batcher):
             # 2-3. Replay on the learner device, one gradient step.
-            traj = traj.to(device)
+            traj = traj.to(run.device)
             out = replay(agent, traj)
             loss, stats = a2c_loss(out["logits"], out["value"], next_values(model, traj, out),
                                    traj, cfg)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-            optimizer.step()
-
+            gradient_step(optimizer, loss, cfg.max_grad_norm)
             # 4. Publish the weights; the workers collect the next segment meanwhile.
-            batcher.update(model.state_dict())
-            batcher.execute()
-            iteration += 1
-            if evaluator is not None:
-                if evaluating:
-                    done, _ = evaluator.get(blocking=False)
-                    if done is not None:
-                        eval_return, evaluating = evaluation_return(done), False
-                if not evaluating and iteration % cfg.eval_every == 0:
-                    evaluator.update(model.state_dict())
-                    evaluator.reset()
-                    evaluator.execute()
-                    evaluating = True
-            log.log(frames, eval_return=eval_return, lr=cfg.lr, **stats)
-            if iteration % cfg.checkpoint_every == 0:
-                checkpoint()
-        log.log(frames, eval_return=eval_return)  # the row of the last batch, where it stopped
-        checkpoint()
-    summary = {
-        "run_dir": str(log.dir),
-        "frames": frames,
-        "iterations": iteration,
-        "solved": solved_at is not None,
-        "train_return": log.train_return(last=cfg.target_window),
-        "eval_return": eval_return,
-        "wall_time": time.monotonic() - start,
-        "frames_to_solve": None if solved_at is None else solved_at[0],
-        "time_to_solve": None if solved_at is None else solved_at[1],
-    }
-    print(f"a2c: {summary}\noutputs in {log.dir}")
-    return summary
+            run.publish(batcher, model.state_dict())
+            run.end_iteration(model.state_dict(), lr=cfg.lr, **stats)
+    return run.summary
 
 
 if __name__ == "__main__":
-    main(parse_config(Config, sys.argv[1:]))
+    main(tyro.cli(Config))

@@ -27,7 +27,7 @@ Method:
   median is finite only if more than half of the seeds solved;
 * threads: every child starts WITHOUT ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` (both are removed
   from its environment): rlstruct's algorithms pin their own learner (1 thread by default) and
-  SB3 runs with one torch thread as BENCHMARKS.md asks (``--sb3-threads 0``: torch's
+  SB3 runs with one torch thread, like the rlstruct learner (``--sb3-threads 0``: torch's
   default). The JSON records the thread count each run ended with. Measured on a busy 2-core
   machine (load 4-9), SB3 with torch's default 2 threads collapsed (PPO: 10k-20k steps in
   120 s, vs ~35k in 20-50 s with one thread);
@@ -42,17 +42,16 @@ Usage::
     python benchmarks/learning.py                        # 3 seeds, every algorithm + SB3 peers
     python benchmarks/learning.py --algos ppo a2c --seeds 0 1 2 3 4 --json out.json
     python benchmarks/learning.py --quick --algos ppo --no-peers   # plumbing check (~20 s)
+    python benchmarks/learning.py --peers ppo            # every algorithm, SB3 PPO only (~6 min)
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import hashlib
 import importlib
 import importlib.util
-import inspect
 import json
 import math
 import os
@@ -76,60 +75,42 @@ BENCH_DIR = Path(__file__).resolve().parent
 ENV_ID = "CartPole-v1"
 TARGET_RETURN = 475.0
 WINDOW = 20  # finished training episodes averaged
-ALGOS = ("reinforce", "a2c", "ppo", "dqn")
+ALGOS = ("reinforce", "a2c", "ppo", "ppo_pipelined", "dqn", "impala")
+#: Benchmark rows that run an algorithm with another layout: name -> (module, layout fields).
+VARIANTS = {"ppo_pipelined": ("ppo", {"pipeline": 2})}
+IMPALA_MAX_RATIO = 0.6  # IMPALA / rlstruct PPO median launch->solve
+IMPALA_MIN_CORES = 1.8  # cores busy during an IMPALA run
 SB3_PEERS = {"ppo": "PPO", "a2c": "A2C", "dqn": "DQN"}  # rlstruct algo -> SB3 class
 MAX_RATIO = 0.5  # rlstruct PPO / A2C median launch->solve vs SB3's
 SOLVE_WITHIN_S = 120.0  # REINFORCE and DQN: every seed within this
 GRACE_S = 90.0  # beyond a run's budget before the parent kills it (start-up + teardown)
 
-# Config field names the runner looks for, first match wins (the algos are written separately).
-TIME_FIELDS = ("time_budget", "max_seconds", "time_limit", "max_time")
-ROOT_FIELDS = ("runs_dir", "log_dir", "run_root", "runs_root", "root", "out_dir", "output_dir")
-WINDOW_FIELDS = ("target_window",)
-
-
 # ============================================================================ child processes
-def _first(names: Any, candidates: tuple[str, ...]) -> str | None:
-    return next((c for c in candidates if c in names), None)
-
-
-def _as_flag(name: str, value: Any) -> list[str]:
-    return [f"--{name.replace('_', '-')}", str(value)]
-
-
 def run_rlstruct(name: str, seed: int, budget: float, out_root: str) -> dict[str, Any]:
-    """Runs ``algos.<name>`` in this process; returns its summary plus what was passed."""
+    """Runs ``algos.<name>`` in this process; returns its summary plus what was passed.
+
+    Every algorithm's ``Config`` subclasses ``rlstruct.run.RunConfig``, so the same fields
+    set the seed, the time budget, the output folder and the stop test (the benchmark's own
+    definition of solved) everywhere; ``main(cfg)`` returns the run's summary.
+    """
     import torch  # the algo imports it anyway
 
-    mod = importlib.import_module(f"algos.{name}")
-    fields = {f.name: f for f in dataclasses.fields(mod.Config)}
-    overrides: dict[str, Any] = {"seed": seed}
-    time_field = _first(fields, TIME_FIELDS)
-    if time_field is None:
-        raise RuntimeError(f"algos.{name}.Config has none of the time fields {TIME_FIELDS}")
-    overrides[time_field] = float(budget)
-    root_field = _first(fields, ROOT_FIELDS)  # else the runs land in the child's cwd (a tmp dir)
-    if root_field is not None:
-        default = fields[root_field].default
-        overrides[root_field] = Path(out_root) if isinstance(default, Path) else out_root
-    if "target_return" in fields:
-        overrides["target_return"] = TARGET_RETURN
-    window_field = _first(fields, WINDOW_FIELDS)
-    if window_field is not None:
-        overrides[window_field] = WINDOW
+    module, layout_fields = VARIANTS.get(name, (name, {}))
+    mod = importlib.import_module(f"algos.{module}")
+    overrides: dict[str, Any] = {
+        "seed": seed, "time_budget": float(budget), "runs_dir": out_root,
+        "target_return": TARGET_RETURN, "target_window": WINDOW,
+    }
+    if layout_fields:
+        import dataclasses
 
-    params = list(inspect.signature(mod.main).parameters)
-    argv_style = bool(params) and params[0] in ("argv", "args")
+        overrides["layout"] = dataclasses.replace(mod.Config().layout, **layout_fields)
     entered = time.time()
-    if argv_style:  # main(argv): build the command line
-        argv = [s for k, v in overrides.items() for s in _as_flag(k, v)]
-        summary = mod.main(argv)
-    else:
-        summary = mod.main(mod.Config(**overrides))
+    summary = mod.main(mod.Config(**overrides))
     return {
         "main_entered": entered,
         "overrides": {k: str(v) for k, v in overrides.items()},
-        "call": "main(argv)" if argv_style else "main(Config)",
+        "call": "main(Config)",
         "summary": summary,
         "torch_threads": torch.get_num_threads(),
     }
@@ -315,7 +296,7 @@ def launch(kind: str, algo: str, seed: int, budget: float, args: argparse.Namesp
     rec["torch_threads"] = res.get("torch_threads")
     rec["solved"] = bool(s.get("solved"))
     rec["frames"] = s.get("frames")
-    rec["train_return"] = s.get("train_return")
+    rec["train_return"] = s.get(f"train_return_mean{WINDOW}", s.get("train_return"))
     rec["wall_time"] = s.get("wall_time", s.get("seconds"))
     for key in ("overrides", "call", "sb3_version"):
         if key in res:
@@ -407,6 +388,23 @@ def targets(rows: dict[str, dict[str, Any]], seeds: list[int]) -> list[dict[str,
             if math.isfinite(ra) and math.isfinite(rb):
                 t["ratio_algo_reported"] = ra / rb
         out.append(t)
+    impala, ppo = rows.get("rlstruct/impala"), rows.get("rlstruct/ppo")
+    if impala is not None:
+        t = {"name": "rlstruct IMPALA / rlstruct PPO",
+             "threshold": f"<= {IMPALA_MAX_RATIO}, {len(seeds)}/{len(seeds)} solved, "
+                          f">= {IMPALA_MIN_CORES} cores busy", "metric": "median launch->solve"}
+        cores = [r["cpu_cores"] for r in impala["runs"] if "cpu_cores" in r]
+        t["cores_median"] = sorted(cores)[len(cores) // 2] if cores else None
+        if None in (impala.get("launch_to_solve"), (ppo or {}).get("launch_to_solve")):
+            t["verdict"] = "n/a (needs both IMPALA and PPO)"
+        else:
+            a, b = impala["launch_to_solve"]["median"], ppo["launch_to_solve"]["median"]
+            t["ratio"] = a / b if math.isfinite(a) and math.isfinite(b) else None
+            ok = (t["ratio"] is not None and t["ratio"] <= IMPALA_MAX_RATIO
+                  and impala["n_solved"] == len(seeds)
+                  and (t["cores_median"] or 0) >= IMPALA_MIN_CORES)
+            t["verdict"] = "PASS" if ok else "MISS"
+        out.append(t)
     for algo in ("reinforce", "dqn"):
         mine = rows.get(f"rlstruct/{algo}")
         if mine is None:
@@ -462,6 +460,8 @@ def print_table(rows: dict[str, dict[str, Any]], tgts: list[dict[str, Any]],
             ratio = f"ratio < {t['ratio_upper_bound']:.2f}  "
         extra = (f"  (algo-reported ratio {t['ratio_algo_reported']:.2f})"
                  if t.get("ratio_algo_reported") is not None else "")
+        if t.get("cores_median") is not None:
+            extra += f"  (cores busy, median {t['cores_median']:.2f})"
         print(f"  {t['name']:<42} {ratio}target {t['threshold']}: {t['verdict']}{extra}")
     print(f"\nload average (1 min) during the run: median {load['median']:.2f}, "
           f"min {load['min']:.2f}, max {load['max']:.2f} on {os.cpu_count()} cores")
@@ -481,7 +481,8 @@ def _sanitize(x: Any) -> Any:
 def cli_ok(algo: str) -> bool:
     """``python -m algos.<algo> --help`` exits 0."""
     try:
-        r = subprocess.run([sys.executable, "-m", f"algos.{algo}", "--help"], cwd=ROOT,
+        module = VARIANTS.get(algo, (algo, {}))[0]
+        r = subprocess.run([sys.executable, "-m", f"algos.{module}", "--help"], cwd=ROOT,
                            env=_child_env(), capture_output=True, timeout=60)
     except subprocess.TimeoutExpired:
         return False
@@ -499,8 +500,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sb3-max-steps", type=int, default=1_000_000,
                    help="total_timesteps passed to SB3 learn() (the step cap)")
     p.add_argument("--sb3-threads", type=int, default=1,
-                   help="torch threads of the SB3 runs (BENCHMARKS.md pins 1; 0: torch's default)")
+                   help="torch threads of the SB3 runs (1: one core, like the rlstruct learner; "
+                        "0: torch's default)")
     p.add_argument("--no-peers", action="store_true", help="skip stable-baselines3")
+    p.add_argument("--peers", nargs="+", choices=tuple(SB3_PEERS), default=None,
+                   help="run the SB3 peers of these algorithms only (default: of every one run)")
     p.add_argument("--quick", action="store_true",
                    help="one seed, ~15 s budgets: checks the plumbing, the numbers mean little")
     p.add_argument("--keep-runs", action="store_true", help="keep the run folders (printed)")
@@ -524,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
             "file_sha256": hashlib.sha256(path.read_bytes()).hexdigest()[:16]
             if path.exists() else None,
         }
-        if algo in SB3_PEERS and not args.no_peers:
+        if algo in SB3_PEERS and not args.no_peers and algo in (args.peers or SB3_PEERS):
             cls = SB3_PEERS[algo]
             rows[f"sb3/{cls}"] = {
                 "key": f"sb3/{cls}", "algo": algo, "impl": "sb3",

@@ -1,8 +1,10 @@
 """Command-line tools: ``python -m rlstruct <command>``.
 
 Commands:
-    plot RUN_DIR [RUN_DIR ...] [-o OUT]   plot episode returns against frames into a PNG
-        (default OUT: ``RUN_DIR/returns.png`` for one run, ``./compare.png`` for several).
+    plot PATH [PATH ...] [-o OUT]   plot the returns of runs against frames into a PNG. A PATH is
+        a run directory or a folder of run directories (``runs/``): every run found is drawn on
+        one figure. Default OUT: ``RUN/returns.png`` for one run directory,
+        ``FOLDER/compare.png`` for one folder of runs, ``./compare.png`` otherwise.
 """
 
 from __future__ import annotations
@@ -20,31 +22,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlstruct", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    plot = commands.add_parser("plot", help="plot the returns of one or more runs into a PNG")
-    plot.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
-                      help="run directories written by rlstruct.logger.RunLogger")
+    plot = commands.add_parser("plot", help="plot the returns of runs into a PNG")
+    plot.add_argument("paths", nargs="+", type=Path, metavar="PATH",
+                      help="run directories written by rlstruct.logger.RunLogger, or folders "
+                           "of them")
     plot.add_argument("-o", "--out", type=Path, default=None,
-                      help="output PNG (default: RUN_DIR/returns.png for one run, "
-                           "./compare.png for several)")
-
+                      help="output PNG (default: RUN/returns.png for one run, "
+                           "FOLDER/compare.png for one folder of runs, ./compare.png otherwise)")
     args = parser.parse_args(argv)
-    if args.command == "plot":
-        return _plot(parser, args)
-    parser.error(f"unknown command {args.command!r}")  # unreachable: subparsers check it
-    return 2
+    return _plot(parser, args)
 
 
 def _plot(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from rlstruct.logger import plot_runs
+    from rlstruct.plotting import is_run_dir, plot_runs
 
-    missing = [str(d) for d in args.run_dirs if not Path(d).is_dir()]
+    missing = [str(p) for p in args.paths if not p.is_dir()]
     if missing:
         parser.error(f"not a directory: {', '.join(missing)}")
     out = args.out
-    if out is None:
-        out = args.run_dirs[0] / "returns.png" if len(args.run_dirs) == 1 else Path("compare.png")
+    if out is None and len(args.paths) == 1:
+        (path,) = args.paths
+        out = path / ("returns.png" if is_run_dir(path) else "compare.png")
     try:
-        written = plot_runs(args.run_dirs, out)
+        written = plot_runs(args.paths, out or Path("compare.png"))
     except (FileNotFoundError, ImportError) as err:
         print(f"python -m rlstruct plot: error: {err}", file=sys.stderr)
         return 1

@@ -1,10 +1,14 @@
 """Device layouts for experiments: the flags every algorithm shares and the batcher they select.
 
-A batcher device that is an accelerator selects the single-process device batcher
-(:class:`~rlstruct.SerialBatcher` with the envs behind a DeviceEnv); the CPU selects the
-multi-process :class:`~rlstruct.Batcher` (or the SerialBatcher when ``n_processes`` is 1, which
-saves the workers' start-up). ``--check-devices`` wraps every agent in
-:class:`~rlstruct.CheckDevice`.
+:class:`LayoutConfig` is a typed dataclass (its fields' docstrings are the ``--help`` text of
+the flags); :func:`make_batcher` turns a layout into a batcher. A batcher device that is an
+accelerator selects the single-process device batcher (:class:`~rlstruct.SerialBatcher` with
+the envs behind a DeviceEnv); the CPU selects the multi-process :class:`~rlstruct.Batcher` (or
+the SerialBatcher when ``n_processes`` is 1, which saves the workers' start-up).
+``--check-devices`` wraps every agent in :class:`~rlstruct.CheckDevice`.
+
+The default of ``n_processes`` is 2, not "one per core": with the same seed a run collects the
+same data on any machine (``B = n_processes * n_envs`` rows whatever the core count).
 """
 
 from __future__ import annotations
@@ -19,10 +23,10 @@ import torch
 from rlstruct.agent import Agent
 from rlstruct.batchers import Batcher, SerialBatcher
 from rlstruct.checks import CheckDevice
-from rlstruct.cli import arg
 from rlstruct.devices import is_accelerator, resolve_device
 from rlstruct.dicttensor import DeviceLike, DictTensor
 from rlstruct.envs.base import VecEnv
+from rlstruct.errors import ConfigError
 
 __all__ = ["LayoutConfig", "make_batcher", "checked_agent_factory", "default_processes"]
 
@@ -37,17 +41,23 @@ def default_processes() -> int:
 
 @dataclass
 class LayoutConfig:
-    """Where each part of an experiment runs (shared by every algorithm's config)."""
+    """Where each part of an experiment runs (the same flags for every algorithm)."""
 
-    learner_device: str = arg("auto", "device of the model being trained and of the loss")
-    batcher_device: str = arg(
-        "cpu", "device of the training batcher: cpu (worker processes) or a GPU (one process)"
-    )
-    eval_device: str = arg("cpu", "device of the evaluation batcher")
-    n_processes: int = arg(0, "training worker processes on the CPU (0: one per core)")
-    n_envs: int = arg(8, "environments per worker process (or in the device batcher)")
-    seed: int = arg(0, "run seed: envs, agents and the learner derive their seeds from it")
-    check_devices: bool = arg(False, "wrap every agent in CheckDevice (debugging aid)")
+    learner_device: str = "auto"
+    """device of the model being trained and of the loss (auto: cuda:0 when there is a GPU)"""
+    batcher_device: str = "cpu"
+    """device of the training batcher: cpu (worker processes) or a GPU (one process)"""
+    eval_device: str = "cpu"
+    """device of the evaluation batcher: cpu (a worker process of its own) or a GPU"""
+    n_processes: int = 2
+    """training worker processes on the CPU (0: one per core; 1: no worker, collect here)"""
+    n_envs: int = 8
+    """environments per worker process (or in the device batcher)"""
+    check_devices: bool = False
+    """wrap every agent in CheckDevice (a debugging aid)"""
+    pipeline: int = 1
+    """segment slots per worker: 1 collects then learns; 2 collects the next batch while learning
+    on this one (one update of policy lag; worker processes only)"""
 
 
 class _Checked:
@@ -80,6 +90,7 @@ def make_batcher(
     agent_info: DictTensor | None = None,
     env_info: DictTensor | None = None,
     check_devices: bool = False,
+    pipeline: int = 1,
 ) -> Batcher | SerialBatcher:
     """The batcher a device layout calls for.
 
@@ -95,6 +106,8 @@ def make_batcher(
         agent_info: example agent_info (1 or B rows).
         env_info: example env_info (1 or B rows).
         check_devices: wrap the agent in CheckDevice.
+        pipeline: segment slots per worker (``Batcher(pipeline=...)``); more than 1 needs
+            worker processes.
 
     Returns:
         A SerialBatcher on ``device`` for an accelerator (or one CPU process), else a Batcher.
@@ -114,5 +127,10 @@ def make_batcher(
     )
     n_processes = n_processes or default_processes()
     if is_accelerator(device) or n_processes == 1:
+        if pipeline > 1:
+            raise ConfigError(
+                f"pipeline={pipeline} needs worker processes: use the CPU batcher with "
+                "n_processes >= 2 (a SerialBatcher collects in the learner's process)"
+            )
         return SerialBatcher(**common, device=device)
-    return Batcher(**common, n_processes=n_processes)
+    return Batcher(**common, n_processes=n_processes, pipeline=pipeline)

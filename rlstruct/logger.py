@@ -3,17 +3,25 @@
 :class:`RunLogger` creates ``<root>/<algo>_<env>_<YYYYmmdd-HHMMSS>[-n]/`` and fills it with:
 
 ===================== ========================================================================
-``config.json``       the config, algo, env, start time, python/torch versions, git commit
+``config.json``       the whole config (nested dataclasses too), algo, env, start time,
+                      python/torch versions, argv, and the git commit of the code that ran
 ``progress.csv``      one row per :meth:`RunLogger.log`: frames, episodes, wall_time,
-                      steps_per_s, train_return (window mean), then the given metrics
+                      steps_per_s, ``train_return_mean<N>`` (the mean return of the last ``N``
+                      finished episodes, ``N = window``), then the given metrics
 ``episodes.csv``      one row per finished episode: frames_at_record, return, length
 ``checkpoints/``      ``latest.pt`` and ``best.pt`` (best score so far)
-``returns.png``       written by :meth:`RunLogger.close` (needs matplotlib)
+``returns.png``       written by :meth:`RunLogger.close` (needs matplotlib; see
+                      :mod:`rlstruct.plotting`)
 ``events.out.*``      TensorBoard scalars, when ``tensorboard`` is installed
 ===================== ========================================================================
 
+A metric that has no value on a row is written ``nan`` there (an ``eval_return`` only on the
+rows where an evaluation finished), never repeated from an earlier row.
+
 Every row is flushed as it is written, so an interrupted run keeps everything it logged; used as a
-context manager the logger also closes (and plots) on ``KeyboardInterrupt``.
+context manager the logger also closes (and plots) on ``KeyboardInterrupt``. Progress shows on
+stderr: a line rewritten in place on a terminal, a plain line every ``progress_interval``
+seconds otherwise (log files, ``nohup``, CI).
 
 Example:
     >>> import tempfile
@@ -21,14 +29,16 @@ Example:
     ...     with RunLogger("ppo", "CartPole-v1", {"lr": 3e-4}, root, progress=False) as run:
     ...         run.record_episodes([10.0, 20.0])
     ...         row = run.log(frames=256, loss=0.5)
-    ...     print(row["episodes"], row["train_return"], row["loss"])
+    ...     print(row["episodes"], row["train_return_mean20"], row["loss"])
     2 15.0 0.5
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime
+import enum
 import json
 import math
 import os
@@ -39,7 +49,7 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -47,15 +57,13 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from rlstruct.cli import config_to_dict
 from rlstruct.errors import ShapeError
 
-__all__ = ["RunLogger", "plot_runs"]
+__all__ = ["RunLogger", "config_to_dict", "git_commit"]
 
-_RESERVED = ("frames", "episodes", "wall_time", "steps_per_s", "train_return")
 _EPISODE_FIELDS = ("frames_at_record", "return", "length")
-_PROGRESS_INTERVAL_S = 0.25  # at most ~4 progress-line updates per second
-_MOVING_AVERAGE = 100
+_TTY_INTERVAL_S = 0.25  # at most ~4 progress-line updates per second on a terminal
+_PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 class RunLogger:
@@ -64,15 +72,20 @@ class RunLogger:
     Args:
         algo: algorithm name (first part of the directory name).
         env: environment id; sanitised for the directory name (``ALE/Pong-v5`` -> ``ALE-Pong-v5``).
-        config: the run's config: a dataclass instance, a mapping, a Namespace or ``None``.
+        config: the run's config: a dataclass instance, a mapping or ``None``.
         root: the folder holding run directories.
         tensorboard: also write TensorBoard scalars when ``tensorboard`` is importable.
-        progress: rewrite one status line on stderr (only when stderr is a TTY).
+        progress: show progress on stderr (see the module docstring).
         total_frames: the frame budget, shown in the progress line.
-        window: how many last episodes ``train_return`` averages.
+        window: how many last episodes the train return averages; it names the column
+            ``train_return_mean<window>``.
+        progress_interval: seconds between two plain progress lines when stderr is no terminal.
+        code_dir: a folder of the code that runs (the algorithm's); config.json records the git
+            commit of the repository that tracks it. Default: the rlstruct package.
 
     Attributes:
         dir: the run directory (created at construction).
+        train_column: ``"train_return_mean<window>"``.
         best_score: the best checkpoint score so far (``None`` before the first).
         frames: the frame count of the last :meth:`log` call.
     """
@@ -87,11 +100,14 @@ class RunLogger:
         tensorboard: bool = True,
         progress: bool = True,
         total_frames: int | None = None,
-        window: int = 100,
+        window: int = 20,
+        progress_interval: float = 5.0,
+        code_dir: str | Path | None = None,
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         self.algo, self.env, self.window, self.total_frames = algo, env, window, total_frames
+        self.train_column = f"train_return_mean{window}"
         self.best_score: float | None = None
         self.frames = 0
         self._returns: list[float] = []
@@ -110,7 +126,7 @@ class RunLogger:
             "start_time": started.isoformat(timespec="seconds"),
             "python": platform.python_version(),
             "torch": torch.__version__,
-            "git_commit": git_commit(),
+            "git_commit": git_commit(code_dir if code_dir is not None else _PACKAGE_DIR),
             "argv": list(sys.argv),
             "config": config_to_dict(config),
         }
@@ -134,9 +150,11 @@ class RunLogger:
                 self._tb.add_text("config", f"```\n{json.dumps(meta, indent=2)}\n```")
 
         stream = sys.stderr
-        self._stream: IO[str] | None = stream if progress and _isatty(stream) else None
+        self._stream: IO[str] | None = stream if progress else None
+        self._tty = _isatty(stream)
+        self._interval = _TTY_INTERVAL_S if self._tty else progress_interval
         self._line_len = 0
-        self._last_render = -math.inf
+        self._last_render = time.monotonic() if not self._tty else -math.inf
 
     # ------------------------------------------------------------------ recording
 
@@ -144,6 +162,11 @@ class RunLogger:
     def episodes(self) -> int:
         """How many finished episodes were recorded."""
         return len(self._returns)
+
+    @property
+    def n_rows(self) -> int:
+        """How many ``progress.csv`` rows were written."""
+        return len(self._rows)
 
     def record_episodes(
         self,
@@ -190,12 +213,13 @@ class RunLogger:
         Args:
             frames: total environment frames so far.
             **metrics: any scalars (floats, ints, one-element tensors), e.g. ``eval_return``,
-                ``loss``, ``entropy``, ``lr``. A name first seen after the first row widens the
-                header (the file is rewritten once with the union of the columns).
+                ``loss``, ``entropy``, ``lr``; nan means "no value on this row". A name first
+                seen after the first row widens the header (the file is rewritten once with the
+                union of the columns; earlier rows get nan there).
 
         Returns:
             The row: frames, episodes, wall_time (s since start), steps_per_s (frames per second
-            since the previous row), train_return (window mean), then the metrics.
+            since the previous row), ``train_return_mean<window>``, then the metrics.
 
         Raises:
             ValueError: a metric reuses a reserved column name or is not a scalar.
@@ -209,21 +233,22 @@ class RunLogger:
             "episodes": self.episodes,
             "wall_time": now - self._start,
             "steps_per_s": (frames - self._last_frames) / elapsed if elapsed > 0 else math.nan,
-            "train_return": self.train_return(),
+            self.train_column: self.train_return(),
         }
+        reserved = tuple(row)
         for name, value in metrics.items():
-            if name in _RESERVED:
-                raise ValueError(f"log: metric name {name!r} is reserved ({', '.join(_RESERVED)})")
+            if name in reserved:
+                raise ValueError(f"log: metric name {name!r} is reserved ({', '.join(reserved)})")
             row[name] = _scalar(name, value)
         self.frames, self._last_frames, self._last_time = frames, frames, now
-        if not math.isnan(row.get("eval_return", math.nan)):  # nan: no evaluation this row
+        if not math.isnan(row.get("eval_return", math.nan)):
             self._last_eval = row["eval_return"]
         self._write_row(row)
         if self._tb is not None:
             for name, value in row.items():
-                if name != "frames" and isinstance(value, (int, float)):
+                if name != "frames" and isinstance(value, (int, float)) and not math.isnan(value):
                     self._tb.add_scalar(name, value, global_step=frames)
-        if self._stream is not None and now - self._last_render >= _PROGRESS_INTERVAL_S:
+        if self._stream is not None and now - self._last_render >= self._interval:
             self._render(row, now)
         return row
 
@@ -257,7 +282,7 @@ class RunLogger:
             return
         self._closed = True
         try:
-            if self._stream is not None and self._rows:
+            if self._stream is not None and self._tty and self._rows:
                 self._render(self._rows[-1], time.monotonic())
             if self._stream is not None and self._line_len:
                 self._stream.write("\n")
@@ -298,13 +323,13 @@ class RunLogger:
             path = self.dir / "progress.csv"
             tmp = self.dir / "progress.csv.tmp"
             with open(tmp, "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=self._header, restval="")
+                writer = csv.DictWriter(f, fieldnames=self._header, restval="nan")
                 writer.writeheader()
                 writer.writerows(self._rows)
             os.replace(tmp, path)
             self._progress_file = open(path, "a", newline="")  # noqa: SIM115
             self._progress_csv = csv.DictWriter(
-                self._progress_file, fieldnames=self._header, restval=""
+                self._progress_file, fieldnames=self._header, restval="nan"
             )
         else:
             self._progress_csv.writerow(row)
@@ -319,18 +344,24 @@ class RunLogger:
             parts[-1] += f"/{self.total_frames:,} frames ({100 * frames / self.total_frames:.0f}%)"
         else:
             parts[-1] += " frames"
+        parts.append(f"{row['wall_time']:.0f} s")
         parts.append(f"{row['steps_per_s']:,.0f} steps/s")
-        parts.append(f"train {row['train_return']:.2f}")
+        parts.append(f"{self.train_column} {row[self.train_column]:.2f}")
         if not math.isnan(self._last_eval):
-            parts.append(f"eval {self._last_eval:.2f}")
+            parts.append(f"last eval {self._last_eval:.2f}")
         line = " | ".join(parts)
-        pad = max(0, self._line_len - len(line))  # blank out the rest of a longer previous line
-        self._stream.write("\r" + line + " " * pad)
+        if self._tty:  # rewrite in place; blank out the rest of a longer previous line
+            pad = max(0, self._line_len - len(line))
+            self._stream.write("\r" + line + " " * pad)
+            self._line_len = len(line)
+        else:
+            self._stream.write(line + "\n")
         self._stream.flush()
-        self._line_len = len(line)
         self._last_render = now
 
     def _plot(self) -> None:
+        from rlstruct.plotting import plot_runs
+
         try:
             plot_runs([self.dir], self.dir / "returns.png")
         except ImportError:
@@ -343,28 +374,97 @@ class RunLogger:
             warnings.warn(f"could not write {self.dir / 'returns.png'}: {err!r}", stacklevel=3)
 
 
-def git_commit(cwd: str | Path | None = None, timeout: float = 5.0) -> str:
-    """The current git commit of ``cwd`` (default: the working directory).
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """Turn a config (a dataclass, nested ones included, a mapping or ``None``) into a JSON-safe
+    dict: what ``config.json`` records.
+
+    Tuples become lists; paths, devices, dtypes and types become strings; enums their value;
+    non-finite floats the strings ``"nan"``, ``"inf"``, ``"-inf"``; tensors and numpy values
+    plain numbers or lists; anything else its ``repr``.
+
+    Example:
+        >>> from dataclasses import dataclass, field
+        >>> @dataclass
+        ... class Layout:
+        ...     device: str = "cpu"
+        >>> @dataclass
+        ... class Config:
+        ...     hidden: tuple[int, ...] = (64, 64)
+        ...     layout: Layout = field(default_factory=Layout)
+        >>> config_to_dict(Config())
+        {'hidden': [64, 64], 'layout': {'device': 'cpu'}}
+
+    Raises:
+        TypeError: ``cfg`` is none of the accepted kinds.
+    """
+    if cfg is None:
+        return {}
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        return {f.name: _jsonable(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, Mapping):
+        return {str(k): _jsonable(v) for k, v in cfg.items()}
+    raise TypeError(f"config_to_dict needs a dataclass instance or a mapping, got {type(cfg)}")
+
+
+def git_commit(path: str | Path, timeout: float = 5.0) -> str:
+    """The git commit of the code at ``path`` (a file or a folder).
+
+    The commit is the one of the repository that TRACKS ``path``: a copy installed into a
+    virtual environment inside a checkout (an ignored folder) is not mistaken for the checkout.
 
     Returns:
         The full hash, with ``-dirty`` appended when ``git status --porcelain`` lists changes;
-        ``"unknown"`` outside a repository, without git, or when git is too slow.
+        ``"unknown"`` when ``path`` is not tracked by a repository, without git, or when git is
+        too slow.
     """
+    path = Path(path).resolve()
+    folder = path if path.is_dir() else path.parent
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
-            timeout=timeout, check=False,
-        )
+        head = git("rev-parse", "HEAD")
         if head.returncode != 0 or not head.stdout.strip():
             return "unknown"
-        commit = head.stdout.strip()
-        status = subprocess.run(
-            ["git", "status", "--porcelain"], cwd=cwd, capture_output=True, text=True,
-            timeout=timeout, check=False,
-        )
+        tracked = git("ls-files", "--error-unmatch", "--", str(path))
+        if tracked.returncode != 0:
+            return "unknown"
+        status = git("status", "--porcelain")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+    commit = head.stdout.strip()
     return commit + "-dirty" if status.returncode == 0 and status.stdout.strip() else commit
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, enum.Enum):
+        return _jsonable(value.value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return config_to_dict(value)
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return [_jsonable(v) for v in sorted(value, key=repr)]
+    if isinstance(value, torch.Tensor):
+        return _jsonable(value.detach().cpu().tolist())
+    if isinstance(value, (np.generic, np.ndarray)):
+        return _jsonable(value.tolist())
+    if isinstance(value, (Path, torch.device, torch.dtype)):
+        return str(value)
+    if isinstance(value, type) or callable(value):
+        module = getattr(value, "__module__", None)
+        name = getattr(value, "__qualname__", None)
+        if name is not None:
+            return f"{module}.{name}" if module else name
+    return repr(value)
 
 
 def _sanitise(name: str) -> str:
@@ -413,95 +513,3 @@ def _isatty(stream: Any) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError):  # closed or replaced streams
         return False
-
-
-def plot_runs(run_dirs: Sequence[Path | str], out: Path | str) -> Path:
-    """Plot episode returns against frames for one or more run directories into a PNG.
-
-    Each run gets one colour: its 100-episode moving average (solid; from ``episodes.csv``, or
-    ``progress.csv``'s ``train_return`` when no episode was recorded), its ``eval_return``
-    (dashed, when logged) and, for a single run, the raw per-episode returns (faint). The legend
-    names runs by directory name. Uses matplotlib's Agg canvas: no display, no pyplot state.
-
-    Args:
-        run_dirs: run directories written by :class:`RunLogger`.
-        out: the PNG to write (parent folders are created).
-
-    Returns:
-        ``out`` as a ``Path``.
-
-    Raises:
-        FileNotFoundError: a run directory (or both of its csv files) does not exist.
-        ImportError: matplotlib is not installed (``pip install 'rlstruct[plot]'``).
-    """
-    runs = [Path(d) for d in run_dirs]
-    for run in runs:
-        if not (run / "episodes.csv").is_file() and not (run / "progress.csv").is_file():
-            raise FileNotFoundError(f"{run} is not a run directory (no episodes.csv/progress.csv)")
-    try:
-        import matplotlib
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as err:
-        raise ImportError(
-            f"plotting needs matplotlib ({err}); install it with: pip install 'rlstruct[plot]'"
-        ) from err
-    fig = Figure(figsize=(9, 5), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    colours = matplotlib.colormaps["tab10"].colors
-    for i, run in enumerate(runs):
-        colour = colours[i % len(colours)]
-        episodes = _read_csv(run / "episodes.csv")
-        progress = _read_csv(run / "progress.csv")
-        frames = np.array([_num(r.get("frames_at_record")) for r in episodes])
-        returns = np.array([_num(r.get("return")) for r in episodes])
-        if len(returns):
-            if len(runs) == 1:
-                ax.plot(frames, returns, color=colour, alpha=0.25, lw=0.8, label="episode return")
-            ax.plot(frames, _moving_average(returns, _MOVING_AVERAGE), color=colour, lw=2,
-                    label=f"{run.name} ({_MOVING_AVERAGE}-episode mean)")
-        elif progress:
-            ax.plot([_num(r.get("frames")) for r in progress],
-                    [_num(r.get("train_return")) for r in progress], color=colour, lw=2,
-                    label=f"{run.name} (train return)")
-        evals = [(_num(r.get("frames")), _num(r.get("eval_return"))) for r in progress]
-        evals = [(f, v) for f, v in evals if not math.isnan(v)]
-        if evals:
-            ax.plot(*zip(*evals), color=colour, ls="--", marker="o", ms=3,
-                    label=f"{run.name} (eval)")
-    ax.set_xlabel("frames")
-    ax.set_ylabel("return")
-    ax.set_title("episode return" if len(runs) == 1 else "episode return by run")
-    ax.grid(alpha=0.3)
-    if ax.lines:
-        ax.legend(loc="best", fontsize="small")
-    else:
-        ax.text(0.5, 0.5, "no episodes recorded", ha="center", va="center",
-                transform=ax.transAxes)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
-    return out
-
-
-def _read_csv(path: Path) -> list[dict[str, str]]:
-    if not path.is_file():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def _num(text: str | None) -> float:
-    try:
-        return float(text) if text not in (None, "") else math.nan
-    except ValueError:
-        return math.nan
-
-
-def _moving_average(values: np.ndarray, n: int) -> np.ndarray:
-    """Trailing mean over the last ``n`` values (fewer at the start)."""
-    cumsum = np.cumsum(np.insert(values, 0, 0.0))
-    idx = np.arange(1, len(values) + 1)
-    start = np.maximum(idx - n, 0)
-    return (cumsum[idx] - cumsum[start]) / (idx - start)

@@ -4,7 +4,9 @@
   from the state stored in ``info["agent_state/*"]`` (so a recurrent agent continues across
   consecutive segments), or from ``agent.initial_state`` when none is stored.
 - :func:`replay_agent_stateless` makes ONE batched call over all ``B * T`` steps: the fast path
-  for memoryless agents.
+  for memoryless agents. It also takes transitions directly: a DictTensor ``(N, *feat)`` of
+  trajectory keys, such as ``TemporalDictTensor.to_transitions()`` or a
+  :class:`~rlstruct.replay_buffer.ReplayBuffer` sample, and returns a DictTensor ``(N, *feat)``.
 
 Both run on the trajectories' device, keep the autograd graph (no ``torch.no_grad``) and return a
 TemporalDictTensor ``(B, T, *feat)`` with the trajectories' ``T`` and ``lengths``, so that its
@@ -30,12 +32,16 @@ Examples:
             [ 6,  8, 10]])
     >>> replay_agent_stateless(Double(), traj).equal(replay_agent(Double(), traj))
     True
+    >>> replay_agent_stateless(Double(), steps.to_transitions())["action"]  # the 5 valid steps
+    tensor([0, 2, 4, 6, 8])
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
+
+import torch
 
 from rlstruct import keys as K
 from rlstruct.dicttensor import DictTensor, _same_device
@@ -93,9 +99,17 @@ def replay_agent(
     return _as_temporal(DictTensor.stack(outputs, dim=1), steps, method)
 
 
+@overload
 def replay_agent_stateless(
-    agent: Agent, trajectories: Trajectories, method: str = "call_replay"
-) -> TemporalDictTensor:
+    agent: Agent, trajectories: Trajectories, method: str = ...
+) -> TemporalDictTensor: ...
+@overload
+def replay_agent_stateless(
+    agent: Agent, trajectories: DictTensor, method: str = ...
+) -> DictTensor: ...
+def replay_agent_stateless(
+    agent: Agent, trajectories: Trajectories | DictTensor, method: str = "call_replay"
+) -> TemporalDictTensor | DictTensor:
     """Re-runs a memoryless ``agent`` over every step of ``trajectories`` in ONE batched call.
 
     The ``(B, T)`` steps are flattened into ``B * T`` trajectories of one step each (row
@@ -107,15 +121,21 @@ def replay_agent_stateless(
     replay functions. ``empty_state`` is an empty DictTensor with ``B*T`` rows; the returned
     new state is ignored. Use :func:`replay_agent` for recurrent agents.
 
+    Transitions (a DictTensor ``(N, *feat)`` of trajectory keys, every row a valid step) are
+    replayed the same way, as ``N`` trajectories of one step with an empty ``info``; the outputs
+    come back as a DictTensor ``(N, *feat)``.
+
     Args:
         agent: a memoryless agent, on the trajectories' device.
-        trajectories: Trajectories with ``info`` ``(B, ...)`` and steps ``(B, T, *feat)``.
+        trajectories: Trajectories with ``info`` ``(B, ...)`` and steps ``(B, T, *feat)``, or
+            transitions ``(N, *feat)``.
         method: name of the agent method to call (see above).
 
     Returns:
-        TemporalDictTensor ``(B, T, *feat)`` with the trajectories' ``lengths``; equal to what
-        :func:`replay_agent` returns for a memoryless agent. If ``B * T == 0`` the agent is not
-        called and the result has no key.
+        For Trajectories, a TemporalDictTensor ``(B, T, *feat)`` with the trajectories'
+        ``lengths``, equal to what :func:`replay_agent` returns for a memoryless agent; for
+        transitions, a DictTensor ``(N, *feat)``. If there is no step the agent is not called
+        and the result has no key.
 
     Raises:
         AttributeError: the agent has no method ``method``.
@@ -123,6 +143,8 @@ def replay_agent_stateless(
         DeviceContractError: the outputs are not on the trajectories' device.
     """
     fn = _replay_method(agent, method)
+    if isinstance(trajectories, DictTensor):
+        return _replay_transitions(fn, trajectories, method)
     steps = trajectories.trajectories
     b, n_t = steps.n_elems(), steps.n_timesteps()
     if b * n_t == 0:
@@ -153,6 +175,21 @@ def replay_agent_stateless(
         {k: v.reshape((b, n_t) + v.shape[1:]) for k, v in out.items()}, b, out.device()
     )
     return _as_temporal(out, steps, method)
+
+
+def _replay_transitions(fn: ReplayMethod, transitions: DictTensor, method: str) -> DictTensor:
+    n, device = transitions.n_elems(), transitions.device()
+    if n == 0 or device is None:
+        return DictTensor(batch_size=n)
+    one_step = TemporalDictTensor._trusted(
+        DictTensor._trusted({k: v.unsqueeze(1) for k, v in transitions.items()}, n, device),
+        torch.ones(n, dtype=torch.long, device=device),
+        1,
+    )
+    flat = Trajectories(DictTensor(batch_size=n), one_step)
+    out, _ = _check_result(fn(flat, 0, DictTensor(batch_size=n)), method, n, "N transitions")
+    _check_device(out, device, method)
+    return out
 
 
 def _replay_method(agent: Agent, method: str) -> ReplayMethod:
@@ -199,7 +236,13 @@ def _check_result(
 def _as_temporal(
     out: DictTensor, steps: TemporalDictTensor, method: str
 ) -> TemporalDictTensor:
-    expected, actual = steps.device(), out.device()
+    _check_device(out, steps.device(), method)
+    # Shapes and device are checked: skip the lengths re-check (a host sync on a GPU).
+    return TemporalDictTensor._trusted(out, steps.lengths, steps.n_timesteps())
+
+
+def _check_device(out: DictTensor, expected: torch.device | None, method: str) -> None:
+    actual = out.device()
     if not out.empty() and expected is not None and not _same_device(actual, expected):
         key = next(iter(out.keys()))
         raise DeviceContractError(
@@ -210,5 +253,3 @@ def _as_temporal(
             expected=expected,
             actual=actual,
         )
-    # Shapes and device are checked: skip the lengths re-check (a host sync on a GPU).
-    return TemporalDictTensor._trusted(out, steps.lengths, steps.n_timesteps())

@@ -7,22 +7,24 @@ from pathlib import Path
 
 import pytest
 import torch
-from algo_helpers_vd import check_run_dir, run_algo, steps
+from algo_runs import check_run_dir, evaluated_rows, run_algo
+from trajectory_builders import steps
 
 from algos import dqn
-from rlstruct import DictTensor, Trajectories, replay_agent_stateless
+from rlstruct import DictTensor, replay_agent_stateless
+from rlstruct.experiment import LayoutConfig
 
 
 # ----------------------------------------------------------------------------- loss pieces
 def _transitions():
-    """Four transitions (B=4, T=1) and two actions, the numbers worked out by hand below."""
-    q = torch.tensor([[[1.0, 2.0]], [[3.0, 4.0]], [[5.0, 6.0]], [[0.5, 0.0]]], requires_grad=True)
-    action = torch.tensor([[1], [0], [1], [0]])
-    reward = torch.tensor([[1.0], [1.0], [1.0], [0.2]])
-    terminated = torch.tensor([[False], [True], [False], [False]])
-    truncated = torch.tensor([[False], [False], [True], [False]])
-    next_online = torch.tensor([[[0.0, 1.0]], [[1.0, 0.0]], [[1.0, 0.0]], [[0.0, 0.0]]])
-    next_target = torch.tensor([[[10.0, 20.0]], [[30.0, 40.0]], [[50.0, 60.0]], [[0.0, 0.0]]])
+    """Four transitions and two actions, the numbers worked out by hand below."""
+    q = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [0.5, 0.0]], requires_grad=True)
+    action = torch.tensor([1, 0, 1, 0])
+    reward = torch.tensor([1.0, 1.0, 1.0, 0.2])
+    terminated = torch.tensor([False, True, False, False])
+    truncated = torch.tensor([False, False, True, False])
+    next_online = torch.tensor([[0.0, 1.0], [1.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
+    next_target = torch.tensor([[10.0, 20.0], [30.0, 40.0], [50.0, 60.0], [0.0, 0.0]])
     return q, action, reward, terminated, truncated, next_online, next_target
 
 
@@ -50,9 +52,9 @@ def test_dqn_loss_known_answer(double, targets):
     assert stats["td_error"] == pytest.approx(sum(abs(d) for d in diffs) / 4)
     # The gradient reaches only Q(s, a) of the taken action, clipped to +-1 by the Huber loss.
     loss.backward()
-    expected = torch.zeros(4, 1, 2)
-    for i, (a, d) in enumerate(zip(action[:, 0].tolist(), diffs)):
-        expected[i, 0, a] = -max(-1.0, min(1.0, d)) / 4
+    expected = torch.zeros(4, 2)
+    for i, (a, d) in enumerate(zip(action.tolist(), diffs)):
+        expected[i, a] = -max(-1.0, min(1.0, d)) / 4
     torch.testing.assert_close(q.grad, expected)
 
 
@@ -67,12 +69,11 @@ def test_replay_of_buffer_samples_gives_q_of_s_and_s_next():
             reward=torch.ones(2, 4), terminated=flags, truncated=flags,
         )
     )
-    sample = dqn.as_trajectories(buffer.sample(5))
-    assert sample.trajectories.n_timesteps() == 1 and sample.lengths.tolist() == [1] * 5
+    sample = buffer.sample(5)  # transitions: replayed directly, one batched call
     out = replay_agent_stateless(dqn.QAgent(model), sample)
-    sampled = sample.trajectories
-    torch.testing.assert_close(out["q"][:, 0], model(sampled["observation/frame"][:, 0]))
-    torch.testing.assert_close(out["next_q"][:, 0], model(sampled["_observation/frame"][:, 0]))
+    assert isinstance(out, DictTensor) and out.n_elems() == 5
+    torch.testing.assert_close(out["q"], model(sample["observation/frame"]))
+    torch.testing.assert_close(out["next_q"], model(sample["_observation/frame"]))
 
 
 def test_dueling_head_is_value_plus_centred_advantage():
@@ -118,31 +119,23 @@ def test_agent_explores_per_row_and_is_reproducible():
     assert a(DictTensor(batch_size=n), obs, DictTensor())[0]["action"].equal(greedy)
 
 
-def test_finished_episodes_carries_returns_across_segments_by_env_id():
-    acc = torch.zeros(2)
-    # env 0 ends an episode at t=1; env 1 runs on. Rows come in env order [1, 0].
-    seg1 = Trajectories(
-        DictTensor({"env_id": torch.tensor([1, 0])}),
-        steps(
-            [3, 3], reward=torch.tensor([[2.0, 2.0, 2.0], [1.0, 1.0, 1.0]]),
-            done=torch.tensor([[False, False, False], [False, True, False]]),
-            **{"_observation/env_step": torch.tensor([[5, 6, 7], [1, 2, 1]])},
-        ),
-    )
-    returns, lengths = dqn.finished_episodes(seg1, acc)
-    assert returns.tolist() == [2.0] and lengths.tolist() == [2]
-    assert acc.tolist() == [1.0, 6.0]
-    seg2 = Trajectories(
-        DictTensor({"env_id": torch.tensor([0, 1])}),
-        steps(
-            [3, 3], reward=torch.tensor([[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]),
-            done=torch.tensor([[False, False, True], [True, False, False]]),
-            **{"_observation/env_step": torch.tensor([[2, 3, 4], [8, 1, 2]])},
-        ),
-    )
-    returns, lengths = dqn.finished_episodes(seg2, acc)
-    assert returns.tolist() == [8.0, 4.0] and lengths.tolist() == [8, 4]  # in time order
-    assert acc.tolist() == [0.0, 4.0]
+def test_learn_takes_one_gradient_step_and_leaves_the_target_alone():
+    torch.manual_seed(0)
+    model = dqn.QNetwork(obs_dim=3, n_actions=2, hidden=8, dueling=False)
+    target = dqn.QNetwork(obs_dim=3, n_actions=2, hidden=8, dueling=False)
+    sample = DictTensor({
+        "observation/frame": torch.randn(6, 3), "_observation/frame": torch.randn(6, 3),
+        "action/action": torch.randint(2, (6,)), "_observation/reward": torch.ones(6),
+        "_observation/terminated": torch.zeros(6, dtype=torch.bool),
+        "_observation/truncated": torch.zeros(6, dtype=torch.bool),
+    })
+    before = [p.detach().clone() for p in model.parameters()]
+    target_before = [p.detach().clone() for p in target.parameters()]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    stats = dqn.learn(dqn.QAgent(model), target, optimizer, sample, dqn.Config(max_grad_norm=0))
+    assert set(stats) == {"loss", "q", "td_error"} and stats["loss"] > 0
+    assert any(not p.equal(q) for p, q in zip(model.parameters(), before))
+    assert all(p.equal(q) for p, q in zip(target.parameters(), target_before))
 
 
 # ----------------------------------------------------------------------------- runs
@@ -152,45 +145,48 @@ SMOKE = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_smoke_run_with_worker_processes_writes_a_complete_run_dir(tmp_path):
+def test_smoke_run_from_another_folder_writes_a_complete_run_dir(tmp_path):
     # Worker processes, dueling head, plain (not double) targets, soft target updates.
     run_dir, stdout = run_algo(
-        "dqn",
-        [*SMOKE, "--n-processes", "2", "--dueling", "--no-double", "--tau", "0.5",
-         "--target-update-every", "2", "--runs-dir", str(tmp_path)],
+        "dqn", [*SMOKE, "--dueling", "--no-double", "--tau", "0.5", "--target-update-every", "2"],
+        cwd=tmp_path,
     )
     rows = check_run_dir(run_dir)
-    assert int(rows[-1]["frames"]) >= 3000 and int(rows[-1]["updates"]) > 0
-    assert any(row["eval_return"] not in ("", "nan") for row in rows)
-    assert "'solved': False" in stdout
+    assert int(rows[-1]["frames"]) >= 3000 and int(rows[-2]["updates"]) > 0
+    assert evaluated_rows(rows) and "dqn: stopped by max_frames" in stdout
+    checkpoint = torch.load(run_dir / "checkpoints" / "latest.pt")
+    assert {"model", "target", "optimizer"} <= set(checkpoint)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_check_devices_smoke_run(tmp_path):
-    run_dir, _ = run_algo(
-        "dqn", [*SMOKE, "--n-processes", "2", "--check-devices", "--runs-dir", str(tmp_path)]
-    )
+    run_dir, _ = run_algo("dqn", [*SMOKE, "--check-devices"], cwd=tmp_path)
     check_run_dir(run_dir)
 
 
+@pytest.mark.slow
 def test_learns_the_repeat_env(tmp_path):
     # Reward 1 per step for repeating the observed symbol: random play earns 5 of 10.
     cfg = dqn.Config(
-        env_id="rlstruct/Repeat-v0", n_envs=8, n_timesteps=16, hidden=32, learning_starts=500,
-        eps_frames=2000, updates_per_batch=16, target_update_every=32, eval_every=0,
-        target_return=9.0, max_frames=40_000, time_budget=50, runs_dir=str(tmp_path),
+        env_id="rlstruct/Repeat-v0", layout=LayoutConfig(learner_device="cpu", n_processes=1),
+        n_timesteps=16, hidden=32, learning_starts=500, eps_frames=2000, updates_per_batch=16,
+        target_update_every=32, eval_every=0, target_return=9.0, max_frames=40_000,
+        time_budget=50, runs_dir=str(tmp_path),
     )
     summary = dqn.main(cfg)
-    assert summary["train_return"] >= 8.0, summary
+    assert summary["train_return_mean20"] >= 8.0, summary
 
 
 @pytest.mark.gpu
 def test_gpu_layout(tmp_path):
     cfg = dqn.Config(
-        learner_device="cuda:0", batcher_device="cuda", eval_device="cpu", n_envs=4,
+        layout=LayoutConfig(learner_device="cuda:0", batcher_device="cuda", eval_device="cpu",
+                            n_envs=4, check_devices=True),
         max_frames=2000, learning_starts=500, updates_per_batch=4, eval_every=2,
-        check_devices=True, runs_dir=str(tmp_path),
+        runs_dir=str(tmp_path),
     )
     summary = dqn.main(cfg)
     assert not math.isnan(summary["eval_return"])

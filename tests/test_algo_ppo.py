@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from algo_helpers_pg import check_episode_returns, collect, gae_by_loops
-from algo_helpers_vd import check_run_dir, run_algo, steps
+from algo_runs import check_run_dir, evaluated_rows, run_algo
+from trajectory_builders import collect, gae_by_loops, steps
 
 from algos import ppo
 from rlstruct import DictTensor, Trajectories, replay_agent_stateless
-from rlstruct.cli import parse_config
 from rlstruct.errors import DeviceContractError
+from rlstruct.experiment import LayoutConfig
 
 
 # ----------------------------------------------------------------------------- loss pieces
@@ -64,50 +64,32 @@ def test_gae_advantages_bootstrap_from_the_critic_on_the_true_next_observation()
     torch.testing.assert_close(ret, exp_ret)
 
 
-def test_one_step_segments_keep_the_valid_steps_in_row_major_order():
-    frame = torch.arange(12.0).view(2, 3, 2)
-    traj = Trajectories(DictTensor(), steps(
-        [3, 1], frame=frame, action=torch.tensor([[0, 1, 0], [1, 1, 1]]),
-        **{"action/logp": torch.zeros(2, 3), "action/value": torch.zeros(2, 3),
-           "observation/other": torch.zeros(2, 3)},
-    ))
-    adv = torch.tensor([[1.0, 2.0, 3.0], [4.0, 99.0, 99.0]])
-    seg = ppo.one_step_segments(traj, adv, adv * 10)
-    assert seg.n_elems() == 4 and seg.trajectories.n_timesteps() == 1
-    assert seg.lengths.tolist() == [1, 1, 1, 1]
-    assert seg.trajectories["advantage"][:, 0].tolist() == [1.0, 2.0, 3.0, 4.0]
-    assert seg.trajectories["return"][:, 0].tolist() == [10.0, 20.0, 30.0, 40.0]
-    assert seg.trajectories["observation/frame"][:, 0].tolist() == [[0, 1], [2, 3], [4, 5], [6, 7]]
-    assert "observation/other" not in seg.trajectories  # only what the loss reads
-
-
 @pytest.mark.parametrize("adv_norm", ["minibatch", "off"])
 def test_ppo_loss_matches_the_formula_written_out(adv_norm):
     torch.manual_seed(0)
     model = ppo.ActorCritic(obs_dim=3, n_actions=2, hidden=8)
     n = 5
-    frame, action = torch.randn(n, 1, 3), torch.randint(2, (n, 1))
-    logp_old, value_old = -torch.rand(n, 1), torch.randn(n, 1)
-    adv, ret = torch.randn(n, 1), torch.randn(n, 1)
-    minibatch = Trajectories(DictTensor(), steps(
-        [1] * n, frame=frame, action=action, advantage=adv, **{"return": ret},
-        **{"action/logp": logp_old, "action/value": value_old},
-    ))
+    frame, action = torch.randn(n, 3), torch.randint(2, (n,))
+    logp_old, value_old = -torch.rand(n), torch.randn(n)
+    adv, ret = torch.randn(n), torch.randn(n)
+    minibatch = DictTensor({  # transitions, as learn() takes them from to_transitions()
+        "observation/frame": frame, "action/action": action, "action/logp": logp_old,
+        "action/value": value_old, "advantage": adv, "return": ret,
+    })
     cfg = ppo.Config(clip_coef=0.2, vf_coef=0.5, ent_coef=0.01, adv_norm=adv_norm)
     loss, stats = ppo.ppo_loss(ppo.PPOAgent(model), minibatch, cfg)
 
     with torch.no_grad():
-        logits, value = model(frame[:, 0])
+        logits, value = model(frame)
     expected_policy = expected_value = expected_entropy = 0.0
-    a = adv[:, 0]
+    a = adv
     if adv_norm == "minibatch":
         a = (a - a.mean()) / (a.std(correction=0) + 1e-8)
     for i in range(n):
         p = torch.softmax(logits[i], -1)
-        r = float(p[action[i, 0]].log() - logp_old[i, 0])
-        r = math.exp(r)
+        r = math.exp(float(p[action[i]].log() - logp_old[i]))
         expected_policy -= min(r * a[i], min(max(r, 0.8), 1.2) * a[i]) / n
-        expected_value += 0.5 * float(value[i] - ret[i, 0]) ** 2 / n
+        expected_value += 0.5 * float(value[i] - ret[i]) ** 2 / n
         expected_entropy -= float((p * p.log()).sum()) / n
     assert stats["policy_loss"].item() == pytest.approx(float(expected_policy), rel=1e-5, abs=1e-6)
     assert stats["value_loss"].item() == pytest.approx(expected_value, rel=1e-5)
@@ -139,10 +121,6 @@ def test_agent_samples_reproducibly_and_acts_greedily_on_request():
     assert a(state, obs, greedy)[0]["action"].equal(model(obs["frame"])[0].argmax(-1))
 
 
-def test_episode_returns_carry_across_segments():
-    check_episode_returns(ppo.EpisodeReturns)
-
-
 @pytest.mark.parametrize("adv_norm,value_clip", [("batch", 0.2), ("off", None)])
 def test_learn_runs_every_option_and_changes_the_model(adv_norm, value_clip):
     model = ppo.ActorCritic(obs_dim=4, n_actions=2, hidden=16)
@@ -156,30 +134,33 @@ def test_learn_runs_every_option_and_changes_the_model(adv_norm, value_clip):
     assert any(not p.equal(q) for p, q in zip(model.parameters(), before))
 
 
-def test_bad_options_fail_at_parse_time(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        parse_config(ppo.Config, ["--minibatch-size", "0"])
-    assert exit_info.value.code == 2 and "minibatch_size >= 1" in capsys.readouterr().err
-
-
 # ----------------------------------------------------------------------------- runs
 SMOKE = ["--max-frames", "1500", "--n-envs", "2", "--n-timesteps", "16", "--eval-every", "2",
          "--n-epochs", "2", "--seed", "0"]
 
 
+def layout(**kw) -> LayoutConfig:
+    return LayoutConfig(**{"learner_device": "cpu", "n_processes": 1, "n_envs": 2, **kw})
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_smoke_run_with_worker_processes_writes_a_complete_run_dir(tmp_path):
-    run_dir, stdout = run_algo("ppo", [*SMOKE, "--n-processes", "2", "--runs-dir", str(tmp_path)])
+def test_smoke_run_from_another_folder_writes_a_complete_run_dir(tmp_path):
+    run_dir, stdout = run_algo("ppo", SMOKE, cwd=tmp_path)  # worker processes (2 by default)
+    assert run_dir.parent == tmp_path / "runs"
     rows = check_run_dir(run_dir)
-    assert int(rows[-1]["frames"]) >= 1500 and "'solved': False" in stdout
-    assert any(row["eval_return"] not in ("", "nan") for row in rows)
+    assert int(rows[-1]["frames"]) >= 1500 and "ppo: stopped by max_frames" in stdout
+    assert evaluated_rows(rows)  # and only there: check_run_dir compares with episodes.csv
     assert {"policy_loss", "value_loss", "entropy", "approx_kl", "lr"} <= set(rows[-1])
+    for row in rows[:-1]:  # the logged lr is the annealed lr the step used
+        assert float(row["lr"]) == pytest.approx(1e-3 * (1 - int(row["frames"]) / 1500))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_check_devices_smoke_run(tmp_path):
-    cfg = ppo.Config(n_processes=1, n_envs=2, n_timesteps=16, max_frames=300, eval_every=1,
-                     n_epochs=1, check_devices=True, runs_dir=str(tmp_path))
+    cfg = ppo.Config(layout=layout(check_devices=True), n_timesteps=16, max_frames=300,
+                     eval_every=1, n_epochs=1, runs_dir=str(tmp_path))
     check_run_dir(Path(ppo.main(cfg)["run_dir"]))
 
 
@@ -193,26 +174,27 @@ class _MetaAgent(ppo.PPOAgent):
 
 def test_check_devices_catches_a_planted_wrong_device(tmp_path, monkeypatch):
     monkeypatch.setattr(ppo, "PPOAgent", _MetaAgent)
-    cfg = ppo.Config(n_processes=1, n_envs=2, max_frames=300, check_devices=True,
-                     runs_dir=str(tmp_path))
+    cfg = ppo.Config(layout=layout(check_devices=True), max_frames=300, runs_dir=str(tmp_path))
     with pytest.raises(DeviceContractError, match=r"action\['action'\] is on meta, expected cpu"):
         ppo.main(cfg)
 
 
+@pytest.mark.slow
 def test_learns_the_repeat_env(tmp_path):
     # Reward 1 per step for repeating the observed symbol: random play earns 5 of 10.
     cfg = ppo.Config(
-        env_id="rlstruct/Repeat-v0", n_processes=1, n_envs=8, n_timesteps=16, eval_every=0,
+        env_id="rlstruct/Repeat-v0", layout=layout(n_envs=8), n_timesteps=16, eval_every=0,
         target_return=9.5, max_frames=50_000, time_budget=50, runs_dir=str(tmp_path),
     )
     summary = ppo.main(cfg)
-    assert summary["train_return"] >= 8.0, summary
+    assert summary["train_return_mean20"] >= 8.0, summary
 
 
 @pytest.mark.gpu
 def test_gpu_layout(tmp_path):
     cfg = ppo.Config(
-        learner_device="cuda:0", batcher_device="cuda", eval_device="cpu", n_envs=4,
-        max_frames=2000, eval_every=1, n_epochs=2, check_devices=True, runs_dir=str(tmp_path),
+        layout=LayoutConfig(learner_device="cuda:0", batcher_device="cuda", eval_device="cpu",
+                            n_envs=4, check_devices=True),
+        max_frames=2000, eval_every=1, n_epochs=2, runs_dir=str(tmp_path),
     )
     check_run_dir(Path(ppo.main(cfg)["run_dir"]))

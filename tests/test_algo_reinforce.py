@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from algo_helpers_vd import check_run_dir, run_algo, steps
+from algo_runs import check_run_dir, evaluated_rows, run_algo
+from trajectory_builders import steps
 
 from algos import reinforce
 from rlstruct import DictTensor, Trajectories, replay_agent_stateless
+from rlstruct.experiment import LayoutConfig
 
 
 # ----------------------------------------------------------------------------- loss pieces
@@ -76,7 +78,7 @@ def test_reinforce_loss_matches_a_python_loop_and_ignores_padding(norm):
 
 
 def test_replay_gives_logp_entropy_and_values_of_the_stored_steps():
-    model = reinforce.ActorCritic(obs_dim=3, n_actions=2, hidden=8)
+    model = reinforce.actor_critic(obs_dim=3, n_actions=2, hidden=8)
     with torch.no_grad():  # a uniform policy: logp = -ln 2, entropy = ln 2
         model.actor[-1].weight.zero_()
         model.actor[-1].bias.zero_()
@@ -88,13 +90,14 @@ def test_replay_gives_logp_entropy_and_values_of_the_stored_steps():
     out = replay_agent_stateless(reinforce.PolicyAgent(model), traj)
     torch.testing.assert_close(out["logp"], torch.full((2, 3), -math.log(2)))
     torch.testing.assert_close(out["entropy"], torch.full((2, 3), math.log(2)))
-    torch.testing.assert_close(out["value"], model.value(frame.flatten(0, 1)).view(2, 3))
-    torch.testing.assert_close(out["next_value"], model.value(next_frame.flatten(0, 1)).view(2, 3))
+    value = model.critic(frame.flatten(0, 1)).view(2, 3)
+    torch.testing.assert_close(out["value"], value)
+    torch.testing.assert_close(out["next_value"], model.critic(next_frame.flatten(0, 1)).view(2, 3))
     assert out["value"].requires_grad and not out["next_value"].requires_grad
 
 
 def test_agent_samples_reproducibly_and_acts_greedily_on_request():
-    model = reinforce.ActorCritic(obs_dim=3, n_actions=4, hidden=8)
+    model = reinforce.actor_critic(obs_dim=3, n_actions=4, hidden=8)
     obs = DictTensor({"frame": torch.randn(64, 3)})
     state = DictTensor(batch_size=64)
     a, b = reinforce.PolicyAgent(model), reinforce.PolicyAgent(model)
@@ -103,69 +106,60 @@ def test_agent_samples_reproducibly_and_acts_greedily_on_request():
     first = a(state, obs, DictTensor())[0]["action"]
     assert first.equal(b(state, obs, DictTensor())[0]["action"])
     greedy = DictTensor({"greedy": torch.ones(64, dtype=torch.bool)})
-    assert a(state, obs, greedy)[0]["action"].equal(model.logits(obs["frame"]).argmax(-1))
-
-
-def test_row_sums_adds_segments_by_env_id_and_skips_padding():
-    seg1 = Trajectories(
-        DictTensor({"env_id": torch.tensor([0, 1])}),
-        steps([2, 3], reward=torch.tensor([[1.0, 2.0, 99.0], [1.0, 1.0, 1.0]])),
-    )
-    seg2 = Trajectories(
-        DictTensor({"env_id": torch.tensor([1])}), steps([1], reward=torch.tensor([[5.0, 99.0]]))
-    )
-    returns, lengths = reinforce.row_sums([seg1, seg2], n_rows=2)
-    assert returns.tolist() == [3.0, 8.0] and lengths.tolist() == [2, 4]
+    assert a(state, obs, greedy)[0]["action"].equal(model.actor(obs["frame"]).argmax(-1))
 
 
 # ----------------------------------------------------------------------------- runs
 SMOKE = ["--max-frames", "2000", "--n-envs", "2", "--eval-every", "1", "--seed", "0"]
 
 
+def layout(**kw) -> LayoutConfig:
+    return LayoutConfig(**{"learner_device": "cpu", "n_processes": 1, "n_envs": 2, **kw})
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_smoke_run_with_worker_processes_writes_a_complete_run_dir(tmp_path):
-    run_dir, stdout = run_algo(
-        "reinforce", [*SMOKE, "--n-processes", "2", "--runs-dir", str(tmp_path)]
-    )
+def test_smoke_run_from_another_folder_writes_a_complete_run_dir(tmp_path):
+    run_dir, stdout = run_algo("reinforce", SMOKE, cwd=tmp_path)  # 2 worker processes
     rows = check_run_dir(run_dir)
-    assert int(rows[-1]["frames"]) >= 2000 and "'solved': False" in stdout
-    assert any(row["eval_return"] not in ("", "nan") for row in rows)
+    assert int(rows[-1]["frames"]) >= 2000 and "reinforce: stopped by max_frames" in stdout
+    assert evaluated_rows(rows)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_check_devices_smoke_run(tmp_path):
-    run_dir, _ = run_algo(
-        "reinforce",
-        [*SMOKE, "--n-processes", "2", "--check-devices", "--runs-dir", str(tmp_path)],
-    )
+    run_dir, _ = run_algo("reinforce", [*SMOKE, "--check-devices"], cwd=tmp_path)
     check_run_dir(run_dir)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(180)
 def test_shorter_segments_than_episodes(tmp_path):
     # T=8 < episode length: execute/get until no env runs, each cut bootstraps from V.
-    cfg = reinforce.Config(
-        n_processes=1, n_envs=2, n_timesteps=8, max_frames=500, eval_every=1, eval_envs=2,
-        runs_dir=str(tmp_path),
-    )
+    cfg = reinforce.Config(layout=layout(), n_timesteps=8, max_frames=500, eval_every=1,
+                           eval_envs=2, runs_dir=str(tmp_path))
     summary = reinforce.main(cfg)
-    assert summary["frames"] >= 500 and not math.isnan(summary["eval_return"])
+    rows = check_run_dir(Path(summary["run_dir"]))
+    assert summary["frames"] >= 500 and summary["episodes"] == int(rows[-1]["episodes"]) > 0
 
 
+@pytest.mark.slow
 def test_learns_the_repeat_env(tmp_path):
     # Reward 1 per step for repeating the observed symbol: random play earns 5 of 10.
     cfg = reinforce.Config(
-        env_id="rlstruct/Repeat-v0", n_processes=1, n_envs=16, lr=1e-2, eval_every=0,
+        env_id="rlstruct/Repeat-v0", layout=layout(n_envs=16), lr=1e-2, eval_every=0,
         target_return=9.5, max_frames=100_000, time_budget=50, runs_dir=str(tmp_path),
     )
     summary = reinforce.main(cfg)
-    assert summary["train_return"] >= 8.0, summary
+    assert summary["train_return_mean20"] >= 8.0, summary
 
 
 @pytest.mark.gpu
 def test_gpu_layout(tmp_path):
     cfg = reinforce.Config(
-        learner_device="cuda:0", batcher_device="cuda", eval_device="cpu", n_envs=4,
-        max_frames=2000, eval_every=1, check_devices=True, runs_dir=str(tmp_path),
+        layout=LayoutConfig(learner_device="cuda:0", batcher_device="cuda", eval_device="cpu",
+                            n_envs=4, check_devices=True),
+        max_frames=2000, eval_every=1, runs_dir=str(tmp_path),
     )
-    summary = reinforce.main(cfg)
-    check_run_dir(Path(summary["run_dir"]))
+    check_run_dir(Path(reinforce.main(cfg)["run_dir"]))

@@ -36,7 +36,7 @@ from rlstruct.errors import BatcherStateError, ConfigError, WorkerError, WorkerT
 cloudpickle.register_pickle_by_value(agents)
 cloudpickle.register_pickle_by_value(batcher_helpers)
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 RUN_SEED = 2
 REPO = Path(__file__).resolve().parents[1]
@@ -453,7 +453,8 @@ def test_bad_update_is_reported_at_the_next_get():
         b.reset()
         b.update({"weight": torch.zeros(1)})  # returns at once: the workers load it later
         b.execute()
-        with pytest.raises(WorkerError, match=r"(?s)during agent update.*(size mismatch|Missing key)"):
+        bad_load = r"(?s)during agent update.*(size mismatch|Missing key)"
+        with pytest.raises(WorkerError, match=bad_load):
             b.get()
 
 

@@ -16,6 +16,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+pytestmark = pytest.mark.slow  # worker processes or subprocesses throughout
+
+
 @pytest.mark.timeout(300)
 def test_learning_benchmark_quick(tmp_path: Path) -> None:
     if not (ROOT / "algos" / "ppo.py").exists():

@@ -10,8 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 OPS = {"index", "slice", "cat", "clone", "to(cpu)", "tdt.index", "temporal_index", "to_transitions"}
+
+
+pytestmark = pytest.mark.slow  # worker processes or subprocesses throughout
 
 
 def test_containers_benchmark_quick(tmp_path: Path) -> None:

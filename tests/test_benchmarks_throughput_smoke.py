@@ -17,6 +17,9 @@ ROWS = {"raw", "gym_sync", "gym_async", "torchrl", "rl_serial", "rl_batcher"}
 OPTIONAL = {"torchrl"}  # a peer that may be "not installed"
 
 
+pytestmark = pytest.mark.slow  # worker processes or subprocesses throughout
+
+
 @pytest.mark.timeout(180)
 def test_throughput_benchmark_quick(tmp_path: Path) -> None:
     out = tmp_path / "throughput.json"

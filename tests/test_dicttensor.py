@@ -369,7 +369,11 @@ def test_copy_(full_case: Case, device: torch.device) -> None:
 
 def test_copy_into_empty_is_a_no_op(device: torch.device) -> None:
     src = DictTensor(make_tensors(2, device))
-    DictTensor(batch_size=2).copy_(src, [0], [1])  # no key to write
+    before = src.clone()
+    dst = DictTensor(batch_size=2)
+    dst.copy_(src, [0], [1])  # no key to write
+    assert dst.empty() and dst.n_elems() == 2 and list(dst.keys()) == []
+    assert src.equal(before)  # the source is read, never written
 
 
 # ----------------------------------------------------------------------------------------------
@@ -808,6 +812,7 @@ def test_masked_errors() -> None:
         masked_dicttensor(d, d, torch.ones(2))
 
 
+@pytest.mark.slow
 def test_checks_survive_python_dash_o() -> None:
     """R15: the invariant checks are raises, not asserts, so ``python -O`` keeps them."""
     code = (

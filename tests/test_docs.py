@@ -1,10 +1,12 @@
 """The documentation stays true: API reference complete and current, links valid, examples run.
 
-- every public name (``__all__`` of rlstruct, rlstruct.envs, rlstruct.errors, rlstruct.functional
-  and rlstruct.compat) has its entry in docs/api.md, and ``docs/gen_api.py --check`` finds
-  nothing to regenerate;
-- every relative link in docs/*.md points to an existing file inside the repository, and every
-  ``#anchor`` to a heading of the target page;
+- every public name (``__all__`` of the modules ``docs/gen_api.py`` documents: the core, the
+  experiment layer the algorithms import, rlstruct.compat) has its entry in docs/api.md, and
+  ``docs/gen_api.py --check`` finds nothing to regenerate;
+- every relative link of README.md, docs/*.md, algos/README.md and tutorials/ points to an
+  existing file INSIDE the repository, and every ``#anchor`` to a heading of the target page;
+  no page names a path that leaves the repository (``../shared/...``) or a Markdown file that
+  the repository does not hold (notes kept elsewhere, such as a ``STYLE.md``);
 - every ``>>>`` example of docs/*.md runs (api.md excepted: its examples are the docstrings',
   which ``pytest --doctest-modules rlstruct`` runs), every other Python block of the written
   pages compiles, and the GPU layout script of guide-gpus.md runs on the CPU;
@@ -26,13 +28,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
-DOCUMENTED = (
-    "rlstruct",
-    "rlstruct.envs",
-    "rlstruct.errors",
-    "rlstruct.functional",
-    "rlstruct.compat",
-)
+#: Every page whose links must resolve inside the repository.
+LINKED_PAGES = [REPO / "README.md", *PAGES, REPO / "algos" / "README.md"]
+LINKED_PAGES += sorted(REPO.glob("tutorials/**/*.md"))
+LINKED_IDS = [p.relative_to(REPO).as_posix() for p in LINKED_PAGES]
+sys.path.insert(0, str(DOCS))
+from gen_api import MODULES as DOCUMENTED  # noqa: E402  (the modules api.md documents)
 
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
@@ -91,7 +92,7 @@ def test_api_reference_is_up_to_date():
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+@pytest.mark.parametrize("page", LINKED_PAGES, ids=LINKED_IDS)
 def test_relative_links_point_to_existing_files(page):
     broken = []
     for target in _LINK.findall(_without_code(page.read_text())):
@@ -106,6 +107,25 @@ def test_relative_links_point_to_existing_files(page):
         elif anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved):
             broken.append(f"{target}: no heading with this anchor")
     assert not broken, f"{page.name}: {broken}"
+
+
+_INLINE_PATH = re.compile(r"`(\.\./[^`\s]+)`")
+_MD_NAME = re.compile(r"(?<![\w/.-])([\w.-]+\.md)\b")
+
+
+@pytest.mark.parametrize("page", LINKED_PAGES, ids=LINKED_IDS)
+def test_no_page_points_outside_the_repository(page):
+    """Relative paths written as code (``../x``) stay inside the repository, and every Markdown
+    file a page names by its bare name is a file of the repository."""
+    text = page.read_text()
+    outside = [p for p in _INLINE_PATH.findall(text)
+               if REPO not in (page.parent / p).resolve().parents]
+    held = {p.name for p in REPO.rglob("*.md") if ".venv" not in p.parts}
+    unknown = sorted({name for name in _MD_NAME.findall(text) if name not in held})
+    assert not outside and not unknown, (
+        f"{page.relative_to(REPO)}: paths outside the repository {outside}; Markdown files the "
+        f"repository does not hold {unknown}"
+    )
 
 
 DOCTEST_PAGES = [p for p in PAGES if p.name != "api.md" and ">>>" in p.read_text()]
@@ -139,6 +159,7 @@ def test_python_blocks_compile(page):
             compile(code, f"{page.name}, python block {i}", "exec")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_gpu_layout_script_runs_on_the_cpu(tmp_path):
     text = (DOCS / "guide-gpus.md").read_text()

@@ -20,12 +20,12 @@ class UserWrapper(gym.Wrapper):
 def rollout(env, n_steps: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
     rng = np.random.default_rng(seed)
     out = []
-    obs, running = env.reset()
+    _obs, running = env.reset()
     for _ in range(n_steps):
         if running.numel() == 0:
             break
         action = torch.from_numpy(rng.integers(0, 2, size=running.numel()))
-        (obs_t1, _), (obs, running) = env.step(DictTensor({"action": action}))
+        (obs_t1, _), (_obs, running) = env.step(DictTensor({"action": action}))
         out.append({k: v.clone() for k, v in obs_t1.items()})
     return out
 

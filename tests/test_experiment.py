@@ -7,12 +7,12 @@ import batcher_helpers
 import cloudpickle
 import pytest
 import torch
+import tyro
 from agents import DeterministicAgent
 from batcher_helpers import counter_env
 
 from rlstruct.batchers import Batcher, SerialBatcher
 from rlstruct.checks import CheckDevice
-from rlstruct.cli import parse_config
 from rlstruct.errors import ConfigError, DeviceContractError
 from rlstruct.experiment import LayoutConfig, make_batcher
 
@@ -65,7 +65,8 @@ def test_unavailable_gpu_is_a_config_error():
 
 
 def test_layout_flags_parse():
-    cfg = parse_config(
-        LayoutConfig, ["--learner-device", "cpu", "--n-processes", "2", "--check-devices"]
+    cfg = tyro.cli(
+        LayoutConfig, args=["--learner-device", "cpu", "--n-processes", "3", "--check-devices"]
     )
-    assert (cfg.learner_device, cfg.n_processes, cfg.check_devices) == ("cpu", 2, True)
+    assert (cfg.learner_device, cfg.n_processes, cfg.check_devices) == ("cpu", 3, True)
+    assert LayoutConfig().n_processes == 2  # the same B = n_processes * n_envs on any machine

@@ -1,18 +1,19 @@
-"""rlstruct.logger: the run directory, its files, checkpoints, plots and the plot CLI."""
+"""rlstruct.logger: the run directory, its files, checkpoints, progress lines, config.json and
+the git commit it records (plots: tests/test_plotting.py)."""
 
 from __future__ import annotations
 
 import csv
+import enum
 import io
 import json
 import math
-import os
 import platform
 import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,22 +22,20 @@ import pytest
 import torch
 
 import rlstruct.logger as logger_module
-from rlstruct.__main__ import main as cli_main
-from rlstruct.cli import arg
 from rlstruct.errors import ShapeError
-from rlstruct.logger import RunLogger, git_commit, plot_runs
+from rlstruct.logger import RunLogger, config_to_dict, git_commit
+from rlstruct.plotting import plot_runs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
 class Cfg:
     """A tiny config."""
 
-    lr: float = arg(3e-4, "learning rate")
-    hidden: tuple[int, ...] = arg((64, 64), "sizes")
-    root: Path = arg(Path("runs"), "root")
+    lr: float = 3e-4
+    hidden: tuple[int, ...] = (64, 64)
+    root: Path = Path("runs")
 
 
 class FakeTTY(io.StringIO):
@@ -101,7 +100,8 @@ def test_config_json(tmp_path: Path) -> None:
     assert meta["algo"] == "ppo" and meta["env"] == "ALE/Pong-v5"
     assert meta["config"] == {"lr": 3e-4, "hidden": [64, 64], "root": "runs"}
     assert meta["python"] == platform.python_version() and meta["torch"] == torch.__version__
-    assert meta["git_commit"] == "unknown"  # tmp_path is no repository
+    # The commit of the code that runs (here rlstruct's own), not of the cwd (no repository).
+    assert meta["git_commit"] == git_commit(Path(logger_module.__file__).parent)
     assert meta["start_time"][:4].isdigit()
 
 
@@ -113,7 +113,7 @@ def test_config_may_be_a_dict_or_none(tmp_path: Path) -> None:
 
 
 def fake_git(
-    monkeypatch: pytest.MonkeyPatch, head: tuple[int, str], status: str = ""
+    monkeypatch: pytest.MonkeyPatch, head: tuple[int, str], status: str = "", tracked: int = 0
 ) -> list[dict[str, Any]]:
     calls: list[dict[str, Any]] = []
 
@@ -121,24 +121,28 @@ def fake_git(
         calls.append({"cmd": cmd, **kw})
         if cmd[1] == "rev-parse":
             return subprocess.CompletedProcess(cmd, head[0], head[1], "")
+        if cmd[1] == "ls-files":
+            return subprocess.CompletedProcess(cmd, tracked, "", "")
         return subprocess.CompletedProcess(cmd, 0, status, "")
 
     monkeypatch.setattr(logger_module.subprocess, "run", run)
     return calls
 
 
-def test_git_commit_clean_and_dirty(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_git_commit_clean_and_dirty(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     calls = fake_git(monkeypatch, (0, "abc123\n"))
-    assert git_commit() == "abc123"
-    assert calls[0]["cmd"] == ["git", "rev-parse", "HEAD"] and calls[0]["timeout"] <= 10
-    assert calls[1]["cmd"] == ["git", "status", "--porcelain"] and calls[0]["cwd"] is None
+    assert git_commit(tmp_path) == "abc123"
+    assert [c["cmd"][1] for c in calls] == ["rev-parse", "ls-files", "status"]
+    assert all(c["cwd"] == tmp_path.resolve() and c["timeout"] <= 10 for c in calls)
     fake_git(monkeypatch, (0, "abc123\n"), status=" M rlstruct/logger.py\n")
-    assert git_commit() == "abc123-dirty"
+    assert git_commit(tmp_path) == "abc123-dirty"
 
 
 def test_git_commit_unknown(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     fake_git(monkeypatch, (128, ""))
-    assert git_commit() == "unknown"
+    assert git_commit(tmp_path) == "unknown"
+    fake_git(monkeypatch, (0, "abc123\n"), tracked=1)  # in a checkout, but not tracked by it
+    assert git_commit(tmp_path) == "unknown"
 
     def missing(cmd: list[str], **kw: Any) -> None:
         raise FileNotFoundError("git")
@@ -148,10 +152,45 @@ def test_git_commit_unknown(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
 
     for broken in (missing, slow):
         monkeypatch.setattr(logger_module.subprocess, "run", broken)
-        assert git_commit() == "unknown"
-    fake_git(monkeypatch, (0, "feed\n"), status="?? new.py\n")
-    with make(tmp_path) as run:
+        assert git_commit(tmp_path) == "unknown"
+
+
+def test_config_json_records_the_commit_of_the_code_dir(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls = fake_git(monkeypatch, (0, "feed\n"), status="?? new.py\n")
+    code = tmp_path / "code"
+    code.mkdir()
+    with make(tmp_path, code_dir=code) as run:
         assert json.loads((run.dir / "config.json").read_text())["git_commit"] == "feed-dirty"
+    assert calls[0]["cwd"] == code.resolve()  # not the working directory
+    calls = fake_git(monkeypatch, (0, "feed\n"))
+    with make(tmp_path) as run:  # default: the rlstruct package
+        pass
+    assert calls[0]["cwd"] == Path(logger_module.__file__).resolve().parent
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_git_commit_of_a_real_checkout_ignores_untracked_copies(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / ".venv" / "site").mkdir(parents=True)
+    (repo / "pkg" / "code.py").write_text("x = 1\n")
+    (repo / ".gitignore").write_text(".venv/\n")
+    git(repo, "init", "-q")
+    git(repo, "add", "pkg", ".gitignore")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "init")
+    head = git(repo, "rev-parse", "HEAD")
+    assert git_commit(repo / "pkg") == head
+    assert git_commit(repo / "pkg" / "code.py") == head
+    assert git_commit(repo / ".venv" / "site") == "unknown"  # an installed copy: not this code
+    (repo / "pkg" / "code.py").write_text("x = 2\n")
+    assert git_commit(repo / "pkg") == head + "-dirty"
+    assert git_commit(tmp_path) == "unknown"  # no repository
 
 
 # ------------------------------------------------------------------ episodes and train_return
@@ -167,6 +206,7 @@ def test_record_episodes_and_train_return(tmp_path: Path) -> None:
         run.record_episodes(np.array([], dtype=np.float32))  # nothing finished
         assert run.episodes == 5
         assert run.train_return() == pytest.approx((3 + 4 + 10) / 3)  # window=3
+        assert run.train_column == "train_return_mean3"
         assert run.train_return(last=5) == pytest.approx(4.0)
         assert run.train_return(last=100) == pytest.approx(4.0)
         with pytest.raises(ValueError, match="last must be >= 1"):
@@ -197,11 +237,11 @@ def test_log_rows(tmp_path: Path) -> None:
         time.sleep(0.02)
         second = run.log(frames=3000, loss=0.125, entropy=1.0, updates=4, done=False)
         header, rows = read_csv(run.dir / "progress.csv")  # flushed before close
-    assert list(first) == ["frames", "episodes", "wall_time", "steps_per_s", "train_return",
-                           "loss", "entropy", "updates", "done"]
-    assert header == list(first)
+    assert list(first) == ["frames", "episodes", "wall_time", "steps_per_s",
+                           "train_return_mean20", "loss", "entropy", "updates", "done"]
+    assert header == list(first) and run.n_rows == 2
     assert first["loss"] == 0.25 and isinstance(first["loss"], float) and first["done"] == 1
-    assert first["episodes"] == 2 and first["train_return"] == 2.0
+    assert first["episodes"] == 2 and first["train_return_mean20"] == 2.0
     dt = second["wall_time"] - first["wall_time"]
     assert dt > 0 and second["steps_per_s"] == pytest.approx(2000 / dt, rel=1e-6)
     assert first["steps_per_s"] == pytest.approx(1000 / first["wall_time"], rel=1e-6)
@@ -219,14 +259,14 @@ def test_new_metric_rewrites_header_with_union(tmp_path: Path) -> None:
     header, rows = read_csv(run.dir / "progress.csv")
     assert header == header_open
     assert header[-2:] == ["loss", "eval_return"]
-    assert [r["eval_return"] for r in rows] == ["", "7.0", ""]
+    assert [r["eval_return"] for r in rows] == ["nan", "7.0", "nan"]  # never repeated
     assert [r["loss"] for r in rows] == ["1.0", "0.5", "0.25"]
     assert not (run.dir / "progress.csv.tmp").exists()
 
 
 @pytest.mark.parametrize(
     ("metrics", "message"),
-    [({"episodes": 1.0}, "reserved"), ({"train_return": 1.0}, "reserved"),
+    [({"episodes": 1.0}, "reserved"), ({"train_return_mean20": 1.0}, "reserved"),
      ({"loss": torch.ones(2)}, "2 elements"), ({"loss": "high"}, "must be a number")],
 )
 def test_bad_metrics(tmp_path: Path, metrics: dict[str, Any], message: str) -> None:
@@ -341,13 +381,14 @@ def test_progress_line_on_a_tty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     run.log(frames=2500)
     first = tty.getvalue()
     assert first.startswith("\r") and "\n" not in first
-    assert "2,500/10,000 frames (25%)" in first and "steps/s" in first and "train 5.00" in first
+    assert "2,500/10,000 frames (25%)" in first and "steps/s" in first
+    assert "train_return_mean20 5.00" in first
     for i in range(50):  # throttled: none of these renders (well under 0.25 s)
         run.log(frames=2600 + i, eval_return=7.0 if i < 49 else math.nan)  # nan: not evaluated
     assert tty.getvalue() == first
     run.close()
     out = tty.getvalue()
-    assert out.count("\r") == 2 and out.endswith("\n") and "eval 7.00" in out
+    assert out.count("\r") == 2 and out.endswith("\n") and "last eval 7.00" in out
     run.close()
     assert tty.getvalue() == out
 
@@ -364,91 +405,64 @@ def test_progress_line_is_rewritten_after_the_interval(
         assert tty.getvalue().count("\r") == 2 and "frames" in tty.getvalue()
 
 
-@pytest.mark.parametrize("progress", [True, False])
-def test_no_progress_line_off_a_tty_or_when_disabled(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, progress: bool
+def test_plain_progress_lines_off_a_terminal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    stream = FakeTTY() if not progress else io.StringIO()  # a TTY only when disabled
+    """Logs, nohup and CI see a plain line every progress_interval seconds."""
+    stream = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stream)
-    with make(tmp_path, progress=progress) as run:
+    with make(tmp_path, progress=True, progress_interval=0.2) as run:
         run.record_episodes([1.0])
-        run.log(frames=10)
-    assert stream.getvalue() == ""
+        run.log(frames=10)  # too early: the interval counts from the start
+        assert stream.getvalue() == ""
+        time.sleep(0.25)
+        run.log(frames=20, eval_return=3.0)
+        run.log(frames=30)  # too early again
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1 and "\r" not in stream.getvalue()
+    assert lines[0].startswith("ppo ALE/Pong-v5 | 20 frames") and "last eval 3.00" in lines[0]
 
 
-# ------------------------------------------------------------------ plots
+def test_no_progress_when_disabled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for stream in (FakeTTY(), io.StringIO()):
+        monkeypatch.setattr(sys, "stderr", stream)
+        with make(tmp_path, progress=False, progress_interval=0.0) as run:
+            run.record_episodes([1.0])
+            run.log(frames=10)
+        assert stream.getvalue() == ""
 
 
-def fill(run: RunLogger, n: int, offset: float = 0.0) -> None:
-    for i in range(n):
-        run.record_episodes([offset + i], [i + 1])
-        run.log(frames=(i + 1) * 10, eval_return=offset + 2 * i if i % 5 == 0 else math.nan)
+# ------------------------------------------------------------------ config_to_dict
 
 
-def test_plot_runs_several(tmp_path: Path) -> None:
-    runs = []
-    for offset in (0.0, 50.0):
-        with make(tmp_path) as run:
-            fill(run, 30, offset)
-        runs.append(run.dir)
-    with make(tmp_path) as empty:
-        pass
-    out = plot_runs([*runs, empty.dir], tmp_path / "plots" / "cmp.png")
-    assert out == tmp_path / "plots" / "cmp.png" and is_png(out)
-    assert is_png(empty.dir / "returns.png")  # "no episodes recorded" still makes a figure
-    with pytest.raises(FileNotFoundError, match="not a run directory"):
-        plot_runs([tmp_path / "nope"], tmp_path / "x.png")
+class Colour(enum.Enum):
+    RED = "red"
 
 
-def test_plot_falls_back_to_train_return(tmp_path: Path) -> None:
-    run_dir = tmp_path / "handmade"
-    run_dir.mkdir()
-    (run_dir / "progress.csv").write_text("frames,train_return\n10,1.0\n20,nan\n30,\n")
-    assert is_png(plot_runs([run_dir], run_dir / "returns.png"))
+@dataclass
+class Inner:
+    device: str = "cpu"
 
 
-def test_moving_average_known_answer() -> None:
-    got = logger_module._moving_average(np.array([1.0, 2.0, 3.0, 4.0]), 2)
-    np.testing.assert_allclose(got, [1.0, 1.5, 2.5, 3.5])
-    assert len(logger_module._moving_average(np.array([]), 100)) == 0
+@dataclass
+class Outer:
+    hidden: tuple[int, ...] = (64, 64)
+    inner: Inner = field(default_factory=Inner)
+    colour: Colour = Colour.RED
+    path: Path = Path("runs")
+    ratio: float = math.inf
+    tags: frozenset[str] = frozenset({"b", "a"})
 
 
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run([sys.executable, "-m", "rlstruct", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
-
-
-def test_plot_cli_subprocess(tmp_path: Path) -> None:
-    """``python -m rlstruct plot`` end to end (two launches: each imports torch, ~2 s)."""
-    dirs = []
-    for offset in (0.0, 10.0):
-        with make(tmp_path) as run:
-            fill(run, 12, offset)
-        (run.dir / "returns.png").unlink()
-        dirs.append(run.dir)
-
-    single = run_cli("plot", str(dirs[0]), cwd=tmp_path)
-    assert single.returncode == 0, single.stderr
-    assert is_png(dirs[0] / "returns.png") and str(dirs[0] / "returns.png") in single.stdout
-
-    several = run_cli("plot", *map(str, dirs), cwd=tmp_path)
-    assert several.returncode == 0, several.stderr
-    assert is_png(tmp_path / "compare.png")
-
-
-
-def test_cli_main_in_process(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as info:
-        cli_main([])
-    assert info.value.code == 2
-    with make(tmp_path) as run:
-        fill(run, 3)
-    assert cli_main(["plot", str(run.dir), str(run.dir), "-o", "out/p.png"]) == 0
-    assert is_png(tmp_path / "out" / "p.png")
-    with pytest.raises(SystemExit) as info:
-        cli_main(["plot", str(tmp_path / "missing")])
-    assert info.value.code == 2 and "not a directory" in capsys.readouterr().err
-    (tmp_path / "not_a_run").mkdir()
-    assert cli_main(["plot", str(tmp_path / "not_a_run")]) == 1
-    assert "not a run directory" in capsys.readouterr().err
+def test_config_to_dict_is_json_safe_and_keeps_nested_configs() -> None:
+    d = config_to_dict(Outer())
+    assert d == {"hidden": [64, 64], "inner": {"device": "cpu"}, "colour": "red",
+                 "path": "runs", "ratio": "inf", "tags": ["a", "b"]}
+    assert json.loads(json.dumps(d)) == d
+    other = config_to_dict({"t": torch.tensor([1, 2]), "n": np.float32(0.5), "dt": torch.float32,
+                            "dev": torch.device("cpu"), "fn": math.sqrt, "nan": math.nan})
+    assert other == {"t": [1, 2], "n": 0.5, "dt": "torch.float32", "dev": "cpu",
+                     "fn": "math.sqrt", "nan": "nan"}
+    assert config_to_dict(None) == {}
+    with pytest.raises(TypeError, match="dataclass instance or a mapping"):
+        config_to_dict(Outer)

@@ -180,3 +180,50 @@ def test_replay_on_cuda_matches_cpu(replay):
     assert gpu["logits"].device.type == "cuda" and gpu.lengths.device.type == "cuda"
     mask = traj.trajectories.mask()
     torch.testing.assert_close(gpu["logits"].cpu()[mask], cpu["logits"][mask])
+
+
+# ----------------------------------------------------------------------------- transitions
+def test_transitions_replay_in_one_call_and_equal_the_trajectory_replay():
+    (traj,) = collect_counter(DeterministicAgent(), n=4, n_steps=6, last_lengths=RAGGED)
+    transitions = traj.trajectories.to_transitions()  # the valid steps only, row by row
+    agent = DeterministicAgent()
+    out = replay_agent_stateless(agent, transitions)
+    assert isinstance(out, DictTensor) and agent.n_calls == 1
+    assert out.n_elems() == int(RAGGED.sum()) == transitions.n_elems()
+    expected = replay_agent_stateless(DeterministicAgent(), traj).to_transitions()
+    assert out.equal(expected)
+    assert torch.equal(out["action"], transitions["action/action"])  # reproduces acquisition
+
+
+def test_transitions_are_one_step_trajectories_with_an_empty_info():
+    seen = {}
+
+    class Spy(Agent):
+        def call_replay(self, trajectories, t, state):
+            seen.update(traj=trajectories, t=t, state=state)
+            x = trajectories.trajectories["observation/x"][:, t]
+            return DictTensor({"y": x * 2}), state
+
+    x = torch.arange(5.0, requires_grad=True)
+    out = replay_agent_stateless(Spy(), DictTensor({"observation/x": x}))
+    assert seen["t"] == 0 and seen["traj"].lengths.tolist() == [1] * 5
+    assert seen["traj"].trajectories.n_timesteps() == 1 and seen["traj"].info.empty()
+    assert seen["state"].empty() and seen["state"].n_elems() == 5
+    assert out["y"].tolist() == [0.0, 2.0, 4.0, 6.0, 8.0] and out["y"].requires_grad
+
+
+def test_transitions_errors_name_the_culprit():
+    (traj,) = collect_counter(DeterministicAgent(), n=4, n_steps=5)
+    transitions = traj.trajectories.to_transitions()
+    with pytest.raises(ShapeError, match=r"19 rows at N transitions \(key 'action'\), expected 20"):
+        replay_agent_stateless(WrongRows(), transitions)
+
+    class Elsewhere(DeterministicAgent):
+        def __call__(self, state, observation, agent_info, history=None):
+            action, state = super().__call__(state, observation, agent_info)
+            return action.to("meta"), state
+
+    with pytest.raises(DeviceContractError, match="on meta, expected cpu"):
+        replay_agent_stateless(Elsewhere(), transitions)
+    empty = replay_agent_stateless(DeterministicAgent(), DictTensor(batch_size=0))
+    assert empty.n_elems() == 0 and empty.empty()

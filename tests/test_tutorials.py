@@ -13,6 +13,9 @@ REPO = Path(__file__).resolve().parents[1]
 TUTORIALS = sorted((REPO / "tutorials").glob("[0-9][0-9]_*.py"))
 
 
+pytestmark = pytest.mark.slow  # worker processes or subprocesses throughout
+
+
 def run(path: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(path)], cwd=REPO, capture_output=True, text=True, timeout=120

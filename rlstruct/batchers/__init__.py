@@ -1,6 +1,34 @@
-"""Batchers: collect trajectories with CPU worker processes or in one process on any device."""
+"""Batchers: collect trajectories with CPU worker processes or in one process on any device.
+
+``RayBatcher`` (the same API on Ray actors, for clusters) is imported on demand, so that
+importing rlstruct never imports Ray: ``from rlstruct.batchers import RayBatcher`` needs the
+``ray`` extra (``pip install rlstruct[ray]``) and raises an ImportError saying so without it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
 
 from rlstruct.batchers.multiprocess import Batcher
+from rlstruct.batchers.restart import RestartPolicy
 from rlstruct.batchers.serial import SerialBatcher
 
-__all__ = ["Batcher", "SerialBatcher"]
+__all__ = ["Batcher", "RestartPolicy", "SerialBatcher"]
+
+#: What the ImportError says when Ray is missing (the same words as rlstruct.batchers.ray's).
+_RAY_HINT = "RayBatcher needs Ray, an optional extra: pip install rlstruct[ray]"
+
+
+def __getattr__(name: str) -> Any:
+    """``RayBatcher``, imported at first use (module-level ``__getattr__``, PEP 562)."""
+    if name == "RayBatcher":
+        # find_spec imports nothing (and says None for a module blocked in sys.modules).
+        if importlib.util.find_spec("ray") is None:
+            raise ImportError(_RAY_HINT, name="ray")
+        from rlstruct.batchers import ray as backend
+
+        if backend.ray is None:  # installed but broken: say why
+            raise ImportError(f"{_RAY_HINT} ({backend.RAY_IMPORT_ERROR})", name="ray")
+        return backend.RayBatcher
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

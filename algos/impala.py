@@ -1,0 +1,213 @@
+"""IMPALA: an actor-critic learning in a thread while the workers keep collecting, with V-trace.
+
+Three things run at once:
+
+1. **Collect** (worker processes): a pipelined batcher (``--pipeline 2``, the default) streams
+   segments of ``T`` steps from ``B`` auto-reset envs; the agent stores the sampled ``action``
+   and its behaviour log-probability ``logp`` (the policy that acted, possibly a few updates
+   old: ``info["policy_version"]`` says which).
+2. **Learn** (a :class:`~rlstruct.learner.LearnerThread` on the learner device): per segment,
+   one gradient step on ``-log pi(a) A_vtrace + vf_coef (V - v_s)^2 - ent_coef H``. The policy
+   lag is corrected with V-trace (``F.vtrace``): ``log_rho = log pi(a) - logp`` with truncated
+   importance weights; terminated steps do not bootstrap, truncated steps and segment cuts
+   bootstrap from ``V`` of the TRUE next observation. After each step the learner publishes a
+   copy of its weights.
+3. **Drive** (the main thread): takes each finished segment (``get``), records episodes, hands
+   it to the learner (``put`` blocks when the learner is ``--queue`` batches behind: memory stays
+   bounded), and passes the newest published weights to the batcher and the evaluator.
+
+The learner runs beside the collection, so which weights collect which segment depends on
+timing: runs are not bitwise reproducible (the synchronous algorithms are).
+
+Run: ``python -m algos.impala --help``; ``python -m algos.impala --seed 1``.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import torch
+import tyro
+from torch import Tensor, nn
+
+from rlstruct import Agent, DictTensor, LearnerThread, Trajectories
+from rlstruct import functional as F
+from rlstruct import keys as K
+from rlstruct.envs import GymEnvInf
+from rlstruct.errors import ConfigError
+from rlstruct.experiment import LayoutConfig
+from rlstruct.nets import mlp
+from rlstruct.optim import gradient_step
+from rlstruct.run import Run, RunConfig
+from rlstruct.sampling import CategoricalSampler
+
+FRAME, NEXT_FRAME = K.OBSERVATION + K.FRAME, K.NEXT_OBSERVATION + K.FRAME
+ACTION, LOGP = K.ACTION + K.ACTION_KEY, K.ACTION + "logp"
+REWARD = K.NEXT_OBSERVATION + K.REWARD
+GREEDY = DictTensor({"greedy": torch.ones(1, dtype=torch.bool)})  # the evaluation's agent_info
+
+
+@dataclass
+class Config(RunConfig):
+    """IMPALA with V-trace on a pipelined batcher (see algos/impala.py); tuned for CartPole-v1."""
+
+    lr: float = 2e-3
+    eval_every: int = 50
+    checkpoint_every: int = 200
+    vf_coef: float = 0.5
+    """weight of the value loss"""
+    ent_coef: float = 0.0
+    """weight of the entropy bonus"""
+    rho_bar: float = 1.0
+    """V-trace: truncation of the importance weights in the targets and advantages"""
+    c_bar: float = 0.95
+    """V-trace: truncation of the trace coefficients (below 1 it also cuts traces on-policy,
+    like GAE's lambda: 1.0 diverged with lr 4e-3 on CartPole, 0.95 solves with 2e-3)"""
+    normalize_advantages: bool = True
+    """normalise the V-trace advantages over the batch's valid steps"""
+    queue: int = 1
+    """segments the learner may fall behind before collection waits for it"""
+    layout: Annotated[LayoutConfig, tyro.conf.OmitArgPrefixes] = field(
+        default_factory=lambda: LayoutConfig(pipeline=2)
+    )
+    """where each part runs (IMPALA pipelines by default)"""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.layout.pipeline < 2 or self.queue < 1:
+            raise ConfigError(
+                f"IMPALA learns while the workers collect: need --pipeline >= 2 and --queue >= 1,"
+                f" got {self.layout.pipeline} and {self.queue}"
+            )
+
+
+# --------------------------------------------------------------------------------------- model
+class ActorCritic(nn.Module):
+    """Separate actor and critic: ``forward(frame) -> (logits (n, A), value (n,))``."""
+
+    def __init__(self, obs_dim: int, n_actions: int, hidden: int) -> None:
+        super().__init__()
+        self.actor = mlp(obs_dim, hidden, n_actions, out_gain=0.01)
+        self.critic = mlp(obs_dim, hidden, 1, out_gain=1.0)
+
+    def forward(self, frame: Tensor) -> tuple[Tensor, Tensor]:
+        x = frame.flatten(1).float()
+        return self.actor(x), self.critic(x).squeeze(-1)
+
+
+# --------------------------------------------------------------------------------------- agent
+class BehaviourAgent(Agent):
+    """Samples ``a ~ softmax(logits)`` (the argmax on rows with ``agent_info["greedy"]``) and
+    stores ``action`` and its log-probability ``logp`` under the acting policy."""
+
+    def __init__(self, model: ActorCritic) -> None:
+        self.model = model
+        self.sample = CategoricalSampler()
+
+    def seed(self, seed: int) -> None:
+        self.sample.seed(seed)
+
+    def __call__(
+        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor, history=None
+    ) -> tuple[DictTensor, DictTensor]:
+        logits, _value = self.model(observation[K.FRAME])
+        action = self.sample(logits, agent_info)
+        logp = logits.log_softmax(-1).gather(1, action.unsqueeze(1)).squeeze(1)
+        return DictTensor({K.ACTION_KEY: action, "logp": logp}), state
+
+
+# --------------------------------------------------------------------------------------- loss
+def vtrace_loss(
+    model: ActorCritic, traj: Trajectories, cfg: Config
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The IMPALA loss of one segment ``(B, T)``; returns ``(loss, detached stats)``."""
+    steps = traj.trajectories
+    b, t = steps[REWARD].shape
+    logits, value = model(steps[FRAME].flatten(0, 1))
+    logits, value = logits.view(b, t, -1), value.view(b, t)
+    with torch.no_grad():
+        _, next_value = model(steps[NEXT_FRAME].flatten(0, 1))
+    log_probs = logits.log_softmax(-1)
+    logp = log_probs.gather(2, steps[ACTION].unsqueeze(2)).squeeze(2)
+    log_rho = logp.detach() - steps[LOGP]
+    targets, advantages = F.vtrace(
+        steps[REWARD], value.detach(), next_value.view(b, t),
+        steps[K.NEXT_OBSERVATION + K.TERMINATED], steps[K.NEXT_OBSERVATION + K.TRUNCATED],
+        steps.lengths, log_rho, cfg.gamma, cfg.rho_bar, cfg.c_bar,
+    )
+    mask = steps.mask()
+    if cfg.normalize_advantages:
+        valid = advantages[mask]
+        advantages = (advantages - valid.mean()) / (valid.std(correction=0) + 1e-8)
+    policy = F.masked_mean(-logp * advantages, mask)
+    values = F.masked_mean(0.5 * (value - targets).square(), mask)
+    entropy = F.masked_mean(-(log_probs.exp() * log_probs).sum(-1), mask)
+    loss = policy + cfg.vf_coef * values - cfg.ent_coef * entropy
+    rho = log_rho.exp()[mask]
+    stats = {"policy_loss": policy.detach(), "value_loss": values.detach(),
+             "entropy": entropy.detach(), "rho_mean": rho.mean(),
+             "rho_clipped": (rho > cfg.rho_bar * (1 + 1e-4)).float().mean()}
+    return loss, stats
+
+
+class Learner:
+    """What the learner thread runs: a gradient step per segment, then a weights copy that
+    the main thread picks up with :meth:`take_weights`."""
+
+    def __init__(self, model: ActorCritic, cfg: Config, device: torch.device) -> None:
+        self.model, self.cfg, self.device = model, cfg, device
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=1e-5)
+        self._lock = threading.Lock()
+        self._weights: dict[str, Tensor] | None = None
+        self.thread: LearnerThread | None = None
+
+    def __call__(self, traj: Trajectories) -> dict[str, float]:
+        loss, stats = vtrace_loss(self.model, traj.to(self.device), self.cfg)
+        gradient_step(self.optimizer, loss, self.cfg.max_grad_norm)
+        weights = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        with self._lock:
+            self._weights = weights
+        if self.thread is not None:
+            self.thread.count_publication()
+        return {k: float(v) for k, v in stats.items()}
+
+    def take_weights(self) -> dict[str, Tensor] | None:
+        """The weights published since the last call (None if none)."""
+        with self._lock:
+            weights, self._weights = self._weights, None
+        return weights
+
+
+# --------------------------------------------------------------------------------------- main
+def main(cfg: Config) -> dict[str, Any]:
+    """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
+    with Run("impala", cfg) as run:
+        model = ActorCritic(run.obs_dim, run.n_actions, cfg.hidden)  # CPU: the batchers copy it
+        batcher = run.training_batcher(BehaviourAgent, {"model": model}, GymEnvInf,
+                                       cfg.n_timesteps)
+        run.evaluator(BehaviourAgent, {"model": model}, agent_info=GREEDY)
+        latest = {k: v.clone() for k, v in model.state_dict().items()}
+        learner = Learner(run.learner(BehaviourAgent(model)).model, cfg, run.device)
+        run.checkpoint_state(model=model, optimizer=learner.optimizer)
+        with LearnerThread(learner, max_queue=cfg.queue, name="impala-learner") as thread:
+            learner.thread = thread
+            # 1. The workers stream segments; the loop ends when the stop test fires.
+            for traj in run.segments(batcher):
+                # 2. The learner takes the segment (this waits while it is cfg.queue behind).
+                thread.put(traj, size=int(traj.lengths.sum()))
+                # 3. The newest weights collect the next segments and run the evaluation.
+                weights = learner.take_weights()
+                if weights is not None:
+                    latest = weights
+                    batcher.update(weights)
+                m = thread.metrics()
+                run.end_iteration(latest, lr=cfg.lr, learned=m["batches_learned"],
+                                  queue=m["queue_size_mean"], learn_ms=m["learn_ms_mean"],
+                                  **{k[6:]: v for k, v in m.items() if k.startswith("learn/")})
+    return run.summary
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Config))

@@ -1,0 +1,43 @@
+"""The gradient step every algorithm takes, with one meaning of gradient clipping.
+
+Example:
+    >>> import torch
+    >>> w = torch.nn.Parameter(torch.ones(2))
+    >>> optimizer = torch.optim.SGD([w], lr=1.0)
+    >>> norm = gradient_step(optimizer, (10 * w).sum(), max_grad_norm=1.0)
+    >>> round(float(norm), 3), [round(x, 3) for x in w.tolist()]  # the step is clipped to norm 1
+    (14.142, [0.293, 0.293])
+    >>> gradient_step(optimizer, (10 * w).sum(), max_grad_norm=0) is None  # 0: no clipping
+    True
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["gradient_step"]
+
+
+def gradient_step(
+    optimizer: torch.optim.Optimizer, loss: Tensor, max_grad_norm: float
+) -> Tensor | None:
+    """``zero_grad``, ``backward``, clip the global gradient norm, ``step``.
+
+    Args:
+        optimizer: the optimizer; its parameter groups are the parameters clipped together.
+        loss: a scalar with a graph to the parameters.
+        max_grad_norm: clip the global norm of all the gradients to this; 0 means no clipping.
+
+    Returns:
+        The global gradient norm before clipping (a 0-d tensor; no host sync), or ``None``
+        when ``max_grad_norm`` is 0.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    norm = None
+    if max_grad_norm > 0:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        norm = nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()
+    return norm

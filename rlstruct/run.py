@@ -1,0 +1,390 @@
+"""The run scaffold: what every training script repeats, written once.
+
+- :class:`RunConfig`: the config fields every algorithm shares (environment, seed, budgets in
+  frames and seconds, the stop test, evaluation cadence, checkpoints, outputs, threads, the
+  hyperparameters all four algorithms have: ``n_timesteps``, ``hidden``, ``lr``, ``gamma``,
+  ``max_grad_norm``, where 0 means no clipping) and the device layout
+  (:class:`~rlstruct.experiment.LayoutConfig`, nested; its flags keep their short names). An
+  algorithm's ``Config`` subclasses it, adds its own hyperparameters and redeclares the fields
+  whose default it changes; ``tyro`` turns it into a command line whose ``--help`` is the
+  fields' docstrings.
+- :class:`Run`: a context manager that sets up and tears down one run: threads and seed, the
+  learner device, the training batcher, the asynchronous :class:`~rlstruct.evaluation.Evaluator`,
+  the episode tracker, the :class:`~rlstruct.logger.RunLogger`, checkpoints, the stop test and
+  the summary. Batchers, evaluator and logger are closed on the way out, on Ctrl-C too.
+
+A training loop with it (see ``algos/`` for four complete ones)::
+
+    with Run("ppo", cfg) as run:
+        model = Net(run.obs_dim, run.n_actions)            # on the CPU: the batchers copy it
+        batcher = run.training_batcher(MyAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
+        run.evaluator(MyAgent, {"model": model}, GREEDY)   # greedy episodes beside training
+        agent = run.learner(MyAgent(model))                # on the learner device
+        optimizer = torch.optim.Adam(model.parameters())
+        run.checkpoint_state(model=model, optimizer=optimizer)
+        for traj in run.segments(batcher):  # reset, then get() and record until the stop test
+            stats = learn(agent, optimizer, traj.to(run.device))
+            batcher.update(model.state_dict())  # publish the weights, then start the next segment
+            batcher.execute()
+            run.end_iteration(model.state_dict(), **stats)  # evaluation, progress row, checkpoint
+    summary = run.summary
+
+The stop test and every output read ONE training return: the mean of the last
+``target_window`` finished episodes, the ``train_return_mean<N>`` column of ``progress.csv``,
+the curve of ``returns.png`` and the summary's entry of the same name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Annotated, Any
+
+import gymnasium as gym
+import torch
+import tyro
+
+from rlstruct.agent import Agent
+from rlstruct.batchers import Batcher, SerialBatcher
+from rlstruct.checks import CheckDevice
+from rlstruct.devices import resolve_device
+from rlstruct.dicttensor import DictTensor
+from rlstruct.envs.base import VecEnv
+from rlstruct.episodes import EpisodeTracker
+from rlstruct.errors import ConfigError
+from rlstruct.evaluation import Evaluator
+from rlstruct.experiment import LayoutConfig, make_batcher
+from rlstruct.logger import RunLogger, config_to_dict
+from rlstruct.trajectories import Trajectories
+
+__all__ = ["RunConfig", "Run", "env_dims"]
+
+
+@dataclass
+class RunConfig:
+    """What every run shares: environment, seed, budgets, stop test, evaluation, outputs, the
+    hyperparameters every algorithm has (segment length, width, lr, discount, gradient
+    clipping) and the device layout. An algorithm's config subclasses it; redeclaring a field
+    changes its default and keeps its help."""
+
+    env_id: str = "CartPole-v1"
+    """gymnasium id of the environment (discrete actions)"""
+    seed: int = 0
+    """run seed: the learner's model, the training batcher (seed), the evaluation (seed + 1000)"""
+    max_frames: int = 1_000_000
+    """stop after this many environment frames"""
+    time_budget: float = 600.0
+    """stop after this many seconds (worker start-up included)"""
+    target_return: float | None = 475.0
+    """stop once the mean return of the last target_window training episodes reaches this"""
+    target_window: int = 20
+    """episodes averaged by the stop test, progress.csv's train_return_mean<N>, plot and summary"""
+    eval_every: int = 20
+    """start a greedy evaluation every this many iterations (0: never)"""
+    eval_envs: int = 4
+    """episodes per evaluation"""
+    checkpoint_every: int = 50
+    """save checkpoints/latest.pt every this many iterations (and at the end)"""
+    n_threads: int = 1
+    """torch threads of the learner (the cores are shared with the workers)"""
+    runs_dir: str = "runs"
+    """folder of the run directories"""
+    n_timesteps: int = 32
+    """T: steps per env and segment"""
+    hidden: int = 64
+    """width of the hidden layers of the model"""
+    lr: float = 1e-3
+    """Adam learning rate"""
+    gamma: float = 0.99
+    """discount factor"""
+    max_grad_norm: float = 0.5
+    """clip the global gradient norm to this (0: no clipping)"""
+    layout: Annotated[LayoutConfig, tyro.conf.OmitArgPrefixes] = field(
+        default_factory=LayoutConfig
+    )
+    """where each part runs"""
+
+    def __post_init__(self) -> None:
+        positive = ("target_window", "eval_envs", "checkpoint_every", "n_threads", "hidden")
+        problems = [f"{name} must be >= 1, got {getattr(self, name)}"
+                    for name in positive if getattr(self, name) < 1]
+        if self.eval_every < 0:
+            problems.append(f"eval_every must be >= 0 (0: never), got {self.eval_every}")
+        if self.max_grad_norm < 0:
+            problems.append(f"max_grad_norm must be >= 0 (0: no clipping), got "
+                            f"{self.max_grad_norm}")
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+
+def env_dims(env_id: str) -> tuple[int, int]:
+    """``(observation size, number of actions)`` of a gymnasium env with discrete actions.
+
+    Raises:
+        ConfigError: the action space is not ``Discrete``.
+    """
+    probe = gym.make(env_id)
+    try:
+        obs, actions = probe.observation_space, probe.action_space
+    finally:
+        probe.close()
+    if not isinstance(actions, gym.spaces.Discrete):
+        raise ConfigError(f"{env_id} has actions {actions}; these algorithms need Discrete ones")
+    return math.prod(obs.shape or (1,)), int(actions.n)
+
+
+class Run:
+    """One training run (see the module docstring); use it as a context manager.
+
+    Construction sets ``torch`` threads and seed, resolves the learner device, probes the env
+    and creates the run directory. The clock (``wall_time``, ``time_to_solve``, the time budget)
+    starts here, so worker start-up counts.
+
+    Args:
+        algo: the algorithm's name (run directory, summary).
+        cfg: the run's config; saved whole in ``config.json`` and in every checkpoint.
+
+    Attributes:
+        cfg: the config.
+        device: the learner device.
+        obs_dim: the flattened observation size; ``n_actions``: the number of actions.
+        logger: the :class:`~rlstruct.logger.RunLogger`.
+        frames: environment frames recorded so far; ``iteration``: :meth:`end_iteration` calls.
+        stopped_by: ``None`` while the run goes on, then ``"target_return"``, ``"max_frames"``,
+            ``"time_budget"``, ``"interrupted"`` (Ctrl-C) or ``"loop_end"`` (the loop ended
+            before the stop test fired).
+        eval_return: the mean return of the last finished evaluation (nan before).
+        summary: the outcome, set on exit (see :meth:`__exit__`).
+    """
+
+    def __init__(self, algo: str, cfg: RunConfig) -> None:
+        self.start = time.monotonic()
+        self.algo, self.cfg = algo, cfg
+        torch.set_num_threads(cfg.n_threads)
+        torch.manual_seed(cfg.seed)
+        self.device = resolve_device(cfg.layout.learner_device)
+        self.obs_dim, self.n_actions = env_dims(cfg.env_id)
+        self.frames, self.iteration = 0, 0
+        self.stopped_by: str | None = None
+        self.eval_return = math.nan
+        self.summary: dict[str, Any] = {}
+        self._solved_at: tuple[int, float] | None = None
+        self._tracker = EpisodeTracker()
+        self._evaluator: Evaluator | None = None
+        self._saved: dict[str, Any] = {}
+        self._stack = contextlib.ExitStack()
+        self.logger = RunLogger(
+            algo, cfg.env_id, cfg, cfg.runs_dir, total_frames=cfg.max_frames,
+            window=cfg.target_window, code_dir=_code_dir(cfg),
+        )
+
+    # ------------------------------------------------------------------ set-up
+    def training_batcher(
+        self,
+        create_agent: Callable[..., Agent],
+        agent_args: dict[str, Any],
+        create_env: Callable[..., VecEnv],
+        n_timesteps: int,
+        agent_info: DictTensor | None = None,
+        pipelined: bool = True,
+    ) -> Batcher | SerialBatcher:
+        """The training batcher of the layout (:func:`~rlstruct.experiment.make_batcher`):
+        ``n_envs`` envs ``create_env(env=env_id, n_envs=...)`` per process, seeded with
+        ``seed``; closed with the run.
+
+        Args:
+            pipelined: the algorithm's loop works with a pipelined batcher (``--pipeline``);
+                False refuses ``layout.pipeline > 1`` (e.g. episodic collection, or an
+                ``agent_info`` that changes every segment).
+
+        Raises:
+            ConfigError: ``layout.pipeline > 1`` for an algorithm that does not support it.
+        """
+        layout = self.cfg.layout
+        if layout.pipeline > 1 and not pipelined:
+            raise ConfigError(
+                f"{self.algo} collects synchronously; --pipeline {layout.pipeline} is for "
+                "algorithms that learn from one segment while the next is collected (ppo, a2c)"
+            )
+        batcher = make_batcher(
+            device=layout.batcher_device, n_processes=layout.n_processes,
+            n_timesteps=n_timesteps, create_agent=create_agent, agent_args=agent_args,
+            create_env=create_env, env_args={"env": self.cfg.env_id, "n_envs": layout.n_envs},
+            seeds=self.cfg.seed, agent_info=agent_info, check_devices=layout.check_devices,
+            pipeline=layout.pipeline,
+        )
+        return self._stack.enter_context(batcher)
+
+    def evaluator(
+        self,
+        create_agent: Callable[..., Agent],
+        agent_args: dict[str, Any],
+        agent_info: DictTensor | None = None,
+    ) -> Evaluator | None:
+        """Sets up the :class:`~rlstruct.evaluation.Evaluator` (``eval_envs`` episodes on
+        ``eval_device``, seed ``seed + 1000``) that :meth:`end_iteration` drives; ``None`` when
+        ``eval_every`` is 0. Call it while the model is still on the CPU."""
+        if self.cfg.eval_every == 0:
+            return None
+        self._evaluator = self._stack.enter_context(Evaluator(
+            create_agent, agent_args, self.cfg.env_id, self.cfg.eval_envs,
+            seed=self.cfg.seed + 1000, device=self.cfg.layout.eval_device,
+            agent_info=agent_info, check_devices=self.cfg.layout.check_devices,
+        ))
+        return self._evaluator
+
+    def learner(self, agent: Agent) -> Agent:
+        """``agent`` moved to the learner device, wrapped in CheckDevice with ``check_devices``."""
+        agent.to(self.device)
+        return CheckDevice(agent, self.device) if self.cfg.layout.check_devices else agent
+
+    def checkpoint_state(self, **objects: Any) -> None:
+        """What checkpoints hold: ``name -> obj.state_dict()`` for each object given (model,
+        optimizer, ...), plus the config, ``frames`` and ``iteration``."""
+        self._saved.update(objects)
+
+    # ------------------------------------------------------------------ the loop
+    def record(self, traj: Trajectories) -> None:
+        """Counts the frames of a collected segment, records the episodes that ended in it
+        (``episodes.csv``) and runs the stop test (:attr:`done`)."""
+        self.frames += int(traj.lengths.sum())
+        returns, lengths = self._tracker(traj)
+        self.logger.record_episodes(returns, lengths, frames=self.frames)
+        cfg, elapsed = self.cfg, time.monotonic() - self.start
+        if (
+            cfg.target_return is not None
+            and self.logger.episodes >= cfg.target_window
+            and self.logger.train_return() >= cfg.target_return
+        ):
+            self.stopped_by, self._solved_at = "target_return", (self.frames, elapsed)
+        elif self.frames >= cfg.max_frames:
+            self.stopped_by = "max_frames"
+        elif elapsed >= cfg.time_budget:
+            self.stopped_by = "time_budget"
+
+    def segments(
+        self, batcher: Batcher | SerialBatcher, agent_info: DictTensor | None = None
+    ) -> Iterator[Trajectories]:
+        """The segments of an auto-reset batcher, until the stop test fires.
+
+        ``reset(agent_info)`` and ``execute()`` once, then, each time round: ``get()``,
+        :meth:`record` and the stop test; yields the segment while the run goes on. The loop body
+        learns from it and starts the next segment itself (:meth:`publish`, or ``update`` then
+        ``execute``); forgetting to is a ``BatcherStateError`` at the next ``get``.
+        """
+        batcher.reset(agent_info=agent_info)
+        batcher.execute()
+        while True:
+            traj, _ = batcher.get()
+            self.record(traj)
+            if self.done:
+                return
+            yield traj
+
+    def publish(self, batcher: Batcher | SerialBatcher, weights: Any) -> None:
+        """Hands the new weights to the batcher and starts the next segment.
+
+        ``update(weights)``, then ``execute()`` for a synchronous batcher; a pipelined one
+        (``layout.pipeline >= 2``) is already collecting the next segment, and the update lets
+        the segment after it start with these weights.
+        """
+        batcher.update(weights)
+        if getattr(batcher, "pipeline", 1) == 1:
+            batcher.execute()
+
+    @property
+    def done(self) -> bool:
+        """True once the stop test (target return, frame or time budget) has fired."""
+        return self.stopped_by is not None
+
+    def end_iteration(self, weights: Any, **metrics: float) -> None:
+        """Ends an iteration: picks up a finished evaluation, starts one every ``eval_every``
+        iterations with ``weights`` (e.g. ``model.state_dict()``), writes the progress row
+        (``eval_return`` only when an evaluation finished, nan otherwise) and saves a
+        checkpoint every ``checkpoint_every`` iterations."""
+        self.iteration += 1
+        eval_return = math.nan
+        if self._evaluator is not None:
+            result = self._evaluator.poll()
+            if result is not None:
+                eval_return = self.eval_return = result
+            if self.iteration % self.cfg.eval_every == 0:
+                self._evaluator.start(weights)
+        self.logger.log(self.frames, iteration=self.iteration, eval_return=eval_return, **metrics)
+        if self.iteration % self.cfg.checkpoint_every == 0:
+            self.checkpoint()
+
+    def checkpoint(self) -> None:
+        """Saves ``checkpoints/latest.pt`` (and ``best.pt`` by the train return)."""
+        state = {name: obj.state_dict() for name, obj in self._saved.items()}
+        state.update(config=config_to_dict(self.cfg), frames=self.frames, iteration=self.iteration)
+        self.logger.checkpoint(state, score=self.logger.train_return())
+
+    # ------------------------------------------------------------------ teardown
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Writes the last progress row and checkpoint (also on Ctrl-C), closes the batchers,
+        the evaluator and the logger (which plots), then sets and prints :attr:`summary`."""
+        finish = exc_type is None or issubclass(exc_type, KeyboardInterrupt)
+        try:
+            if finish:
+                if self.stopped_by is None:  # Ctrl-C, or a loop that ended on its own
+                    self.stopped_by = "interrupted" if exc_type is not None else "loop_end"
+                if self.logger.n_rows == 0 or self.logger.frames != self.frames:
+                    self.logger.log(self.frames, iteration=self.iteration, eval_return=math.nan)
+                self.checkpoint()
+        finally:
+            try:
+                self._stack.close()
+            finally:
+                self.logger.close()
+        if finish:
+            self.summary = self._summary()
+            print(_describe(self.algo, self.summary, self.logger.train_column))
+            print(f"outputs in {self.logger.dir}", flush=True)
+
+    def _summary(self) -> dict[str, Any]:
+        solved = self._solved_at
+        return {
+            "algo": self.algo,
+            "run_dir": str(self.logger.dir),
+            "stopped_by": self.stopped_by,
+            "solved": solved is not None,
+            "frames": self.frames,
+            "iterations": self.iteration,
+            "episodes": self.logger.episodes,
+            self.logger.train_column: self.logger.train_return(),
+            "eval_return": self.eval_return,
+            "wall_time": time.monotonic() - self.start,
+            "frames_to_solve": None if solved is None else solved[0],
+            "time_to_solve": None if solved is None else solved[1],
+        }
+
+
+def _describe(algo: str, s: dict[str, Any], column: str) -> str:
+    how = "solved" if s["solved"] else f"stopped by {s['stopped_by']}"
+    when = s["time_to_solve"] if s["solved"] else s["wall_time"]
+    return (
+        f"{algo}: {how} after {s['frames']:,} frames, {when:.1f} s, {s['iterations']} iterations;"
+        f" {column} {s[column]:.2f}, last eval_return {s['eval_return']:.2f}"
+    )
+
+
+def _code_dir(cfg: RunConfig) -> Path | None:
+    """The folder of the module that defines the config's class: the algorithm's code."""
+    module = sys.modules.get(type(cfg).__module__)
+    path = getattr(module, "__file__", None)
+    return Path(path).resolve().parent if path else None

@@ -1,0 +1,106 @@
+"""algos/impala.py: the V-trace loss written out, the learner thread's publications, a smoke
+run, a learning test, the configuration checks and the GPU layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from algo_runs import check_run_dir, evaluated_rows, run_algo
+from trajectory_builders import collect
+
+from algos import impala
+from rlstruct import functional as F
+from rlstruct.errors import ConfigError
+from rlstruct.experiment import LayoutConfig
+
+
+def segments(n: int = 2) -> tuple[impala.ActorCritic, list]:
+    torch.manual_seed(0)
+    model = impala.ActorCritic(obs_dim=4, n_actions=2, hidden=16)
+    return model, collect(impala.BehaviourAgent, model, n_segments=n, n_timesteps=8)
+
+
+def test_loss_matches_vtrace_written_out_and_is_on_policy_when_nothing_changed():
+    model, (traj, _) = segments()
+    cfg = impala.Config(normalize_advantages=False, ent_coef=0.1)
+    loss, stats = impala.vtrace_loss(model, traj, cfg)
+    steps = traj.trajectories
+    b, t = steps.lengths.shape[0], steps.n_timesteps()
+    with torch.no_grad():
+        logits, value = model(steps[impala.FRAME].flatten(0, 1))
+        _, next_value = model(steps[impala.NEXT_FRAME].flatten(0, 1))
+    log_probs = logits.view(b, t, -1).log_softmax(-1)
+    logp = log_probs.gather(2, steps[impala.ACTION].unsqueeze(2)).squeeze(2)
+    torch.testing.assert_close(logp[steps.mask()], steps[impala.LOGP][steps.mask()])
+    targets, adv = F.vtrace(
+        steps[impala.REWARD], value.view(b, t), next_value.view(b, t),
+        steps["_observation/terminated"], steps["_observation/truncated"], steps.lengths,
+        torch.zeros(b, t), cfg.gamma, cfg.rho_bar, cfg.c_bar,
+    )
+    mask = steps.mask()
+    entropy = F.masked_mean(-(log_probs.exp() * log_probs).sum(-1), mask)
+    expected = (F.masked_mean(-logp * adv, mask)
+                + cfg.vf_coef * F.masked_mean(0.5 * (value.view(b, t) - targets).square(), mask)
+                - cfg.ent_coef * entropy)
+    torch.testing.assert_close(loss, expected)
+    assert stats["rho_mean"] == pytest.approx(1.0) and stats["rho_clipped"] == 0.0
+
+
+def test_stale_behaviour_policies_are_corrected_by_clipped_importance_weights():
+    model, (traj, _) = segments()
+    with torch.no_grad():
+        traj.trajectories[impala.LOGP] = traj.trajectories[impala.LOGP] - 1.0  # rho = e
+    _loss, stats = impala.vtrace_loss(model, traj, impala.Config())
+    assert stats["rho_mean"] == pytest.approx(float(torch.e), rel=1e-4)
+    assert stats["rho_clipped"] == 1.0
+
+
+def test_the_learner_steps_publishes_copies_and_counts_them():
+    model, trajs = segments(3)
+    learner = impala.Learner(model, impala.Config(), torch.device("cpu"))
+    assert learner.take_weights() is None
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    stats = learner(trajs[0])
+    weights = learner.take_weights()
+    assert weights is not None and learner.take_weights() is None
+    assert any(not torch.equal(weights[k], before[k]) for k in before)
+    for k, v in model.state_dict().items():  # a copy: the next step does not change it
+        assert torch.equal(weights[k], v) and weights[k].data_ptr() != v.data_ptr()
+    assert {"policy_loss", "value_loss", "entropy", "rho_mean"} <= set(stats)
+
+
+def test_config_refuses_a_synchronous_layout():
+    with pytest.raises(ConfigError, match="--pipeline >= 2"):
+        impala.Config(layout=LayoutConfig(pipeline=1))
+    assert impala.Config().layout.pipeline == 2
+
+
+SMOKE = ["--max-frames", "3000", "--n-envs", "4", "--n-timesteps", "16", "--eval-every", "5",
+         "--seed", "0"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_smoke_run_from_another_folder_writes_a_complete_run_dir(tmp_path):
+    run_dir, stdout = run_algo("impala", SMOKE, cwd=tmp_path)
+    rows = check_run_dir(run_dir)
+    assert int(rows[-1]["frames"]) >= 3000 and "impala: stopped by max_frames" in stdout
+    assert evaluated_rows(rows)
+    assert {"policy_loss", "value_loss", "rho_mean", "learned", "queue"} <= set(rows[-1])
+    assert float(rows[-1]["learned"]) >= len(rows) - 3  # the learner keeps up
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_solves_cartpole(tmp_path):
+    summary = impala.main(impala.Config(time_budget=120, runs_dir=str(tmp_path), eval_every=0))
+    assert summary["stopped_by"] == "target_return", summary
+
+
+@pytest.mark.gpu
+def test_gpu_learner(tmp_path):
+    cfg = impala.Config(layout=LayoutConfig(learner_device="cuda:0", n_envs=4, pipeline=2),
+                        max_frames=3000, eval_every=2, runs_dir=str(tmp_path))
+    check_run_dir(Path(impala.main(cfg)["run_dir"]))

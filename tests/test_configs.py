@@ -1,0 +1,108 @@
+"""The algorithms' typed configs and their command lines (tyro).
+
+- every field of every config has a docstring: it is the ``--help`` text of its flag;
+- flags parse into the typed dataclass, the nested layout keeps its short flag names, and a
+  misspelt flag, a bad value or a bad combination exits with code 2 and says why;
+- the whole config (nested layout included) goes into config.json and comes back equal;
+- ``python -m algos.<name> --help`` works from any folder once rlstruct is installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tyro
+
+from algos import a2c, dqn, ppo, reinforce
+from rlstruct.experiment import LayoutConfig
+from rlstruct.logger import config_to_dict
+from rlstruct.run import RunConfig
+
+ALGOS = {"ppo": ppo, "a2c": a2c, "dqn": dqn, "reinforce": reinforce}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs"))
+from gen_api import field_docs  # noqa: E402
+
+
+@pytest.mark.parametrize("cls", [LayoutConfig, RunConfig, *(m.Config for m in ALGOS.values())])
+def test_every_field_has_a_docstring(cls):
+    docs = field_docs(cls)  # what docs/api.md and --help show for each field
+    missing = [f.name for f in dataclasses.fields(cls) if not docs.get(f.name)]
+    assert not missing, f"{cls.__qualname__}: fields without a docstring (no --help): {missing}"
+
+
+@pytest.mark.parametrize("name", ALGOS)
+def test_no_flags_give_the_defaults_and_every_flag_is_in_the_help(name, capsys):
+    cls = ALGOS[name].Config
+    assert tyro.cli(cls, args=[]) == cls()
+    with pytest.raises(SystemExit) as info:
+        tyro.cli(cls, args=["--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    for field in dataclasses.fields(cls):
+        if field.name != "layout":
+            assert f"--{field.name.replace('_', '-')}" in text
+    for field in dataclasses.fields(LayoutConfig):  # nested, without a "layout." prefix
+        assert f"--{field.name.replace('_', '-')}" in text
+    assert "--layout." not in text and "(default: " in text
+    assert "Adam learning rate" in text and "0: no clipping" in text
+
+
+def test_flags_parse_into_the_typed_config():
+    cfg = tyro.cli(ppo.Config, args=[
+        "--target-return", "None", "--lr", "3e-4", "--no-anneal-lr", "--adv-norm", "batch",
+        "--n-processes", "1", "--learner-device", "cpu", "--check-devices", "--seed", "3",
+    ])
+    assert cfg.target_return is None and cfg.lr == 3e-4 and cfg.anneal_lr is False
+    assert cfg.adv_norm == "batch" and cfg.seed == 3
+    assert cfg.layout == LayoutConfig(learner_device="cpu", n_processes=1, check_devices=True)
+    assert tyro.cli(a2c.Config, args=["--recurrent"]).recurrent
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--lrr", "1"], "--lrr"),
+        (["--n-epochs", "two"], "--n-epochs"),
+        (["--adv-norm", "sometimes"], "sometimes"),
+        (["--minibatch-size", "0"], "minibatch_size >= 1"),
+        (["--target-window", "0"], "target_window must be >= 1"),
+    ],
+)
+def test_bad_command_lines_exit_2_and_say_why(args, message, capsys):
+    with pytest.raises(SystemExit) as info:
+        tyro.cli(ppo.Config, args=args)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ALGOS)
+def test_the_whole_config_is_saved_and_comes_back_equal(name):
+    cls = ALGOS[name].Config
+    cfg = cls(seed=5, layout=LayoutConfig(n_envs=3, eval_device="cuda:1"))
+    saved = json.loads(json.dumps(config_to_dict(cfg)))
+    assert saved["layout"]["n_envs"] == 3 and saved["seed"] == 5
+    assert cls(**{**saved, "layout": LayoutConfig(**saved["layout"])}) == cfg
+
+
+def test_the_four_algorithms_share_the_defaults_of_the_run_config():
+    for module in ALGOS.values():
+        cfg = module.Config()
+        assert cfg.layout == LayoutConfig() and cfg.layout.n_processes == 2
+        assert cfg.target_window == 20 and cfg.target_return == 475.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ALGOS)
+def test_help_from_any_folder(name, tmp_path):
+    done = subprocess.run([sys.executable, "-m", f"algos.{name}", "--help"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr
+    assert "usage:" in done.stdout and "--learner-device" in done.stdout
+    assert inspect.getdoc(ALGOS[name].Config).split("\n")[0][:40] in done.stdout

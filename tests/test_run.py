@@ -1,0 +1,233 @@
+"""rlstruct.run: RunConfig checks, and a Run's set-up, stop test, outputs, summary and teardown.
+
+The loops below train nothing: a fixed agent on ``rlstruct/Repeat-v0`` (10-step episodes,
+reward 1 per repeated symbol) in one process (``n_processes=1``), so every number is known.
+Evaluation is replaced by a fake evaluator to check the wiring row by row; the real one (a worker
+process) is tested in tests/test_evaluation.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from algo_runs import check_run_dir, evaluated_rows, read_rows
+
+import rlstruct.run as run_module
+from rlstruct import Agent, DictTensor
+from rlstruct.envs import GymEnvInf
+from rlstruct.errors import BatcherStateError, ConfigError
+from rlstruct.experiment import LayoutConfig
+from rlstruct.logger import git_commit
+from rlstruct.run import Run, RunConfig, env_dims
+
+REPEAT = "rlstruct/Repeat-v0"
+
+
+class Repeater(Agent):
+    """Repeats the observed symbol (return 10 per episode) unless ``wrong``: then 0."""
+
+    def __init__(self, model: torch.nn.Module, wrong: bool = False) -> None:
+        self.model, self.wrong = model, wrong
+
+    def __call__(self, state, observation, agent_info, history=None):
+        action = observation["frame"].argmax(-1)
+        return DictTensor({"action": 1 - action if self.wrong else action}), state
+
+
+@dataclass
+class Cfg(RunConfig):
+    """A test config."""
+
+    wrong: bool = False
+    """play the wrong symbol"""
+
+
+def config(tmp_path: Path, **kw) -> Cfg:
+    kw.setdefault("layout", LayoutConfig(learner_device="cpu", n_processes=1, n_envs=2))
+    kw.setdefault("eval_every", 0)
+    return Cfg(env_id=REPEAT, n_timesteps=5, runs_dir=str(tmp_path / "runs"), **kw)
+
+
+def train(cfg: Cfg, fail_at: int | None = None, error: type[BaseException] = KeyboardInterrupt):
+    """A loop as the algorithms write it; ``fail_at`` raises ``error`` in that iteration."""
+    with Run("test", cfg) as run:
+        model = torch.nn.Linear(2, 2)
+        batcher = run.training_batcher(Repeater, {"model": model, "wrong": cfg.wrong},
+                                       GymEnvInf, cfg.n_timesteps)
+        run.evaluator(Repeater, {"model": model})
+        run.learner(Repeater(model))
+        run.checkpoint_state(model=model)
+        for traj in run.segments(batcher):
+            assert traj.n_elems() == 2 and traj.trajectories.n_timesteps() == 5
+            if run.iteration == fail_at:
+                raise error
+            batcher.update(model.state_dict())
+            batcher.execute()
+            run.end_iteration(model.state_dict(), loss=float(run.iteration + 1))
+    return run
+
+
+@pytest.fixture(autouse=True)
+def _outside_any_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+
+
+# ----------------------------------------------------------------------------- RunConfig
+def test_run_config_lists_every_bad_field():
+    with pytest.raises(ConfigError) as info:
+        RunConfig(target_window=0, eval_every=-1, max_grad_norm=-1.0, n_threads=0)
+    message = str(info.value)
+    for name in ("target_window", "eval_every", "max_grad_norm", "n_threads"):
+        assert name in message
+
+
+def test_env_dims_and_discrete_actions_only():
+    assert env_dims("CartPole-v1") == (4, 2)
+    assert env_dims(REPEAT) == (2, 2)
+    with pytest.raises(ConfigError, match="Pendulum-v1 has actions Box"):
+        env_dims("Pendulum-v1")
+
+
+# ----------------------------------------------------------------------------- the stop test
+def test_solved_run_stops_at_the_target_and_every_output_agrees(tmp_path, capsys):
+    run = train(config(tmp_path, target_return=10.0, target_window=4))
+    s = run.summary
+    # 2 envs x 5 steps per segment: 2 episodes of 10 steps every second segment (20 frames).
+    assert s["stopped_by"] == "target_return" and s["solved"]
+    assert s["frames"] == s["frames_to_solve"] == 40 and s["episodes"] == 4
+    assert s["train_return_mean4"] == 10.0 and 0 < s["time_to_solve"] <= s["wall_time"]
+    rows = check_run_dir(Path(s["run_dir"]), window=4)
+    assert float(rows[-1]["train_return_mean4"]) == s["train_return_mean4"]
+    assert int(rows[-1]["frames"]) == s["frames"]
+    out = capsys.readouterr().out
+    assert "test: solved after 40 frames" in out and "train_return_mean4 10.00" in out
+    assert f"outputs in {s['run_dir']}" in out
+
+
+def test_frame_budget_stop_and_the_window_names_the_column(tmp_path):
+    run = train(config(tmp_path, wrong=True, max_frames=30, target_return=5.0))
+    s = run.summary
+    assert s["stopped_by"] == "max_frames" and not s["solved"] and s["frames"] == 30
+    assert s["frames_to_solve"] is None and s["time_to_solve"] is None
+    assert s["train_return_mean20"] == 0.0 and math.isnan(s["eval_return"])
+    rows = check_run_dir(Path(s["run_dir"]))
+    assert [int(r["iteration"]) for r in rows] == [1, 2, 2]  # the last row: where it stopped
+    assert [r["loss"] for r in rows] == ["1.0", "2.0", "nan"]
+
+
+def test_time_budget_stop(tmp_path):
+    run = train(config(tmp_path, time_budget=0.0))
+    assert run.summary["stopped_by"] == "time_budget" and run.summary["frames"] == 10
+
+
+def test_no_target_runs_to_the_frame_budget(tmp_path):
+    run = train(config(tmp_path, target_return=None, max_frames=40))
+    assert run.summary["stopped_by"] == "max_frames" and run.summary["frames"] == 40
+
+
+def test_checkpoints_hold_the_registered_state_and_the_whole_config(tmp_path):
+    run = train(config(tmp_path, target_return=None, max_frames=40, checkpoint_every=1))
+    ckpt = torch.load(run.logger.dir / "checkpoints" / "latest.pt")
+    assert set(ckpt) == {"model", "config", "frames", "iteration"}
+    assert ckpt["frames"] == 40 and ckpt["iteration"] == 3
+    assert ckpt["config"]["layout"]["n_envs"] == 2 and ckpt["config"]["wrong"] is False
+    meta = json.loads((run.logger.dir / "config.json").read_text())
+    assert meta["config"] == ckpt["config"] and meta["algo"] == "test"
+
+
+def test_config_json_records_the_commit_of_the_code_not_of_the_working_directory(tmp_path):
+    run = train(config(tmp_path, max_frames=10))
+    meta = json.loads((run.logger.dir / "config.json").read_text())
+    assert run_module._code_dir(run.cfg) == Path(__file__).resolve().parent
+    assert meta["git_commit"] == git_commit(Path(__file__).resolve().parent)
+
+
+# ----------------------------------------------------------------------------- failures
+def test_ctrl_c_keeps_the_last_row_and_checkpoint(tmp_path, capsys):
+    cfg = config(tmp_path, target_return=None, max_frames=1000)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, fail_at=2)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    rows = read_rows(run_dir / "progress.csv")
+    assert [int(r["frames"]) for r in rows] == [10, 20, 30]
+    assert torch.load(run_dir / "checkpoints" / "latest.pt")["frames"] == 30
+    assert "stopped by interrupted after 30 frames" in capsys.readouterr().out
+    assert (run_dir / "returns.png").is_file()
+
+
+def test_other_errors_propagate_and_close_everything(tmp_path, capsys):
+    with pytest.raises(ZeroDivisionError):
+        train(config(tmp_path, target_return=None), fail_at=1, error=ZeroDivisionError)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert (run_dir / "returns.png").is_file()  # the logger closed (and plotted)
+    assert not (run_dir / "checkpoints").exists()
+    assert "outputs in" not in capsys.readouterr().out
+
+
+def test_the_loop_must_start_the_next_segment(tmp_path):
+    with Run("test", config(tmp_path)) as run:
+        batcher = run.training_batcher(Repeater, {"model": torch.nn.Linear(2, 2)}, GymEnvInf, 5)
+        with pytest.raises(BatcherStateError, match="execute"):
+            for _ in run.segments(batcher):
+                pass  # no execute(): the next get() is refused
+
+
+# ----------------------------------------------------------------------------- evaluation rows
+class FakeEvaluator:
+    """Finishes an evaluation two polls after it started, with the iteration it started at."""
+
+    def __init__(self, create_agent, agent_args, env_id, n_envs, **kw) -> None:
+        self.kw, self.started, self.pending = kw, [], None
+
+    def start(self, weights) -> bool:
+        if self.pending is not None:
+            return False
+        self.started.append(weights)
+        self.pending = [2, float(weights["iteration"])]
+        return True
+
+    def poll(self) -> float | None:
+        if self.pending is None:
+            return None
+        self.pending[0] -= 1
+        if self.pending[0]:
+            return None
+        result, self.pending = self.pending[1], None
+        return result
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def test_eval_return_is_written_only_on_the_rows_where_an_evaluation_finished(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(run_module, "Evaluator", FakeEvaluator)
+    cfg = config(tmp_path, target_return=None, max_frames=100, eval_every=3)
+    with Run("test", cfg) as run:
+        batcher = run.training_batcher(Repeater, {"model": torch.nn.Linear(2, 2)}, GymEnvInf, 5)
+        evaluator = run.evaluator(Repeater, {"model": torch.nn.Linear(2, 2)})
+        for _ in run.segments(batcher):
+            batcher.execute()
+            run.end_iteration({"iteration": run.iteration + 1})
+    assert evaluator.kw["seed"] == 1000 and evaluator.kw["device"] == "cpu"
+    rows = read_rows(run.logger.dir / "progress.csv")
+    # Started at iterations 3, 6 and 9; each result arrives two iterations later.
+    assert [int(r["iteration"]) for r in evaluated_rows(rows)] == [5, 8]
+    assert [float(r["eval_return"]) for r in evaluated_rows(rows)] == [3.0, 6.0]
+    assert len(rows) == 10 and run.summary["eval_return"] == 6.0
+
+
+def test_no_evaluator_without_eval_every_and_a_loop_that_ends_on_its_own(tmp_path):
+    with Run("test", config(tmp_path)) as run:
+        assert run.evaluator(Repeater, {"model": torch.nn.Linear(2, 2)}) is None
+    assert run.summary["stopped_by"] == "loop_end" and run.summary["frames"] == 0
+    assert len(read_rows(run.logger.dir / "progress.csv")) == 1  # the row where it stopped
