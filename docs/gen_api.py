@@ -41,6 +41,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere: import this chec
 MODULES = (
     "rlstruct",
     "rlstruct.envs",
+    "rlstruct.envs.torch",
     "rlstruct.batchers",
     "rlstruct.learner",
     "rlstruct.errors",

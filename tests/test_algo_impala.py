@@ -89,7 +89,8 @@ def test_smoke_run_from_another_folder_writes_a_complete_run_dir(tmp_path):
     assert int(rows[-1]["frames"]) >= 3000 and "impala: stopped by max_frames" in stdout
     assert evaluated_rows(rows)
     assert {"policy_loss", "value_loss", "rho_mean", "learned", "queue"} <= set(rows[-1])
-    assert float(rows[-1]["learned"]) >= len(rows) - 3  # the learner keeps up
+    learned = [float(r["learned"]) for r in rows if r["learned"] != "nan"]
+    assert learned[-1] >= len(learned) - 3  # the learner keeps up (the last row: the summary)
 
 
 @pytest.mark.slow

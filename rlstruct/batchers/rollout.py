@@ -39,14 +39,6 @@ class StepContext:
         self.step = step
         self.env = env
 
-    def describe(self) -> str:
-        parts = [self.phase]
-        if self.env is not None:
-            parts.append(f"env {self.env}")
-        if self.step is not None:
-            parts.append(f"step {self.step}")
-        return ", ".join(parts)
-
 
 def _add_note(exc: BaseException, note: str) -> None:
     if hasattr(exc, "add_note"):  # Python >= 3.11

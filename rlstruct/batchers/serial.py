@@ -20,7 +20,7 @@ from rlstruct.batchers.rollout import Rollout, infer_specs
 from rlstruct.batchers.rows import broadcast_rows
 from rlstruct.batchers.seeding import RNGStreams, env_seed_bases, isolated_rngs
 from rlstruct.batchers.transport import cpu_copy
-from rlstruct.dicttensor import DeviceLike, DictTensor
+from rlstruct.dicttensor import DeviceLike, DictTensor, _same_device
 from rlstruct.envs.base import VecEnv
 from rlstruct.errors import ConfigError
 from rlstruct.trajectories import Trajectories
@@ -31,15 +31,16 @@ __all__ = ["SerialBatcher", "make_env_on"]
 def make_env_on(
     create_env: Callable[..., VecEnv], env_args: Mapping[str, Any], seed: int, device: torch.device
 ) -> VecEnv:
-    """Builds the VecEnv and, for a non-CPU ``device``, wraps it in a DeviceEnv."""
+    """Builds the VecEnv and, when it lives on another device than ``device`` (its ``device``:
+    the CPU for gymnasium envs), wraps it in a DeviceEnv. A torch-native env built on the
+    batcher's device is used as it is: no copy to or from the host."""
     env = create_env(**env_args, seed=seed)
     if not isinstance(env, VecEnv):
         raise ConfigError(f"create_env returned a {type(env).__name__}, expected a VecEnv")
-    if device.type != "cpu":
-        from rlstruct.envs.device import DeviceEnv
+    from rlstruct.envs.device import DeviceEnv
 
-        if not isinstance(env, DeviceEnv):
-            env = DeviceEnv(env, torch.device("cpu"), device)
+    if not isinstance(env, DeviceEnv) and not _same_device(env.device, device):
+        env = DeviceEnv(env, env.device, device)
     return env
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 import gymnasium as gym
+import torch
 from torch import Tensor
 
 from rlstruct.dicttensor import DictTensor
@@ -53,6 +54,14 @@ class VecEnv(ABC):
     @abstractmethod
     def n_envs(self) -> int:
         """``N``, the number of envs (no side effect)."""
+
+    @property
+    def device(self) -> torch.device:
+        """Where the env's observations and running indices live and where ``step`` takes its
+        actions: the CPU unless a subclass says otherwise (a torch-native env: its own device;
+        ``DeviceEnv``: its ``to_device``). Batchers wrap an env in a ``DeviceEnv`` only when
+        this is not their device."""
+        return torch.device("cpu")
 
     def close(self) -> None:  # noqa: B027 - envs without resources need not override
         """Releases the envs."""

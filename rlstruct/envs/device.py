@@ -49,6 +49,11 @@ class DeviceEnv(VecEnv):
         self._up_async = self.from_device.type == "cpu" and self.to_device.type != "cpu"
 
     @property
+    def device(self) -> torch.device:
+        """``to_device``: where the caller sees the env."""
+        return self.to_device
+
+    @property
     def action_space(self) -> gym.Space:  # type: ignore[override]
         """The wrapped env's single-env action space."""
         return self.env.action_space

@@ -1,0 +1,654 @@
+"""``TorchVecEnv``: ``N`` environments whose state is one tensor ``(N, d)`` on a device.
+
+The dynamics of all ``N`` envs are one batched tensor computation, so the envs run where the
+agent and the batcher's buffer run (a GPU included) and a step costs a few dozen tensor ops
+whatever ``N``: no Python loop over envs, no copy to or from the host.
+
+A subclass declares its spaces and sizes and writes three pure functions (see
+:class:`TorchVecEnv`); the base class does the rest of the VecEnv contract
+(:mod:`rlstruct.envs.base`): reset, episode step limits, auto-reset, action checks, seeding and
+the observation keys of :class:`~rlstruct.envs.GymEnv`.
+
+Observations: the env's ``frame`` (the observation space's dtype, float32 for the classic
+control envs, whatever the state dtype) plus ``reward`` (float32), ``terminated``,
+``truncated``, ``done``, ``initial_state`` (bool), ``last_action`` (the action space's dtype and
+shape, its default at reset: 0 clipped into the space) and ``env_step`` (int64, 0 at reset):
+the keys, shapes and dtypes a ``GymEnv`` gives for the gymnasium env. Every tensor lives on the
+env's ``device``, running indices included (int64). Returned tensors never alias the env's state
+nor the caller's action.
+
+Flavours (``auto_reset``):
+
+- ``auto_reset=False`` (like ``GymEnv``): an env whose episode ends leaves ``running``; ``step``
+  takes one action row per running env; once all have ended, ``reset`` starts new episodes.
+  Shrinking ``running`` reads the ``done`` flags on the host: one device synchronisation per
+  step on a GPU.
+- ``auto_reset=True`` (like ``GymEnvInf``): all ``N`` envs run forever. At an episode end,
+  ``obs_t1`` keeps the TRUE final observation (with ``terminated``/``truncated``) and
+  ``obs_next`` holds the first observation of the next episode, drawn inside the same ``step``.
+  On a non-CPU device this path has no host synchronisation (the reset is a masked
+  ``torch.where`` over all rows); on the CPU only the rows that ended are redrawn. Both give the
+  same numbers.
+
+Episode ends: ``terminated`` is the env's own rule; ``truncated`` is gymnasium's ``TimeLimit``:
+true at the step where ``env_step`` reaches ``max_episode_steps`` (the gymnasium spec's value by
+default), whether or not the env also terminated. ``done`` is their OR.
+
+Random initial states (the reproducibility rule): env ``k`` of an env built with ``seed=s`` draws
+its initial states from its OWN counter-based stream, SplitMix64 seeded with ``mix64(s + k)``
+(``mix64`` is SplitMix64's output function). Reset number ``c`` of env ``k`` (``c = 0`` for its
+first reset, counted over ``reset()`` calls and auto-resets alike) takes the outputs
+``c * D + 1, ..., c * D + D`` of that stream, where ``D`` is the env's ``n_draws`` and output
+``i`` is ``mix64(mix64(s + k) + i * 0x9E3779B97F4A7C15 mod 2**64)``; each output becomes a
+uniform ``u`` in ``[0, 1)`` from its top ``m`` bits (``m`` = 24 for float32 states, 53 for
+float64: the significand's width), and the initial state is ``low + (high - low) * u`` per
+component, like gymnasium's ``np_random.uniform``. The streams are computed with int64 tensor
+arithmetic on the env's device: nothing is drawn from torch's global or device generators (a
+batcher's agent sampling from them does not shift the envs, and vice versa), the same seed
+gives the same initial states on the CPU and on a GPU, and the initial states of env ``k``
+depend only on ``s + k`` and on how many times env ``k`` was reset, never on ``N``, on the
+other envs, or on how envs are split among batcher workers. So ``CartPole(n_envs=8, seed=0)``
+env 5 and ``CartPole(n_envs=1, seed=5)`` env 0 play the same episodes under the same actions.
+(A single device generator drawing for all ``N`` envs at once would break this: the draws of
+env ``k`` would depend on which other envs reset at the same step.)
+
+Checks: ``step`` checks the action's key, row count (:class:`ShapeError`), device
+(:class:`DeviceContractError`), per-env shape and dtype (:class:`ActionError`) from metadata
+only, and its values against the action space (range, and finiteness for ``Box`` spaces) with
+one vectorised reduction; a bad action raises :class:`ActionError` naming the first bad env
+(``exc.env_index``, its local index) before any env is stepped. On a GPU that range check reads
+one flag on the host per step; ``check_actions=False`` drops it (out-of-range actions are then
+clipped or mapped by the dynamics, never an error).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import Tensor
+
+from rlstruct import keys as K
+from rlstruct.dicttensor import DictTensor, _same_device
+from rlstruct.envs.base import StepResult, VecEnv
+from rlstruct.errors import (
+    ActionError,
+    BatcherStateError,
+    ConfigError,
+    DeviceContractError,
+    KeyMismatchError,
+    ShapeError,
+)
+
+__all__ = ["TorchVecEnv", "splitmix64_uniform", "mix64"]
+
+# SplitMix64 constants (Steele, Lea and Flood 2014), as signed int64 (torch has no uint64 ops).
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
+_MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+_MIX2 = 0x94D049BB133111EB - (1 << 64)
+
+
+def _int64(x: int) -> int:
+    """``x`` mod 2**64 as a signed int64 value (two's complement)."""
+    x %= 1 << 64
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def _shr(x: Tensor, s: int) -> Tensor:
+    """Logical right shift of int64 ``x`` by ``s`` bits (torch's ``>>`` is arithmetic)."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def mix64(z: Tensor) -> Tensor:
+    """SplitMix64's output function over int64 tensors (bits as uint64, products mod 2**64).
+
+    Args:
+        z: int64 tensor of any shape.
+
+    Returns:
+        int64 tensor of the same shape: a bijective, well-mixed function of each element.
+    """
+    z = (z ^ _shr(z, 30)) * _MIX1
+    z = (z ^ _shr(z, 27)) * _MIX2
+    return z ^ _shr(z, 31)
+
+
+def splitmix64_uniform(state: Tensor, n: int, dtype: torch.dtype) -> Tensor:
+    """The next ``n`` uniforms in ``[0, 1)`` of SplitMix64 generators, one per row (vectorised).
+
+    Row ``r`` is a SplitMix64 generator in state ``state[r]``: its next outputs are
+    ``mix64(state[r] + i * 0x9E3779B97F4A7C15)`` for ``i = 1 .. n`` (after which its state is
+    ``state[r] + n * 0x9E3779B97F4A7C15``, products mod 2**64). Each output becomes a uniform
+    from its top ``m`` bits, ``m`` the significand width of ``dtype`` (24 for float32, 53 for
+    float64): exact integer maths, so the same numbers on every device.
+
+    Args:
+        state: int64 ``(R,)``, the generators' states.
+        n: outputs per row.
+        dtype: a floating dtype.
+
+    Returns:
+        ``(R, n)`` tensor of ``dtype`` on ``state``'s device.
+    """
+    steps = torch.arange(1, n + 1, device=state.device) * _GOLDEN  # wraps mod 2**64
+    out = mix64(state[:, None] + steps)
+    bits = round(-math.log2(torch.finfo(dtype).eps)) + 1  # significand bits, implicit one included
+    return _shr(out, 64 - bits).to(dtype) * (2.0**-bits)
+
+
+class TorchVecEnv(VecEnv):
+    """Base of VecEnvs whose ``N`` states form one tensor ``(N, d)`` on ``device``.
+
+    A subclass sets the class attributes below and writes three pure, batched functions (they
+    never read nor write the env's own state, so they may also be called directly, e.g. by a
+    hand-written loop or a planner):
+
+    - ``initial_state(u, options) -> (n, d)``: initial states from ``u`` ``(n, n_draws)``,
+      uniforms in ``[0, 1)`` of the state dtype, and ``options`` (``{name: (n,)}``, the reset
+      options of these rows, see ``reset_options``);
+    - ``dynamics(state, action) -> (next_state (n, d), reward (n,), terminated (n,) bool)``,
+      ``action`` ``(n, *action_shape)`` in the action space's dtype; must not modify ``state``;
+    - ``observe(state) -> (n, *obs_shape)``: the observation, a NEW tensor (never a view of
+      ``state``) in the observation space's dtype.
+
+    Class attributes:
+
+    - ``observation_space``, ``action_space``: single-env gymnasium spaces (a ``Box`` for
+      observations; ``Discrete`` or ``Box`` actions); each env gets its own copy.
+    - ``state_size``: ``d``. ``n_draws``: uniforms drawn per reset (``D``).
+    - ``default_max_episode_steps``: the time limit when the constructor gets ``None``.
+    - ``reset_options``: ``{name: default}``, the ``env_info`` keys that ``reset`` accepts (one
+      value per env, used by that env's resets until the next ``reset``; the defaults
+      otherwise), gymnasium's ``reset(options=...)`` names.
+
+    Args:
+        n_envs: ``N``.
+        seed: env ``k`` draws its initial states from the stream of ``seed + k`` (see the module
+            doc for the exact rule).
+        device: where the state, the observations and the running indices live; actions must
+            be given there.
+        dtype: the floating dtype of the state and of the dynamics (observations keep the
+            observation space's dtype): float32 for speed, float64 to match gymnasium's
+            float64 state.
+        max_episode_steps: ``truncated`` is set at the step where ``env_step`` reaches it
+            (``None``: ``default_max_episode_steps``).
+        auto_reset: ``False``: episodic (``GymEnv``-like); ``True``: every env restarts inside
+            ``step`` (``GymEnvInf``-like).
+        check_actions: check each action's value against the action space (a host
+            synchronisation per step on a GPU); shape, dtype and device are always checked.
+        env_id_offset: global index of env 0, used in error messages (batcher workers).
+
+    Raises:
+        ConfigError: a bad ``n_envs``, ``seed``, ``device``, ``dtype``, ``max_episode_steps`` or
+            ``env_id_offset``.
+    """
+
+    observation_space: gym.Space
+    action_space: gym.Space
+    state_size: ClassVar[int]
+    n_draws: ClassVar[int]
+    default_max_episode_steps: ClassVar[int]
+    reset_options: ClassVar[Mapping[str, float]] = {}
+
+    def __init__(
+        self,
+        n_envs: int = 1,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        max_episode_steps: int | None = None,
+        *,
+        auto_reset: bool = False,
+        check_actions: bool = True,
+        env_id_offset: int = 0,
+    ) -> None:
+        _check_int("n_envs", n_envs, 1)
+        _check_int("seed", seed, 0)
+        _check_int("env_id_offset", env_id_offset, 0)
+        if max_episode_steps is None:
+            max_episode_steps = self.default_max_episode_steps
+        _check_int("max_episode_steps", max_episode_steps, 1)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ConfigError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+        try:
+            dev = torch.device(device)
+            probe = torch.zeros(1, device=dev)
+        except (RuntimeError, TypeError, ValueError, AssertionError) as e:  # no CUDA: Assertion
+            raise ConfigError(f"device {device!r} is not usable: {e}") from e
+        if dev.type == "meta":
+            raise ConfigError("device 'meta' holds no values: a TorchVecEnv cannot run there")
+        self._device = probe.device  # with its index ("cuda" -> "cuda:0")
+        self._dtype = dtype
+        self._n = int(n_envs)
+        self._seed = int(seed)
+        self._offset = int(env_id_offset)
+        self.max_episode_steps = int(max_episode_steps)
+        self.auto_reset = bool(auto_reset)
+        self.check_actions = bool(check_actions)
+
+        self.observation_space = copy.deepcopy(type(self).observation_space)
+        self.action_space = copy.deepcopy(type(self).action_space)
+        self.action_space.seed(self._seed)
+        self._setup_action_spec(self.action_space)
+        self._obs_shape = tuple(self.observation_space.shape)
+        self._obs_dtype = _torch_dtype(self.observation_space.dtype)
+
+        dev, n = self._device, self._n
+        self._arange = torch.arange(n, device=dev)
+        # The SplitMix64 state of env k's stream: mix64(seed + k), advanced by n_draws outputs
+        # per reset of env k.
+        self._rng = mix64(self._seed + self._arange)
+        self._rng_advance = _int64(self.n_draws * _GOLDEN)
+        self._state = torch.zeros(n, self.state_size, dtype=dtype, device=dev)
+        self._t = torch.zeros(n, dtype=torch.long, device=dev)
+        self._options = self._default_options()
+        self._running: Tensor | None = None  # None before reset
+        self._closed = False
+        # Auto-reset without reading ``done`` on the host (masked over all rows): off the CPU.
+        self._sync_free = dev.type != "cpu"
+
+    # ------------------------------------------------------------------ subclass hooks
+    def initial_state(self, u: Tensor, options: Mapping[str, Tensor]) -> Tensor:
+        """Initial states ``(n, d)`` from uniforms ``u`` ``(n, n_draws)`` and reset options."""
+        raise NotImplementedError
+
+    def dynamics(self, state: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """One step of ``n`` envs: ``(next_state (n, d), reward (n,), terminated (n,))``."""
+        raise NotImplementedError
+
+    def observe(self, state: Tensor) -> Tensor:
+        """The observations ``(n, *obs_shape)`` of states ``(n, d)`` (a new tensor)."""
+        raise NotImplementedError
+
+    def check_options(self, options: Mapping[str, Tensor]) -> None:
+        """Raises :class:`ConfigError` for bad reset options ``{name: (N,)}`` (default: none)."""
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def device(self) -> torch.device:
+        """The device of the state, of every returned tensor, and of the actions ``step`` takes."""
+        return self._device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the state and of the dynamics."""
+        return self._dtype
+
+    @property
+    def seed(self) -> int:
+        """The seed: env ``k`` draws from the stream of ``seed + k``."""
+        return self._seed
+
+    @property
+    def state(self) -> Tensor:
+        """The live state ``(N, d)``, in gymnasium's own state layout (``env.unwrapped.state``).
+
+        The same tensor for the env's whole life, updated in place by ``step`` and ``reset``:
+        writing into it (``env.state[k] = s``) sets env ``k``'s state; so does assigning a
+        whole ``(N, d)`` tensor of the env's dtype and device (``env.state = s``, copied).
+        Neither changes ``env_step`` nor which envs are running.
+        """
+        return self._state
+
+    @state.setter
+    def state(self, value: Tensor) -> None:
+        if not isinstance(value, Tensor):
+            raise TypeError(f"state must be a torch.Tensor, got {type(value).__name__}")
+        if tuple(value.shape) != tuple(self._state.shape):
+            raise ShapeError(
+                f"state has shape {tuple(value.shape)}, expected {tuple(self._state.shape)} "
+                "(n_envs, state_size)"
+            )
+        if not _same_device(value.device, self._device):
+            raise DeviceContractError(
+                f"state is on {value.device}, expected {self._device} (the env's device)",
+                argument="state",
+                expected=self._device,
+                actual=value.device,
+            )
+        if value.dtype != self._dtype:
+            raise TypeError(
+                f"state has dtype {value.dtype}, expected {self._dtype} (the env's dtype); "
+                f"pass value.to({self._dtype}) (no silent cast)"
+            )
+        self._state.copy_(value)
+
+    def n_envs(self) -> int:
+        """``N``, the number of envs (no side effect)."""
+        return self._n
+
+    def observation_specs(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
+        """``{key: (shape without N, dtype)}`` of every observation, known before any reset."""
+        scalar = torch.Size()
+        return {
+            K.FRAME: (torch.Size(self._obs_shape), self._obs_dtype),
+            K.REWARD: (scalar, torch.float32),
+            K.TERMINATED: (scalar, torch.bool),
+            K.TRUNCATED: (scalar, torch.bool),
+            K.DONE: (scalar, torch.bool),
+            K.INITIAL_STATE: (scalar, torch.bool),
+            K.LAST_ACTION: (torch.Size(self._act_shape), self._act_dtype),
+            K.ENV_STEP: (scalar, torch.long),
+        }
+
+    # ------------------------------------------------------------------ reset
+    def reset(self, env_info: DictTensor | None = None) -> tuple[DictTensor, Tensor]:
+        """Resets every env (each continues its own random stream).
+
+        Args:
+            env_info: ``None`` (default reset options) or a DictTensor ``(N,)`` of reset
+                options named in ``reset_options`` (on any device); they hold for every reset
+                of the env, auto-resets included, until the next ``reset``.
+
+        Returns:
+            ``(observation (N, ...), running = arange(N))`` on the env's device.
+
+        Raises:
+            BatcherStateError: the env is closed.
+            ShapeError: ``env_info`` does not have ``N`` rows, or a key is not ``(N,)``.
+            KeyMismatchError: ``env_info`` has a key that is not a reset option.
+            ConfigError: option values the env refuses (e.g. ``low > high``).
+        """
+        self._check_open()
+        self._options = self._parse_options(env_info)
+        self._running = None
+        self._state.copy_(self._draw(self._arange))
+        self._t.zero_()
+        self._running = self._arange.clone()
+        n, dev = self._n, self._device
+        obs = {
+            K.FRAME: self.observe(self._state),
+            K.REWARD: torch.zeros(n, dtype=torch.float32, device=dev),
+            K.TERMINATED: torch.zeros(n, dtype=torch.bool, device=dev),
+            K.TRUNCATED: torch.zeros(n, dtype=torch.bool, device=dev),
+            K.DONE: torch.zeros(n, dtype=torch.bool, device=dev),
+            K.INITIAL_STATE: torch.ones(n, dtype=torch.bool, device=dev),
+            K.LAST_ACTION: self._default_action.expand(n, *self._act_shape).clone(),
+            K.ENV_STEP: torch.zeros(n, dtype=torch.long, device=dev),
+        }
+        return DictTensor._trusted(obs, n, dev), self._arange.clone()
+
+    def _draw(self, rows: Tensor) -> Tensor:
+        """The next initial states ``(len(rows), d)`` of envs ``rows`` (advances their streams)."""
+        state = self._rng[rows]
+        u = splitmix64_uniform(state, self.n_draws, self._dtype)
+        self._rng[rows] = state + self._rng_advance
+        options = {name: v[rows] for name, v in self._options.items()}
+        return self.initial_state(u, options)
+
+    def _draw_masked(self, mask: Tensor) -> Tensor:
+        """Initial states ``(N, d)`` for every env, advancing only the streams of ``mask``'s envs
+        (no host synchronisation)."""
+        u = splitmix64_uniform(self._rng, self.n_draws, self._dtype)
+        self._rng += mask * self._rng_advance
+        return self.initial_state(u, self._options)
+
+    def _default_options(self) -> dict[str, Tensor]:
+        return {
+            name: torch.full((self._n,), float(v), dtype=self._dtype, device=self._device)
+            for name, v in self.reset_options.items()
+        }
+
+    def _parse_options(self, env_info: DictTensor | None) -> dict[str, Tensor]:
+        options = self._default_options()
+        if env_info is None:
+            return options
+        if not isinstance(env_info, DictTensor):
+            raise TypeError(f"env_info must be a DictTensor or None, got {type(env_info).__name__}")
+        if env_info.empty():
+            return options
+        if env_info.n_elems() != self._n:
+            raise ShapeError(
+                f"env_info has {env_info.n_elems()} rows, expected {self._n} (one per env)"
+            )
+        unknown = sorted(set(env_info.keys()) - set(options))
+        if unknown:
+            raise KeyMismatchError(
+                f"env_info has keys {unknown} that {type(self).__name__} does not take; its "
+                f"reset options are {sorted(options)}"
+            )
+        for name, v in env_info.items():
+            if v.dim() != 1 or v.dtype.is_complex or v.dtype == torch.bool:
+                raise ShapeError(
+                    f"env_info[{name!r}] is {tuple(v.shape)} {v.dtype}, expected ({self._n},) "
+                    "real numbers (one value per env)"
+                )
+            options[name] = v.to(self._device, self._dtype)
+        self.check_options(options)
+        return options
+
+    # ------------------------------------------------------------------ step
+    def step(self, action: DictTensor) -> StepResult:
+        """Steps the running envs (all ``N`` with ``auto_reset``).
+
+        Args:
+            action: DictTensor with ``action`` of shape ``(n_running, *action_shape)`` on the
+                env's device, rows in the order of ``running``.
+
+        Returns:
+            ``((obs_t1, was_running), (obs_next, still_running))`` (see the module doc);
+            ``obs_next`` shares ``obs_t1``'s tensors when no env ended (CPU).
+
+        Raises:
+            BatcherStateError: no reset yet, closed, or no env running.
+            ShapeError: ``action`` does not have one row per running env.
+            DeviceContractError: ``action`` is on another device than the env.
+            ActionError: a wrong per-env shape or dtype, or a value outside the action space
+                (no env was stepped).
+        """
+        run = self._begin_step()
+        n = run.shape[0]
+        a = self._check_action(action, run)
+        full = n == self._n
+        if full:
+            nxt, reward, terminated = self.dynamics(self._state, a)
+            t = self._t + 1
+        else:
+            nxt, reward, terminated = self.dynamics(self._state[run], a)
+            t = self._t[run] + 1
+        truncated = t >= self.max_episode_steps
+        done = terminated | truncated
+        dev = self._device
+        # One allocation for the all-false flags of this step (disjoint views): obs_t1's
+        # initial_state, obs_next's terminated, truncated and done.
+        false = torch.zeros(4, n, dtype=torch.bool, device=dev).unbind(0)
+        obs_t1 = {
+            K.FRAME: self.observe(nxt),
+            K.REWARD: reward.to(torch.float32),
+            K.TERMINATED: terminated,
+            K.TRUNCATED: truncated,
+            K.DONE: done,
+            K.INITIAL_STATE: false[0],
+            K.LAST_ACTION: a,
+            K.ENV_STEP: t,
+        }
+        if self.auto_reset:
+            obs_next = self._auto_reset(nxt, t, obs_t1, false[1:])
+            # Fresh index tensors: a caller may modify them in place.
+            return (DictTensor._trusted(obs_t1, n, dev), run.clone()), (
+                DictTensor._trusted(obs_next, n, dev),
+                run.clone(),
+            )
+        # Episodic: ended envs keep their final state and leave ``running``.
+        if full:
+            self._state.copy_(nxt)
+            self._t.copy_(t)
+        else:
+            self._state[run] = nxt
+            self._t[run] = t
+        t1 = DictTensor._trusted(obs_t1, n, dev)
+        if not bool(done.any()):
+            return (t1, run.clone()), (DictTensor._trusted(dict(obs_t1), n, dev), run.clone())
+        keep = ~done
+        still = run[keep]
+        self._running = still
+        return (t1, run.clone()), (t1.index(keep), still.clone())
+
+    def _auto_reset(
+        self, nxt: Tensor, t: Tensor, obs_t1: dict[str, Tensor], false: tuple[Tensor, ...]
+    ) -> dict[str, Tensor]:
+        """Stores the stepped states, redraws those of the envs that ended; returns ``obs_next``
+        (``false``: three all-false ``(N,)`` tensors for its flags)."""
+        done = obs_t1[K.DONE]
+        n = self._n
+        if self._sync_free:
+            init = self._draw_masked(done)
+            self._state.copy_(torch.where(done[:, None], init, nxt))
+            frame = self.observe(self._state)
+        else:
+            ended = done.nonzero().squeeze(1)
+            self._state.copy_(nxt)
+            if ended.shape[0] == 0:
+                self._t.copy_(t)
+                return dict(obs_t1)
+            init = self._draw(ended)
+            self._state[ended] = init
+            frame = obs_t1[K.FRAME].index_put((ended,), self.observe(init))
+        t_next = t.masked_fill(done, 0)
+        self._t.copy_(t_next)
+        a = obs_t1[K.LAST_ACTION]
+        mask = done.view(n, *([1] * (a.dim() - 1)))
+        return {
+            K.FRAME: frame,
+            K.REWARD: obs_t1[K.REWARD].masked_fill(done, 0.0),
+            K.TERMINATED: false[0],
+            K.TRUNCATED: false[1],
+            K.DONE: false[2],
+            K.INITIAL_STATE: done.clone(),
+            K.LAST_ACTION: torch.where(mask, self._default_action, a),
+            K.ENV_STEP: t_next,
+        }
+
+    def _begin_step(self) -> Tensor:
+        self._check_open()
+        run = self._running
+        if run is None:
+            raise BatcherStateError(
+                f"{type(self).__name__}.step called before reset(); call reset() first"
+            )
+        if run.shape[0] == 0:
+            raise BatcherStateError(
+                f"{type(self).__name__}.step called with no running env: every episode has "
+                "ended; call reset() to start new ones"
+            )
+        return run
+
+    # ------------------------------------------------------------------ actions
+    def _setup_action_spec(self, space: gym.Space) -> None:
+        if isinstance(space, spaces.Discrete):
+            self._act_discrete = True
+            self._act_shape: tuple[int, ...] = ()
+            self._act_dtype = torch.long
+            low, high = int(space.start), int(space.start + space.n - 1)
+            default = min(max(0, low), high)
+            self._act_low: Any = low
+            self._act_high: Any = high
+        elif isinstance(space, spaces.Box):
+            self._act_discrete = False
+            self._act_shape = tuple(space.shape)
+            self._act_dtype = _torch_dtype(space.dtype)
+            lo = torch.as_tensor(np.asarray(space.low), dtype=self._act_dtype)
+            hi = torch.as_tensor(np.asarray(space.high), dtype=self._act_dtype)
+            default = torch.clamp(torch.zeros(self._act_shape, dtype=self._act_dtype), lo, hi)
+            self._act_low = lo.to(self._device)
+            self._act_high = hi.to(self._device)
+        else:
+            raise ConfigError(
+                f"{type(self).__name__}: action space {space!r} is not supported by "
+                "TorchVecEnv (Discrete or Box)"
+            )
+        self._default_action = torch.as_tensor(default, dtype=self._act_dtype, device=self._device)
+
+    def _check_action(self, action: DictTensor, run: Tensor) -> Tensor:
+        """The checked action in the space's dtype (a fresh tensor: never the caller's)."""
+        if not isinstance(action, DictTensor):
+            raise TypeError(f"step takes a DictTensor, got {type(action).__name__}")
+        a = action[K.ACTION_KEY]
+        n = run.shape[0]
+        if a.shape[0] != n:
+            raise ShapeError(
+                f"action has {a.shape[0]} rows, expected {n} (one per running env, in the order "
+                "of `running`)"
+            )
+        if not _same_device(a.device, self._device):
+            raise DeviceContractError(
+                f"{type(self).__name__} runs on {self._device}, but the action is on "
+                f"{a.device}; give actions on the env's device",
+                argument="action",
+                key=K.ACTION_KEY,
+                expected=self._device,
+                actual=a.device,
+            )
+        if tuple(a.shape[1:]) != self._act_shape:
+            raise ActionError(
+                f"action has shape {tuple(a.shape)}, expected {(n, *self._act_shape)} for the "
+                f"action space {self.action_space!r} (one row per running env)"
+            )
+        if a.dtype.is_complex or (self._act_discrete and a.dtype.is_floating_point):
+            need = "an integer dtype" if self._act_discrete else "a real dtype"
+            raise ActionError(
+                f"action dtype {a.dtype} is not {need}, as {self.action_space!r} needs"
+                + ("; return integer actions (e.g. .long())" if self._act_discrete else "")
+            )
+        a = a.detach().to(self._act_dtype, copy=True)  # validate what the env will get
+        if self.check_actions:
+            if self._act_discrete:
+                lo, hi = torch.aminmax(a)
+                bad = int(lo) < self._act_low or int(hi) > self._act_high
+            else:
+                bad = not bool(self._in_box(a).all())
+            if bad:
+                self._action_error(a, run)
+        return a
+
+    def _in_box(self, a: Tensor) -> Tensor:
+        """``(n,)`` bool: row inside the Box (finite and within ``[low, high]``)."""
+        ok = torch.isfinite(a) & (a >= self._act_low) & (a <= self._act_high)
+        return ok.reshape(a.shape[0], -1).all(dim=1)
+
+    def _action_error(self, a: Tensor, run: Tensor) -> None:
+        if self._act_discrete:
+            ok = (a >= self._act_low) & (a <= self._act_high)
+        else:
+            ok = self._in_box(a)
+        row = int((~ok).nonzero()[0, 0])
+        k = int(run[row])
+        why = " (NaN/Inf or out of [low, high])" if not self._act_discrete else ""
+        err = ActionError(
+            f"env {self._offset + k}: action {a[row].tolist()} is outside the action space "
+            f"{self.action_space!r}{why}"
+        )
+        err.env_index = k  # type: ignore[attr-defined]
+        raise err
+
+    # ------------------------------------------------------------------ misc
+    def close(self) -> None:
+        """Marks the env closed (idempotent); later ``reset``/``step`` raise."""
+        self._closed = True
+        self._running = None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BatcherStateError(f"{type(self).__name__} is closed")
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(n_envs={self._n}, seed={self._seed}, device={self._device}, "
+            f"dtype={self._dtype}, max_episode_steps={self.max_episode_steps}, "
+            f"auto_reset={self.auto_reset})"
+        )
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def _torch_dtype(dtype: Any) -> torch.dtype:
+    return torch.from_numpy(np.zeros(1, dtype=dtype)).dtype
