@@ -75,9 +75,13 @@ BENCH_DIR = Path(__file__).resolve().parent
 ENV_ID = "CartPole-v1"
 TARGET_RETURN = 475.0
 WINDOW = 20  # finished training episodes averaged
-ALGOS = ("reinforce", "a2c", "ppo", "ppo_pipelined", "dqn", "impala")
-#: Benchmark rows that run an algorithm with another layout: name -> (module, layout fields).
-VARIANTS = {"ppo_pipelined": ("ppo", {"pipeline": 2})}
+ALGOS = ("reinforce", "a2c", "ppo", "ppo_pipelined", "ppo_torch_env", "dqn", "impala")
+#: Benchmark rows that run an algorithm otherwise: name -> (module, layout fields, config fields).
+VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+    "ppo_pipelined": ("ppo", {"pipeline": 2}, {}),
+    # torch-native CartPole in a SerialBatcher on the learner's device (the CPU here)
+    "ppo_torch_env": ("ppo", {"n_processes": 1, "n_envs": 16}, {"env_backend": "torch"}),
+}
 IMPALA_MAX_RATIO = 0.6  # IMPALA / rlstruct PPO median launch->solve
 IMPALA_MIN_CORES = 1.8  # cores busy during an IMPALA run
 SB3_PEERS = {"ppo": "PPO", "a2c": "A2C", "dqn": "DQN"}  # rlstruct algo -> SB3 class
@@ -95,7 +99,7 @@ def run_rlstruct(name: str, seed: int, budget: float, out_root: str) -> dict[str
     """
     import torch  # the algo imports it anyway
 
-    module, layout_fields = VARIANTS.get(name, (name, {}))
+    module, layout_fields, config_fields = VARIANTS.get(name, (name, {}, {}))
     mod = importlib.import_module(f"algos.{module}")
     overrides: dict[str, Any] = {
         "seed": seed, "time_budget": float(budget), "runs_dir": out_root,
@@ -105,6 +109,7 @@ def run_rlstruct(name: str, seed: int, budget: float, out_root: str) -> dict[str
         import dataclasses
 
         overrides["layout"] = dataclasses.replace(mod.Config().layout, **layout_fields)
+    overrides.update(config_fields)
     entered = time.time()
     summary = mod.main(mod.Config(**overrides))
     return {
@@ -481,7 +486,7 @@ def _sanitize(x: Any) -> Any:
 def cli_ok(algo: str) -> bool:
     """``python -m algos.<algo> --help`` exits 0."""
     try:
-        module = VARIANTS.get(algo, (algo, {}))[0]
+        module = VARIANTS.get(algo, (algo, {}, {}))[0]
         r = subprocess.run([sys.executable, "-m", f"algos.{module}", "--help"], cwd=ROOT,
                            env=_child_env(), capture_output=True, timeout=60)
     except subprocess.TimeoutExpired:

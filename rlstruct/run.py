@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import gymnasium as gym
 import torch
@@ -56,6 +56,8 @@ from rlstruct.checks import CheckDevice
 from rlstruct.devices import resolve_device
 from rlstruct.dicttensor import DictTensor
 from rlstruct.envs.base import VecEnv
+from rlstruct.envs.gym import GymEnvInf
+from rlstruct.envs.torch import make_torch_env
 from rlstruct.episodes import EpisodeTracker
 from rlstruct.errors import ConfigError
 from rlstruct.evaluation import Evaluator
@@ -105,6 +107,10 @@ class RunConfig:
     """discount factor"""
     max_grad_norm: float = 0.5
     """clip the global gradient norm to this (0: no clipping)"""
+    env_backend: Literal["gymnasium", "torch"] = "gymnasium"
+    """training envs: gymnasium's, or rlstruct's torch-native version of env_id (batched tensor
+    maths on the batcher's device: CartPole-v1, Acrobot-v1, MountainCar-v0, Pendulum-v1); the
+    evaluation always plays gymnasium's env"""
     layout: Annotated[LayoutConfig, tyro.conf.OmitArgPrefixes] = field(
         default_factory=LayoutConfig
     )
@@ -207,6 +213,15 @@ class Run:
             ConfigError: ``layout.pipeline > 1`` for an algorithm that does not support it.
         """
         layout = self.cfg.layout
+        env_args: dict[str, Any] = {"env": self.cfg.env_id, "n_envs": layout.n_envs}
+        if self.cfg.env_backend == "torch":
+            if create_env is not GymEnvInf:
+                raise ConfigError(
+                    f"{self.algo} collects with {getattr(create_env, '__name__', create_env)}; "
+                    "--env-backend torch replaces auto-reset gymnasium envs (GymEnvInf) only"
+                )
+            create_env = make_torch_env
+            env_args["device"] = str(resolve_device(layout.batcher_device))
         if layout.pipeline > 1 and not pipelined:
             raise ConfigError(
                 f"{self.algo} collects synchronously; --pipeline {layout.pipeline} is for "
@@ -215,7 +230,7 @@ class Run:
         batcher = make_batcher(
             device=layout.batcher_device, n_processes=layout.n_processes,
             n_timesteps=n_timesteps, create_agent=create_agent, agent_args=agent_args,
-            create_env=create_env, env_args={"env": self.cfg.env_id, "n_envs": layout.n_envs},
+            create_env=create_env, env_args=env_args,
             seeds=self.cfg.seed, agent_info=agent_info, check_devices=layout.check_devices,
             pipeline=layout.pipeline,
         )

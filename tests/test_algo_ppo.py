@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from trajectory_builders import collect, gae_by_loops, steps
 
 from algos import ppo
 from rlstruct import DictTensor, Trajectories, replay_agent_stateless
-from rlstruct.errors import DeviceContractError
+from rlstruct.errors import ConfigError, DeviceContractError
 from rlstruct.experiment import LayoutConfig
 
 
@@ -198,3 +199,21 @@ def test_gpu_layout(tmp_path):
         max_frames=2000, eval_every=1, n_epochs=2, runs_dir=str(tmp_path),
     )
     check_run_dir(Path(ppo.main(cfg)["run_dir"]))
+
+
+def test_torch_env_backend_trains_in_the_learners_process(tmp_path):
+    cfg = ppo.Config(layout=layout(n_envs=16), env_backend="torch", n_timesteps=16,
+                     max_frames=2000, eval_every=0, n_epochs=1, runs_dir=str(tmp_path))
+    run_dir = Path(ppo.main(cfg)["run_dir"])
+    rows = check_run_dir(run_dir)
+    assert int(rows[-1]["frames"]) >= 2000 and float(rows[-1]["episodes"]) > 16
+    config = json.loads((run_dir / "config.json").read_text())["config"]
+    assert config["env_backend"] == "torch"
+
+
+def test_torch_env_backend_is_refused_for_episodic_collection(tmp_path):
+    from algos import reinforce
+
+    cfg = reinforce.Config(layout=layout(), env_backend="torch", runs_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="GymEnvInf"):
+        reinforce.main(cfg)
