@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import math
 
-from torch import nn
+import torch  # noqa: F401 - the doctests use it
+from torch import Tensor, nn
 
-__all__ = ["linear", "mlp"]
+__all__ = ["linear", "mlp", "conv", "nature_cnn", "CNNActorCritic"]
 
 
 def linear(n_in: int, n_out: int, gain: float) -> nn.Linear:
@@ -44,3 +45,56 @@ def mlp(n_in: int, hidden: int, n_out: int, out_gain: float) -> nn.Sequential:
         linear(n_in, hidden, g), nn.Tanh(), linear(hidden, hidden, g), nn.Tanh(),
         linear(hidden, n_out, out_gain),
     )
+
+
+def conv(c_in: int, c_out: int, kernel: int, stride: int, gain: float = math.sqrt(2)) -> nn.Conv2d:
+    """A convolution with orthogonal weights scaled by ``gain`` and zero biases."""
+    layer = nn.Conv2d(c_in, c_out, kernel, stride)
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def nature_cnn(in_channels: int = 4, features: int = 512) -> nn.Sequential:
+    """The DQN "Nature" trunk for ``(B, C, 84, 84)`` frames: conv 32x8/4, 64x4/2, 64x3/1, ReLU,
+    then a linear layer to ``features`` (ReLU). Frames are uint8 pixels: divide by 255 first.
+
+    Examples:
+        >>> nature_cnn()(torch.zeros(2, 4, 84, 84)).shape
+        torch.Size([2, 512])
+    """
+    return nn.Sequential(
+        conv(in_channels, 32, 8, 4), nn.ReLU(), conv(32, 64, 4, 2), nn.ReLU(),
+        conv(64, 64, 3, 1), nn.ReLU(), nn.Flatten(),
+        linear(64 * 7 * 7, features, math.sqrt(2)), nn.ReLU(),
+    )
+
+
+class CNNActorCritic(nn.Module):
+    """Actor and critic heads on one Nature-CNN trunk, for stacked Atari frames.
+
+    ``forward(frame) -> (logits (n, A), value (n,))`` and ``value(frame) -> (n,)`` for uint8
+    frames ``(n, C, 84, 84)`` (scaled to [0, 1] inside): the interface of the algorithms' MLP
+    actor-critics, so ``--model cnn`` swaps it in.
+
+    Args:
+        n_actions: number of discrete actions.
+        in_channels: stacked frames ``C``.
+    """
+
+    def __init__(self, n_actions: int, in_channels: int = 4) -> None:
+        super().__init__()
+        self.trunk = nature_cnn(in_channels)
+        self.actor = linear(512, n_actions, 0.01)
+        self.critic = linear(512, 1, 1.0)
+
+    def _features(self, frame: Tensor) -> Tensor:
+        return self.trunk(frame.float() / 255.0)
+
+    def value(self, frame: Tensor) -> Tensor:
+        """``V(frame)``, ``(n,)``."""
+        return self.critic(self._features(frame)).squeeze(-1)
+
+    def forward(self, frame: Tensor) -> tuple[Tensor, Tensor]:
+        x = self._features(frame)
+        return self.actor(x), self.critic(x).squeeze(-1)
