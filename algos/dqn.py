@@ -228,12 +228,12 @@ def main(cfg: Config) -> dict[str, Any]:
         buffer = ReplayBuffer(cfg.buffer_size, device=run.device, keys=STORED_KEYS)
         run.checkpoint_state(model=model, target=target, optimizer=optimizer)
         n_rows, n_updates, stats = batcher.n_elems(), 0, {}
-
         # 1. Store each segment and start the next one (the workers collect it meanwhile).
         for traj in run.segments(batcher, agent_info=epsilon(0, n_rows, cfg)):
             buffer.add(traj)
-            batcher.update(model.state_dict())
-            batcher.execute(agent_info=epsilon(run.frames, n_rows, cfg))
+            with run.monitor.phase("collect"):
+                batcher.update(model.state_dict())
+                batcher.execute(agent_info=epsilon(run.frames, n_rows, cfg))
             # 2. Gradient steps on uniform samples of the buffer, on the learner device.
             for _ in range(cfg.updates_per_batch if len(buffer) >= cfg.learning_starts else 0):
                 stats = learn(agent, target, optimizer, buffer.sample(cfg.batch_size), cfg)

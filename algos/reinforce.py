@@ -209,7 +209,8 @@ def main(cfg: Config) -> dict[str, Any]:
         run.checkpoint_state(model=model, optimizer=optimizer)
         while not run.done:
             # 1. Collect B full episodes with the current policy.
-            traj = play_episodes(batcher, run).to(run.device)
+            with run.monitor.phase("collect"):
+                traj = play_episodes(batcher, run).to(run.device)
             # 2. One gradient step: replay the agent on the learner device, then the loss.
             out = replay_agent_stateless(agent, traj)
             loss, stats = reinforce_loss(

@@ -5,6 +5,11 @@ Commands:
         a run directory or a folder of run directories (``runs/``): every run found is drawn on
         one figure. Default OUT: ``RUN/returns.png`` for one run directory,
         ``FOLDER/compare.png`` for one folder of runs, ``./compare.png`` otherwise.
+    sweep ALGO [options] [-- algorithm flags]   run an algorithm over seeds (sessions) and
+        config variants (trials) in parallel processes, GPUs in rotation; writes a summary CSV
+        and trial graphs (see ``python -m rlstruct sweep --help`` and rlstruct/sweep.py).
+    tune [options]   measure candidate batcher layouts within a time budget and write the best
+        to a JSON file that ``--layout`` accepts (see ``python -m rlstruct tune --help``).
 """
 
 from __future__ import annotations
@@ -19,6 +24,15 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the process exit code (argparse errors exit with 2)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sweep"]:
+        from rlstruct.sweep import main as sweep_main
+
+        return sweep_main(argv[1:])
+    if argv[:1] == ["tune"]:
+        from rlstruct.tune import main as tune_main
+
+        return tune_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m rlstruct", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

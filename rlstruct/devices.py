@@ -19,7 +19,7 @@ import torch
 
 from rlstruct.errors import ConfigError
 
-__all__ = ["resolve_device", "is_accelerator", "available_devices"]
+__all__ = ["resolve_device", "is_accelerator", "available_devices", "session_device"]
 
 # Device types that hold no real memory to compute on, or that are the host.
 _NOT_ACCELERATORS = frozenset({"cpu", "meta"})
@@ -95,6 +95,55 @@ def available_devices() -> list[torch.device]:
     if xpu is not None and xpu.is_available():
         devices += [torch.device("xpu", i) for i in range(xpu.device_count())]
     return devices
+
+
+def session_device(
+    trial: int, session: int, sessions_per_trial: int, n_gpus: int, offset: int = 0
+) -> torch.device:
+    """The learner device of one session of a sweep: GPUs taken in turn across trials.
+
+    ``cuda:((trial * sessions_per_trial + session + offset) % n_gpus)``, or the CPU when
+    ``n_gpus`` is 0: SLM-Lab's rotation, where ``offset`` is its ``CUDA_OFFSET`` (start a second
+    sweep on the GPUs the first one leaves free). A pure function: it makes no CUDA call and does
+    not check that the GPU exists (:func:`resolve_device` does, in the session).
+
+    Example:
+        >>> [str(session_device(0, s, 4, n_gpus=2)) for s in range(4)]
+        ['cuda:0', 'cuda:1', 'cuda:0', 'cuda:1']
+        >>> [str(session_device(0, s, 4, n_gpus=8, offset=4)) for s in range(4)]
+        ['cuda:4', 'cuda:5', 'cuda:6', 'cuda:7']
+        >>> session_device(3, 1, 4, n_gpus=0)
+        device(type='cpu')
+
+    Args:
+        trial: the trial (config variant) index, >= 0.
+        session: the session (seed) index inside the trial, ``0 <= session <
+            sessions_per_trial``.
+        sessions_per_trial: sessions per trial, >= 1.
+        n_gpus: GPUs to rotate over, >= 0 (0: CPU).
+        offset: added before the modulo, >= 0.
+
+    Raises:
+        TypeError: an argument is not an ``int`` (``bool`` included).
+        ConfigError: an argument is negative, ``sessions_per_trial`` is 0, or ``session`` is not
+            below ``sessions_per_trial``.
+    """
+    args = {"trial": trial, "session": session, "sessions_per_trial": sessions_per_trial,
+            "n_gpus": n_gpus, "offset": offset}
+    for name, value in args.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"session_device: {name} must be an int, got {value!r}")
+    negative = [f"{name}={value}" for name, value in args.items() if value < 0]
+    if negative:
+        raise ConfigError(f"session_device: arguments must be >= 0, got {', '.join(negative)}")
+    if sessions_per_trial < 1:
+        raise ConfigError("session_device: sessions_per_trial must be >= 1, got 0")
+    if session >= sessions_per_trial:
+        raise ConfigError(f"session_device: session {session} is out of range for "
+                          f"{sessions_per_trial} sessions per trial")
+    if n_gpus == 0:
+        return torch.device("cpu")
+    return torch.device("cuda", (trial * sessions_per_trial + session + offset) % n_gpus)
 
 
 def _names() -> str:

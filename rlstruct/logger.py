@@ -349,6 +349,8 @@ class RunLogger:
         parts.append(f"{self.train_column} {row[self.train_column]:.2f}")
         if not math.isnan(self._last_eval):
             parts.append(f"last eval {self._last_eval:.2f}")
+        if "cores_busy" in row and not math.isnan(row["cores_busy"]):
+            parts.append(f"{row['cores_busy']:.1f} cores")
         line = " | ".join(parts)
         if self._tty:  # rewrite in place; blank out the rest of a longer previous line
             pad = max(0, self._line_len - len(line))
@@ -364,6 +366,10 @@ class RunLogger:
 
         try:
             plot_runs([self.dir], self.dir / "returns.png")
+            if "cores_busy" in self._header:
+                from rlstruct.monitor import resources_figure
+
+                resources_figure(self.dir / "progress.csv", self.dir / "resources.png")
         except ImportError:
             warnings.warn(
                 "matplotlib is not installed: skipping returns.png "

@@ -63,6 +63,7 @@ from rlstruct.errors import ConfigError
 from rlstruct.evaluation import Evaluator
 from rlstruct.experiment import LayoutConfig, make_batcher
 from rlstruct.logger import RunLogger, config_to_dict
+from rlstruct.monitor import ResourceMonitor
 from rlstruct.trajectories import Trajectories
 
 __all__ = ["RunConfig", "Run", "env_dims"]
@@ -111,6 +112,9 @@ class RunConfig:
     """training envs: gymnasium's, or rlstruct's torch-native version of env_id (batched tensor
     maths on the batcher's device: CartPole-v1, Acrobot-v1, MountainCar-v0, Pendulum-v1); the
     evaluation always plays gymnasium's env"""
+    layout_file: Annotated[str | None, tyro.conf.arg(aliases=("--layout",))] = None
+    """a layout file of `python -m rlstruct tune` (tune.json): its batcher_device, n_processes,
+    n_envs, pipeline and n_timesteps replace the config's"""
     layout: Annotated[LayoutConfig, tyro.conf.OmitArgPrefixes] = field(
         default_factory=LayoutConfig
     )
@@ -127,6 +131,10 @@ class RunConfig:
                             f"{self.max_grad_norm}")
         if problems:
             raise ConfigError("; ".join(problems))
+        if self.layout_file is not None:
+            from rlstruct.tune import apply_layout
+
+            apply_layout(self, self.layout_file)
 
 
 def env_dims(env_id: str) -> tuple[int, int]:
@@ -189,6 +197,9 @@ class Run:
             algo, cfg.env_id, cfg, cfg.runs_dir, total_frames=cfg.max_frames,
             window=cfg.target_window, code_dir=_code_dir(cfg),
         )
+        #: Per iteration: seconds collecting/learning/waiting, cores busy, memory, GPU use.
+        self.monitor = ResourceMonitor()
+        self._stack.callback(self.monitor.close)
 
     # ------------------------------------------------------------------ set-up
     def training_batcher(
@@ -296,11 +307,13 @@ class Run:
         batcher.reset(agent_info=agent_info)
         batcher.execute()
         while True:
-            traj, _ = batcher.get()
+            with self.monitor.phase("collect"):
+                traj, _ = batcher.get()
             self.record(traj)
             if self.done:
                 return
-            yield traj
+            with self.monitor.phase("learn"):
+                yield traj
 
     def publish(self, batcher: Batcher | SerialBatcher, weights: Any) -> None:
         """Hands the new weights to the batcher and starts the next segment.
@@ -309,9 +322,10 @@ class Run:
         (``layout.pipeline >= 2``) is already collecting the next segment, and the update lets
         the segment after it start with these weights.
         """
-        batcher.update(weights)
-        if getattr(batcher, "pipeline", 1) == 1:
-            batcher.execute()
+        with self.monitor.phase("collect"):  # a synchronous batcher collects in execute()
+            batcher.update(weights)
+            if getattr(batcher, "pipeline", 1) == 1:
+                batcher.execute()
 
     @property
     def done(self) -> bool:
@@ -331,6 +345,7 @@ class Run:
                 eval_return = self.eval_return = result
             if self.iteration % self.cfg.eval_every == 0:
                 self._evaluator.start(weights)
+        metrics = {**metrics, **self.monitor.sample(self.frames)}
         self.logger.log(self.frames, iteration=self.iteration, eval_return=eval_return, **metrics)
         if self.iteration % self.cfg.checkpoint_every == 0:
             self.checkpoint()
@@ -359,7 +374,8 @@ class Run:
                 if self.stopped_by is None:  # Ctrl-C, or a loop that ended on its own
                     self.stopped_by = "interrupted" if exc_type is not None else "loop_end"
                 if self.logger.n_rows == 0 or self.logger.frames != self.frames:
-                    self.logger.log(self.frames, iteration=self.iteration, eval_return=math.nan)
+                    self.logger.log(self.frames, iteration=self.iteration, eval_return=math.nan,
+                                    **self.monitor.sample(self.frames))
                 self.checkpoint()
         finally:
             try:

@@ -1,38 +1,46 @@
-"""Tutorial 07 — Using the machine: serial vs processes, envs per process, threads.
+"""Tutorial 07 — Using the machine: let the tuner choose the batcher's layout.
 
-Collection speed is steps per second, and the machine's share in it is how many cores the
-process tree keeps busy. This tutorial measures both, for about a second each, on CartPole:
-one process with one env, one process with N envs (one batched agent call per step), and
-worker processes with N/2 envs each. It prints a table and the rules of thumb that follow.
-Numbers depend on the machine and on what else runs on it; the ratios are what matter.
+How fast a run collects depends on its *layout*: one process stepping all the envs
+(SerialBatcher) or P worker processes (Batcher), how many envs each process steps (one batched
+agent call per step for all of them), the segment length T, and whether the workers collect the
+next segment while the learner learns (pipeline 2). The best layout depends on the machine, on
+what else runs on it, on the env and on the model, so rlstruct measures it instead of guessing:
 
-Run: python tutorials/07_resource_usage.py   (about 8 seconds: three 1 s runs plus worker start-up)
+    python -m rlstruct tune --algo ppo --budget 60 --out tune.json   # from the shell
+    rlstruct.tune.tune(create_agent, agent_args, create_env, env_args, budget_s=60)  # Python
+
+The tuner builds each candidate batcher, collects for a moment and reports steps/s, the cores
+the whole process tree kept busy, steps per CPU-second and the start-up time. It does not try
+the whole grid: a coordinate search moves from the middle of the grid along one axis at a time
+(workers, envs per process, T, pipeline) towards the fastest layout, then measures the leaders
+again, longer and in turn, so a lucky quiet moment on a shared machine does not decide. It
+writes its pick to a JSON file of LayoutConfig fields that make_batcher and the algorithms read.
+
+This tutorial tunes a small candidate set (12 layouts) in about 8 seconds, then builds the
+chosen batcher from the file. Numbers depend on the machine and its load; with
+`objective="steps_per_cpu_s"` the tuner prefers layouts that waste no core (a shared machine).
+
+Run: python tutorials/07_resource_usage.py   (about 12 seconds on 2 cores)
 """
 
-import os
-import time
+import json
+import tempfile
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from rlstruct import Agent, Batcher, DictTensor, SerialBatcher
+from rlstruct import Agent, DictTensor
 from rlstruct.envs import GymEnvInf
-
-try:
-    import psutil  # installed with the dev extras; without it only steps/s are measured
-except ImportError:
-    psutil = None
-
-N_ENVS = 8
-SECONDS = 1.0
-T = 32
+from rlstruct.experiment import make_batcher
+from rlstruct.tune import candidate_grid, read_layout, tune, write_layout
 
 
 class Policy(Agent):
     """A small MLP that samples actions: a realistic cost per agent call."""
 
-    def __init__(self) -> None:
-        self.model = nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 2))
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
         self.generator = torch.Generator()
 
     def seed(self, seed: int) -> None:
@@ -44,80 +52,61 @@ class Policy(Agent):
         return DictTensor({"action": action}), state
 
 
-def cpu_seconds() -> float:
-    """CPU time (user + system) used so far by this process and its children (the workers)."""
-    if psutil is None:
-        return float("nan")
-    tree = [psutil.Process(), *psutil.Process().children(recursive=True)]
-    total = 0.0
-    for proc in tree:
-        try:
-            times = proc.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += times.user + times.system
-    return total
-
-
-def measure(batcher) -> tuple[float, float]:
-    """Steps per second and busy cores over about SECONDS of execute/get."""
-    batcher.reset()
-    batcher.execute()  # a first segment outside the measure: caches and workers warm up
-    batcher.get()
-    steps, cpu0, start = 0, cpu_seconds(), time.perf_counter()
-    while time.perf_counter() - start < SECONDS:
-        batcher.execute()
-        traj, _ = batcher.get()
-        steps += int(traj.lengths.sum())
-    wall = time.perf_counter() - start
-    return steps / wall, (cpu_seconds() - cpu0) / wall
-
-
 def main() -> None:
-    # One torch thread in this process: for small models intra-op threads only add overhead
-    # (and fight the workers for cores). Batcher workers use n_threads=1 by default.
-    torch.set_num_threads(1)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    env = {"env": "CartPole-v1"}
-    layouts = [
-        ("SerialBatcher, 1 env", lambda: SerialBatcher(
-            T, Policy, {}, GymEnvInf, {**env, "n_envs": 1})),
-        (f"SerialBatcher, {N_ENVS} envs", lambda: SerialBatcher(
-            T, Policy, {}, GymEnvInf, {**env, "n_envs": N_ENVS})),
-        (f"Batcher, 2 x {N_ENVS // 2} envs", lambda: Batcher(
-            T, Policy, {}, GymEnvInf, {**env, "n_envs": N_ENVS // 2}, n_processes=2)),
-    ]
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"{cores} cores available, load average {load:.1f} (other programs compete for them); "
-          f"each layout collects for about {SECONDS:.0f} s\n")
-    print(f"{'layout':26s} {'steps/s':>9s} {'busy cores':>11s} {'steps/s per core':>17s}")
-    for name, make in layouts:
-        with make() as batcher:
-            speed, busy = measure(batcher)
-        per_core = f"{speed / busy:17.0f}" if psutil is not None else f"{'-':>17s}"
-        busy_text = f"{busy:11.2f}" if psutil is not None else f"{'-':>11s}"
-        print(f"{name:26s} {speed:9.0f} {busy_text} {per_core}")
-    if psutil is None:
-        print("(install psutil to see the CPU use of the process tree)")
-    elif busy < 1.5:
-        # Two busy workers should keep about two cores busy; when they do not, other programs
-        # hold the cores and more processes cannot help (the last row pays for nothing).
-        print(f"(the 2 workers kept only {busy:.2f} cores busy: the cores are shared with other "
-              "programs, so processes cannot pay off here)")
+    torch.set_num_threads(1)  # small models: intra-op threads only fight the workers for cores
+    model = nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 2))
+
+    # 1. The candidates: SerialBatcher (1 process) or 2 workers, 8 or 32 envs per process,
+    #    T = 16 or 32, pipelined or not (workers only). On a machine with a GPU the default grid
+    #    also holds a SerialBatcher on cuda:0; here we pass devices=() to stay on the CPU.
+    candidates = candidate_grid(processes=(1, 2), n_envs_options=(8, 32),
+                                n_timesteps_options=(16, 32), pipelines=(1, 2), devices=())
+    print(f"{len(candidates)} candidate layouts, e.g. {candidates[0].label!r}, "
+          f"{candidates[-1].label!r}\n")
+
+    # 2. Tune. Every candidate collects with the same fake learner: learn_s seconds of sleep per
+    #    batch (0: pure collection), then update(weights) as a training loop publishes its
+    #    weights. A pipelined layout only pays off when there is learning to overlap with:
+    #    set learn_s to your learner's time per batch to see it.
+    result = tune(Policy, {"model": model}, GymEnvInf, {"env": "CartPole-v1"},
+                  candidates=candidates, budget_s=8.0, learn_s=0.0,
+                  weights=model.state_dict(), verbose=False)
+    print(result.table())
+    print(f"\nthe tuner measured {len(result.stats)} of {result.n_candidates} layouts "
+          f"({result.n_measurements} measurements, {result.spent_s:.1f} s) and picked "
+          f"{result.best.label!r}")
+
+    # 3. The pick as a layout file: LayoutConfig's fields, n_timesteps and the measurements.
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_layout(Path(tmp) / "tune.json", result, env_id="CartPole-v1")
+        data = json.loads(path.read_text())
+        print("\ntune.json:", {k: v for k, v in data.items() if k != "tuned"})
+
+        # 4. Use it: make_batcher takes the layout (an algorithm takes --layout tune.json).
+        tuned = read_layout(path)
+        with make_batcher(**tuned.batcher_kwargs(), create_agent=Policy,
+                          agent_args={"model": model}, create_env=GymEnvInf,
+                          env_args={"env": "CartPole-v1", "n_envs": tuned.layout.n_envs},
+                          seeds=0) as batcher:
+            batcher.reset()
+            batcher.execute()
+            traj, _ = batcher.get()
+            print(f"\n{type(batcher).__name__} from the file collected "
+                  f"{int(traj.lengths.sum())} steps in one batch "
+                  f"({tuned.layout.n_processes} x {tuned.layout.n_envs} envs x "
+                  f"T={tuned.n_timesteps})")
 
     print("""
-Rules of thumb:
-  1. Batch the agent call first. A step costs one agent call for all the envs of a process, so
-     N envs in one process cost little more than one: the 1 env -> N envs row is the cheapest
-     speed-up there is.
-  2. Then add processes, up to one per core (Batcher(n_processes=cores)); more only fight for
-     the same cores. Workers take a second or two to start: create the Batcher once, reuse it.
-  3. Envs per process: enough that the agent call is amortised (the agent time per step stays
-     a small part of the step), few enough that segments stay short; 4-64 is the usual range.
-  4. One torch thread per worker (the Batcher's default n_threads=1) and in the main process
-     for small models; intra-op threads on tiny matrices cost more than they give.
-  5. A big model or image observations: a SerialBatcher on a GPU (tutorial 06) may beat them
-     all.""")
+Reading the table:
+  steps/s      what a run's collection speed will be (the default objective).
+  cores busy   CPU seconds of the process tree per second: 2 workers should keep about 2
+               cores busy; when they keep fewer, other programs hold the cores.
+  steps/CPU-s  efficiency: the objective to choose on a shared machine (the CLI's
+               --objective steps_per_cpu_s).
+  start-up s   constructor and reset: workers start in a fraction of a second once the
+               program's first Batcher has started the forkserver.
+Rules that still hold: batch the agent call first (more envs per process), then add
+processes up to one per core, one torch thread per worker for small models.""")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,281 @@
+"""The layout autotuner: search logic on fake measurements, layout files, one small real tune."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from rlstruct.errors import ConfigError
+from rlstruct.experiment import LayoutConfig, make_batcher
+from rlstruct.run import RunConfig
+from rlstruct.tune import (
+    AXES,
+    Candidate,
+    Measurement,
+    apply_layout,
+    candidate_grid,
+    grid_search,
+    layout_from_json,
+    main,
+    read_layout,
+    search,
+    write_layout,
+)
+
+GRID = candidate_grid(processes=(1, 2, 4), n_envs_options=(8, 16, 32, 64),
+                      n_timesteps_options=(16, 32, 64), pipelines=(1, 2), devices=())
+
+
+def speed(c: Candidate) -> float:
+    """A deterministic landscape with one interior optimum: 2 workers, 32 envs, T=32, pipe2."""
+    workers = {1: 1.0, 2: 1.8, 4: 1.5}[c.n_processes]
+    envs = {8: 0.5, 16: 0.8, 32: 1.0, 64: 0.9}[c.n_envs]
+    steps = {16: 0.85, 32: 1.0, 64: 0.95}[c.n_timesteps]
+    return 10_000 * workers * envs * steps * (1.1 if c.pipeline == 2 else 1.0)
+
+
+class FakeMeasure:
+    """Deterministic measurements: ``steps = speed * seconds``; each costs ``overhead`` more."""
+
+    def __init__(self, landscape=speed, overhead: float = 0.3, cores=None, fail=(),
+                 first_bonus=None) -> None:
+        self.landscape, self.overhead, self.fail = landscape, overhead, set(fail)
+        self.cores = cores or (lambda c: float(c.n_processes))
+        self.first_bonus = first_bonus or {}  # candidate -> factor on its first measurement
+        self.calls: list[tuple[Candidate, float]] = []
+
+    def __call__(self, c: Candidate, seconds: float) -> Measurement:
+        first = all(c != done for done, _ in self.calls)
+        self.calls.append((c, seconds))
+        if c in self.fail:
+            return Measurement(c, 0, 0.0, math.nan, math.nan, self.overhead, "MemoryError: no")
+        factor = self.first_bonus.get(c, 1.0) if first else 1.0
+        steps = int(self.landscape(c) * factor * seconds)
+        return Measurement(c, steps, seconds, self.cores(c) * seconds, 0.1,
+                           seconds + self.overhead)
+
+
+def true_best(candidates, key=speed) -> Candidate:
+    return max(candidates, key=key)
+
+
+# ----------------------------------------------------------------------------- candidates
+def test_candidate_grid_is_valid_and_complete():
+    assert len(GRID) == 4 * 3 * (1 + 2 * 2)  # serial (pipe 1) + P in {2, 4} x pipe {1, 2}
+    assert not [c for c in GRID if c.n_processes == 1 and c.pipeline > 1]
+    assert len(set(GRID)) == len(GRID)
+    gpu = candidate_grid(processes=(1, 2), n_envs_options=(8,), n_timesteps_options=(16,),
+                         pipelines=(1,), devices=("cuda:0",))
+    assert Candidate(1, 8, 16, 1, "cuda:0") in gpu and len(gpu) == 3
+
+
+@pytest.mark.parametrize("bad", [dict(n_processes=1, pipeline=2), dict(n_envs=0),
+                                 dict(n_processes=2, device="cuda:0")])
+def test_invalid_candidates_are_refused(bad):
+    args = dict(n_processes=2, n_envs=8, n_timesteps=16) | bad
+    with pytest.raises(ConfigError):
+        Candidate(**args)
+
+
+def test_candidate_layout_and_label():
+    c = Candidate(2, 32, 64, 2)
+    layout = c.layout(LayoutConfig(learner_device="cpu", check_devices=True))
+    assert (layout.n_processes, layout.n_envs, layout.pipeline) == (2, 32, 2)
+    assert layout.learner_device == "cpu" and layout.check_devices
+    assert c.label == "Batcher 2x32 T=64 pipe2"
+    assert Candidate(1, 8, 16).label == "Serial cpu 8 T=16"
+
+
+# ----------------------------------------------------------------------------- the search
+def test_grid_measures_every_candidate_once_and_picks_the_best():
+    fake = FakeMeasure()
+    result = grid_search(GRID, fake, seconds=1.0)
+    assert sorted(c for c, _ in fake.calls) == sorted(GRID)
+    assert result.best == true_best(GRID) == Candidate(2, 32, 32, 2)
+    assert result.spent_s == pytest.approx(len(GRID) * 1.3)
+
+
+def test_search_finds_the_best_with_far_fewer_measurements():
+    fake = FakeMeasure()
+    result = search(GRID, fake, budget_s=30.0, probe_s=0.5)
+    assert result.best == true_best(GRID)
+    assert len(fake.calls) == result.n_measurements
+    assert len(fake.calls) < len(GRID) / 2
+    assert len(result.stats) < len(GRID) / 2  # distinct candidates measured
+    assert result.spent_s <= 30.0
+
+
+@pytest.mark.parametrize("start", [Candidate(1, 8, 16), Candidate(4, 64, 64, 2)])
+def test_search_finds_the_best_of_other_landscapes(start):
+    # the optimum in a corner of the grid: the search must walk there
+    def corner(c: Candidate) -> float:
+        return 1000 * (c.n_processes * 10 + c.n_envs / 8 + c.n_timesteps / 16 + c.pipeline
+                if start.n_processes == 4 else 1e7 / (c.n_processes * c.n_envs
+                                                       * c.n_timesteps * c.pipeline))
+
+    fake = FakeMeasure(landscape=corner)
+    result = search(GRID, fake, budget_s=60.0, probe_s=0.5)
+    assert result.best == start == true_best(GRID, corner)
+
+
+@pytest.mark.parametrize("budget", [3.0, 5.0, 8.0, 13.0, 40.0])
+def test_search_respects_the_budget(budget):
+    fake = FakeMeasure(overhead=0.4)
+    result = search(GRID, fake, budget_s=budget, probe_s=0.5, overhead_guess_s=0.4)
+    spent = sum(s + 0.4 for _, s in fake.calls)
+    assert spent == pytest.approx(result.spent_s)
+    assert spent <= budget
+    assert result.best in result.stats
+
+
+def test_default_probe_fits_the_budget():
+    fake = FakeMeasure(overhead=0.5)
+    result = search(GRID, fake, budget_s=20.0)
+    assert result.spent_s <= 20.0
+    assert result.best == true_best(GRID)
+    assert {s for _, s in fake.calls} != {min(s for _, s in fake.calls)}  # finals are longer
+
+
+def test_too_small_a_budget_is_an_error():
+    with pytest.raises(ConfigError, match="budget"):
+        search(GRID, FakeMeasure(), budget_s=0.2, probe_s=0.5)
+
+
+def test_finals_correct_a_lucky_first_measurement():
+    # 4 workers measure 1.5x too fast once (a quiet moment on a shared machine): the finals
+    # measure the leaders again and the true best wins.
+    lucky = Candidate(4, 32, 32, 2)
+    fake = FakeMeasure(first_bonus={lucky: 1.5})
+    result = search(GRID, fake, budget_s=40.0, probe_s=0.5)
+    assert [c for c, _ in fake.calls].count(lucky) == 2
+    assert result.best == true_best(GRID)
+
+
+def test_steps_per_cpu_second_objective():
+    # one worker process uses one core: the most efficient per CPU-second is a serial layout
+    fake = FakeMeasure()
+    result = search(GRID, fake, budget_s=40.0, probe_s=0.5, objective="steps_per_cpu_s")
+    efficiency = {c: speed(c) / c.n_processes for c in GRID}
+    assert result.best == max(efficiency, key=efficiency.get)
+    assert result.best.n_processes == 1
+    with pytest.raises(ConfigError, match="objective"):
+        search(GRID, fake, budget_s=10.0, objective="speed")
+
+
+def test_failed_candidates_lose_and_are_reported():
+    best = true_best(GRID)
+    fake = FakeMeasure(fail={best})
+    result = search(GRID, fake, budget_s=40.0, probe_s=0.5)
+    assert best in result.stats and result.stats[best].error is not None
+    assert result.best != best
+    assert "failed: MemoryError" in result.table()
+
+
+def test_table_lists_measured_candidates_best_first():
+    result = search(GRID, FakeMeasure(), budget_s=20.0, probe_s=0.5)
+    lines = result.table().splitlines()
+    assert "steps/s" in lines[0] and "cores busy" in lines[0] and "start-up" in lines[0]
+    assert lines[1].startswith("*") and result.best.label in lines[1]
+    assert len(lines) == 1 + len(result.stats)
+
+
+def test_axes_cover_every_field_of_a_candidate():
+    names = {f.name for f in dataclasses.fields(Candidate)}
+    assert names == {"n_processes", "device", "n_envs", "n_timesteps", "pipeline"}
+    assert AXES == ("workers", "n_envs", "n_timesteps", "pipeline")
+
+
+# ----------------------------------------------------------------------------- layout files
+def test_layout_file_round_trip(tmp_path):
+    result = search(GRID, FakeMeasure(), budget_s=20.0, probe_s=0.5)
+    base = LayoutConfig(learner_device="cpu", eval_device="cpu", check_devices=True)
+    path = write_layout(tmp_path / "tune.json", result, base, algo="ppo")
+    data = json.loads(path.read_text())
+    assert data["n_timesteps"] == result.best.n_timesteps
+    assert data["tuned"]["algo"] == "ppo" and data["tuned"]["steps_per_s"] > 0
+    tuned = read_layout(path)
+    assert tuned.layout == result.best.layout(base)
+    assert layout_from_json(path) == tuned.layout
+    assert tuned.n_timesteps == result.best.n_timesteps
+
+    cfg = RunConfig(n_timesteps=7, layout=LayoutConfig(learner_device="cpu", n_envs=3))
+    apply_layout(cfg, path)
+    assert (cfg.layout.n_processes, cfg.layout.n_envs, cfg.layout.pipeline) == (
+        result.best.n_processes, result.best.n_envs, result.best.pipeline)
+    assert cfg.n_timesteps == result.best.n_timesteps
+    assert cfg.layout.learner_device == "cpu" and not cfg.layout.check_devices  # not tuned
+
+
+def test_layout_file_feeds_make_batcher(tmp_path):
+    from rlstruct.envs import GymEnvInf
+
+    path = write_layout(tmp_path / "tune.json", Candidate(1, 3, 5))
+    tuned = read_layout(path)
+    with make_batcher(**tuned.batcher_kwargs(), create_agent=_agent, agent_args={},
+                      create_env=GymEnvInf,
+                      env_args={"env": "CartPole-v1", "n_envs": tuned.layout.n_envs},
+                      seeds=0) as batcher:
+        batcher.reset()
+        batcher.execute()
+        traj, _ = batcher.get()
+    assert traj.trajectories.n_elems() == 3
+    assert traj.lengths.max() == 5
+
+
+def _agent():
+    import torch
+
+    from rlstruct import Agent, DictTensor
+
+    class Zero(Agent):
+        def __call__(self, state, observation, agent_info, history=None):
+            n = observation.n_elems()
+            return DictTensor({"action": torch.zeros(n, dtype=torch.long)}), state
+
+    return Zero()
+
+
+@pytest.mark.parametrize("content, match", [
+    ('{"n_envs": 8, "colour": 1}', "unknown layout keys"),
+    ('{"n_envs": "8"}', "n_envs must be a int"),
+    ('{"n_timesteps": 0}', "n_timesteps"),
+    ("[1, 2]", "JSON object"),
+    ("{", "cannot read"),
+])
+def test_bad_layout_files_are_refused(tmp_path, content, match):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=match):
+        read_layout(path)
+
+
+# ----------------------------------------------------------------------------- a real tune
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_real_tune_on_cartpole_writes_a_valid_layout(tmp_path, capsys):
+    out = tmp_path / "tune.json"
+    code = main(["--algo", "ppo", "--processes", "1,2", "--n-envs", "8", "--n-timesteps", "16",
+                 "--pipeline", "1,2", "--devices", "none", "--budget", "6", "--probe-s", "0.2",
+                 "-o", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "steps/s" in printed and "cores busy" in printed and str(out) in printed
+    tuned = read_layout(out)
+    candidates = {Candidate(1, 8, 16), Candidate(2, 8, 16), Candidate(2, 8, 16, 2)}
+    pick = Candidate(tuned.layout.n_processes, tuned.layout.n_envs, tuned.n_timesteps,
+                     tuned.layout.pipeline, tuned.layout.batcher_device)
+    assert pick in candidates
+    figures = tuned.tuned
+    assert figures["steps_per_s"] > 0 and figures["cores_busy"] > 0
+    assert figures["startup_s"] >= 0 and figures["n_measured"] >= 2
+    assert figures["spent_s"] <= 6.0 + 2.0  # the budget, plus at most one overrun estimate
+
+
+def test_finals_keep_their_share_when_overheads_exceed_the_guess():
+    fake = FakeMeasure(overhead=1.0)  # a loaded machine: start-ups twice the guess
+    result = search(GRID, fake, budget_s=15.0, probe_s=0.5, overhead_guess_s=0.5)
+    assert result.spent_s <= 15.0
+    assert max(len(s.measurements) for s in result.stats.values()) == 2  # finals ran
