@@ -1,0 +1,1131 @@
+"""``RayBatcher``: the ``Batcher`` API on Ray actors, from one machine to a cluster.
+
+One Ray actor per worker index owns its VecEnv, its copy of the agent and a local (non-shared)
+:class:`~rlstruct.batchers.buffer.SlotBuffer` of its ``n`` rows, and runs the same
+:class:`~rlstruct.batchers.rollout.Rollout` as a ``Batcher`` worker. At the end of a segment it
+returns its rows as numpy arrays (its rows' info, lengths, and the steps up to its longest row);
+the driver copies them into its own buffer of all ``B`` rows, in worker order, and reads the batch
+from there exactly as ``Batcher`` reads its shared buffer, so both return the same Trajectories.
+
+Weights travel once per ``update`` through Ray's object store (one ``ray.put`` of CPU arrays that
+every actor reads); each actor loads the newest one at the start of its next call. Every wait has
+a deadline (``ray.wait`` with timeouts), an actor's exception comes back as a payload with worker,
+env, step and traceback (never a bare ``RayTaskError``), a dead actor is a :class:`WorkerError`
+naming its worker, and ``close`` kills every actor.
+
+This module imports Ray; nothing else in rlstruct does (``from rlstruct.batchers import
+RayBatcher`` imports it on demand). Without Ray installed the module still imports, and
+``RayBatcher(...)`` raises an ImportError that says ``pip install rlstruct[ray]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+import numpy as np
+import torch
+
+from rlstruct.agent import Agent
+from rlstruct.batchers.base import BatcherBase, Phase
+from rlstruct.batchers.buffer import SlotBuffer, Specs
+from rlstruct.batchers.restart import Fault, RestartPolicy, restart_env_seed
+from rlstruct.batchers.rollout import Rollout, StepContext, infer_specs
+from rlstruct.batchers.rows import broadcast_rows
+from rlstruct.batchers.seeding import env_seed_bases, isolated_rngs, seed_global_rngs
+from rlstruct.batchers.serial import make_env_on
+from rlstruct.batchers.transport import from_cpu_bytes, to_cpu_bytes
+from rlstruct.batchers.validation import check_picklable, find_non_cpu
+from rlstruct.batchers.weights import is_state_dict
+from rlstruct.batchers.worker import _error_payload
+from rlstruct.dicttensor import DeviceLike, DictTensor
+from rlstruct.envs.base import VecEnv
+from rlstruct.errors import (
+    ConfigError,
+    KeyMismatchError,
+    ShapeError,
+    WorkerError,
+    WorkerTimeoutError,
+)
+from rlstruct.trajectories import Trajectories
+
+try:
+    import ray
+    import ray.exceptions
+except ImportError as _import_error:  # the extra is not installed: RayBatcher() says so
+    ray = None
+    RAY_IMPORT_ERROR: ImportError | None = _import_error
+else:
+    RAY_IMPORT_ERROR = None
+
+__all__ = ["RayBatcher", "INSTALL_HINT"]
+
+#: What the ImportError says when Ray is missing.
+INSTALL_HINT = "RayBatcher needs Ray, an optional extra: pip install rlstruct[ray]"
+
+#: Seconds ``close`` gives actors to close their envs and agent before they are killed.
+CLOSE_GRACE_S = 1.0
+
+#: Actor options that RayBatcher sets itself (``num_cpus_per_actor``, ...); refused in
+#: ``actor_options``.
+_RESERVED_OPTIONS = ("num_cpus", "num_gpus", "max_restarts", "max_task_retries", "max_concurrency")
+
+#: Environment variables set while RayBatcher starts a local cluster: no usage statistics, and
+#: Ray's "local only" mode, in which every Ray process binds to the loopback address.
+_LOCAL_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def _require_ray() -> None:
+    if ray is None:
+        raise ImportError(f"{INSTALL_HINT} ({RAY_IMPORT_ERROR})") from RAY_IMPORT_ERROR
+
+
+# ------------------------------------------------------------------------------ the connection
+#: The Ray connection RayBatchers opened themselves: how many live batchers use it, and whether
+#: it is a local cluster they started (1) or a connection to a running cluster (0).
+_SESSION = {"users": 0, "local": 0}
+
+
+def _init_local(num_cpus: int) -> None:
+    """Starts a local Ray cluster bound to the loopback address, without dashboard or usage
+    statistics (the environment is restored afterwards; the cluster keeps its settings)."""
+    saved_env = {k: os.environ.get(k) for k in _LOCAL_ENV}
+    os.environ.update(_LOCAL_ENV)
+    # The Ray processes started below read the variables; this process read them when it
+    # imported ray, so its flag is switched too (Ray resolves 127.0.0.1 to the machine's
+    # address unless it runs in local-only mode).
+    constants: Any = None
+    with contextlib.suppress(ImportError):
+        from ray._private import ray_constants as constants
+    flag = getattr(constants, "ENABLE_RAY_CLUSTER", None)
+    try:
+        if flag is not None:
+            constants.ENABLE_RAY_CLUSTER = False
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            log_to_driver=True,
+        )
+    finally:
+        if flag is not None:
+            constants.ENABLE_RAY_CLUSTER = flag
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _acquire(address: str | None, num_cpus: int) -> bool:
+    """Makes sure this process is connected to Ray; True when a RayBatcher owns the connection
+    (then the last RayBatcher to close calls ``ray.shutdown``)."""
+    if ray.is_initialized():
+        if _SESSION["users"] > 0:  # opened by another RayBatcher that is still alive
+            _SESSION["users"] += 1
+            return True
+        return False  # the caller's own Ray session: never shut down
+    _SESSION["users"] = 0
+    if address is None:
+        address = os.environ.get("RAY_ADDRESS") or "local"
+    if address == "local":
+        _init_local(num_cpus)
+    else:
+        ray.init(address=address)
+    _SESSION["users"], _SESSION["local"] = 1, int(address == "local")
+    return True
+
+
+def _check_room(n_actors: int, num_cpus: float, num_gpus: float) -> None:
+    """On a local cluster a RayBatcher started (it cannot grow), actors that could never be
+    placed are a ConfigError now rather than a start timeout later."""
+    if not _SESSION["local"]:
+        return
+    total = ray.cluster_resources()
+    short = [
+        f"{need:g} {kind} ({n_actors} x {each:g}), the local cluster has {total.get(kind, 0):g}"
+        for kind, each in (("CPU", num_cpus), ("GPU", num_gpus))
+        if (need := n_actors * each) > total.get(kind, 0) + 1e-9
+    ]
+    if short:
+        raise ConfigError(
+            "the actors cannot be placed: they need " + "; ".join(short) + " (for GPUs, "
+            "start Ray on a machine that has them, or connect to a cluster with address=...)"
+        )
+
+
+def _release() -> None:
+    """One RayBatcher that owned the connection is done; the last one shuts Ray down (a local
+    cluster it started stops; a connection to a running cluster is closed, the cluster runs on)."""
+    if _SESSION["users"] <= 0:
+        return
+    _SESSION["users"] -= 1
+    if _SESSION["users"] == 0 and ray is not None and ray.is_initialized():
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+
+
+def _kill(actors: list[Any], grace: float) -> None:
+    """Asks every actor to close its envs and agent (up to ``grace`` seconds), then kills it."""
+    if ray is None or not ray.is_initialized():
+        actors.clear()
+        return
+    refs = []
+    if grace > 0:
+        for actor in actors:
+            with contextlib.suppress(Exception):
+                refs.append(actor.close.remote())
+    if refs:
+        with contextlib.suppress(Exception):
+            ray.wait(refs, num_returns=len(refs), timeout=grace)
+    for actor in actors:
+        with contextlib.suppress(Exception):
+            ray.kill(actor, no_restart=True)
+    actors.clear()
+
+
+def _finalize(actors: list[Any], owns: bool) -> None:
+    """Run by ``close`` or when the batcher is garbage collected: kills what is left, releases
+    the connection it owned."""
+    with contextlib.suppress(Exception):
+        _kill(actors, grace=0.0)
+    if owns:
+        _release()
+
+
+# ------------------------------------------------------------------------------ wire format
+def _to_wire(t: torch.Tensor) -> Any:
+    """A CPU numpy array for Ray's zero-copy serialisation (a CPU tensor for dtypes numpy lacks,
+    such as bfloat16)."""
+    t = t.detach().cpu()
+    try:
+        return t.numpy()
+    except TypeError:
+        return t.clone()
+
+
+@contextlib.contextmanager
+def _readonly_ok() -> Iterator[None]:
+    """Arrays read from Ray's object store are read-only views; they are only ever copied."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not writable.*")
+        yield
+
+
+def _from_wire(x: Any) -> torch.Tensor:
+    """The tensor view of what :func:`_to_wire` sent (call under :func:`_readonly_ok`)."""
+    return torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+
+
+# ------------------------------------------------------------------------------ the actor side
+@dataclass
+class _ActorSpec:
+    """Everything one actor needs (sent once, when the actor is created)."""
+
+    index: int
+    factories: bytes  # cloudpickle of (create_env, env_args, create_agent, agent_args)
+    env_seed: int
+    build_seed: int  # the global generators' seed while env and agent are built
+    agent_seed: int  # then: this worker's own stream
+    n_envs: int
+    offset: int  # global index of env 0 (the actor's buffer rows are 0..n)
+    n_timesteps: int
+    n_threads: int
+    step_specs: Specs
+    info_specs: Specs
+    device: str
+    timeout: float
+
+
+Reply = tuple[str, Any]  # ("ok", value) or ("error", payload)
+
+
+class RayBatcherWorker:
+    """The body of one RayBatcher actor (wrapped with ``ray.remote`` by the batcher).
+
+    Every method answers ``("ok", value)`` or ``("error", payload)`` where ``payload`` is the
+    ``Batcher`` worker's error report (type, message, traceback, worker, global env, step,
+    phase): an exception never leaves the actor, so Ray never wraps it.
+
+    Random numbers follow the ``Batcher`` worker's rule: the process's global generators are
+    seeded with the build seed (``agent_seeds[0]``, the same in every actor) before the env and
+    the agent are built, then with the actor's own agent seed.
+    """
+
+    def __init__(self, spec: _ActorSpec) -> None:
+        self.spec = spec
+        self.env: VecEnv | None = None
+        self.agent: Agent | None = None
+        self.rollout: Rollout | None = None
+        self.buffer: SlotBuffer | None = None
+        self.staging: dict[str, torch.Tensor] = {}
+
+    def _error(self, exc: BaseException) -> Reply:
+        payload = _error_payload(exc, self.spec.index, self.rollout)
+        if self.rollout is not None and payload.get("env") is not None:
+            payload["env"] += self.spec.offset  # the rollout counts envs from 0
+        return "error", payload
+
+    def start(self) -> Reply:
+        """Builds env, agent, buffer and rollout; answers where the actor runs."""
+        spec = self.spec
+        try:
+            torch.set_num_threads(spec.n_threads)
+            device = torch.device(spec.device)
+            seed_global_rngs(spec.build_seed, device)
+            try:
+                create_env, env_args, create_agent, agent_args = cloudpickle.loads(spec.factories)
+                self.env = make_env_on(create_env, env_args, spec.env_seed, device)
+            except Exception as e:
+                e.rlstruct_context = StepContext("env factory", None, None)  # type: ignore[attr-defined]
+                raise
+            if self.env.n_envs() != spec.n_envs:
+                raise ValueError(
+                    f"worker {spec.index}: create_env built {self.env.n_envs()} envs, expected "
+                    f"{spec.n_envs} like the first one (every worker must own the same number)"
+                )
+            try:
+                self.agent = create_agent(**agent_args)
+                if device.type != "cpu":
+                    self.agent = self.agent.to(device)
+                self.agent.seed(spec.agent_seed)
+            except Exception as e:
+                e.rlstruct_context = StepContext("agent factory", None, None)  # type: ignore[attr-defined]
+                raise
+            seed_global_rngs(spec.agent_seed, device)
+            self.buffer = SlotBuffer(
+                spec.n_envs, spec.n_timesteps, spec.step_specs, spec.info_specs, device
+            )
+            rollout = Rollout(self.env, self.agent, self.buffer, 0, worker=spec.index)
+            # Rows 0..n of the local buffer hold the envs of global index offset..offset+n.
+            rollout._env_ids = torch.arange(spec.offset, spec.offset + spec.n_envs, device=device)
+            self.rollout = rollout
+            node = ray.get_runtime_context().get_node_id()
+            return "ok", {"node": node, "pid": os.getpid()}
+        except BaseException as e:
+            return self._error(e)
+
+    def _apply(self, ops: Sequence[tuple[str, int, Any]]) -> None:
+        """Loads the updates queued since the last call, oldest first."""
+        if not ops:
+            return
+        values = ray.get([ref for _kind, _version, ref in ops], timeout=self.spec.timeout)
+        for (kind, _version, _ref), value in zip(ops, values):
+            try:
+                if kind == "weights":
+                    self.agent.update(self._stage(value))  # type: ignore[union-attr]
+                else:
+                    self.agent.update(from_cpu_bytes(value))  # type: ignore[union-attr]
+            except Exception as e:
+                e.rlstruct_context = StepContext("agent update", None, None)  # type: ignore[attr-defined]
+                raise
+
+    def _stage(self, arrays: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        """The weights copied out of the object store into this actor's own tensors (the
+        store's views are shared by every actor of the node and read-only)."""
+        with _readonly_ok():
+            for key, value in arrays.items():
+                src = _from_wire(value)
+                dst = self.staging.get(key)
+                if dst is None or dst.shape != src.shape or dst.dtype != src.dtype:
+                    dst = self.staging[key] = torch.empty_like(src)
+                dst.copy_(src)
+        return {key: self.staging[key] for key in arrays}
+
+    def reset(
+        self, ops: Sequence[tuple[str, int, Any]], agent_info: DictTensor, env_info: DictTensor
+    ) -> Reply:
+        """Loads queued updates, resets every env and agent state; answers ``n_running``."""
+        try:
+            self._apply(ops)
+            self.rollout.reset(agent_info, env_info)  # type: ignore[union-attr]
+            return "ok", self.rollout.n_running  # type: ignore[union-attr]
+        except BaseException as e:
+            return self._error(e)
+
+    def execute(
+        self, ops: Sequence[tuple[str, int, Any]], version: int, agent_info: DictTensor | None
+    ) -> Reply:
+        """Loads queued updates, collects one segment; answers its rows (numpy arrays)."""
+        try:
+            self._apply(ops)
+            rollout, buffer = self.rollout, self.buffer
+            rollout.version = version  # type: ignore[union-attr]
+            if agent_info is not None:
+                rollout.set_agent_info(agent_info)  # type: ignore[union-attr]
+            n_running = rollout.run(self.spec.n_timesteps)  # type: ignore[union-attr]
+            lengths = buffer.lengths  # type: ignore[union-attr]
+            t = int(lengths.max()) if lengths.numel() else 0
+            # Everything this segment wrote lies in steps [0, t): the driver's copy of these
+            # rows stays equal to this buffer (padding included).
+            return "ok", {
+                "n_running": n_running,
+                "t": t,
+                "lengths": _to_wire(lengths),
+                "steps": {k: _to_wire(v[:, :t]) for k, v in buffer.steps.items()},  # type: ignore[union-attr]
+                "info": {k: _to_wire(v) for k, v in buffer.info.items()},  # type: ignore[union-attr]
+            }
+        except BaseException as e:
+            return self._error(e)
+
+    def close(self) -> None:
+        """Closes the envs and the agent (the batcher kills the actor afterwards)."""
+        for obj in (self.env, self.agent):
+            with contextlib.suppress(Exception):
+                if obj is not None:
+                    obj.close()
+        self.env = self.agent = self.rollout = None
+
+
+_ACTOR_CLASS: list[Any] = []
+
+
+def _actor_class() -> Any:
+    if not _ACTOR_CLASS:
+        _ACTOR_CLASS.append(ray.remote(RayBatcherWorker))
+    return _ACTOR_CLASS[0]
+
+
+def _payload_error(payload: Mapping[str, Any], w: int, prefix: str = "") -> WorkerError:
+    """The WorkerError of an actor's error payload (the ``Batcher``'s wording)."""
+    where = [f"worker {payload.get('worker', w)}"]
+    if payload.get("env") is not None:
+        where.append(f"env {payload['env']}")
+    if payload.get("step") is not None:
+        where.append(f"step {payload['step']}")
+    phase = f" during {payload['phase']}" if payload.get("phase") else ""
+    return WorkerError(
+        f"{prefix}{', '.join(where)}{phase}: {payload['type']}: {payload['message']}",
+        worker=payload.get("worker", w),
+        env=payload.get("env"),
+        step=payload.get("step"),
+        exc_type=payload["type"],
+        remote_traceback=payload["traceback"],
+    )
+
+
+# ------------------------------------------------------------------------------ the driver
+class RayBatcher(BatcherBase):
+    """Collects trajectories with ``n_processes`` Ray actors: the ``Batcher`` API on a cluster.
+
+    Same arguments, methods, call order and Trajectories as :class:`~rlstruct.Batcher`
+    (``reset() -> execute() -> get() ... -> close()``, ``update`` at any time): with the same
+    seeds, ``n_processes`` and envs per worker, the batches are bitwise equal to a ``Batcher``'s,
+    for any agent (actor ``p`` seeds its process's global generators with ``agent_seeds[0]``
+    before it builds env and agent, then with ``agent_seeds[p]``, like worker ``p``).
+
+    Args:
+        n_timesteps: ``T``, the maximum number of steps of a segment.
+        create_agent: ``create_agent(**agent_args) -> Agent`` (lambdas and closures are fine).
+        agent_args: keyword arguments of ``create_agent``; CPU tensors and modules only.
+        create_env: ``create_env(**env_args, seed=s) -> VecEnv`` whose env ``k`` uses ``s + k``.
+        env_args: keyword arguments of ``create_env`` (no ``seed``).
+        n_processes: ``P``, the number of actors; each owns ``n`` envs, so ``B = P * n``.
+        seeds: the run seed (env ``g`` gets ``seeds * 2**20 + g``) or one int per actor.
+        agent_info: example DictTensor (1 or B rows) of agent_info; the default at ``reset``.
+        env_info: same for env_info (passed to the envs at reset).
+        agent_seeds: one agent seed per actor; derived from ``seeds`` when None.
+        device: where each actor runs its agent and buffer: ``"cpu"``, or ``"cuda"`` with
+            ``num_gpus_per_actor > 0`` (the GPU Ray assigned to the actor; its envs run on the
+            CPU behind a DeviceEnv). Batches always come back on the CPU.
+        n_threads: torch threads per actor.
+        timeout: seconds a segment (or a reset) may take before the silent actors are reported
+            as hung (:class:`WorkerTimeoutError`).
+        start_timeout: seconds the actors may take to start (scheduling included: an actor
+            that the cluster has no room for times out with the cluster's free resources).
+        pipeline: must be 1: pipelined collection is not supported by RayBatcher yet.
+        restart: ``None`` (default): fail fast. A :class:`RestartPolicy`: an actor that dies
+            (process killed, node lost) or whose env/agent raises is replaced by a fresh actor
+            with the same index, env seeds ``restart_env_seed(base, restart_count)``, the current
+            weights and reset envs; the failed segment is not retried: its rows are left out of
+            that batch, and the fault is appended to ``batcher.faults``. Hung actors still raise.
+        address: the Ray cluster: ``None`` connects to the one this process is already connected
+            to (``ray.init`` called before), else to ``RAY_ADDRESS`` when set, else starts a
+            local cluster (see below); ``"auto"``, ``"host:port"`` or ``"ray://..."`` connect to
+            a running cluster; ``"local"`` starts a local one. A process already connected to
+            Ray (``ray.init`` called before) uses that connection, whatever ``address`` says.
+        num_cpus_per_actor: CPUs Ray reserves for each actor (fractions allowed).
+        num_gpus_per_actor: GPUs Ray reserves for each actor (fractions allowed, e.g. 0.25: four
+            actors share one GPU; more than 1 must be a whole number).
+        actor_options: more ``ray.remote`` options of the actors, e.g.
+            ``{"scheduling_strategy": "SPREAD"}``, ``{"resources": {...}}`` or a
+            ``runtime_env``.
+
+    The cluster. When this process is not connected to Ray and neither ``address`` nor
+    ``RAY_ADDRESS`` name a cluster, the batcher starts a local one for itself: bound to the
+    loopback address only, no dashboard, usage statistics off, ``max(cpu_count, P *
+    num_cpus_per_actor)`` CPUs; ``close()`` shuts it down (when several RayBatchers share it,
+    the last one to close does). On a running cluster (the caller's ``ray.init``, ``address``
+    or ``RAY_ADDRESS``) it only creates its actors and ``close()`` kills those actors, nothing
+    else: the cluster is never shut down, and a connection the caller opened stays open (a
+    connection the batcher opened itself is closed, the cluster runs on).
+
+    Attributes:
+        faults: every actor fault a restart absorbed, oldest first
+            (:class:`~rlstruct.batchers.restart.Fault`).
+        nodes: the Ray node id of each actor (updated by restarts).
+        startup_seconds: how long the constructor took, cluster start included.
+
+    Raises:
+        ImportError: Ray is not installed (``pip install rlstruct[ray]``).
+        ConfigError: a bad argument (every bad field listed), before any actor starts; or
+            actors that a local cluster it started could never place (a GPU it lacks).
+        TypeError: a factory or argument that cannot be pickled, before any actor starts.
+        WorkerError: an actor failed while starting (env or agent factory raised).
+        WorkerTimeoutError: the actors did not start within ``start_timeout``.
+    """
+
+    def __init__(
+        self,
+        n_timesteps: int,
+        create_agent: Callable[..., Agent],
+        agent_args: Mapping[str, Any] | None,
+        create_env: Callable[..., VecEnv],
+        env_args: Mapping[str, Any] | None,
+        n_processes: int = 1,
+        seeds: int | Sequence[int] = 0,
+        agent_info: DictTensor | None = None,
+        env_info: DictTensor | None = None,
+        agent_seeds: Sequence[int] | None = None,
+        device: DeviceLike = "cpu",
+        *,
+        n_threads: int = 1,
+        timeout: float = 300.0,
+        start_timeout: float = 120.0,
+        pipeline: int = 1,
+        restart: RestartPolicy | None = None,
+        address: str | None = None,
+        num_cpus_per_actor: float = 1,
+        num_gpus_per_actor: float = 0,
+        actor_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        _require_ray()
+        begun = time.monotonic()
+        self._actors: list[Any] = []
+        problems = self._validate_common(
+            n_timesteps,
+            create_agent,
+            agent_args,
+            create_env,
+            env_args,
+            seeds,
+            agent_info,
+            env_info,
+        )
+        problems += _check_ray_options(
+            n_processes,
+            seeds,
+            agent_seeds,
+            device,
+            n_threads,
+            timeout,
+            start_timeout,
+            pipeline,
+            restart,
+            address,
+            num_cpus_per_actor,
+            num_gpus_per_actor,
+            actor_options,
+        )
+        for name, value in (
+            ("agent_args", agent_args),
+            ("env_args", env_args),
+            ("agent_info", agent_info),
+            ("env_info", env_info),
+        ):
+            for where in find_non_cpu(value, name):
+                problems.append(
+                    f"{where}: pass CPU tensors/models (each actor builds its own copy, and "
+                    "moves it to its device)"
+                )
+        self._raise_problems(problems)
+        agent_args, env_args = dict(agent_args or {}), dict(env_args or {})
+        check_picklable(
+            create_env=create_env,
+            env_args=env_args,
+            create_agent=create_agent,
+            agent_args=agent_args,
+        )
+        self.n_timesteps, self.n_processes, self.timeout = n_timesteps, n_processes, timeout
+        self.pipeline = 1
+        self.restart = restart
+        self._device = torch.device(device)
+        self._start_timeout = start_timeout
+        self._n_threads = n_threads
+        self._num_cpus, self._num_gpus = num_cpus_per_actor, num_gpus_per_actor
+        self._actor_options = dict(actor_options or {})
+
+        # A probe env and agent in this process learn n and every spec before any actor
+        # starts; whatever they draw from the global generators is given back to the caller.
+        with isolated_rngs():
+            probe_env = create_env(**env_args, seed=0)
+            try:
+                if not isinstance(probe_env, VecEnv):
+                    raise ConfigError(
+                        f"create_env returned a {type(probe_env).__name__}, not a VecEnv"
+                    )
+                n = probe_env.n_envs()
+                probe_agent = create_agent(**agent_args)
+                self._agent_info = broadcast_rows(agent_info, n * n_processes, "agent_info")
+                self._env_info = broadcast_rows(env_info, n * n_processes, "env_info")
+                step_specs, info_specs = infer_specs(
+                    probe_env, probe_agent, self._agent_info.slice(0, n), self._env_info.slice(0, n)
+                )
+                probe_agent.close()
+            finally:
+                probe_env.close()
+        env_bases, default_agent_seeds = env_seed_bases(seeds, n_processes, n)
+        self._env_bases = env_bases
+        self._agent_seeds = list(agent_seeds) if agent_seeds is not None else default_agent_seeds
+        self._n_envs, self._n_rows = n, n * n_processes
+        self._agent_info_specs = self._agent_info.specs()
+        self._env_info_specs = self._env_info.specs()
+        self._step_specs, self._info_specs = step_specs, info_specs
+        #: The driver's copy of every actor's rows, read like a Batcher's shared buffer.
+        self.buffer = SlotBuffer(self._n_rows, n_timesteps, step_specs, info_specs)
+        self._agent_info_rows, self._env_info_rows = self._agent_info, self._env_info
+        self._factories = cloudpickle.dumps((create_env, env_args, create_agent, agent_args))
+
+        self._version = 0
+        self._weight_specs: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None
+        self._last_weights: tuple[str, int, Any] | None = None
+        self._last_info: tuple[str, int, Any] | None = None
+        self._pending: list[list[tuple[str, int, Any]]] = [[] for _ in range(n_processes)]
+        self._outstanding: dict[int, Any] = {}  # worker -> ObjectRef of its current call
+        self._running: dict[int, int] = {}  # worker -> n_running after its last call
+        self._segment = -1
+        self._spoiled = False
+        self._started_at = self._last_progress = time.monotonic()
+        self.faults: list[Fault] = []
+        self.nodes: list[str | None] = [None] * n_processes
+        self._restarts = [0] * n_processes
+        self._consecutive_faults = 0
+        self._started = False
+
+        owns = _acquire(
+            address, max(os.cpu_count() or 1, math.ceil(n_processes * num_cpus_per_actor))
+        )
+        self._owns_ray = owns
+        self._finalizer = weakref.finalize(self, _finalize, self._actors, owns)
+        try:
+            if owns:
+                _check_room(n_processes, num_cpus_per_actor, num_gpus_per_actor)
+            started = time.monotonic()
+            for p in range(n_processes):
+                actor, ref = self._spawn(p, env_bases[p])
+                self._actors.append(actor)
+                self._outstanding[p] = ref
+            self._started_at = self._last_progress = started
+            self._pump("start", lambda: started + start_timeout)
+        except BaseException:
+            self.close()  # nobody gets this object to close it: stop the actors now
+            raise
+        self._started = True
+        self._n_running: int | None = None
+        self._phase = Phase.NEW
+        self.startup_seconds = time.monotonic() - begun
+
+    # ------------------------------------------------------------------ actors
+    def _spawn(self, p: int, env_seed: int) -> tuple[Any, Any]:
+        """Creates actor ``p`` and asks it to start; returns the actor and the start's ref."""
+        spec = _ActorSpec(
+            index=p,
+            factories=self._factories,
+            env_seed=env_seed,
+            build_seed=self._agent_seeds[0],
+            agent_seed=self._agent_seeds[p],
+            n_envs=self._n_envs,
+            offset=p * self._n_envs,
+            n_timesteps=self.n_timesteps,
+            n_threads=self._n_threads,
+            step_specs=self._step_specs,
+            info_specs=self._info_specs,
+            device=str(self._device),
+            timeout=self.timeout,
+        )
+        actor = (
+            _actor_class()
+            .options(
+                num_cpus=self._num_cpus,
+                num_gpus=self._num_gpus,
+                max_restarts=0,
+                max_task_retries=0,
+                **self._actor_options,
+            )
+            .remote(spec)
+        )
+        return actor, actor.start.remote()
+
+    def _rows(self, w: int) -> slice:
+        return slice(w * self._n_envs, (w + 1) * self._n_envs)
+
+    def _take_ops(self, w: int) -> list[tuple[str, int, Any]]:
+        """The updates worker ``w`` has not received yet; a state_dict followed by a newer one
+        (with nothing in between) is skipped, as the ``Batcher``'s ring skips it."""
+        ops, self._pending[w] = self._pending[w], []
+        return [
+            op
+            for i, op in enumerate(ops)
+            if not (op[0] == "weights" and i + 1 < len(ops) and ops[i + 1][0] == "weights")
+        ]
+
+    def _catch_up(self) -> list[tuple[str, int, Any]]:
+        """What a replacement actor loads before it collects: the newest weights, and the newest
+        non-tensor update when it came after them."""
+        ops = [op for op in (self._last_weights, self._last_info) if op is not None]
+        ops.sort(key=lambda op: op[1])
+        if len(ops) == 2 and ops[0][0] == "info":
+            ops = ops[1:]  # the weights came later: the info update is older than them
+        return ops
+
+    # ------------------------------------------------------------------ waiting
+    def _fail(self, error: WorkerError, hung: Sequence[int] = ()) -> WorkerError:
+        """Marks the batcher failed and kills the ``hung`` actors now (``close`` does the rest)."""
+        self._phase = Phase.FAILED
+        self._failure = str(error).split("\n", 1)[0]
+        for w in hung:
+            with contextlib.suppress(Exception):
+                ray.kill(self._actors[w], no_restart=True)
+        return error
+
+    def _timeout(self, workers: Sequence[int], what: str) -> WorkerTimeoutError:
+        silent = sorted(workers)
+        limit = self._start_timeout if what in ("start", "restart") else self.timeout
+        hint = "hung env or agent, or a stopped process?"
+        if what in ("start", "restart"):
+            free: Any = "unknown"
+            with contextlib.suppress(Exception):
+                free = {k: v for k, v in ray.available_resources().items() if "memory" not in k}
+            hint = (
+                f"an actor Ray cannot place? each asks {self._num_cpus} CPU and {self._num_gpus} "
+                f"GPU (plus actor_options {self._actor_options}); free now: {free}"
+            )
+        return self._fail(
+            WorkerTimeoutError(
+                f"workers {silent} did not answer {what} within the timeout ({limit:g} s; "
+                f"{hint}); they are being stopped",
+                worker=silent[0],
+            ),
+            hung=silent,
+        )
+
+    def _result(self, w: int, ref: Any, what: str) -> Any:
+        """The value of worker ``w``'s finished call, or None when its fault was absorbed by a
+        restart; raises the typed error otherwise."""
+        try:
+            status, payload = ray.get(ref, timeout=self.timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise self._timeout([w], what) from None
+        except ray.exceptions.RayActorError as e:
+            error = WorkerError(
+                f"worker {w} died during {what}: its Ray actor is gone ({type(e).__name__}; "
+                "Ray's account below)",
+                worker=w,
+                remote_traceback=str(e),
+            )
+        except ray.exceptions.RayError as e:
+            error = WorkerError(
+                f"worker {w} failed during {what}: {type(e).__name__}",
+                worker=w,
+                exc_type=type(e).__name__,
+                remote_traceback=str(e),
+            )
+        else:
+            if status == "ok":
+                return payload
+            prefix = "the replacement of " if what == "restart" else ""
+            error = _payload_error(payload, w, prefix)
+        if what == "restart":  # a replacement that cannot even start is not replaced again
+            raise self._fail(error)
+        final = self._absorb(w, error, spoil=what == "execute")
+        if final is not None:
+            raise self._fail(final)
+        return None
+
+    def _accept(self, w: int, value: Any, what: str) -> None:
+        """Stores a successful answer of worker ``w``."""
+        if what == "start":
+            self.nodes[w] = value["node"]
+        elif what == "reset":
+            self._running[w] = value
+        else:
+            self._running[w] = value["n_running"]
+            rows, t = self._rows(w), value["t"]
+            buffer = self.buffer
+            with _readonly_ok():
+                for k, v in value["steps"].items():
+                    buffer.steps[k][rows, :t].copy_(_from_wire(v))
+                for k, v in value["info"].items():
+                    buffer.info[k][rows].copy_(_from_wire(v))
+                buffer.lengths[rows].copy_(_from_wire(value["lengths"]))
+
+    def _pump(self, what: str, deadline: Callable[[], float], blocking: bool = True) -> bool:
+        """Handles the answers of the outstanding calls until none is left (True), or until
+        nothing is ready when not ``blocking`` (False). An error raises at once, without waiting
+        for the other actors; a silent actor past ``deadline()`` raises a timeout."""
+        while self._outstanding:
+            by_ref = {ref: w for w, ref in self._outstanding.items()}
+            refs = list(by_ref)
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            if not ready:
+                remaining = deadline() - time.monotonic()
+                if remaining <= 0:
+                    raise self._timeout(list(self._outstanding), what)
+                if not blocking:
+                    return False
+                ready, _ = ray.wait(refs, num_returns=1, timeout=min(remaining, 1.0))
+            for ref in ready:
+                w = by_ref[ref]
+                if self._outstanding.get(w) is not ref:
+                    continue  # replaced while handling an earlier answer
+                del self._outstanding[w]
+                value = self._result(w, ref, what)
+                if value is not None:
+                    self._accept(w, value, what)
+                self._last_progress = time.monotonic()
+        return True
+
+    def _wait_one(self, w: int, ref: Any, what: str, limit: float) -> Any:
+        """Waits for one call of worker ``w`` (a replacement's start or reset)."""
+        while True:
+            ready, _ = ray.wait(
+                [ref], num_returns=1, timeout=max(0.0, min(1.0, limit - time.monotonic()))
+            )
+            if ready:
+                return self._result(w, ref, what)
+            if time.monotonic() >= limit:
+                raise self._timeout([w], what)
+
+    # ------------------------------------------------------------------ restarts
+    def _absorb(self, w: int, error: WorkerError, spoil: bool) -> WorkerError | None:
+        """Replaces actor ``w`` after ``error`` if the restart policy allows it (None), else
+        returns the error to raise (saying so when the budget is spent)."""
+        policy = self.restart
+        if policy is None or not self._started:
+            return error
+        done = sum(self._restarts)
+        spent = done >= policy.max_restarts
+        in_a_row = (
+            policy.max_consecutive is not None
+            and self._consecutive_faults >= policy.max_consecutive
+        )
+        if spent or in_a_row:
+            why = (
+                f"max_restarts={policy.max_restarts} spent"
+                if spent
+                else f"{self._consecutive_faults} faults in a row (max_consecutive="
+                f"{policy.max_consecutive})"
+            )
+            return WorkerError(
+                f"{error.args[0]} [restart budget exhausted: {done} restart(s) so far, {why}; "
+                "this is the last cause; earlier ones are in batcher.faults]",
+                worker=error.worker,
+                env=error.env,
+                step=error.step,
+                exc_type=error.exc_type,
+                remote_traceback=error.remote_traceback,
+                exitcode=error.exitcode,
+            )
+        self._replace(w, error, spoil)
+        return None
+
+    def _replace(self, w: int, error: WorkerError, spoil: bool) -> None:
+        """Kills actor ``w``, leaves its rows out of the current segment (when ``spoil``), and
+        starts a fresh actor in its place: new env seeds, current weights, envs reset."""
+        assert self.restart is not None
+        with contextlib.suppress(Exception):
+            ray.kill(self._actors[w], no_restart=True)
+        self._outstanding.pop(w, None)
+        self._restarts[w] += 1
+        self._consecutive_faults += 1
+        self.faults.append(
+            Fault(
+                worker=w,
+                env=error.env,
+                step=error.step,
+                segment=self._segment if spoil else None,
+                exc_type=error.exc_type,
+                message=str(error.args[0]).split("\n", 1)[0],
+                exitcode=error.exitcode,
+                restart=sum(self._restarts),
+            )
+        )
+        if spoil:  # never handed to the learner as if valid
+            self.buffer.lengths[self._rows(w)] = 0
+            self._spoiled = True
+        if self.restart.delay_s:
+            time.sleep(self.restart.delay_s)
+        seed = restart_env_seed(self._env_bases[w], self._restarts[w])
+        self._actors[w], ref = self._spawn(w, seed)
+        self._pending[w] = []
+        value = self._wait_one(w, ref, "restart", time.monotonic() + self._start_timeout)
+        self.nodes[w] = value["node"]
+        rows = self._rows(w)
+        ref = self._actors[w].reset.remote(
+            self._catch_up(),
+            self._agent_info_rows.slice(rows.start, rows.stop).clone(),
+            self._env_info_rows.slice(rows.start, rows.stop).clone(),
+        )
+        n_running = self._wait_one(w, ref, "reset", time.monotonic() + self.timeout)
+        if n_running is not None:  # else: the reset failed and a further restart did it
+            self._running[w] = n_running
+        self._last_progress = time.monotonic()
+
+    # ------------------------------------------------------------------ API
+    def reset(
+        self, agent_info: DictTensor | None = None, env_info: DictTensor | None = None
+    ) -> None:
+        """Resets every env (with ``env_info``) and every row's agent state and agent_info.
+
+        Args:
+            agent_info: DictTensor with 1 or B rows; default: the constructor's example.
+            env_info: DictTensor with 1 or B rows; default: the constructor's example.
+
+        Raises:
+            WorkerError: an actor failed (and no restart absorbed it).
+            WorkerTimeoutError: an actor stayed silent longer than ``timeout``.
+        """
+        self._require("reset", Phase.NEW, Phase.READY)
+        ai = self._rows_info(agent_info, self._agent_info, self._agent_info_specs, "agent_info")
+        ei = self._rows_info(env_info, self._env_info, self._env_info_specs, "env_info")
+        self._agent_info_rows, self._env_info_rows = ai, ei
+        for w, actor in enumerate(self._actors):
+            rows = self._rows(w)
+            self._outstanding[w] = actor.reset.remote(
+                self._take_ops(w),
+                ai.slice(rows.start, rows.stop).clone(),
+                ei.slice(rows.start, rows.stop).clone(),
+            )
+        started = time.monotonic()
+        self._pump("reset", lambda: started + self.timeout)
+        self._n_running = sum(self._running.values())
+        self._phase = Phase.READY
+
+    def execute(self, agent_info: DictTensor | None = None) -> None:
+        """Starts collecting one segment in every actor; returns at once.
+
+        Args:
+            agent_info: new per-row agent_info (1 or B rows) used from now on by running rows.
+
+        Raises:
+            BatcherStateError: not after ``reset``/``get`` (e.g. a second ``execute``).
+        """
+        self._require("execute", Phase.READY)
+        self._require_running_envs()
+        if agent_info is not None:
+            self._agent_info_rows = self._rows_info(
+                agent_info, self._agent_info, self._agent_info_specs, "agent_info"
+            )
+        self._segment += 1
+        self._spoiled = False
+        for w, actor in enumerate(self._actors):
+            rows = self._rows(w)
+            info = None
+            if agent_info is not None:
+                info = self._agent_info_rows.slice(rows.start, rows.stop).clone()
+            self._outstanding[w] = actor.execute.remote(self._take_ops(w), self._version, info)
+        self._started_at = self._last_progress = time.monotonic()
+        self._phase = Phase.RUNNING
+
+    def _segment_deadline(self) -> float:
+        """A segment is overdue once its actors were silent for ``timeout`` seconds."""
+        return max(self._started_at, self._last_progress) + self.timeout
+
+    def get(self, blocking: bool = True) -> tuple[Trajectories | None, int | None]:
+        """The segment started by ``execute``: ``(Trajectories, n_still_running)`` on the CPU.
+
+        Rows with no valid step are left out (rows whose env ended earlier, and the rows of an
+        actor whose segment failed and was restarted); ``T`` is the longest row's length.
+
+        Args:
+            blocking: wait for the segment; when False, return ``(None, None)`` while it is
+                still being collected.
+
+        Raises:
+            WorkerError: an actor raised (with worker, env, step and remote traceback) or died,
+                and no restart absorbed it.
+            WorkerTimeoutError: an actor stayed silent longer than ``timeout``.
+        """
+        self._require("get", Phase.RUNNING)
+        if not self._pump("execute", self._segment_deadline, blocking):
+            return None, None
+        if not self._spoiled:
+            self._consecutive_faults = 0  # a complete batch
+        n_running = sum(self._running.values())
+        batch = self.buffer.read()
+        self._n_running = n_running
+        self._phase = Phase.READY
+        return batch, n_running
+
+    def update(self, info: Any) -> None:
+        """Hands ``info`` (e.g. a model's ``state_dict``, on any device) to every actor's agent.
+
+        A state_dict (a mapping of str to tensors) is copied to the CPU and put ONCE in Ray's
+        object store; every actor reads that one object (zero-copy on its node) at the start of
+        its next segment and loads it, never in the middle of one; later calls must have the
+        same keys, shapes and dtypes. Anything else is serialised once the same way and applied
+        in order. Returns without waiting for the actors; a failure to load surfaces at the next
+        ``get`` (phase ``agent update``). Every batch records in ``info['policy_version']`` the
+        number of updates its rows were collected with.
+
+        Raises:
+            KeyMismatchError: a state_dict with other keys than the first one (named).
+            ShapeError: a state_dict entry with another shape or dtype than the first one.
+        """
+        self._require("update", Phase.NEW, Phase.READY, Phase.RUNNING)
+        if is_state_dict(info):
+            self._check_weights(info)
+            # Let go of the versions this one supersedes before putting it: the object store
+            # then reuses their memory (several times faster than fresh pages for 200 MB).
+            for pending in self._pending:
+                while pending and pending[-1][0] == "weights":
+                    pending.pop()
+            previous, self._last_weights = self._last_weights, None
+            try:
+                ref = ray.put({k: _to_wire(v.detach().contiguous()) for k, v in info.items()})
+            except BaseException:
+                self._last_weights = previous
+                raise
+            del previous
+            kind = "weights"
+        else:
+            ref = ray.put(to_cpu_bytes(info))
+            kind = "info"
+        self._version += 1
+        op = (kind, self._version, ref)
+        for pending in self._pending:
+            pending.append(op)
+        if kind == "weights":
+            self._last_weights = op
+        else:
+            self._last_info = op
+
+    def _check_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        specs = {k: (tuple(v.shape), v.dtype) for k, v in state_dict.items()}
+        if self._weight_specs is None:
+            self._weight_specs = specs
+            return
+        missing = [k for k in self._weight_specs if k not in specs]
+        extra = [k for k in specs if k not in self._weight_specs]
+        if missing or extra:
+            raise KeyMismatchError(
+                f"update(): the state_dict has other keys than the first one: missing "
+                f"{missing}, unexpected {extra}"
+            )
+        for k, (shape, dtype) in specs.items():
+            if (shape, dtype) != self._weight_specs[k]:
+                raise ShapeError(
+                    f"update(): state_dict[{k!r}] is {shape} {dtype}, but the first update had "
+                    f"{self._weight_specs[k][0]} {self._weight_specs[k][1]}"
+                )
+
+    @property
+    def version(self) -> int:
+        """How many times ``update`` was called."""
+        return self._version
+
+    def actors(self) -> list[Any]:
+        """The Ray actor handles, by worker index (replacements included)."""
+        return list(self._actors)
+
+    def close(self) -> None:
+        """Closes every actor's envs and agent (up to about 1 s), then kills every actor; shuts
+        Ray down only if this batcher started it (or opened the connection). Idempotent."""
+        if self._phase is not Phase.FAILED:
+            self._phase = Phase.CLOSED
+        if not hasattr(self, "_finalizer"):
+            return
+        if self._finalizer.alive:
+            _kill(self._actors, grace=CLOSE_GRACE_S)
+        self._finalizer()
+        self._outstanding.clear()
+
+
+def _check_ray_options(
+    n_processes: Any,
+    seeds: Any,
+    agent_seeds: Any,
+    device: Any,
+    n_threads: Any,
+    timeout: Any,
+    start_timeout: Any,
+    pipeline: Any,
+    restart: Any,
+    address: Any,
+    num_cpus: Any,
+    num_gpus: Any,
+    actor_options: Any,
+) -> list[str]:
+    """The problems of RayBatcher's own arguments (on top of the common ones)."""
+    problems = []
+    if isinstance(n_processes, bool) or not isinstance(n_processes, int) or n_processes <= 0:
+        problems.append(f"n_processes must be a positive int, got {n_processes!r}")
+    else:
+        if agent_seeds is not None and len(agent_seeds) != n_processes:
+            problems.append(
+                f"agent_seeds has {len(agent_seeds)} entries, expected one per process "
+                f"({n_processes})"
+            )
+        if not isinstance(seeds, int) and isinstance(seeds, Sequence) and len(seeds) != n_processes:
+            problems.append(
+                f"seeds has {len(seeds)} entries, expected one per process ({n_processes})"
+            )
+    if isinstance(pipeline, bool) or pipeline != 1:
+        problems.append(
+            f"pipeline={pipeline!r}: pipelined collection is not supported by RayBatcher yet "
+            "(use pipeline=1, or Batcher(pipeline=K) on one machine)"
+        )
+    if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads <= 0:
+        problems.append(f"n_threads must be a positive int, got {n_threads!r}")
+    if restart is not None and not isinstance(restart, RestartPolicy):
+        problems.append(f"restart must be a RestartPolicy or None, got {restart!r}")
+    if not _positive(timeout) or not _positive(start_timeout):
+        problems.append(f"timeouts must be > 0, got {timeout!r} and {start_timeout!r}")
+    if address is not None and (not isinstance(address, str) or not address):
+        problems.append(f"address must be None or a non-empty str, got {address!r}")
+    for name, value in (("num_cpus_per_actor", num_cpus), ("num_gpus_per_actor", num_gpus)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            problems.append(f"{name} must be a number >= 0, got {value!r}")
+        elif value > 1 and value != int(value):
+            problems.append(f"{name}={value}: above 1, Ray wants a whole number")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        problems.append(f"device={device!r} is not a device: {e}")
+    else:
+        if dev.type not in ("cpu", "cuda"):
+            problems.append(f"device={device!r}: RayBatcher actors run on 'cpu' or 'cuda'")
+        elif dev.type == "cuda" and not (isinstance(num_gpus, (int, float)) and num_gpus > 0):
+            problems.append(
+                f"device={device!r} needs num_gpus_per_actor > 0 (Ray then gives each actor "
+                "its share of a GPU, as 'cuda')"
+            )
+        elif dev.type == "cuda" and dev.index not in (None, 0):
+            problems.append(
+                f"device={device!r}: each actor sees only the GPU(s) Ray assigned it, from "
+                "cuda:0 on; pass device='cuda'"
+            )
+    if actor_options is not None:
+        if not isinstance(actor_options, Mapping):
+            problems.append(f"actor_options must be a dict, got {type(actor_options).__name__}")
+        else:
+            reserved = sorted(k for k in actor_options if k in _RESERVED_OPTIONS)
+            if reserved:
+                problems.append(
+                    f"actor_options must not set {reserved}: RayBatcher sets them "
+                    "(num_cpus_per_actor, num_gpus_per_actor; restarts: restart=RestartPolicy)"
+                )
+    return problems
+
+
+def _positive(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0
