@@ -43,6 +43,7 @@ MODULES = (
     "rlstruct.envs",
     "rlstruct.envs.torch",
     "rlstruct.batchers",
+    "rlstruct.batchers.ray",
     "rlstruct.learner",
     "rlstruct.errors",
     "rlstruct.functional",

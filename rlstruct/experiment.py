@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -58,6 +58,12 @@ class LayoutConfig:
     pipeline: int = 1
     """segment slots per worker: 1 collects then learns; 2 collects the next batch while learning
     on this one (one update of policy lag; worker processes only)"""
+    backend: Literal["local", "ray"] = "local"
+    """training workers: local processes, or Ray actors (pip install rlstruct[ray]; see
+    docs/guide-clusters.md)"""
+    ray_address: str | None = None
+    """Ray cluster to join (auto: the one `ray start` set up); None: the configured one, else a
+    local cluster on this machine"""
 
 
 class _Checked:
@@ -91,6 +97,8 @@ def make_batcher(
     env_info: DictTensor | None = None,
     check_devices: bool = False,
     pipeline: int = 1,
+    backend: str = "local",
+    ray_address: str | None = None,
 ) -> Batcher | SerialBatcher:
     """The batcher a device layout calls for.
 
@@ -108,9 +116,16 @@ def make_batcher(
         check_devices: wrap the agent in CheckDevice.
         pipeline: segment slots per worker (``Batcher(pipeline=...)``); more than 1 needs
             worker processes.
+        backend: ``"local"`` (worker processes of this machine) or ``"ray"`` (a
+            :class:`~rlstruct.batchers.ray.RayBatcher`, one actor per worker).
+        ray_address: the Ray cluster to join (``backend="ray"`` only).
 
     Returns:
-        A SerialBatcher on ``device`` for an accelerator (or one CPU process), else a Batcher.
+        A SerialBatcher on ``device`` for an accelerator (or one CPU process), else a Batcher
+        (or a RayBatcher with ``backend="ray"``).
+
+    Raises:
+        ConfigError: a pipeline without worker processes, or on Ray; an unknown backend.
     """
     device = resolve_device(device)
     if check_devices:
@@ -126,6 +141,14 @@ def make_batcher(
         env_info=env_info,
     )
     n_processes = n_processes or default_processes()
+    if backend == "ray":
+        if pipeline > 1:
+            raise ConfigError(f"pipeline={pipeline}: RayBatcher collects synchronously for now")
+        from rlstruct.batchers import RayBatcher
+
+        return RayBatcher(**common, n_processes=n_processes, address=ray_address)
+    if backend != "local":
+        raise ConfigError(f"backend must be 'local' or 'ray', got {backend!r}")
     if is_accelerator(device) or n_processes == 1:
         if pipeline > 1:
             raise ConfigError(

@@ -243,7 +243,7 @@ class Run:
             n_timesteps=n_timesteps, create_agent=create_agent, agent_args=agent_args,
             create_env=create_env, env_args=env_args,
             seeds=self.cfg.seed, agent_info=agent_info, check_devices=layout.check_devices,
-            pipeline=layout.pipeline,
+            pipeline=layout.pipeline, backend=layout.backend, ray_address=layout.ray_address,
         )
         return self._stack.enter_context(batcher)
 

@@ -831,3 +831,17 @@ def test_the_benchmark_runs(tmp_path):
     assert set(result["throughput"]["steps_per_s"]) == {"batcher", "ray"}
     assert result["update"]["ray"]["call_s"]["n"] == 2
     assert set(result["restart"]) == {"batcher_raise", "ray_raise"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_algorithm_runs_on_the_ray_backend(tmp_path, cluster):
+    from algos import ppo
+    from rlstruct.experiment import LayoutConfig
+
+    cfg = ppo.Config(
+        layout=LayoutConfig(learner_device="cpu", n_processes=2, n_envs=2, backend="ray"),
+        n_timesteps=16, max_frames=600, eval_every=0, n_epochs=1, runs_dir=str(tmp_path),
+    )
+    summary = ppo.main(cfg)
+    assert summary["frames"] >= 600 and summary["stopped_by"] == "max_frames"
