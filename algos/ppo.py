@@ -37,7 +37,7 @@ from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
-from rlstruct.nets import mlp
+from rlstruct.nets import CNNActorCritic, mlp
 from rlstruct.optim import gradient_step
 from rlstruct.run import Run, RunConfig
 from rlstruct.sampling import CategoricalSampler
@@ -72,6 +72,8 @@ class Config(RunConfig):
     """weight of the entropy bonus"""
     adv_norm: Literal["minibatch", "batch", "off"] = "minibatch"
     """normalise advantages per minibatch, once per batch, or not at all"""
+    model: Literal["mlp", "cnn"] = "mlp"
+    """mlp on flattened observations, or the Nature CNN on stacked frames (--env-backend atari)"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -216,7 +218,8 @@ def learn(
 def main(cfg: Config) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("ppo", cfg) as run:
-        model = ActorCritic(run.obs_dim, run.n_actions, cfg.hidden)  # CPU: the batchers copy it
+        model = (ActorCritic(run.obs_dim, run.n_actions, cfg.hidden) if cfg.model == "mlp"  # CPU
+                 else CNNActorCritic(run.n_actions, in_channels=run.obs_shape[0]))
         batcher = run.training_batcher(PPOAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(PPOAgent, {"model": model}, agent_info=GREEDY)
         agent = run.learner(PPOAgent(model))

@@ -66,7 +66,7 @@ from rlstruct.logger import RunLogger, config_to_dict
 from rlstruct.monitor import ResourceMonitor
 from rlstruct.trajectories import Trajectories
 
-__all__ = ["RunConfig", "Run", "env_dims"]
+__all__ = ["RunConfig", "Run", "env_dims", "env_shape"]
 
 
 @dataclass
@@ -108,10 +108,11 @@ class RunConfig:
     """discount factor"""
     max_grad_norm: float = 0.5
     """clip the global gradient norm to this (0: no clipping)"""
-    env_backend: Literal["gymnasium", "torch"] = "gymnasium"
-    """training envs: gymnasium's, or rlstruct's torch-native version of env_id (batched tensor
-    maths on the batcher's device: CartPole-v1, Acrobot-v1, MountainCar-v0, Pendulum-v1); the
-    evaluation always plays gymnasium's env"""
+    env_backend: Literal["gymnasium", "torch", "atari"] = "gymnasium"
+    """training envs: gymnasium's; rlstruct's torch-native version of env_id (batched tensor
+    maths on the batcher's device: CartPole-v1, Acrobot-v1, MountainCar-v0, Pendulum-v1; the
+    evaluation plays gymnasium's env); or an ALE id with Atari preprocessing (84x84 grey, frame
+    skip 4, 4 stacked uint8 frames; pip install rlstruct[atari]; no evaluation runs)"""
     layout_file: Annotated[str | None, tyro.conf.arg(aliases=("--layout",))] = None
     """a layout file of `python -m rlstruct tune` (tune.json): its batcher_device, n_processes,
     n_envs, pipeline and n_timesteps replace the config's"""
@@ -143,14 +144,30 @@ def env_dims(env_id: str) -> tuple[int, int]:
     Raises:
         ConfigError: the action space is not ``Discrete``.
     """
-    probe = gym.make(env_id)
+    shape, n_actions = env_shape(env_id)
+    return math.prod(shape), n_actions
+
+
+def env_shape(env_id: str, backend: str = "gymnasium") -> tuple[tuple[int, ...], int]:
+    """``(observation shape, number of actions)`` of an env with discrete actions, as the
+    training envs of ``backend`` produce it (``"atari"``: the preprocessed frames).
+
+    Raises:
+        ConfigError: the action space is not ``Discrete``.
+    """
+    if backend == "atari":
+        from rlstruct.envs.atari import make_atari_gym_env
+
+        probe = make_atari_gym_env(env_id)
+    else:
+        probe = gym.make(env_id)
     try:
         obs, actions = probe.observation_space, probe.action_space
     finally:
         probe.close()
     if not isinstance(actions, gym.spaces.Discrete):
         raise ConfigError(f"{env_id} has actions {actions}; these algorithms need Discrete ones")
-    return math.prod(obs.shape or (1,)), int(actions.n)
+    return tuple(obs.shape or (1,)), int(actions.n)
 
 
 class Run:
@@ -167,7 +184,8 @@ class Run:
     Attributes:
         cfg: the config.
         device: the learner device.
-        obs_dim: the flattened observation size; ``n_actions``: the number of actions.
+        obs_shape: the observation's shape (``(4, 84, 84)`` for Atari); ``obs_dim``: its
+            flattened size; ``n_actions``: the number of actions.
         logger: the :class:`~rlstruct.logger.RunLogger`.
         frames: environment frames recorded so far; ``iteration``: :meth:`end_iteration` calls.
         stopped_by: ``None`` while the run goes on, then ``"target_return"``, ``"max_frames"``,
@@ -183,7 +201,8 @@ class Run:
         torch.set_num_threads(cfg.n_threads)
         torch.manual_seed(cfg.seed)
         self.device = resolve_device(cfg.layout.learner_device)
-        self.obs_dim, self.n_actions = env_dims(cfg.env_id)
+        self.obs_shape, self.n_actions = env_shape(cfg.env_id, cfg.env_backend)
+        self.obs_dim = math.prod(self.obs_shape)
         self.frames, self.iteration = 0, 0
         self.stopped_by: str | None = None
         self.eval_return = math.nan
@@ -225,14 +244,20 @@ class Run:
         """
         layout = self.cfg.layout
         env_args: dict[str, Any] = {"env": self.cfg.env_id, "n_envs": layout.n_envs}
-        if self.cfg.env_backend == "torch":
+        if self.cfg.env_backend != "gymnasium":
             if create_env is not GymEnvInf:
                 raise ConfigError(
                     f"{self.algo} collects with {getattr(create_env, '__name__', create_env)}; "
-                    "--env-backend torch replaces auto-reset gymnasium envs (GymEnvInf) only"
+                    f"--env-backend {self.cfg.env_backend} replaces auto-reset gymnasium envs "
+                    "(GymEnvInf) only"
                 )
-            create_env = make_torch_env
-            env_args["device"] = str(resolve_device(layout.batcher_device))
+            if self.cfg.env_backend == "torch":
+                create_env = make_torch_env
+                env_args["device"] = str(resolve_device(layout.batcher_device))
+            else:
+                from rlstruct.envs.atari import make_atari_env
+
+                create_env = make_atari_env
         if layout.pipeline > 1 and not pipelined:
             raise ConfigError(
                 f"{self.algo} collects synchronously; --pipeline {layout.pipeline} is for "
@@ -256,8 +281,8 @@ class Run:
         """Sets up the :class:`~rlstruct.evaluation.Evaluator` (``eval_envs`` episodes on
         ``eval_device``, seed ``seed + 1000``) that :meth:`end_iteration` drives; ``None`` when
         ``eval_every`` is 0. Call it while the model is still on the CPU."""
-        if self.cfg.eval_every == 0:
-            return None
+        if self.cfg.eval_every == 0 or self.cfg.env_backend == "atari":
+            return None  # Atari: an evaluation episode is thousands of 4x84x84 frames
         self._evaluator = self._stack.enter_context(Evaluator(
             create_agent, agent_args, self.cfg.env_id, self.cfg.eval_envs,
             seed=self.cfg.seed + 1000, device=self.cfg.layout.eval_device,

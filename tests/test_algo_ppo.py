@@ -217,3 +217,18 @@ def test_torch_env_backend_is_refused_for_episodic_collection(tmp_path):
     cfg = reinforce.Config(layout=layout(), env_backend="torch", runs_dir=str(tmp_path))
     with pytest.raises(ConfigError, match="GymEnvInf"):
         reinforce.main(cfg)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_atari_pong_with_the_nature_cnn_runs_a_few_iterations(tmp_path):
+    pytest.importorskip("ale_py", reason="needs the atari extra: pip install rlstruct[atari]")
+    pytest.importorskip("cv2", reason="needs the atari extra: pip install rlstruct[atari]")
+    cfg = ppo.Config(env_id="ALE/Pong-v5", env_backend="atari", model="cnn",
+                     layout=LayoutConfig(learner_device="cpu", n_processes=2, n_envs=1),
+                     n_timesteps=32, max_frames=256, n_epochs=1, minibatch_size=32,
+                     target_return=None, runs_dir=str(tmp_path))
+    summary = ppo.main(cfg)
+    assert summary["frames"] >= 256 and summary["stopped_by"] == "max_frames"
+    checkpoint = torch.load(Path(summary["run_dir"]) / "checkpoints" / "latest.pt")
+    assert "trunk.0.weight" in checkpoint["model"]  # the CNN was trained
