@@ -371,7 +371,7 @@ class RayBatcherWorker:
                 "n_running": n_running,
                 "t": t,
                 "lengths": _to_wire(lengths),
-                "steps": {k: _to_wire(v[:, :t]) for k, v in buffer.steps.items()},  # type: ignore[union-attr]
+                "steps": {k: _to_wire(v[:t]) for k, v in buffer.steps.items()},  # type: ignore[union-attr]
                 "info": {k: _to_wire(v) for k, v in buffer.info.items()},  # type: ignore[union-attr]
             }
         except BaseException as e:
@@ -763,7 +763,7 @@ class RayBatcher(BatcherBase):
             buffer = self.buffer
             with _readonly_ok():
                 for k, v in value["steps"].items():
-                    buffer.steps[k][rows, :t].copy_(_from_wire(v))
+                    buffer.steps[k][:t, rows].copy_(_from_wire(v))
                 for k, v in value["info"].items():
                     buffer.info[k][rows].copy_(_from_wire(v))
                 buffer.lengths[rows].copy_(_from_wire(value["lengths"]))
