@@ -35,6 +35,9 @@ bench: venv
 	$(PY) benchmarks/containers.py
 	$(PY) benchmarks/throughput.py
 	$(PY) benchmarks/learning.py
+	$(PY) benchmarks/torch_envs.py
+	$(PY) benchmarks/ray_backend.py
+	$(PY) benchmarks/envpool_atari.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -2,11 +2,14 @@
 
 ``VecEnv`` is the contract (see :mod:`rlstruct.envs.base`); ``GymEnv`` (episodic) and
 ``GymEnvInf`` (auto-reset) step gymnasium envs on the CPU; ``DeviceEnv`` moves their tensors to
-another device. The debug envs of :mod:`rlstruct.envs.debug` are registered with gymnasium as
+another device; ``EnvPoolEnv`` steps an envpool batch (``rlstruct[envpool]``); ``make_atari_env``
+builds preprocessed Atari envs (``rlstruct[atari]``); :mod:`rlstruct.envs.torch` holds envs
+written as batched tensor maths on any device. The debug envs of :mod:`rlstruct.envs.debug` are registered with gymnasium as
 ``rlstruct/Counter-v0`` and ``rlstruct/Repeat-v0`` on import (idempotent; the only import-time
 effect of this package).
 """
 
+from rlstruct.envs.atari import make_atari_env
 from rlstruct.envs.base import VecEnv
 from rlstruct.envs.debug import (
     COUNTER_ID,
@@ -18,6 +21,7 @@ from rlstruct.envs.debug import (
     register_debug_envs,
 )
 from rlstruct.envs.device import DeviceEnv
+from rlstruct.envs.envpool import EnvPoolEnv
 from rlstruct.envs.gym import EnvFactory, GymEnv, GymEnvInf
 
 register_debug_envs()
@@ -27,6 +31,8 @@ __all__ = [
     "GymEnv",
     "GymEnvInf",
     "DeviceEnv",
+    "EnvPoolEnv",
+    "make_atari_env",
     "EnvFactory",
     "CounterEnv",
     "RepeatEnv",
