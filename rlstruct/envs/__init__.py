@@ -4,9 +4,9 @@
 ``GymEnvInf`` (auto-reset) step gymnasium envs on the CPU; ``DeviceEnv`` moves their tensors to
 another device; ``EnvPoolEnv`` steps an envpool batch (``rlstruct[envpool]``); ``make_atari_env``
 builds preprocessed Atari envs (``rlstruct[atari]``); :mod:`rlstruct.envs.torch` holds envs
-written as batched tensor maths on any device. The debug envs of :mod:`rlstruct.envs.debug` are registered with gymnasium as
-``rlstruct/Counter-v0`` and ``rlstruct/Repeat-v0`` on import (idempotent; the only import-time
-effect of this package).
+written as batched tensor maths on any device. The debug envs of :mod:`rlstruct.envs.debug` are
+registered with gymnasium as ``rlstruct/Counter-v0`` and ``rlstruct/Repeat-v0`` on import
+(idempotent; the only import-time effect of this package).
 """
 
 from rlstruct.envs.atari import make_atari_env
