@@ -523,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     sb3_installed = importlib.util.find_spec("stable_baselines3") is not None
     rows: dict[str, dict[str, Any]] = {}
     for algo in args.algos:
-        path = ROOT / "algos" / f"{algo}.py"
+        path = ROOT / "algos" / f"{VARIANTS.get(algo, (algo,))[0]}.py"
         rows[f"rlstruct/{algo}"] = {
             "key": f"rlstruct/{algo}", "algo": algo, "impl": "rlstruct",
             "label": f"rlstruct algos/{algo}.py", "budget_s": budget, "runs": [],
