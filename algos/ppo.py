@@ -30,17 +30,17 @@ from typing import Any, Literal
 
 import torch
 import tyro
-from torch import Tensor, nn
+from torch import Tensor
 
 from rlstruct import Agent, DictTensor, Trajectories, replay_agent_stateless
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
-from rlstruct.nets import CNNActorCritic, mlp
+from rlstruct.nets import CNNActorCritic, MLPActorCritic
 from rlstruct.optim import gradient_step
 from rlstruct.run import Run, RunConfig
-from rlstruct.sampling import CategoricalSampler
+from rlstruct.sampling import ActorAgent
 
 FRAME, NEXT_FRAME = K.OBSERVATION + K.FRAME, K.NEXT_OBSERVATION + K.FRAME
 ACTION, LOGP, VALUE = K.ACTION + K.ACTION_KEY, K.ACTION + "logp", K.ACTION + "value"
@@ -85,45 +85,17 @@ class Config(RunConfig):
 
 
 # --------------------------------------------------------------------------------------- model
-class ActorCritic(nn.Module):
-    """Separate actor and critic: ``forward(frame) -> (logits (n, A), value (n,))``."""
-
-    def __init__(self, obs_dim: int, n_actions: int, hidden: int) -> None:
-        super().__init__()
-        self.actor = mlp(obs_dim, hidden, n_actions, out_gain=0.01)
-        self.critic = mlp(obs_dim, hidden, 1, out_gain=1.0)
-
-    def value(self, frame: Tensor) -> Tensor:
-        return self.critic(frame.flatten(1).float()).squeeze(-1)
-
-    def forward(self, frame: Tensor) -> tuple[Tensor, Tensor]:
-        x = frame.flatten(1).float()
-        return self.actor(x), self.critic(x).squeeze(-1)
+ActorCritic = MLPActorCritic  # separate actor and critic MLPs (rlstruct/nets.py)
 
 
 # --------------------------------------------------------------------------------------- agent
-class PPOAgent(Agent):
+class PPOAgent(ActorAgent):
     """Memoryless: samples ``a ~ softmax(logits)`` (the argmax on rows with
     ``agent_info["greedy"]``) and returns ``action``, its ``logp`` and ``value``.
 
     ``call_replay`` (used by ``replay_agent_stateless`` on the learner) samples nothing: it
     returns the differentiable ``logits`` and ``value`` of the stored observations.
     """
-
-    def __init__(self, model: ActorCritic) -> None:
-        self.model = model
-        self.sample = CategoricalSampler()
-
-    def seed(self, seed: int) -> None:
-        self.sample.seed(seed)
-
-    def __call__(
-        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor, history=None
-    ) -> tuple[DictTensor, DictTensor]:
-        logits, value = self.model(observation[K.FRAME])
-        action = self.sample(logits, agent_info)
-        logp = logits.log_softmax(-1).gather(1, action.unsqueeze(1)).squeeze(1)
-        return DictTensor({K.ACTION_KEY: action, "logp": logp, "value": value}), state
 
     def call_replay(
         self, trajectories: Trajectories, t: int, state: DictTensor

@@ -26,7 +26,7 @@ import math
 import torch  # noqa: F401 - the doctests use it
 from torch import Tensor, nn
 
-__all__ = ["linear", "mlp", "conv", "nature_cnn", "CNNActorCritic"]
+__all__ = ["linear", "mlp", "MLPActorCritic", "conv", "nature_cnn", "CNNActorCritic"]
 
 
 def linear(n_in: int, n_out: int, gain: float) -> nn.Linear:
@@ -45,6 +45,30 @@ def mlp(n_in: int, hidden: int, n_out: int, out_gain: float) -> nn.Sequential:
         linear(n_in, hidden, g), nn.Tanh(), linear(hidden, hidden, g), nn.Tanh(),
         linear(hidden, n_out, out_gain),
     )
+
+
+class MLPActorCritic(nn.Module):
+    """Separate actor and critic MLPs on flattened observations:
+    ``forward(frame) -> (logits (n, A), value (n,))`` and ``value(frame) -> (n,)``.
+
+    Args:
+        obs_dim: flattened observation size.
+        n_actions: number of discrete actions.
+        hidden: width of both hidden layers of each MLP.
+    """
+
+    def __init__(self, obs_dim: int, n_actions: int, hidden: int) -> None:
+        super().__init__()
+        self.actor = mlp(obs_dim, hidden, n_actions, out_gain=0.01)
+        self.critic = mlp(obs_dim, hidden, 1, out_gain=1.0)
+
+    def value(self, frame: Tensor) -> Tensor:
+        """``V(frame)``, ``(n,)``."""
+        return self.critic(frame.flatten(1).float()).squeeze(-1)
+
+    def forward(self, frame: Tensor) -> tuple[Tensor, Tensor]:
+        x = frame.flatten(1).float()
+        return self.actor(x), self.critic(x).squeeze(-1)
 
 
 def conv(c_in: int, c_out: int, kernel: int, stride: int, gain: float = math.sqrt(2)) -> nn.Conv2d:

@@ -24,9 +24,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlstruct import keys as K
+from rlstruct.agent import Agent
 from rlstruct.dicttensor import DictTensor
 
-__all__ = ["CategoricalSampler"]
+__all__ = ["CategoricalSampler", "ActorAgent"]
 
 
 class CategoricalSampler:
@@ -53,3 +55,36 @@ class CategoricalSampler:
         if "greedy" in agent_info:
             action = torch.where(agent_info["greedy"].to(logits.device), logits.argmax(-1), action)
         return action
+
+
+class ActorAgent(Agent):
+    """A memoryless actor over ``model(frame) -> (logits (n, A), value (n,))``: samples ``a ~
+    softmax(logits)`` (the argmax on rows with ``agent_info["greedy"]``) and returns
+    ``action``, its log-probability ``logp`` under the acting policy and, with ``store_value``,
+    the critic's ``value``. Seeded by :meth:`seed` (a :class:`CategoricalSampler`).
+
+    Args:
+        model: the actor-critic (``rlstruct.nets.MLPActorCritic``, ``CNNActorCritic``...).
+        store_value: also return ``value`` (PPO stores it; IMPALA recomputes it).
+    """
+
+    def __init__(self, model: torch.nn.Module, store_value: bool = True) -> None:
+        self.model = model
+        self.store_value = store_value
+        self.sample = CategoricalSampler()
+
+    def seed(self, seed: int) -> None:
+        """Seeds the sampler."""
+        self.sample.seed(seed)
+
+    def __call__(
+        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor, history=None
+    ) -> tuple[DictTensor, DictTensor]:
+        """One step: ``({"action", "logp"[, "value"]}, state)`` for ``n`` rows."""
+        logits, value = self.model(observation[K.FRAME])
+        action = self.sample(logits, agent_info)
+        logp = logits.log_softmax(-1).gather(1, action.unsqueeze(1)).squeeze(1)
+        out = {K.ACTION_KEY: action, "logp": logp}
+        if self.store_value:
+            out["value"] = value
+        return DictTensor(out), state

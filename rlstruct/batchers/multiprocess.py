@@ -32,7 +32,7 @@ from rlstruct.agent import Agent
 from rlstruct.batchers import transport
 from rlstruct.batchers.base import BatcherBase, Phase
 from rlstruct.batchers.buffer import SlotBuffer
-from rlstruct.batchers.restart import Fault, RestartPolicy, restart_env_seed
+from rlstruct.batchers.restart import Fault, RestartPolicy, exhausted, restart_env_seed
 from rlstruct.batchers.rollout import infer_specs
 from rlstruct.batchers.rows import broadcast_rows
 from rlstruct.batchers.seeding import env_seed_bases, isolated_rngs
@@ -421,29 +421,9 @@ class Batcher(BatcherBase):
         policy = self.restart
         if policy is None or not getattr(self, "_started", False):
             return error
-        done = sum(self._restarts)
-        spent = done >= policy.max_restarts
-        in_a_row = (
-            policy.max_consecutive is not None
-            and self._consecutive_faults >= policy.max_consecutive
-        )
-        if spent or in_a_row:
-            why = (
-                f"max_restarts={policy.max_restarts} spent"
-                if spent
-                else f"{self._consecutive_faults} faults in a row (max_consecutive="
-                f"{policy.max_consecutive})"
-            )
-            return WorkerError(
-                f"{error.args[0]} [restart budget exhausted: {done} restart(s) so far, {why}; "
-                "this is the last cause; earlier ones are in batcher.faults]",
-                worker=error.worker,
-                env=error.env,
-                step=error.step,
-                exc_type=error.exc_type,
-                remote_traceback=error.remote_traceback,
-                exitcode=error.exitcode,
-            )
+        final = exhausted(policy, error, sum(self._restarts), self._consecutive_faults)
+        if final is not None:
+            return final
         self._replace(w, error)
         return None
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlstruct.errors import ConfigError
+from rlstruct.errors import ConfigError, WorkerError
 
-__all__ = ["RestartPolicy", "Fault", "restart_env_seed", "RESTART_SEED_STRIDE"]
+__all__ = ["RestartPolicy", "Fault", "restart_env_seed", "exhausted", "RESTART_SEED_STRIDE"]
 
 #: Seeds of the r-th replacement are the original seeds plus ``r * RESTART_SEED_STRIDE``: far
 #: from every run's block of env seeds, and the same modulo ``2**32`` (so anything that reads an
@@ -94,3 +94,39 @@ def restart_env_seed(env_seed: int, restart: int) -> int:
         8
     """
     return env_seed + restart * RESTART_SEED_STRIDE
+
+
+def exhausted(
+    policy: RestartPolicy, error: WorkerError, restarts: int, in_a_row: int
+) -> WorkerError | None:
+    """The error to raise instead of restarting, once ``policy``'s budget is spent (else None).
+
+    Args:
+        policy: the batcher's restart policy.
+        error: the fault that would cost one more restart.
+        restarts: restarts so far (all workers).
+        in_a_row: faults since the last complete batch.
+
+    Returns:
+        ``error`` with a message saying how many restarts happened and why no more are allowed
+        (the last cause; the earlier ones are in ``batcher.faults``), or None to restart.
+    """
+    spent = restarts >= policy.max_restarts
+    too_many = policy.max_consecutive is not None and in_a_row >= policy.max_consecutive
+    if not (spent or too_many):
+        return None
+    why = (
+        f"max_restarts={policy.max_restarts} spent"
+        if spent
+        else f"{in_a_row} faults in a row (max_consecutive={policy.max_consecutive})"
+    )
+    return WorkerError(
+        f"{error.args[0]} [restart budget exhausted: {restarts} restart(s) so far, {why}; "
+        "this is the last cause; earlier ones are in batcher.faults]",
+        worker=error.worker,
+        env=error.env,
+        step=error.step,
+        exc_type=error.exc_type,
+        remote_traceback=error.remote_traceback,
+        exitcode=error.exitcode,
+    )
