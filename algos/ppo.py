@@ -164,10 +164,26 @@ def ppo_loss(agent: Agent, minibatch: DictTensor, cfg: Config) -> tuple[Tensor, 
     return loss, stats
 
 
+def relabel(agent: Agent, traj: Trajectories) -> Trajectories:
+    """``logp`` and ``value`` of the stored actions recomputed by the current model: with
+    ``--pipeline 2`` the batch was collected one update ago, and PPO's clip range (and GAE's
+    baseline) must be measured from the policy being improved, or the first epoch already
+    starts outside the clip range and the gradient vanishes."""
+    with torch.no_grad():
+        logits, value = agent.model(traj.trajectories[FRAME].flatten(0, 1))
+        shape = traj.trajectories[VALUE].shape
+        logp = logits.log_softmax(-1).gather(1, traj.trajectories[ACTION].view(-1, 1))
+    traj.trajectories.set(LOGP, logp.view(shape))
+    traj.trajectories.set(VALUE, value.view(shape))
+    return traj
+
+
 def learn(
     agent: Agent, optimizer: torch.optim.Optimizer, traj: Trajectories, cfg: Config
 ) -> dict[str, float]:
     """``n_epochs`` of minibatch steps over one batch; returns the last epoch's mean stats."""
+    if cfg.layout.pipeline > 1:  # collected one update ago: clip around the current policy
+        traj = relabel(agent, traj)
     advantage, returns = gae_advantages(agent.model, traj, cfg.gamma, cfg.gae_lambda)
     steps = traj.trajectories.get([FRAME, ACTION, LOGP, VALUE])
     steps.set("advantage", advantage)
