@@ -232,3 +232,20 @@ def test_atari_pong_with_the_nature_cnn_runs_a_few_iterations(tmp_path):
     assert summary["frames"] >= 256 and summary["stopped_by"] == "max_frames"
     checkpoint = torch.load(Path(summary["run_dir"]) / "checkpoints" / "latest.pt")
     assert "trunk.0.weight" in checkpoint["model"]  # the CNN was trained
+
+
+def test_pipelined_batches_are_relabelled_by_the_current_policy():
+    torch.manual_seed(0)
+    model = ppo.ActorCritic(obs_dim=4, n_actions=2, hidden=8)
+    (traj,) = collect(ppo.PPOAgent, model, n_segments=1, n_timesteps=4)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5)  # the learner moved on since the batch was collected
+    stored = traj.trajectories[ppo.LOGP].clone()
+    relabelled = ppo.relabel(ppo.PPOAgent(model), traj).trajectories
+    with torch.no_grad():
+        logits, value = model(relabelled[ppo.FRAME].flatten(0, 1))
+    logp = logits.log_softmax(-1).gather(1, relabelled[ppo.ACTION].view(-1, 1)).view(stored.shape)
+    torch.testing.assert_close(relabelled[ppo.LOGP], logp)
+    torch.testing.assert_close(relabelled[ppo.VALUE], value.view(stored.shape))
+    assert not torch.allclose(stored, logp)
