@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import hashlib
 import importlib
 import importlib.util
@@ -252,6 +253,19 @@ def _tail(path: Path, n: int = 1500) -> str:
         return ""
 
 
+def _monitor_cores(run_dir: Path) -> float | None:
+    """Median ``cores_busy`` of a run's progress.csv (the resource monitor's measure of the
+    whole process tree). ``cpu_cores`` from ``RUSAGE_CHILDREN`` misses the workers: they are
+    children of the forkserver, which outlives the run and is reaped by init."""
+    try:
+        with open(run_dir / "progress.csv", newline="") as f:
+            values = sorted(float(r["cores_busy"]) for r in csv.DictReader(f)
+                            if r.get("cores_busy") not in (None, "", "nan"))
+    except (OSError, KeyError, ValueError):
+        return None
+    return values[len(values) // 2] if values else None
+
+
 def launch(kind: str, algo: str, seed: int, budget: float, args: argparse.Namespace,
            workdir: Path) -> dict[str, Any]:
     """Runs one child to completion; returns the run's record (times from the launch)."""
@@ -298,6 +312,8 @@ def launch(kind: str, algo: str, seed: int, budget: float, args: argparse.Namesp
         return rec
     s = res["summary"]
     rec["status"] = "ok"
+    if s.get("run_dir"):  # the run's own monitor: the whole tree, forkserver workers included
+        rec["cores_busy"] = _monitor_cores(workdir / s["run_dir"])
     rec["torch_threads"] = res.get("torch_threads")
     rec["solved"] = bool(s.get("solved"))
     rec["frames"] = s.get("frames")
@@ -398,7 +414,7 @@ def targets(rows: dict[str, dict[str, Any]], seeds: list[int]) -> list[dict[str,
         t = {"name": "rlstruct IMPALA / rlstruct PPO",
              "threshold": f"<= {IMPALA_MAX_RATIO}, {len(seeds)}/{len(seeds)} solved, "
                           f">= {IMPALA_MIN_CORES} cores busy", "metric": "median launch->solve"}
-        cores = [r["cpu_cores"] for r in impala["runs"] if "cpu_cores" in r]
+        cores = [r["cores_busy"] for r in impala["runs"] if r.get("cores_busy") is not None]
         t["cores_median"] = sorted(cores)[len(cores) // 2] if cores else None
         if None in (impala.get("launch_to_solve"), (ppo or {}).get("launch_to_solve")):
             t["verdict"] = "n/a (needs both IMPALA and PPO)"
@@ -567,6 +583,8 @@ def main(argv: list[str] | None = None) -> int:
                 row["runs"].append(rec)
                 print(f"  {row['label']:<26} seed {seed}: {rec['status']}, "
                       f"{'solved' if rec['solved'] else 'not solved'}"
+                      + (f" [monitor: {rec['cores_busy']:.2f} cores busy]"
+                         if rec.get("cores_busy") is not None else "")
                       + (f" launch->solve {rec['launch_to_solve']:.1f} s"
                          f" (algo {rec['time_to_solve']:.1f} s), {rec['frames_to_solve']} steps"
                          if rec.get("launch_to_solve") is not None else "")
