@@ -94,9 +94,11 @@ def test_smoke_run_from_another_folder_writes_a_complete_run_dir(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(240)
 def test_solves_cartpole(tmp_path):
-    summary = impala.main(impala.Config(time_budget=120, runs_dir=str(tmp_path), eval_every=0))
+    # 0.5-1M frames in the benchmark (20-45 s); the time budget bounds the test, not the frames.
+    summary = impala.main(impala.Config(time_budget=150, max_frames=5_000_000,
+                                        runs_dir=str(tmp_path), eval_every=0))
     assert summary["stopped_by"] == "target_return", summary
 
 
