@@ -147,7 +147,7 @@ def sweep(
     gpus: int = 0,
     cuda_offset: int | None = None,
     timeout: float | None = None,
-    python: str = sys.executable,
+    python: str | None = None,
     module: str | None = None,
     poll_s: float = 0.2,
     quiet: bool = False,
@@ -166,7 +166,7 @@ def sweep(
         cuda_offset: added to the rotation (default: ``$CUDA_OFFSET`` or 0).
         timeout: seconds one session may run before its process group is killed (None: no
             limit).
-        python: the interpreter of the sessions.
+        python: the interpreter of the sessions (default: this one, ``sys.executable``).
         module: the module to run (default ``algos.<algo>``).
         poll_s: how often the running sessions are polled.
         quiet: print nothing.
@@ -202,7 +202,7 @@ def sweep(
         for s, seed in enumerate(seeds):
             folder = out / f"trial{t}" / f"session{s}"
             device = session_device(t, s, len(seeds), gpus, cuda_offset) if gpus else None
-            cmd = [python, "-m", module, *algo_args, *flags, "--seed", str(seed),
+            cmd = [python or sys.executable, "-m", module, *algo_args, *flags, "--seed", str(seed),
                    "--n-threads", "1", "--runs-dir", str(folder)]
             if device is not None:
                 cmd += ["--learner-device", str(device)]
