@@ -8,7 +8,10 @@ from typing import Any
 
 from rlstruct.agent import Agent
 from rlstruct.batchers.buffer import Specs
+from rlstruct.batchers.restart import RestartPolicy
+from rlstruct.batchers.rollout import infer_specs
 from rlstruct.batchers.rows import broadcast_rows
+from rlstruct.batchers.seeding import isolated_rngs
 from rlstruct.dicttensor import DeviceLike, DictTensor
 from rlstruct.envs.base import VecEnv
 from rlstruct.errors import BatcherStateError, ConfigError, ShapeError
@@ -69,6 +72,77 @@ class BatcherBase:
         if isinstance(seeds, bool) or not isinstance(seeds, (int, Sequence)):
             problems.append(f"seeds must be an int or a list of ints, got {seeds!r}")
         return problems
+
+    @staticmethod
+    def _validate_workers(
+        n_processes: Any,
+        seeds: Any,
+        agent_seeds: Any,
+        n_threads: Any,
+        restart: Any,
+        timeout: Any,
+        start_timeout: Any,
+    ) -> list[str]:
+        """The problems of the arguments every multi-worker batcher takes (Batcher, RayBatcher)."""
+        problems = []
+        if isinstance(n_processes, bool) or not isinstance(n_processes, int) or n_processes <= 0:
+            problems.append(f"n_processes must be a positive int, got {n_processes!r}")
+        else:
+            if agent_seeds is not None and len(agent_seeds) != n_processes:
+                problems.append(
+                    f"agent_seeds has {len(agent_seeds)} entries, expected one per process "
+                    f"({n_processes})"
+                )
+            if not isinstance(seeds, int) and isinstance(seeds, Sequence) and (
+                len(seeds) != n_processes
+            ):
+                problems.append(
+                    f"seeds has {len(seeds)} entries, expected one per process ({n_processes})"
+                )
+        if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads <= 0:
+            problems.append(f"n_threads must be a positive int, got {n_threads!r}")
+        if restart is not None and not isinstance(restart, RestartPolicy):
+            problems.append(f"restart must be a RestartPolicy or None, got {restart!r}")
+        if not _positive(timeout) or not _positive(start_timeout):
+            problems.append(f"timeouts must be > 0, got {timeout!r} and {start_timeout!r}")
+        return problems
+
+    def _probe(
+        self,
+        create_env: Callable[..., VecEnv],
+        env_args: Mapping[str, Any],
+        create_agent: Callable[..., Agent],
+        agent_args: Mapping[str, Any],
+        agent_info: DictTensor | None,
+        env_info: DictTensor | None,
+        n_workers: int,
+    ) -> tuple[int, Specs, Specs]:
+        """Builds a throwaway env and agent in this process to learn ``n`` (envs per worker)
+        and every spec before any worker starts, under saved-and-restored generators (the
+        caller's random streams are not consumed); sets ``_agent_info``/``_env_info`` to the
+        examples broadcast to ``n * n_workers`` rows.
+
+        Returns:
+            ``(n, step_specs, info_specs)``.
+        """
+        with isolated_rngs():
+            probe_env = create_env(**env_args, seed=0)
+            try:
+                if not isinstance(probe_env, VecEnv):
+                    raise ConfigError(
+                        f"create_env returned a {type(probe_env).__name__}, not a VecEnv"
+                    )
+                n = probe_env.n_envs()
+                probe_agent = create_agent(**agent_args)
+                self._agent_info = broadcast_rows(agent_info, n * n_workers, "agent_info")
+                self._env_info = broadcast_rows(env_info, n * n_workers, "env_info")
+                step_specs, info_specs = infer_specs(
+                    probe_env, probe_agent, self._agent_info.slice(0, n), self._env_info.slice(0, n)
+                )
+                probe_agent.close()
+            finally:
+                probe_env.close()
+        return n, step_specs, info_specs
 
     @staticmethod
     def _raise_problems(problems: list[str]) -> None:
@@ -154,6 +228,10 @@ class BatcherBase:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _positive(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0
 
 
 def _fmt(specs: Mapping[str, Any]) -> str:

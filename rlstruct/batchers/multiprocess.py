@@ -33,15 +33,13 @@ from rlstruct.batchers import transport
 from rlstruct.batchers.base import BatcherBase, Phase
 from rlstruct.batchers.buffer import SlotBuffer
 from rlstruct.batchers.restart import Fault, RestartPolicy, exhausted, restart_env_seed
-from rlstruct.batchers.rollout import infer_specs
-from rlstruct.batchers.rows import broadcast_rows
-from rlstruct.batchers.seeding import env_seed_bases, isolated_rngs
+from rlstruct.batchers.seeding import env_seed_bases
 from rlstruct.batchers.validation import check_picklable, find_non_cpu
 from rlstruct.batchers.weights import SharedWeights, is_state_dict
 from rlstruct.batchers.worker import Command, Reply, WorkerSpec, worker_main
 from rlstruct.dicttensor import DeviceLike, DictTensor
 from rlstruct.envs.base import VecEnv
-from rlstruct.errors import ConfigError, WorkerError, WorkerTimeoutError
+from rlstruct.errors import WorkerError, WorkerTimeoutError
 from rlstruct.trajectories import Trajectories
 
 __all__ = ["Batcher", "worker_context"]
@@ -199,22 +197,9 @@ class Batcher(BatcherBase):
             agent_info,
             env_info,
         )
-        if isinstance(n_processes, bool) or not isinstance(n_processes, int) or n_processes <= 0:
-            problems.append(f"n_processes must be a positive int, got {n_processes!r}")
-        elif agent_seeds is not None and len(agent_seeds) != n_processes:
-            problems.append(
-                f"agent_seeds has {len(agent_seeds)} entries, expected one per process "
-                f"({n_processes})"
-            )
-        if (
-            not isinstance(seeds, int)
-            and isinstance(seeds, Sequence)
-            and isinstance(n_processes, int)
-            and len(seeds) != n_processes
-        ):
-            problems.append(
-                f"seeds has {len(seeds)} entries, expected one per process ({n_processes})"
-            )
+        problems += self._validate_workers(
+            n_processes, seeds, agent_seeds, n_threads, restart, timeout, start_timeout
+        )
         if torch.device(device).type != "cpu":
             problems.append(
                 f"device={device!r}: Batcher workers are CPU-only; use SerialBatcher(device=...) "
@@ -231,17 +216,11 @@ class Batcher(BatcherBase):
                     f"{where}: Batcher workers are CPU-only; pass CPU tensors/models (the "
                     "batcher copies them) or use SerialBatcher(device=...) for a GPU"
                 )
-        if not isinstance(n_threads, int) or n_threads <= 0:
-            problems.append(f"n_threads must be a positive int, got {n_threads!r}")
         if isinstance(pipeline, bool) or not isinstance(pipeline, int) or pipeline < 1:
             problems.append(
                 f"pipeline must be an int >= 1 (1: synchronous, K >= 2: K segment slots), "
                 f"got {pipeline!r}"
             )
-        if restart is not None and not isinstance(restart, RestartPolicy):
-            problems.append(f"restart must be a RestartPolicy or None, got {restart!r}")
-        if not timeout > 0 or not start_timeout > 0:
-            problems.append(f"timeouts must be > 0, got {timeout!r} and {start_timeout!r}")
         self._raise_problems(problems)
         agent_args, env_args = dict(agent_args or {}), dict(env_args or {})
         check_picklable(
@@ -255,25 +234,9 @@ class Batcher(BatcherBase):
 
         # The forkserver imports torch and rlstruct while the probe runs.
         ctx = worker_context(start=True)
-        # A probe env and agent in this process learn n and every spec before any worker
-        # starts; whatever they draw from the global generators is given back to the caller.
-        with isolated_rngs():
-            probe_env = create_env(**env_args, seed=0)
-            try:
-                if not isinstance(probe_env, VecEnv):
-                    raise ConfigError(
-                        f"create_env returned a {type(probe_env).__name__}, not a VecEnv"
-                    )
-                n = probe_env.n_envs()
-                probe_agent = create_agent(**agent_args)
-                self._agent_info = broadcast_rows(agent_info, n * n_processes, "agent_info")
-                self._env_info = broadcast_rows(env_info, n * n_processes, "env_info")
-                step_specs, info_specs = infer_specs(
-                    probe_env, probe_agent, self._agent_info.slice(0, n), self._env_info.slice(0, n)
-                )
-                probe_agent.close()
-            finally:
-                probe_env.close()
+        n, step_specs, info_specs = self._probe(
+            create_env, env_args, create_agent, agent_args, agent_info, env_info, n_processes
+        )
         env_bases, default_agent_seeds = env_seed_bases(seeds, n_processes, n)
         agent_seeds = list(agent_seeds) if agent_seeds is not None else default_agent_seeds
         self._n_envs, self._n_rows = n, n * n_processes

@@ -38,9 +38,8 @@ from rlstruct.agent import Agent
 from rlstruct.batchers.base import BatcherBase, Phase
 from rlstruct.batchers.buffer import SlotBuffer, Specs
 from rlstruct.batchers.restart import Fault, RestartPolicy, exhausted, restart_env_seed
-from rlstruct.batchers.rollout import Rollout, StepContext, infer_specs
-from rlstruct.batchers.rows import broadcast_rows
-from rlstruct.batchers.seeding import env_seed_bases, isolated_rngs, seed_global_rngs
+from rlstruct.batchers.rollout import Rollout, StepContext
+from rlstruct.batchers.seeding import env_seed_bases, seed_global_rngs
 from rlstruct.batchers.serial import make_env_on
 from rlstruct.batchers.transport import from_cpu_bytes, to_cpu_bytes
 from rlstruct.batchers.validation import check_picklable, find_non_cpu
@@ -564,25 +563,9 @@ class RayBatcher(BatcherBase):
         self._num_cpus, self._num_gpus = num_cpus_per_actor, num_gpus_per_actor
         self._actor_options = dict(actor_options or {})
 
-        # A probe env and agent in this process learn n and every spec before any actor
-        # starts; whatever they draw from the global generators is given back to the caller.
-        with isolated_rngs():
-            probe_env = create_env(**env_args, seed=0)
-            try:
-                if not isinstance(probe_env, VecEnv):
-                    raise ConfigError(
-                        f"create_env returned a {type(probe_env).__name__}, not a VecEnv"
-                    )
-                n = probe_env.n_envs()
-                probe_agent = create_agent(**agent_args)
-                self._agent_info = broadcast_rows(agent_info, n * n_processes, "agent_info")
-                self._env_info = broadcast_rows(env_info, n * n_processes, "env_info")
-                step_specs, info_specs = infer_specs(
-                    probe_env, probe_agent, self._agent_info.slice(0, n), self._env_info.slice(0, n)
-                )
-                probe_agent.close()
-            finally:
-                probe_env.close()
+        n, step_specs, info_specs = self._probe(
+            create_env, env_args, create_agent, agent_args, agent_info, env_info, n_processes
+        )
         env_bases, default_agent_seeds = env_seed_bases(seeds, n_processes, n)
         self._env_bases = env_bases
         self._agent_seeds = list(agent_seeds) if agent_seeds is not None else default_agent_seeds
@@ -1046,30 +1029,14 @@ def _check_ray_options(
     actor_options: Any,
 ) -> list[str]:
     """The problems of RayBatcher's own arguments (on top of the common ones)."""
-    problems = []
-    if isinstance(n_processes, bool) or not isinstance(n_processes, int) or n_processes <= 0:
-        problems.append(f"n_processes must be a positive int, got {n_processes!r}")
-    else:
-        if agent_seeds is not None and len(agent_seeds) != n_processes:
-            problems.append(
-                f"agent_seeds has {len(agent_seeds)} entries, expected one per process "
-                f"({n_processes})"
-            )
-        if not isinstance(seeds, int) and isinstance(seeds, Sequence) and len(seeds) != n_processes:
-            problems.append(
-                f"seeds has {len(seeds)} entries, expected one per process ({n_processes})"
-            )
+    problems = BatcherBase._validate_workers(
+        n_processes, seeds, agent_seeds, n_threads, restart, timeout, start_timeout
+    )
     if isinstance(pipeline, bool) or pipeline != 1:
         problems.append(
             f"pipeline={pipeline!r}: pipelined collection is not supported by RayBatcher yet "
             "(use pipeline=1, or Batcher(pipeline=K) on one machine)"
         )
-    if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads <= 0:
-        problems.append(f"n_threads must be a positive int, got {n_threads!r}")
-    if restart is not None and not isinstance(restart, RestartPolicy):
-        problems.append(f"restart must be a RestartPolicy or None, got {restart!r}")
-    if not _positive(timeout) or not _positive(start_timeout):
-        problems.append(f"timeouts must be > 0, got {timeout!r} and {start_timeout!r}")
     if address is not None and (not isinstance(address, str) or not address):
         problems.append(f"address must be None or a non-empty str, got {address!r}")
     for name, value in (("num_cpus_per_actor", num_cpus), ("num_gpus_per_actor", num_gpus)):
@@ -1105,7 +1072,3 @@ def _check_ray_options(
                     "(num_cpus_per_actor, num_gpus_per_actor; restarts: restart=RestartPolicy)"
                 )
     return problems
-
-
-def _positive(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0
