@@ -5,10 +5,14 @@ from __future__ import annotations
 import sys
 
 import cloudpickle
-import gymnasium as gym
-import numpy as np
+import fault_envs
 import pytest
 import torch
+from fault_envs import (
+    assert_counter_rows_are_valid,
+    broken_worker_env,
+    flaky_counter_env,
+)
 from torch import nn
 
 from rlstruct.agent import Agent
@@ -16,9 +20,7 @@ from rlstruct.batchers import Batcher
 from rlstruct.batchers.restart import RestartPolicy, restart_env_seed
 from rlstruct.batchers.seeding import SEED_BLOCK
 from rlstruct.dicttensor import DictTensor
-from rlstruct.envs.debug import CounterEnv
 from rlstruct.envs.faults import faulty_gym_env
-from rlstruct.envs.gym import GymEnvInf
 from rlstruct.errors import ConfigError, WorkerError
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
@@ -40,51 +42,7 @@ class WeightAgent(Agent):
         return DictTensor({"action": action, "w": w}), state
 
 
-class AlwaysFailing(gym.Wrapper):
-    """CartPole that raises at every step."""
-
-    def __init__(self) -> None:
-        super().__init__(gym.make("CartPole-v1"))
-
-    def step(self, action):
-        raise RuntimeError("this env is broken for good")
-
-
-def broken_worker_env(n_envs: int, seed: int) -> GymEnvInf:
-    """Worker 1's envs raise at every step, in every replacement; the others are CartPoles."""
-    worker = (seed % SEED_BLOCK) // n_envs
-    if worker == 1:
-        return GymEnvInf([AlwaysFailing for _ in range(n_envs)], seed=seed)
-    return GymEnvInf("CartPole-v1", n_envs=n_envs, seed=seed)
-
-
-class FlakyCounter(CounterEnv):
-    """A counter env whose steps fail with probability ``p`` (its own RNG, seeded at reset)."""
-
-    def __init__(self, env_id: int, p: float) -> None:
-        super().__init__(env_id=env_id, episode_length=7)
-        self.p = p
-        self.rng = np.random.default_rng(0)
-
-    def reset(self, *, seed=None, options=None):
-        if seed is not None:
-            self.rng = np.random.default_rng(seed)
-        return super().reset(seed=seed, options=options)
-
-    def step(self, action):
-        if self.rng.random() < self.p:
-            raise RuntimeError("flaky simulator")
-        return super().step(action)
-
-
-def flaky_counter_env(n_envs: int, seed: int, p: float) -> GymEnvInf:
-    base = seed % SEED_BLOCK
-    return GymEnvInf(
-        [lambda k=k: FlakyCounter(base + k, p) for k in range(n_envs)], seed=seed,
-        env_id_offset=base,
-    )
-
-
+cloudpickle.register_pickle_by_value(fault_envs)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
@@ -171,23 +129,6 @@ def test_without_a_policy_the_first_fault_raises():
         with pytest.raises(WorkerError, match="worker 1, env 7, step 7"):
             b.get()
         assert b.faults == []
-
-
-def assert_counter_rows_are_valid(batch) -> None:
-    """Every row holds consecutive steps of ONE counter env: nothing spliced, nothing stale."""
-    frames = batch.trajectories["observation/frame"]
-    nexts = batch.trajectories["_observation/frame"]
-    done = batch.trajectories["_observation/done"]
-    for row, (env_id, length) in enumerate(
-        zip(batch.info["env_id"].tolist(), batch.trajectories.lengths.tolist())
-    ):
-        assert length > 0
-        f, nx = frames[row, :length], nexts[row, :length]
-        assert torch.all(f[:, 0] == env_id) and torch.all(nx[:, 0] == env_id)
-        assert torch.all(nx[:, 2] == f[:, 2] + 1)  # each step advances the counter by one
-        for t in range(length - 1):
-            if not done[row, t]:
-                assert torch.equal(f[t + 1], nx[t])  # the next step starts where this one ended
 
 
 def test_one_percent_random_step_failures_corrupt_no_row():
