@@ -81,11 +81,11 @@ from torch import Tensor
 from rlstruct import keys as K
 from rlstruct.dicttensor import DictTensor
 from rlstruct.envs.base import StepResult, VecEnv
+from rlstruct.envs.gym import check_step
 from rlstruct.envs.spaces import ActionSpec, Leaf, observation_leaves, torch_dtype
 from rlstruct.errors import (
     BatcherStateError,
     ConfigError,
-    DeviceContractError,
     KeyMismatchError,
     RLStructError,
     ShapeError,
@@ -467,35 +467,7 @@ class EnvPoolEnv(VecEnv):
     def _begin_step(self, action: DictTensor) -> tuple[np.ndarray, np.ndarray]:
         """Checks call order and actions; returns ``(running, actions as numpy)``."""
         self._check_open()
-        run = self._running
-        if run is None:
-            raise BatcherStateError(
-                f"{type(self).__name__}.step called before reset() (or after a failed step); "
-                "call reset() first"
-            )
-        if run.shape[0] == 0:
-            raise BatcherStateError(
-                f"{type(self).__name__}.step called with no running env: every episode has "
-                "ended; call reset() to start new ones"
-            )
-        if not isinstance(action, DictTensor):
-            raise TypeError(f"step takes a DictTensor, got {type(action).__name__}")
-        a = action[K.ACTION_KEY]
-        if a.shape[0] != run.shape[0]:
-            raise ShapeError(
-                f"action has {a.shape[0]} rows, expected {run.shape[0]} (one per running env, "
-                "in the order of `running`)"
-            )
-        if a.device.type != "cpu":
-            raise DeviceContractError(
-                f"{type(self).__name__} steps CPU envs, but the action is on {a.device}; wrap "
-                "the VecEnv with DeviceEnv(env, 'cpu', device) to move actions back",
-                argument="action",
-                key=K.ACTION_KEY,
-                expected=_CPU,
-                actual=a.device,
-            )
-        return run, self._act.to_numpy(a, run, self._offset)
+        return check_step(self, self._running, action, self._act, self._offset)
 
     def _perm(self, info: Mapping[str, Any], ids: np.ndarray) -> np.ndarray | None:
         """The row permutation that puts envpool's rows in the order of ``ids`` (None: they are

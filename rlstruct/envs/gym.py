@@ -244,35 +244,7 @@ class _GymVecEnv(VecEnv):
     def _begin_step(self, action: DictTensor) -> tuple[np.ndarray, np.ndarray]:
         """Checks call order and actions; returns ``(running, actions as numpy)``."""
         self._check_open()
-        run = self._running
-        if run is None:
-            raise BatcherStateError(
-                f"{type(self).__name__}.step called before reset() (or after a failed step); "
-                "call reset() first"
-            )
-        if run.shape[0] == 0:
-            raise BatcherStateError(
-                f"{type(self).__name__}.step called with no running env: every episode has "
-                "ended; call reset() to start new ones"
-            )
-        if not isinstance(action, DictTensor):
-            raise TypeError(f"step takes a DictTensor, got {type(action).__name__}")
-        a = action[K.ACTION_KEY]
-        if a.shape[0] != run.shape[0]:
-            raise ShapeError(
-                f"action has {a.shape[0]} rows, expected {run.shape[0]} (one per running env, "
-                "in the order of `running`)"
-            )
-        if a.device.type != "cpu":
-            raise DeviceContractError(
-                f"{type(self).__name__} steps CPU envs, but the action is on {a.device}; wrap "
-                "the VecEnv with DeviceEnv(env, 'cpu', device) to move actions back",
-                argument="action",
-                key=K.ACTION_KEY,
-                expected=_CPU,
-                actual=a.device,
-            )
-        return run, self._act.to_numpy(a, run, self._offset)
+        return check_step(self, self._running, action, self._act, self._offset)
 
     def _step_envs(self, run: np.ndarray, a: np.ndarray) -> list[np.ndarray]:
         """Steps env ``run[j]`` with ``a[j]``; returns fresh arrays (row j = env ``run[j]``):
@@ -938,3 +910,55 @@ class _FastDiscreteContains:
         if x.__class__ is np.int64:
             return self._low <= x < self._high
         return self._general(x)
+
+
+def check_step(
+    env: VecEnv, run: np.ndarray | None, action: DictTensor, act: ActionSpec, offset: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The checks every CPU VecEnv's ``step`` starts with (before any env is stepped).
+
+    Args:
+        env: the VecEnv (named in the messages).
+        run: its running env indices, ``None`` before reset or after a failed step.
+        action: the ``step`` argument.
+        act: the action space's checker.
+        offset: the global index of env 0 (error messages).
+
+    Returns:
+        ``(running, actions as numpy)``.
+
+    Raises:
+        BatcherStateError: no reset yet, a failed step, or no env running.
+        TypeError: ``action`` is not a DictTensor.
+        ShapeError: not one action row per running env.
+        DeviceContractError: the action is not on the CPU.
+        ActionError: an action outside the action space.
+    """
+    name = type(env).__name__
+    if run is None:
+        raise BatcherStateError(
+            f"{name}.step called before reset() (or after a failed step); call reset() first"
+        )
+    if run.shape[0] == 0:
+        raise BatcherStateError(
+            f"{name}.step called with no running env: every episode has ended; call reset() "
+            "to start new ones"
+        )
+    if not isinstance(action, DictTensor):
+        raise TypeError(f"step takes a DictTensor, got {type(action).__name__}")
+    a = action[K.ACTION_KEY]
+    if a.shape[0] != run.shape[0]:
+        raise ShapeError(
+            f"action has {a.shape[0]} rows, expected {run.shape[0]} (one per running env, "
+            "in the order of `running`)"
+        )
+    if a.device.type != "cpu":
+        raise DeviceContractError(
+            f"{name} steps CPU envs, but the action is on {a.device}; wrap the VecEnv with "
+            "DeviceEnv(env, 'cpu', device) to move actions back",
+            argument="action",
+            key=K.ACTION_KEY,
+            expected=_CPU,
+            actual=a.device,
+        )
+    return run, act.to_numpy(a, run, offset)
