@@ -95,11 +95,16 @@ def test_smoke_run_from_another_folder_writes_a_complete_run_dir(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_solves_cartpole(tmp_path):
-    # 0.5-1M frames in the benchmark (20-45 s); the time budget bounds the test, not the frames.
-    summary = impala.main(impala.Config(time_budget=150, max_frames=5_000_000,
+def test_learns_cartpole(tmp_path):
+    # Solving (3/3 seeds, time to solve) is measured by benchmarks/learning.py; this checks
+    # learning on a frame budget: random play returns about 22, IMPALA passes 100 by about
+    # 100k frames (it solves CartPole with 0.5-1M).
+    summary = impala.main(impala.Config(max_frames=150_000, time_budget=150, target_return=None,
                                         runs_dir=str(tmp_path), eval_every=0))
-    assert summary["stopped_by"] == "target_return", summary
+    assert summary["frames"] >= 150_000, summary
+    rows = check_run_dir(Path(summary["run_dir"]))
+    best = max(float(r["train_return_mean20"]) for r in rows if r["train_return_mean20"] != "nan")
+    assert best >= 100, best
 
 
 @pytest.mark.gpu
