@@ -39,12 +39,7 @@ from rlstruct.nets import linear, mlp
 from rlstruct.optim import adam, gradient_step
 from rlstruct.replay import replay_agent, replay_agent_stateless
 from rlstruct.run import Run, RunConfig
-from rlstruct.sampling import (
-    CategoricalSampler,
-    categorical_entropy,
-    categorical_log_prob,
-    greedy_info,
-)
+from rlstruct.sampling import CategoricalSampler, greedy_info
 
 
 @dataclass
@@ -208,10 +203,10 @@ def a2c_loss(
     )
     if cfg.normalize_advantages:  # over the valid steps: the step size ignores the reward scale
         advantage = F.normalize_advantages(advantage, mask)
-    logp = categorical_log_prob(logits, steps[K.STORED_ACTION])
+    logp = F.categorical_log_prob(logits, steps[K.STORED_ACTION])
     policy_loss = -F.masked_mean(logp * advantage, mask)
     value_loss = F.masked_mean((value - returns) ** 2, mask)
-    entropy = F.masked_mean(categorical_entropy(logits), mask)
+    entropy = F.masked_mean(F.categorical_entropy(logits), mask)
     loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy
     stats = {"loss": loss, "policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy}
     return loss, {k: float(v.detach()) for k, v in stats.items()}

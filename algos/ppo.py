@@ -40,7 +40,7 @@ from rlstruct.errors import ConfigError
 from rlstruct.nets import CNNActorCritic, MLPActorCritic
 from rlstruct.optim import adam, gradient_step
 from rlstruct.run import Run, RunConfig
-from rlstruct.sampling import ActorAgent, categorical_entropy, categorical_log_prob, greedy_info
+from rlstruct.sampling import ActorAgent, greedy_info
 
 
 @dataclass
@@ -124,14 +124,14 @@ def gae_advantages(
 def ppo_loss(agent: Agent, minibatch: DictTensor, cfg: Config) -> tuple[Tensor, dict[str, Tensor]]:
     """The PPO loss of a minibatch of transitions; returns ``(loss, detached stats)``."""
     new = replay_agent_stateless(agent, minibatch)
-    logp = categorical_log_prob(new["logits"], minibatch[K.STORED_ACTION])
+    logp = F.categorical_log_prob(new["logits"], minibatch[K.STORED_ACTION])
     advantage = minibatch["advantage"]
     if cfg.adv_norm == "minibatch":
         advantage = F.normalize_advantages(advantage)
     policy = clipped_policy_loss(logp, minibatch[K.STORED_LOGP], advantage, cfg.clip_coef)
     values = value_loss(new["value"], minibatch[K.STORED_VALUE], minibatch["return"],
                         cfg.value_clip)
-    entropy = categorical_entropy(new["logits"]).mean()
+    entropy = F.categorical_entropy(new["logits"]).mean()
     loss = policy.mean() + cfg.vf_coef * values.mean() - cfg.ent_coef * entropy
     with torch.no_grad():
         log_ratio = logp - minibatch[K.STORED_LOGP]
@@ -152,7 +152,7 @@ def relabel(agent: Agent, traj: Trajectories) -> Trajectories:
     with torch.no_grad():
         logits, value = agent.model(traj.trajectories[K.OBS_FRAME].flatten(0, 1))
         shape = traj.trajectories[K.STORED_VALUE].shape
-        logp = categorical_log_prob(logits, traj.trajectories[K.STORED_ACTION].view(-1))
+        logp = F.categorical_log_prob(logits, traj.trajectories[K.STORED_ACTION].view(-1))
     traj.trajectories.set(K.STORED_LOGP, logp.view(shape))
     traj.trajectories.set(K.STORED_VALUE, value.view(shape))
     return traj

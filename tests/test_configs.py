@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 import tyro
 
-from algos import a2c, dqn, ppo, reinforce
+from algos import a2c, dqn, impala, ppo, reinforce
 from rlstruct.experiment import LayoutConfig
 from rlstruct.logger import config_to_dict
 from rlstruct.run import RunConfig
 
-ALGOS = {"ppo": ppo, "a2c": a2c, "dqn": dqn, "reinforce": reinforce}
+ALGOS = {"ppo": ppo, "a2c": a2c, "dqn": dqn, "reinforce": reinforce, "impala": impala}
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs"))
 from gen_api import field_docs  # noqa: E402
 
@@ -84,16 +84,18 @@ def test_bad_command_lines_exit_2_and_say_why(args, message, capsys):
 @pytest.mark.parametrize("name", ALGOS)
 def test_the_whole_config_is_saved_and_comes_back_equal(name):
     cls = ALGOS[name].Config
-    cfg = cls(seed=5, layout=LayoutConfig(n_envs=3, eval_device="cuda:1"))
+    pipeline = cls().layout.pipeline  # 2 for IMPALA, which refuses a synchronous layout
+    cfg = cls(seed=5, layout=LayoutConfig(n_envs=3, eval_device="cuda:1", pipeline=pipeline))
     saved = json.loads(json.dumps(config_to_dict(cfg)))
     assert saved["layout"]["n_envs"] == 3 and saved["seed"] == 5
     assert cls(**{**saved, "layout": LayoutConfig(**saved["layout"])}) == cfg
 
 
-def test_the_four_algorithms_share_the_defaults_of_the_run_config():
-    for module in ALGOS.values():
+def test_the_five_algorithms_share_the_defaults_of_the_run_config():
+    for name, module in ALGOS.items():
         cfg = module.Config()
-        assert cfg.layout == LayoutConfig() and cfg.layout.n_processes == 2
+        pipeline = 2 if name == "impala" else 1  # IMPALA learns while the workers collect
+        assert cfg.layout == LayoutConfig(pipeline=pipeline) and cfg.layout.n_processes == 2
         assert cfg.target_window == 20 and cfg.target_return == 475.0
 
 
