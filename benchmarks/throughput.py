@@ -133,7 +133,7 @@ class MLPAgent(Agent):
     def seed(self, seed: int) -> None:
         torch.manual_seed(seed)
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         action = sample_actions(self.model(observation["frame"]))
         return DictTensor({"action": action}), state
 

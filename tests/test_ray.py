@@ -87,7 +87,7 @@ class GlobalRNGAgent(Agent):
     def __init__(self) -> None:
         self.model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2))
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         logits = self.model(observation["frame"])
         action = torch.distributions.Categorical(logits=logits).sample()
         n = action.shape[0]
@@ -117,7 +117,7 @@ class WeightAgent(Agent):
         else:
             super().update(info)
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         n = observation["reward"].shape[0]
         action = observation["env_step"] % 2
         w = self.model.weight[0, 0].expand(n)
@@ -130,7 +130,7 @@ class SlowAgent(Agent):
     def __init__(self, seconds: float = 0.05) -> None:
         self.seconds = seconds
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         time.sleep(self.seconds)
         return DictTensor({"action": observation["env_step"] % 2}), state
 

@@ -231,7 +231,7 @@ def _agent():
     from rlstruct import Agent, DictTensor
 
     class Zero(Agent):
-        def __call__(self, state, observation, agent_info, history=None):
+        def __call__(self, state, observation, agent_info):
             n = observation.n_elems()
             return DictTensor({"action": torch.zeros(n, dtype=torch.long)}), state
 

@@ -46,7 +46,7 @@ class Policy(Agent):
     def seed(self, seed: int) -> None:
         self.generator.manual_seed(seed)
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         probs = self.model(observation["frame"]).softmax(1)
         action = torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
         return DictTensor({"action": action}), state
