@@ -42,6 +42,9 @@ class BatcherBase:
 
     _phase: Phase = Phase.NEW
     _failure: str | None = None
+    #: Segment slots: 1 for synchronous collection (execute, then get), ``K >= 2`` for
+    #: pipelined collection (see ``Batcher``).
+    pipeline: int = 1
 
     def _validate_common(
         self,
@@ -106,6 +109,22 @@ class BatcherBase:
         if not _positive(timeout) or not _positive(start_timeout):
             problems.append(f"timeouts must be > 0, got {timeout!r} and {start_timeout!r}")
         return problems
+
+    @staticmethod
+    def _validate_pipeline(pipeline: Any, supported: bool = True) -> list[str]:
+        """The problems of a ``pipeline`` argument (the one check of every batcher that takes
+        one); ``supported=False`` for a backend that collects synchronously only."""
+        if isinstance(pipeline, bool) or not isinstance(pipeline, int) or pipeline < 1:
+            return [
+                f"pipeline must be an int >= 1 (1: synchronous, K >= 2: K segment slots), "
+                f"got {pipeline!r}"
+            ]
+        if pipeline > 1 and not supported:
+            return [
+                f"pipeline={pipeline!r}: pipelined collection is not supported by RayBatcher yet "
+                "(use pipeline=1, or Batcher(pipeline=K) on one machine)"
+            ]
+        return []
 
     def _probe(
         self,
