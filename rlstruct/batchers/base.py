@@ -195,6 +195,15 @@ class BatcherBase:
                 "call reset() to start new episodes"
             )
 
+    def _begin_execute(self, agent_info: DictTensor | None) -> DictTensor | None:
+        """The checks of every ``execute``: call order, running envs, and ``agent_info``
+        (returned broadcast to all rows and checked; None when not given)."""
+        self._require("execute", Phase.READY)
+        self._require_running_envs()
+        if agent_info is None:
+            return None
+        return self._rows_info(agent_info, self._agent_info, self._agent_info_specs, "agent_info")
+
     def _rows_info(
         self, given: DictTensor | None, default: DictTensor, specs: Specs, name: str
     ) -> DictTensor:

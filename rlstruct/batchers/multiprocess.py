@@ -6,17 +6,16 @@ and tiny replies travel over one pipe per worker. Every wait has a deadline: sen
 go through :mod:`rlstruct.batchers.transport`, and waits watch pipes and process sentinels, so a
 dead, hung or frozen worker becomes a typed error, never a hang.
 
-Workers are forked from a forkserver process that has torch and rlstruct imported already
-(multiprocessing's ``forkserver`` start method with a preload list): the first Batcher of a
-program pays for those imports once, later ones start in a fraction of a second. The forkserver
-is a fresh single-threaded process, so no CUDA context or thread of the caller is ever forked.
+What every multi-worker backend decides alike (checks, seeds, restarts, errors, weights) is the
+:class:`~rlstruct.batchers.pool.WorkerPool`'s; each worker serves a
+:class:`~rlstruct.batchers.core.WorkerCore` (:mod:`rlstruct.batchers.worker`); workers start
+from a forkserver with torch and rlstruct preloaded (:mod:`rlstruct.batchers.processes`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import multiprocessing.forkserver
 import time
 import weakref
 from collections import deque
@@ -31,7 +30,13 @@ from rlstruct.agent import Agent
 from rlstruct.batchers import transport
 from rlstruct.batchers.base import Phase
 from rlstruct.batchers.buffer import SlotBuffer
-from rlstruct.batchers.pool import CLOSE_GRACE_S, WorkerPool, worker_error
+from rlstruct.batchers.pool import WorkerPool, worker_error
+from rlstruct.batchers.processes import (
+    FORKSERVER_MAX_FDS,
+    send_close,
+    shutdown,
+    worker_context,
+)
 from rlstruct.batchers.restart import RestartPolicy
 from rlstruct.batchers.weights import SharedWeights
 from rlstruct.batchers.worker import Command, Reply, WorkerSpec, worker_main
@@ -42,63 +47,11 @@ from rlstruct.trajectories import Trajectories
 
 __all__ = ["Batcher", "worker_context"]
 
-#: The forkserver hands at most 256 descriptors to a new process (multiprocessing's limit);
-#: a buffer with more shared tensors starts its workers with ``spawn`` instead.
-FORKSERVER_MAX_FDS = 240
-
-#: Modules the forkserver imports once, so that workers forked from it start without importing.
-PRELOAD = ["rlstruct.batchers.worker", "rlstruct.envs"]
-
-
-def worker_context(start: bool = False) -> multiprocessing.context.BaseContext:
-    """The multiprocessing context workers start from: a forkserver with torch and rlstruct
-    preloaded where the platform has one (Linux, macOS), ``spawn`` elsewhere.
-
-    Args:
-        start: start the forkserver now if it is not running (it imports its preload list in
-            the background while the caller goes on; the first worker start waits for it).
-    """
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        ctx = tmp.get_context("forkserver")
-        ctx.set_forkserver_preload(PRELOAD)
-        if start:
-            multiprocessing.forkserver.ensure_running()
-        return ctx
-    return tmp.get_context("spawn")
-
-
-def _send_close(conns: list[Connection], skip: Sequence[int] = ()) -> None:
-    """Asks every worker to leave; never waits more than a few milliseconds in all."""
-    deadline = time.monotonic() + 0.05
-    for w, conn in enumerate(conns):
-        if w not in skip:
-            with contextlib.suppress(Exception):  # dead or full pipe: escalation handles it
-                transport.send(conn, (Command.CLOSE, None), deadline)
-
-
-def _shutdown(procs: list[Any], conns: list[Connection], grace: float = CLOSE_GRACE_S) -> None:
-    """Stops every worker within about ``3 * grace`` seconds: CLOSE (envs closed), SIGTERM
-    (envs closed too, for a worker busy in a segment), then SIGKILL; releases the processes."""
-    _send_close(conns)
-    deadline = time.monotonic() + grace
-    for proc in procs:
-        proc.join(max(0.0, deadline - time.monotonic()))
-    for signal_fn in ("terminate", "kill"):
-        alive = [p for p in procs if p.is_alive()]
-        for proc in alive:
-            getattr(proc, signal_fn)()
-        deadline = time.monotonic() + grace
-        for proc in alive:
-            proc.join(max(0.0, deadline - time.monotonic()))
-    for proc in procs:
-        if not proc.is_alive():
-            proc.close()
-    for conn in conns:
-        conn.close()
-    # The Process objects hold the worker specs, which hold the shared buffer.
-    procs.clear()
-    conns.clear()
-
+#: What a tensor or module not on the CPU in the arguments is told.
+_NON_CPU = (
+    "Batcher workers are CPU-only; pass CPU tensors/models (the batcher copies them) or use "
+    "SerialBatcher(device=...) for a GPU"
+)
 
 class Batcher(WorkerPool):
     """Collects trajectories with ``n_processes`` CPU worker processes.
@@ -188,14 +141,11 @@ class Batcher(WorkerPool):
                 "to collect on a GPU (one process, DeviceEnv)"
             )
         contexts: list[multiprocessing.context.BaseContext] = []
+        # The forkserver imports torch and rlstruct while the probe runs.
         step_specs, info_specs = self._setup(
             n_timesteps, (create_agent, agent_args), (create_env, env_args), (agent_info, env_info),
-            n_processes, seeds, agent_seeds, n_threads=n_threads, timeout=timeout,
-            start_timeout=start_timeout, pipeline=pipeline, restart=restart, problems=problems,
-            non_cpu_hint="Batcher workers are CPU-only; pass CPU tensors/models (the batcher "
-            "copies them) or use SerialBatcher(device=...) for a GPU",
-            # The forkserver imports torch and rlstruct while the probe runs.
-            before_probe=lambda: contexts.append(worker_context(start=True)),
+            n_processes, seeds, agent_seeds, (n_threads, timeout, start_timeout, pipeline, restart),
+            problems, _NON_CPU, before_probe=lambda: contexts.append(worker_context(start=True)),
         )  # fmt: skip
         ctx = contexts[0]
         self.buffers = [
@@ -210,7 +160,7 @@ class Batcher(WorkerPool):
         n_shared += len(self._agent_info_in) + len(self._env_info_in)
         if n_shared > FORKSERVER_MAX_FDS:  # one descriptor per shared tensor travels at start
             ctx = tmp.get_context("spawn")
-        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns)
+        self._finalizer = weakref.finalize(self, shutdown, self._procs, self._conns)
         self._ctx = ctx
         started = time.monotonic()
         for p in range(n_processes):
@@ -258,7 +208,7 @@ class Batcher(WorkerPool):
     # ------------------------------------------------------------------ waiting
     def _stop_hung(self, hung: Sequence[int]) -> None:
         """CLOSE to the healthy workers (they close their envs), SIGTERM to the ``hung`` ones."""
-        _send_close(self._conns, skip=hung)
+        send_close(self._conns, skip=hung)
         for w in hung:
             with contextlib.suppress(Exception):
                 self._procs[w].terminate()
@@ -290,7 +240,7 @@ class Batcher(WorkerPool):
         return [segment for segment, _load in self._inflight[w]]
 
     def _stop_worker(self, w: int) -> None:
-        _shutdown([self._procs[w]], [self._conns[w]], grace=0.5)
+        shutdown([self._procs[w]], [self._conns[w]], grace=0.5)
 
     def _slot_buffer(self, segment: int) -> SlotBuffer:
         return self.buffers[segment % self.pipeline]
@@ -478,10 +428,8 @@ class Batcher(WorkerPool):
         Raises:
             BatcherStateError: not after ``reset``/``get`` (e.g. a second ``execute``).
         """
-        self._require("execute", Phase.READY)
-        self._require_running_envs()
-        if agent_info is not None:
-            ai = self._rows_info(agent_info, self._agent_info, self._agent_info_specs, "agent_info")
+        ai = self._begin_execute(agent_info)
+        if ai is not None:
             for k, v in ai.items():
                 self._agent_info_in[k].copy_(v)
         for i in range(self.pipeline):

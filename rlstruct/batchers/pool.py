@@ -85,12 +85,7 @@ class WorkerPool(BatcherBase):
         n_processes: int,
         seeds: int | Sequence[int],
         agent_seeds: Sequence[int] | None,
-        *,
-        n_threads: int,
-        timeout: float,
-        start_timeout: float,
-        pipeline: int,
-        restart: RestartPolicy | None,
+        options: tuple[int, float, float, int, RestartPolicy | None],
         problems: list[str],
         non_cpu_hint: str,
         before_probe: Callable[[], None] | None = None,
@@ -107,11 +102,7 @@ class WorkerPool(BatcherBase):
             n_processes: ``P``.
             seeds: the run seed or one per worker.
             agent_seeds: one agent seed per worker, or None.
-            n_threads: torch threads per worker.
-            timeout: seconds a call may take.
-            start_timeout: seconds a worker may take to start.
-            pipeline: segment slots.
-            restart: the restart policy (None: fail fast).
+            options: ``(n_threads, timeout, start_timeout, pipeline, restart)``.
             problems: the backend's own problems with its arguments.
             non_cpu_hint: what to say about a tensor or module that is not on the CPU.
             before_probe: called once the checks passed, before the probe (e.g. to start
@@ -126,6 +117,7 @@ class WorkerPool(BatcherBase):
         """
         (create_agent, agent_args), (create_env, env_args) = agent, env
         agent_info, env_info = infos
+        n_threads, timeout, start_timeout, pipeline, restart = options
         found = self._validate_common(
             n_timesteps, create_agent, agent_args, create_env, env_args, seeds, agent_info, env_info
         )

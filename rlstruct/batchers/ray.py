@@ -42,12 +42,13 @@ from rlstruct.batchers.buffer import SlotBuffer
 from rlstruct.batchers.pool import CLOSE_GRACE_S, WorkerPool, worker_error
 from rlstruct.batchers.ray_actor import ActorBody, ActorSpec, Op
 from rlstruct.batchers.ray_options import check_ray_options
+from rlstruct.batchers.ray_session import RaySession
 from rlstruct.batchers.ray_wire import from_wire, readonly_ok, to_wire
 from rlstruct.batchers.restart import RestartPolicy
 from rlstruct.batchers.transport import to_cpu_bytes
 from rlstruct.dicttensor import DeviceLike, DictTensor
 from rlstruct.envs.base import VecEnv
-from rlstruct.errors import ConfigError, WorkerError
+from rlstruct.errors import WorkerError
 from rlstruct.trajectories import Trajectories
 
 try:
@@ -61,12 +62,11 @@ else:
 
 __all__ = ["RayBatcher", "INSTALL_HINT"]
 
+#: What a tensor or module not on the CPU in the arguments is told.
+_NON_CPU = "pass CPU tensors/models (each actor builds its own copy, and moves it to its device)"
+
 #: What the ImportError says when Ray is missing.
 INSTALL_HINT = "RayBatcher needs Ray, an optional extra: pip install rlstruct[ray]"
-
-#: Environment variables set while RayBatcher starts a local cluster: no usage statistics, and
-#: Ray's "local only" mode, in which every Ray process binds to the loopback address.
-_LOCAL_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 def _require_ray() -> None:
@@ -74,118 +74,17 @@ def _require_ray() -> None:
         raise ImportError(f"{INSTALL_HINT} ({RAY_IMPORT_ERROR})") from RAY_IMPORT_ERROR
 
 
-# ------------------------------------------------------------------------------ the connection
-#: The Ray connection RayBatchers opened themselves: how many live batchers use it, and whether
-#: it is a local cluster they started (1) or a connection to a running cluster (0).
-_SESSION = {"users": 0, "local": 0}
-
-
-def _init_local(num_cpus: int) -> None:
-    """Starts a local Ray cluster bound to the loopback address, without dashboard or usage
-    statistics (the environment is restored afterwards; the cluster keeps its settings)."""
-    saved_env = {k: os.environ.get(k) for k in _LOCAL_ENV}
-    os.environ.update(_LOCAL_ENV)
-    # The Ray processes started below read the variables; this process read them when it
-    # imported ray, so its flag is switched too (Ray resolves 127.0.0.1 to the machine's
-    # address unless it runs in local-only mode).
-    constants: Any = None
+def _ray_constants() -> Any:
+    """``ray._private.ray_constants``, where this Ray version has it."""
     with contextlib.suppress(ImportError):
-        from ray._private import ray_constants as constants
-    flag = getattr(constants, "ENABLE_RAY_CLUSTER", None)
-    try:
-        if flag is not None:
-            constants.ENABLE_RAY_CLUSTER = False
-        ray.init(
-            address="local",
-            num_cpus=num_cpus,
-            include_dashboard=False,
-            _node_ip_address="127.0.0.1",
-            log_to_driver=True,
-        )
-    finally:
-        if flag is not None:
-            constants.ENABLE_RAY_CLUSTER = flag
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        from ray._private import ray_constants
+
+        return ray_constants
+    return None
 
 
-def _acquire(address: str | None, num_cpus: int) -> bool:
-    """Makes sure this process is connected to Ray; True when a RayBatcher owns the connection
-    (then the last RayBatcher to close calls ``ray.shutdown``)."""
-    if ray.is_initialized():
-        if _SESSION["users"] > 0:  # opened by another RayBatcher that is still alive
-            _SESSION["users"] += 1
-            return True
-        return False  # the caller's own Ray session: never shut down
-    _SESSION["users"] = 0
-    if address is None:
-        address = os.environ.get("RAY_ADDRESS") or "local"
-    if address == "local":
-        _init_local(num_cpus)
-    else:
-        ray.init(address=address)
-    _SESSION["users"], _SESSION["local"] = 1, int(address == "local")
-    return True
-
-
-def _check_room(n_actors: int, num_cpus: float, num_gpus: float) -> None:
-    """On a local cluster a RayBatcher started (it cannot grow), actors that could never be
-    placed are a ConfigError now rather than a start timeout later."""
-    if not _SESSION["local"]:
-        return
-    total = ray.cluster_resources()
-    short = [
-        f"{need:g} {kind} ({n_actors} x {each:g}), the local cluster has {total.get(kind, 0):g}"
-        for kind, each in (("CPU", num_cpus), ("GPU", num_gpus))
-        if (need := n_actors * each) > total.get(kind, 0) + 1e-9
-    ]
-    if short:
-        raise ConfigError(
-            "the actors cannot be placed: they need " + "; ".join(short) + " (for GPUs, "
-            "start Ray on a machine that has them, or connect to a cluster with address=...)"
-        )
-
-
-def _release() -> None:
-    """One RayBatcher that owned the connection is done; the last one shuts Ray down (a local
-    cluster it started stops; a connection to a running cluster is closed, the cluster runs on)."""
-    if _SESSION["users"] <= 0:
-        return
-    _SESSION["users"] -= 1
-    if _SESSION["users"] == 0 and ray is not None and ray.is_initialized():
-        with contextlib.suppress(Exception):
-            ray.shutdown()
-
-
-def _kill(actors: list[Any], grace: float) -> None:
-    """Asks every actor to close its envs and agent (up to ``grace`` seconds), then kills it."""
-    if ray is None or not ray.is_initialized():
-        actors.clear()
-        return
-    refs = []
-    if grace > 0:
-        for actor in actors:
-            with contextlib.suppress(Exception):
-                refs.append(actor.close.remote())
-    if refs:
-        with contextlib.suppress(Exception):
-            ray.wait(refs, num_returns=len(refs), timeout=grace)
-    for actor in actors:
-        with contextlib.suppress(Exception):
-            ray.kill(actor, no_restart=True)
-    actors.clear()
-
-
-def _finalize(actors: list[Any], owns: bool) -> None:
-    """Run by ``close`` or when the batcher is garbage collected: kills what is left, releases
-    the connection it owned."""
-    with contextlib.suppress(Exception):
-        _kill(actors, grace=0.0)
-    if owns:
-        _release()
+#: The Ray connection RayBatchers opened themselves (None without Ray).
+_SESSION = RaySession(ray, _ray_constants) if ray is not None else None
 
 
 # ------------------------------------------------------------------------------ the actor
@@ -221,14 +120,15 @@ class RayBatcher(WorkerPool):
 
     Args:
         n_timesteps: ``T``, the maximum number of steps of a segment.
-        create_agent: ``create_agent(**agent_args) -> Agent`` (lambdas and closures are fine).
+        create_agent: as for ``Batcher``; so are ``agent_args``, ``create_env``, ``env_args``,
+            ``seeds``, ``agent_info``, ``env_info`` and ``agent_seeds`` (one per actor).
         agent_args: keyword arguments of ``create_agent``; CPU tensors and modules only.
-        create_env: ``create_env(**env_args, seed=s) -> VecEnv`` whose env ``k`` uses ``s + k``.
+        create_env: ``create_env(**env_args, seed=s) -> VecEnv``.
         env_args: keyword arguments of ``create_env`` (no ``seed``).
         n_processes: ``P``, the number of actors; each owns ``n`` envs, so ``B = P * n``.
-        seeds: the run seed (env ``g`` gets ``seeds * 2**20 + g``) or one int per actor.
-        agent_info: example DictTensor (1 or B rows) of agent_info; the default at ``reset``.
-        env_info: same for env_info (passed to the envs at reset).
+        seeds: the run seed, or one int per actor.
+        agent_info: example DictTensor of agent_info; the default at ``reset``.
+        env_info: example DictTensor of env_info.
         agent_seeds: one agent seed per actor; derived from ``seeds`` when None.
         device: where each actor runs its agent and buffer: ``"cpu"``, or ``"cuda"`` with
             ``num_gpus_per_actor > 0`` (the GPU Ray assigned to the actor; its envs run on the
@@ -315,10 +215,8 @@ class RayBatcher(WorkerPool):
         )
         step_specs, info_specs = self._setup(
             n_timesteps, (create_agent, agent_args), (create_env, env_args), (agent_info, env_info),
-            n_processes, seeds, agent_seeds, n_threads=n_threads, timeout=timeout,
-            start_timeout=start_timeout, pipeline=pipeline, restart=restart, problems=problems,
-            non_cpu_hint="pass CPU tensors/models (each actor builds its own copy, and moves it "
-            "to its device)",
+            n_processes, seeds, agent_seeds, (n_threads, timeout, start_timeout, pipeline, restart),
+            problems, _NON_CPU,
         )  # fmt: skip
         self._device = torch.device(device)
         self._num_cpus, self._num_gpus = num_cpus_per_actor, num_gpus_per_actor
@@ -336,14 +234,16 @@ class RayBatcher(WorkerPool):
         self._started_at = self._last_progress = time.monotonic()
         self.nodes: list[str | None] = [None] * n_processes
 
-        owns = _acquire(
+        session = _SESSION
+        assert session is not None  # _require_ray() passed
+        owns = session.acquire(
             address, max(os.cpu_count() or 1, math.ceil(n_processes * num_cpus_per_actor))
         )
         self._owns_ray = owns
-        self._finalizer = weakref.finalize(self, _finalize, self._actors, owns)
+        self._finalizer = weakref.finalize(self, session.finalize, self._actors, owns)
         try:
             if owns:
-                _check_room(n_processes, num_cpus_per_actor, num_gpus_per_actor)
+                session.check_room(n_processes, num_cpus_per_actor, num_gpus_per_actor)
             started = time.monotonic()
             for p in range(n_processes):
                 actor, ref = self._spawn(p, self._env_bases[p])
@@ -563,20 +463,15 @@ class RayBatcher(WorkerPool):
         self._phase = Phase.READY
 
     def execute(self, agent_info: DictTensor | None = None) -> None:
-        """Starts collecting one segment in every actor; returns at once.
-
-        Args:
-            agent_info: new per-row agent_info (1 or B rows) used from now on by running rows.
+        """Starts collecting one segment in every actor; returns at once (``agent_info``: new
+        per-row agent_info, 1 or B rows, used from now on by running rows).
 
         Raises:
             BatcherStateError: not after ``reset``/``get`` (e.g. a second ``execute``).
         """
-        self._require("execute", Phase.READY)
-        self._require_running_envs()
-        if agent_info is not None:
-            self._agent_info_rows = self._rows_info(
-                agent_info, self._agent_info, self._agent_info_specs, "agent_info"
-            )
+        ai = self._begin_execute(agent_info)
+        if ai is not None:
+            self._agent_info_rows = ai
         self._segment += 1
         for w, actor in enumerate(self._actors):
             rows = self._rows(w)
@@ -659,7 +554,7 @@ class RayBatcher(WorkerPool):
             self._phase = Phase.CLOSED
         if not hasattr(self, "_finalizer"):
             return
-        if self._finalizer.alive:
-            _kill(self._actors, grace=CLOSE_GRACE_S)
+        if self._finalizer.alive and _SESSION is not None:
+            _SESSION.kill(self._actors, grace=CLOSE_GRACE_S)
         self._finalizer()
         self._outstanding.clear()

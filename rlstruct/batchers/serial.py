@@ -163,10 +163,8 @@ class SerialBatcher(BatcherBase):
         Args:
             agent_info: new per-row agent_info (1 or B rows) used from now on by running rows.
         """
-        self._require("execute", Phase.READY)
-        self._require_running_envs()
-        if agent_info is not None:
-            ai = self._rows_info(agent_info, self._agent_info, self._agent_info_specs, "agent_info")
+        ai = self._begin_execute(agent_info)
+        if ai is not None:
             self._rollout.set_agent_info(ai)
         self._phase = Phase.RUNNING
         try:
