@@ -16,17 +16,21 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from rlstruct.agent import Agent
 from rlstruct.batchers import Batcher, SerialBatcher
+from rlstruct.batchers.base import BatcherBase
 from rlstruct.checks import CheckDevice
 from rlstruct.devices import is_accelerator, resolve_device
 from rlstruct.dicttensor import DeviceLike, DictTensor
 from rlstruct.envs.base import VecEnv
 from rlstruct.errors import ConfigError
+
+if TYPE_CHECKING:  # imported for the annotation only: importing it needs the ray extra
+    from rlstruct.batchers.ray import RayBatcher
 
 __all__ = ["LayoutConfig", "make_batcher", "checked_agent_factory", "default_processes"]
 
@@ -99,7 +103,7 @@ def make_batcher(
     pipeline: int = 1,
     backend: str = "local",
     ray_address: str | None = None,
-) -> Batcher | SerialBatcher:
+) -> Batcher | SerialBatcher | RayBatcher:
     """The batcher a device layout calls for.
 
     Args:
@@ -125,7 +129,8 @@ def make_batcher(
         (or a RayBatcher with ``backend="ray"``).
 
     Raises:
-        ConfigError: a pipeline without worker processes, or on Ray; an unknown backend.
+        ConfigError: a bad pipeline (the batchers' one check), a pipeline without worker
+            processes, or on Ray; an unknown backend.
     """
     device = resolve_device(device)
     if check_devices:
@@ -141,9 +146,10 @@ def make_batcher(
         env_info=env_info,
     )
     n_processes = n_processes or default_processes()
+    problems = BatcherBase._validate_pipeline(pipeline, supported=backend != "ray")
+    if problems:
+        raise ConfigError("; ".join(problems))
     if backend == "ray":
-        if pipeline > 1:
-            raise ConfigError(f"pipeline={pipeline}: RayBatcher collects synchronously for now")
         from rlstruct.batchers import RayBatcher
 
         return RayBatcher(**common, n_processes=n_processes, address=ray_address)

@@ -397,6 +397,24 @@ def test_equals_batcher_bitwise_for_an_agent_sampling_from_global_generators(clu
         assert not torch.equal(noise[:2], noise[2:])  # each actor samples its own stream
 
 
+def test_get_on_a_device_is_the_batchers_get(cluster):
+    """get(device=...) as Batcher's: the same batch, on that device (``meta`` stands in for a
+    GPU: the batch lands there)."""
+    r = counter_batchers(RayBatcher, DeterministicAgent, True)
+    with r, counter_batchers(Batcher, DeterministicAgent, True) as b:
+        assert r.pipeline == b.pipeline == 1
+        r.reset()
+        b.reset()
+        r.execute()
+        b.execute()
+        (x, nx), (y, ny) = r.get(device="cpu"), b.get(device="cpu")
+        assert nx == ny
+        assert_same(x, y)
+        r.execute()
+        batch, _ = r.get(device="meta")
+        assert batch.trajectories.device().type == "meta"
+
+
 # ------------------------------------------------------------------------------ API
 def test_update_is_one_put_and_every_batch_carries_its_policy_version(cluster, monkeypatch):
     puts = []
