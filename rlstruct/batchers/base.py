@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import enum
+import functools
+import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from rlstruct.agent import Agent
 from rlstruct.batchers.buffer import Specs
@@ -17,7 +19,22 @@ from rlstruct.envs.base import VecEnv
 from rlstruct.errors import BatcherStateError, ConfigError, ShapeError
 from rlstruct.trajectories import Trajectories
 
-__all__ = ["BatcherBase", "Phase"]
+__all__ = ["BatcherBase", "Phase", "serialized"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def serialized(method: _F) -> _F:
+    """Runs ``method`` under the batcher's lock: ``update`` may be called from any thread, and
+    calls from several threads take turns (each one whole), so versions are counted exactly and
+    no two calls ever talk to the workers at once."""
+
+    @functools.wraps(method)
+    def locked(self: BatcherBase, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked  # type: ignore[return-value]
 
 
 class Phase(enum.Enum):
@@ -42,9 +59,15 @@ class BatcherBase:
 
     _phase: Phase = Phase.NEW
     _failure: str | None = None
+    _lock: threading.RLock
     #: Segment slots: 1 for synchronous collection (execute, then get), ``K >= 2`` for
     #: pipelined collection (see ``Batcher``).
     pipeline: int = 1
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> BatcherBase:
+        self = super().__new__(cls)
+        self._lock = threading.RLock()  # see serialized()
+        return self
 
     def _validate_common(
         self,

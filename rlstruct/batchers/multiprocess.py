@@ -28,7 +28,7 @@ import torch.multiprocessing as tmp
 
 from rlstruct.agent import Agent
 from rlstruct.batchers import transport
-from rlstruct.batchers.base import Phase
+from rlstruct.batchers.base import Phase, serialized
 from rlstruct.batchers.buffer import SlotBuffer
 from rlstruct.batchers.pool import WorkerPool, worker_error
 from rlstruct.batchers.processes import (
@@ -381,6 +381,7 @@ class Batcher(WorkerPool):
         self._released += 1
 
     # ------------------------------------------------------------------ API
+    @serialized
     def reset(
         self, agent_info: DictTensor | None = None, env_info: DictTensor | None = None
     ) -> None:
@@ -416,6 +417,7 @@ class Batcher(WorkerPool):
         self._n_running = sum(self._reset_results.values())
         self._phase = Phase.READY
 
+    @serialized
     def execute(self, agent_info: DictTensor | None = None) -> None:
         """Starts collecting: one segment (synchronous), or the stream (``pipeline >= 2``).
 
@@ -441,6 +443,7 @@ class Batcher(WorkerPool):
         started = self._release_times.get(self._next_get, time.monotonic())
         return max(started, self._last_progress) + self.timeout
 
+    @serialized
     def get(
         self, blocking: bool = True, device: DeviceLike | None = None
     ) -> tuple[Trajectories | None, int | None]:

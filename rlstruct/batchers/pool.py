@@ -29,12 +29,13 @@ import cloudpickle
 import torch
 
 from rlstruct.agent import Agent
-from rlstruct.batchers.base import BatcherBase, Phase
+from rlstruct.batchers.base import BatcherBase, Phase, serialized
 from rlstruct.batchers.buffer import SlotBuffer, Specs
 from rlstruct.batchers.restart import Fault, RestartPolicy, exhausted, restart_env_seed
 from rlstruct.batchers.seeding import env_seed_bases
 from rlstruct.batchers.validation import check_picklable, find_non_cpu
 from rlstruct.batchers.weights import WeightSpecs, is_state_dict
+from rlstruct.batchers.weights import check_finite as check_finite_weights
 from rlstruct.dicttensor import DeviceLike, DictTensor
 from rlstruct.envs.base import VecEnv
 from rlstruct.errors import WorkerError, WorkerTimeoutError
@@ -280,23 +281,36 @@ class WorkerPool(BatcherBase):
         raise NotImplementedError
 
     # ------------------------------------------------------------------ weights
-    def update(self, info: Any) -> None:
+    @serialized
+    def update(self, info: Any, check_finite: bool = True) -> None:
         """Hands ``info`` (e.g. a model's ``state_dict``, on any device) to every worker's agent.
 
         A state_dict (a non-empty mapping of str to tensors) must have the keys, shapes and
-        dtypes of the first one; each worker loads the newest one at the start of its next
-        segment, never in the middle of one. Anything else is serialised and applied in order.
-        Returns without waiting for the workers; a failure to load surfaces at the next
-        ``get``. Every batch records in ``info['policy_version']`` the number of updates its
-        rows were collected with (:attr:`version`).
+        dtypes of the first one, and finite values; each worker loads the newest one at the
+        start of its next segment, never in the middle of one. Anything else is serialised and
+        applied in order. Returns without waiting for the workers; a failure to load surfaces
+        at the next ``get``. Every batch records in ``info['policy_version']`` the number of
+        updates its rows were collected with (:attr:`version`).
+
+        Threads: ``update`` may be called from any thread. Calls of one batcher from several
+        threads take turns (a lock; ``get`` waiting for a segment holds it too), so every
+        update counts exactly once and in order.
+
+        Args:
+            info: a state_dict, or anything picklable for the agent's ``update``.
+            check_finite: refuse a state_dict holding NaN or an infinity (one pass over the
+                weights; False skips it, for speed).
 
         Raises:
             KeyMismatchError: a state_dict with other keys than the first one (named).
             ShapeError: a state_dict entry with another shape or dtype than the first one.
+            NonFiniteError: a state_dict with NaN or an infinity (the keys named).
         """
         self._require("update", Phase.NEW, Phase.READY, Phase.RUNNING, Phase.STREAMING)
         version = self._version + 1
         if is_state_dict(info):
+            if check_finite:
+                check_finite_weights(info)
             if self._weight_specs is None:
                 self._weight_specs = WeightSpecs(info)
             else:

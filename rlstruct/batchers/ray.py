@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from rlstruct.agent import Agent
-from rlstruct.batchers.base import Phase
+from rlstruct.batchers.base import Phase, serialized
 from rlstruct.batchers.buffer import SlotBuffer
 from rlstruct.batchers.pool import CLOSE_GRACE_S, WorkerPool, worker_error
 from rlstruct.batchers.ray_actor import ActorBody, ActorSpec, Op
@@ -433,6 +433,7 @@ class RayBatcher(WorkerPool):
             self._running[w] = n_running
 
     # ------------------------------------------------------------------ API
+    @serialized
     def reset(
         self, agent_info: DictTensor | None = None, env_info: DictTensor | None = None
     ) -> None:
@@ -462,6 +463,7 @@ class RayBatcher(WorkerPool):
         self._n_running = sum(self._running.values())
         self._phase = Phase.READY
 
+    @serialized
     def execute(self, agent_info: DictTensor | None = None) -> None:
         """Starts collecting one segment in every actor; returns at once (``agent_info``: new
         per-row agent_info, 1 or B rows, used from now on by running rows).
@@ -486,6 +488,7 @@ class RayBatcher(WorkerPool):
         """A segment is overdue once its actors were silent for ``timeout`` seconds."""
         return max(self._started_at, self._last_progress) + self.timeout
 
+    @serialized
     def get(
         self, blocking: bool = True, device: DeviceLike | None = None
     ) -> tuple[Trajectories | None, int | None]:
