@@ -687,6 +687,50 @@ def test_a_lost_node(cluster, restart):
             cluster.remove_node(node)
 
 
+@pytest.mark.slow
+def test_a_node_lost_during_a_batch_costs_restarts_and_never_ends_the_run(cluster):
+    """The other order (issue 18): the node is killed while a batch is being collected, and
+    the batcher goes on at once, before Ray declares the node dead. Every loss (the actor of
+    the batch, and any replacement placed on the dying node) costs one restart, and the run
+    goes on while the budget lasts."""
+    node = cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+    policy = RestartPolicy(max_restarts=4)
+    b = None
+    try:
+        cluster.wait_for_nodes()
+        head = cluster.head_node.node_id
+        b = RayBatcher(
+            10,
+            SlowAgent,
+            {"seconds": 0.05},
+            cartpole,
+            {"n_envs": 2},
+            n_processes=2,
+            seeds=RUN_SEED,
+            restart=policy,
+            actor_options={"scheduling_strategy": "SPREAD"},
+        )
+        lost = b.nodes.index(node.node_id)
+        b.reset()
+        b.execute()
+        cluster.remove_node(node, allow_graceful=False)  # during the batch
+        node = None
+        batch, _ = b.get()  # no wait for Ray to declare the node dead
+        assert 0 < len(b.faults) <= policy.max_restarts
+        assert {f.worker for f in b.faults} == {lost}
+        assert [f.restart for f in b.faults] == list(range(1, len(b.faults) + 1))
+        assert b.nodes == [head, head]
+        for _ in range(2):
+            b.execute()
+            batch, _ = b.get()
+            assert batch.info["env_id"].tolist() == [0, 1, 2, 3]
+    finally:
+        if b is not None:
+            b.close()
+        if node is not None:
+            cluster.remove_node(node)
+
+
 # ------------------------------------------------------------------------------ local cluster
 LOCAL_SCRIPT = textwrap.dedent(
     """

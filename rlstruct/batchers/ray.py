@@ -332,6 +332,8 @@ class RayBatcher(WorkerPool):
                 worker=w,
                 remote_traceback=str(e),
             )
+            if what == "restart":  # e.g. placed on a node that was lost, not yet declared dead
+                return self._absorb_or_fail(w, error, [])
         except ray.exceptions.RayError as e:
             error = WorkerError(
                 f"worker {w} failed during {what}: {type(e).__name__}",
@@ -344,12 +346,16 @@ class RayBatcher(WorkerPool):
                 return payload
             prefix = "the replacement of " if what == "restart" else ""
             error = worker_error(payload, w, prefix)
-        if what == "restart":  # a replacement that cannot even start is not replaced again
+        if what == "restart":  # a replacement whose factories raise is not replaced again
             raise self._fail(error)
-        final = self._absorb(w, error, [self._segment] if what == "execute" else [])
+        return self._absorb_or_fail(w, error, [self._segment] if what == "execute" else [])
+
+    def _absorb_or_fail(self, w: int, error: WorkerError, segments: list[int]) -> None:
+        """None once a restart absorbed ``error``; raises it when the policy does not allow one.
+        A lost actor costs one restart whenever it is lost, a replacement's start included."""
+        final = self._absorb(w, error, segments)
         if final is not None:
             raise self._fail(final)
-        return None
 
     def _accept(self, w: int, value: Any, what: str) -> None:
         """Stores a successful answer of worker ``w``."""
@@ -421,6 +427,8 @@ class RayBatcher(WorkerPool):
         self._actors[w], ref = self._spawn(w, env_seed)
         self._pending[w] = []
         value = self._wait_one(w, ref, "restart", time.monotonic() + self._start_timeout)
+        if value is None:
+            return  # lost while starting: a further restart replaced it
         self.nodes[w] = value["node"]
         rows = self._rows(w)
         ref = self._actors[w].reset.remote(
