@@ -628,6 +628,30 @@ def test_random_step_failures_corrupt_no_row(cluster):
         assert rows == n_batches * 2 - len(b.faults)  # exactly the faulty actors' rows
 
 
+def test_every_actor_reports_its_cpu_time_and_the_monitor_counts_it(cluster, monkeypatch):
+    """Issue 18: under Ray the monitor saw only the driver. Each actor now reports its process
+    CPU time with every segment; actors outside the driver's process tree (here: made to look
+    remote) are added to the monitor's workers."""
+    import rlstruct.batchers.pool as pool
+    from rlstruct.monitor import ResourceMonitor
+
+    monkeypatch.setattr(pool.socket, "gethostname", lambda: "another-machine")
+    monitor = ResourceMonitor(gpu=False)
+    before = pool.external_cpu_seconds()
+    with RayBatcher(16, GlobalRNGAgent, {}, cartpole, {"n_envs": 4}, n_processes=2) as b:
+        assert b.worker_cpu_seconds == 0.0
+        b.reset()
+        for _ in range(4):
+            b.execute()
+            b.get()
+        used = b.worker_cpu_seconds
+        assert used > 0
+        assert pool.external_cpu_seconds() - before == pytest.approx(used)
+        row = monitor.sample()
+    assert row["cores_workers"] > 0
+    assert pool.external_cpu_seconds() - before == pytest.approx(used)  # kept after close
+
+
 # ------------------------------------------------------------------------------ two nodes
 @pytest.mark.slow
 @pytest.mark.parametrize("restart", [True, False], ids=["restarts", "fail-fast"])

@@ -20,6 +20,9 @@ worker, global env, step, phase), which the driver turns into a
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
+import time
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -173,6 +176,17 @@ class WorkerCore:
             rollout.set_agent_info(agent_info)  # type: ignore[union-attr]
         rollout.buffer = buffer  # type: ignore[union-attr]
         return rollout.run(self.spec.n_timesteps)  # type: ignore[union-attr]
+
+    @staticmethod
+    def cpu_seconds() -> float:
+        """CPU seconds (user + system, all threads) this worker's process used so far: every
+        worker reports it with each segment, so its CPU is counted wherever it runs."""
+        return time.process_time()
+
+    @staticmethod
+    def where() -> dict[str, Any]:
+        """The host name and pid of this worker's process."""
+        return {"host": socket.gethostname(), "pid": os.getpid()}
 
     def error_payload(self, exc: BaseException) -> dict[str, Any]:
         """The report of ``exc`` (see :func:`error_payload`)."""

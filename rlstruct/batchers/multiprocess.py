@@ -225,7 +225,8 @@ class Batcher(WorkerPool):
                 raise self._fail(final)
             return
         if kind is Reply.DONE:
-            slot, n_running = payload
+            slot, n_running, cpu_s = payload
+            self._worker_cpu[w] = cpu_s
             segment, _load = self._inflight[w].popleft()
             assert segment % self.pipeline == slot, (segment, slot)
             self._done.setdefault(segment, {})[w] = n_running
@@ -529,6 +530,7 @@ class Batcher(WorkerPool):
         """
         if self._phase is not Phase.FAILED:
             self._phase = Phase.CLOSED
+        self._close_accounting()
         if hasattr(self, "_finalizer"):
             self._finalizer()
         for buffer in getattr(self, "buffers", []):

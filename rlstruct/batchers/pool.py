@@ -21,11 +21,15 @@ A backend implements ``_stop_hung``, ``_stop_worker``, ``_start_replacement``,
 
 from __future__ import annotations
 
+import os
+import socket
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import cloudpickle
+import psutil
 import torch
 
 from rlstruct.agent import Agent
@@ -41,7 +45,7 @@ from rlstruct.envs.base import VecEnv
 from rlstruct.errors import WorkerError, WorkerTimeoutError
 from rlstruct.trajectories import Trajectories
 
-__all__ = ["WorkerPool", "worker_error", "CLOSE_GRACE_S"]
+__all__ = ["WorkerPool", "worker_error", "external_cpu_seconds", "CLOSE_GRACE_S"]
 
 #: Seconds ``close`` gives workers to leave by themselves (closing their envs and agent) before
 #: the next, harder step (SIGTERM then SIGKILL for a process, ``ray.kill`` for an actor).
@@ -66,6 +70,21 @@ def worker_error(payload: Mapping[str, Any], w: int, prefix: str = "") -> Worker
         exc_type=payload["type"],
         remote_traceback=payload["traceback"],
     )
+
+
+#: The live pools (for :func:`external_cpu_seconds`), and the external CPU seconds of pools that
+#: were closed, so that the total never goes down.
+_POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+_CLOSED_EXTERNAL_CPU = [0.0]
+
+
+def external_cpu_seconds() -> float:
+    """CPU seconds used so far by the workers of this process's batchers that run OUTSIDE its
+    process tree (Ray actors of another machine, or of a cluster this process did not start),
+    as the workers reported them with their segments; a process-tree meter (the resource
+    monitor) adds them to what it measures itself, so it counts workers wherever they run.
+    Never decreases (closed batchers keep their share)."""
+    return _CLOSED_EXTERNAL_CPU[0] + sum(pool._external_cpu() for pool in list(_POOLS))
 
 
 class WorkerPool(BatcherBase):
@@ -156,7 +175,46 @@ class WorkerPool(BatcherBase):
         self._consecutive_faults = 0
         self._spoiled: set[int] = set()  # segments that lost a worker's rows
         self._last_progress = time.monotonic()
+        self._worker_cpu = [0.0] * n_processes  # CPU seconds each worker reported last
+        self._external = [False] * n_processes  # runs outside this process tree
+        self._retired_cpu = [0.0, 0.0]  # (all, external) of the workers that were replaced
+        _POOLS.add(self)
         return step_specs, info_specs
+
+    # ------------------------------------------------------------------ CPU accounting
+    @property
+    def worker_cpu_seconds(self) -> float:
+        """CPU seconds the workers used so far, as each reported with its last segment
+        (replaced workers included)."""
+        return self._retired_cpu[0] + sum(self._worker_cpu)
+
+    def _external_cpu(self) -> float:
+        live = sum(c for c, ext in zip(self._worker_cpu, self._external) if ext)
+        return self._retired_cpu[1] + live
+
+    def _locate(self, w: int, host: str, pid: int) -> None:
+        """Records whether worker ``w`` (process ``pid`` on ``host``) runs outside this
+        process's tree, where a process-tree meter cannot see it."""
+        inside = False
+        if host == socket.gethostname():
+            try:
+                inside = any(p.pid == os.getpid() for p in psutil.Process(pid).parents())
+            except psutil.Error:
+                inside = False
+        self._external[w] = not inside
+
+    def _retire_cpu(self, w: int) -> None:
+        """Worker ``w`` is gone: its last report stays in the totals."""
+        self._retired_cpu[0] += self._worker_cpu[w]
+        if self._external[w]:
+            self._retired_cpu[1] += self._worker_cpu[w]
+        self._worker_cpu[w], self._external[w] = 0.0, False
+
+    def _close_accounting(self) -> None:
+        """The batcher closes: its external CPU moves to the closed batchers' total."""
+        if self in _POOLS:
+            _CLOSED_EXTERNAL_CPU[0] += self._external_cpu()
+            _POOLS.discard(self)
 
     def _core_fields(self, w: int, env_seed: int, device: str) -> dict[str, Any]:
         """The :class:`~rlstruct.batchers.core.CoreSpec` fields of worker ``w`` (a backend's
@@ -226,6 +284,7 @@ class WorkerPool(BatcherBase):
         starts a fresh one in its place (new env seeds, current weights, envs reset)."""
         assert self.restart is not None
         self._stop_worker(w)
+        self._retire_cpu(w)
         self._restarts[w] += 1
         self._consecutive_faults += 1
         self.faults.append(

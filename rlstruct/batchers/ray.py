@@ -96,7 +96,7 @@ class RayBatcherWorker(ActorBody):
         return ray.get(refs, timeout=self.spec.timeout)
 
     def _where(self) -> dict[str, Any]:
-        return {"node": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+        return {"node": ray.get_runtime_context().get_node_id(), **self.core.where()}
 
 
 _ACTOR_CLASS: list[Any] = []
@@ -361,10 +361,12 @@ class RayBatcher(WorkerPool):
         """Stores a successful answer of worker ``w``."""
         if what == "start":
             self.nodes[w] = value["node"]
+            self._locate(w, value["host"], value["pid"])
         elif what == "reset":
             self._running[w] = value
         else:
             self._running[w] = value["n_running"]
+            self._worker_cpu[w] = value["cpu_s"]
             rows, t = self._rows(w), value["t"]
             buffer = self.buffer
             with readonly_ok():
@@ -430,6 +432,7 @@ class RayBatcher(WorkerPool):
         if value is None:
             return  # lost while starting: a further restart replaced it
         self.nodes[w] = value["node"]
+        self._locate(w, value["host"], value["pid"])
         rows = self._rows(w)
         ref = self._actors[w].reset.remote(
             self._catch_up(),
@@ -563,6 +566,7 @@ class RayBatcher(WorkerPool):
         Ray down only if this batcher started it (or opened the connection). Idempotent."""
         if self._phase is not Phase.FAILED:
             self._phase = Phase.CLOSED
+        self._close_accounting()
         if not hasattr(self, "_finalizer"):
             return
         if self._finalizer.alive and _SESSION is not None:

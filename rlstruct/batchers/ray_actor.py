@@ -61,7 +61,7 @@ class ActorBody:
         raise NotImplementedError
 
     def _where(self) -> dict[str, Any]:
-        """Where the actor runs: ``{"node": ..., "pid": ...}`` (a Ray call)."""
+        """Where the actor runs: ``{"node": ..., "host": ..., "pid": ...}`` (a Ray call)."""
         raise NotImplementedError
 
     def start(self) -> Reply:
@@ -121,6 +121,7 @@ class ActorBody:
             # rows stays equal to this buffer (padding included).
             return "ok", {
                 "n_running": n_running,
+                "cpu_s": self.core.cpu_seconds(),  # type: ignore[union-attr]
                 "t": t,
                 "lengths": to_wire(buffer.lengths),
                 "steps": {k: to_wire(v[:t]) for k, v in buffer.steps.items()},

@@ -5,7 +5,7 @@ them in order):
 
     parent -> worker                                 worker -> parent
     (RESET, None)                                    (RESET_DONE, n_running)
-    (EXECUTE, (slot, policy_version, load, new_info)) (DONE, (slot, n_running))
+    (EXECUTE, (slot, policy_version, load, new_info)) (DONE, (slot, n_running, cpu_s))
     (WEIGHTS, (SharedWeights, load))                 -- (the ring, sent once; a replacement
                                                       loads version ``load`` at once)
     (UPDATE, (version, blob))                        -- (non-tensor info, applied in order)
@@ -152,7 +152,7 @@ def _serve(spec: WorkerSpec, conn: Connection, core: WorkerCore) -> None:
                     core.load(staging)
                 info = _rows(spec.agent_info_in, spec) if new_info else None
                 n_running = core.collect(spec.buffers[slot], version, info)
-                conn.send((Reply.DONE, (slot, n_running)))
+                conn.send((Reply.DONE, (slot, n_running, core.cpu_seconds())))
             elif command is Command.WEIGHTS:
                 weights, load = arg
                 staging = weights.staging()
