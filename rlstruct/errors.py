@@ -16,6 +16,7 @@ __all__ = [
     "ActionError",
     "RewardError",
     "ConfigError",
+    "NonFiniteError",
     "BatcherStateError",
     "WorkerError",
     "WorkerTimeoutError",
@@ -84,6 +85,11 @@ class RewardError(RLStructError, TypeError):
 
 class ConfigError(RLStructError, ValueError):
     """A bad configuration (sizes, seeds, devices, factories), raised before anything starts."""
+
+
+class NonFiniteError(RLStructError, ValueError):
+    """A tensor that must be finite holds NaN or an infinity (e.g. weights handed to a batcher's
+    ``update``); the message names its key."""
 
 
 class BatcherStateError(RLStructError, RuntimeError):

@@ -13,7 +13,9 @@ for ``progress.csv`` covering the interval since the previous sample:
 - ``cores_busy``: CPU seconds of the whole process tree (this process and every descendant:
   batcher workers, forkserver, evaluator) per wall second; 1.0 is one core fully busy.
 - ``cores_main``, ``cores_workers``: the parts of ``cores_busy`` used by this process (all its
-  threads) and by every other process of the tree.
+  threads) and by every other process of the tree; batcher workers that run outside the tree
+  (Ray actors of another machine or cluster) count too, with the CPU time each reports with
+  its segments (:func:`rlstruct.batchers.pool.external_cpu_seconds`).
 - ``steps_per_cpu_s``: frames per CPU second of the tree (the efficiency of a layout).
 - ``rss_mb``: resident memory of the tree in MiB (pages shared by forked workers are counted
   once per process, so this over-counts).
@@ -53,6 +55,8 @@ from types import ModuleType
 from typing import Any
 
 import psutil
+
+from rlstruct.batchers.pool import external_cpu_seconds
 
 __all__ = ["ResourceMonitor", "resources_figure"]
 
@@ -246,7 +250,8 @@ class ResourceMonitor:
         if gone and retries > 0:  # its reaped time now sits in its parent's children_* counters
             self._scan(time.monotonic())
             return self._cpu(retries - 1)
-        return main, tree
+        # Batcher workers outside this tree (Ray actors elsewhere) report their own CPU time.
+        return main, tree + external_cpu_seconds()
 
     def _rss(self) -> int:
         total = 0
