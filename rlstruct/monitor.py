@@ -191,6 +191,14 @@ class ResourceMonitor:
         row.update(self._gpu_columns())
         return row
 
+    def tree_cpu_s(self) -> float:
+        """Cumulative CPU seconds (user + system) of the whole tree now, reaped children
+        included; the process list is re-read first. The difference of two readings is the
+        CPU the tree used in between (the tuner's meter); :meth:`sample` is not disturbed.
+        """
+        self._scan(time.monotonic())
+        return self._cpu()[1]
+
     @property
     def n_processes(self) -> int:
         """How many processes of the tree are currently tracked (the root included)."""

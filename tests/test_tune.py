@@ -257,9 +257,9 @@ def test_bad_layout_files_are_refused(tmp_path, content, match):
 @pytest.mark.timeout(120)
 def test_real_tune_on_cartpole_writes_a_valid_layout(tmp_path, capsys):
     out = tmp_path / "tune.json"
-    code = main(["--algo", "ppo", "--processes", "1,2", "--n-envs", "8", "--n-timesteps", "16",
-                 "--pipeline", "1,2", "--devices", "none", "--budget", "6", "--probe-s", "0.2",
-                 "-o", str(out)])
+    code = main(["--algo", "algos.tuning:ppo", "--processes", "1,2", "--n-envs", "8",
+                 "--n-timesteps", "16", "--pipeline", "1,2", "--devices", "none",
+                 "--budget", "6", "--probe-s", "0.2", "-o", str(out)])
     assert code == 0
     printed = capsys.readouterr().out
     assert "steps/s" in printed and "cores busy" in printed and str(out) in printed
