@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +36,7 @@ from rlstruct.errors import ConfigError
 from rlstruct.run_folder import RunFolder, find_runs, is_run_dir, read_run
 
 __all__ = ["plot_runs", "run_curves", "select_runs", "RunSelection", "find_runs", "is_run_dir",
-           "trial_curves", "trial_figure"]
+           "trial_curves", "trial_figure", "new_figure", "finish_figure"]
 
 #: Default width, in grid points, of the trial graph's moving average (``--ma-window``).
 MA_WINDOW = 10
@@ -96,6 +97,40 @@ def select_runs(run_dirs: Sequence[str | Path]) -> RunSelection:
     return selection
 
 
+def new_figure(width: float = 9, height: float = 5) -> Any:
+    """A matplotlib ``Figure`` on the Agg canvas (no display, no pyplot state).
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install 'rlstruct[plot]'``).
+    """
+    try:
+        import matplotlib  # noqa: F401 - first: a cached submodule would hide its absence
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as err:
+        raise ImportError(
+            f"plotting needs matplotlib ({err}); install it with: pip install 'rlstruct[plot]'"
+        ) from err
+    fig = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def finish_figure(fig: Any, out: str | Path, empty_text: str) -> Path:
+    """Grid and legend on every axes (``empty_text`` on those with no line), then the PNG
+    ``out`` is written (parent folders are created); returns its path."""
+    for ax in fig.axes:
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(loc="best", fontsize="small")
+        else:
+            ax.text(0.5, 0.5, empty_text, ha="center", va="center", transform=ax.transAxes)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    return out
+
+
 def plot_runs(run_dirs: Sequence[str | Path], out: str | Path) -> Path:
     """Plot the returns of run directories (or folders of them) against frames into a PNG.
 
@@ -116,18 +151,11 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path) -> Path:
         ImportError: matplotlib is not installed (``pip install 'rlstruct[plot]'``).
     """
     selection = select_runs(run_dirs)
-    try:
-        import matplotlib
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as err:
-        raise ImportError(
-            f"plotting needs matplotlib ({err}); install it with: pip install 'rlstruct[plot]'"
-        ) from err
-    fig = Figure(figsize=(9, 5), dpi=100)
-    FigureCanvasAgg(fig)
+    fig = new_figure()
     ax = fig.add_subplot()
-    colours = matplotlib.colormaps["tab10"].colors
+    from matplotlib import colormaps  # importable: new_figure checked it
+
+    colours = colormaps["tab10"].colors
     single = len(selection.drawn) + len(selection.skipped) == 1
     for i, run in enumerate(selection.drawn):
         colour = colours[i % len(colours)]
@@ -146,16 +174,7 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path) -> Path:
     ax.set_xlabel("frames")
     ax.set_ylabel("return")
     ax.set_title(selection.title)
-    ax.grid(alpha=0.3)
-    if ax.lines:
-        ax.legend(loc="best", fontsize="small")
-    else:
-        ax.text(0.5, 0.5, "no episodes recorded", ha="center", va="center",
-                transform=ax.transAxes)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
-    return out
+    return finish_figure(fig, out, "no episodes recorded")
 
 
 def run_curves(run: str | Path | RunFolder) -> dict[str, list[tuple[float, float]]]:
@@ -264,13 +283,8 @@ def trial_figure(
     Raises:
         ImportError: matplotlib is not installed.
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     curves = trial_curves(run_dirs, ma_window=ma_window)
-    fig = Figure(figsize=(9, 5), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    ax = (fig := new_figure()).add_subplot()
     n = int(curves["n_sessions"])
     if n:
         x = curves["frames"]
@@ -282,15 +296,7 @@ def trial_figure(
         for i, end in enumerate(curves["ends"][:-1]):
             ax.axvline(end, color="grey", ls=":", lw=1,
                        label="a session ends" if i == 0 else None)
-        ax.legend(loc="best", fontsize="small")
-    else:
-        ax.text(0.5, 0.5, "no session recorded a return", ha="center", va="center",
-                transform=ax.transAxes)
     ax.set_xlabel("frames")
     ax.set_ylabel("train return")
     ax.set_title(title)
-    ax.grid(alpha=0.3)
-    out = Path(out_png)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
-    return out
+    return finish_figure(fig, out_png, "no session recorded a return")
