@@ -7,18 +7,22 @@ processes, ``n_envs`` envs per process, ``T = n_timesteps`` steps per segment, a
 
 Each candidate is measured by :class:`BatcherMeasure`: build the batcher (constructor and
 ``reset``: the *start-up*), collect one warm-up batch, then collect whole batches for a given
-number of seconds, each followed by the same *fake learner* (``learn_s`` seconds of sleep, 0 by
-default: pure collection) and an ``update`` with the model's weights. A pipelined candidate
-overlaps collection with that learner time; with ``learn_s = 0`` it only overlaps the
-main process's own work. Over the window it reports steps/s, the cores the process tree kept
-busy (CPU seconds of this process and all its descendants, over wall seconds) and steps per
-CPU-second. The fake learner sleeps: its CPU time is not counted.
+number of seconds, each followed by the learner and an ``update`` with the model's weights.
+The learner is the algorithm's own learn step on the batch when one is given (``learn=``; the
+command line and :func:`tune_algo` use the one in the algorithm's :class:`AlgoSetup`), so that
+steps/s is the speed of training and a layout that collects faster but trains slower does not
+win; otherwise a *fake learner* of ``learn_s`` seconds of sleep (0 by default: pure
+collection). A pipelined candidate overlaps collection with the learner. Over the window it
+reports steps/s, the cores the process tree kept busy (CPU seconds of this process and all its
+descendants, over wall seconds, read by the resource monitor's meter) and steps per
+CPU-second.
 
 The search (:func:`search`) is smarter than the exhaustive grid (:func:`grid_search`): a
 coordinate search over the axes (workers, envs per process, ``T``, pipeline) starts from the
 middle of the grid, measures the neighbours of the current layout along one axis at a time
 and moves to the best, until a sweep moves no more; then the best few layouts measured are
-measured again, interleaved and for longer, and the best by the accumulated measurements wins.
+measured again in interleaved rounds, and the winner is decided within rounds, so that a load
+that changes between rounds on a shared machine does not decide (:func:`paired_winner`).
 It spends at most ``budget_s`` seconds (a measurement is only started when the estimate of
 its cost still fits). ``benchmarks/tune_vs_grid.py`` compares it with the grid in one run.
 
@@ -30,8 +34,9 @@ The JSON file holds :class:`~rlstruct.experiment.LayoutConfig`'s fields plus
 :func:`layout_from_json` and :func:`apply_layout` read it back.
 
 Changing ``n_envs``, ``n_processes`` or ``T`` changes the batch (``B = P * n_envs`` rows of
-``T`` steps), which is a hyperparameter of on-policy algorithms: restrict the options (e.g.
-``n_timesteps_options=(cfg.n_timesteps,)``) when the batch must not change.
+``T`` steps), which is a hyperparameter of on-policy algorithms: ``batch_size=`` (or
+``keep_batch=True`` of :func:`tune_algo`, ``--keep-batch``) keeps ``P * n_envs * T`` fixed while
+the layout varies.
 
 One module per job: :mod:`rlstruct.tune.candidates` (the layouts), :mod:`rlstruct.tune.searches`
 (the searches over any measure), :mod:`rlstruct.tune.measure` (real measurements, :func:`tune`),
@@ -58,6 +63,7 @@ from rlstruct.tune.searches import (
     Measurement,
     TuneResult,
     grid_search,
+    paired_winner,
     search,
 )
 from rlstruct.tune.searches import default_probe_s as default_probe_s
@@ -73,6 +79,7 @@ __all__ = [
     "candidate_grid",
     "search",
     "grid_search",
+    "paired_winner",
     "tune",
     "tune_algo",
     "write_layout",

@@ -92,30 +92,52 @@ def candidate_grid(
     n_timesteps_options: Sequence[int] = (16, 32, 64),
     pipelines: Sequence[int] = (1, 2),
     devices: Sequence[str] | None = None,
+    batch_size: int | None = None,
 ) -> list[Candidate]:
     """The full grid of valid candidates.
 
     Args:
         processes: worker counts (1: SerialBatcher); default 1, 2, 4, ... and the core count.
         n_envs_options: envs per process.
-        n_timesteps_options: values of ``T``.
+        n_timesteps_options: values of ``T``; with ``batch_size``, the range ``T`` may take.
         pipelines: pipeline depths (more than 1 only for ``P >= 2``).
         devices: GPU devices for a SerialBatcher on a GPU (default: ``cuda:0`` when CUDA is
             available, none otherwise).
+        batch_size: keep the batch, ``P * n_envs * T`` steps, at this size while the layout
+            varies (an on-policy algorithm's hyperparameter): ``T`` is derived from ``P`` and
+            ``n_envs``, and a layout is kept when ``T`` is a whole number between the smallest
+            and the largest of ``n_timesteps_options``. None: every ``T`` of the options.
 
     Returns:
         The candidates, CPU ones first.
+
+    Raises:
+        ConfigError: ``batch_size`` is below 1, or no layout reaches it.
     """
     procs = list(processes) if processes is not None else _process_options(default_processes())
     if devices is None:
         devices = ["cuda:0"] if torch.cuda.is_available() else []
     out = []
     for n_envs in n_envs_options:
-        for t in n_timesteps_options:
-            for p in procs:
-                for pipe in pipelines:
-                    if pipe == 1 or p >= 2:
-                        out.append(Candidate(p, n_envs, t, pipe))
+        for p in procs:
+            for t in _timesteps(p * n_envs, n_timesteps_options, batch_size):
+                out.extend(Candidate(p, n_envs, t, pipe) for pipe in pipelines
+                           if pipe == 1 or p >= 2)
+        for t in _timesteps(n_envs, n_timesteps_options, batch_size):
             out.extend(Candidate(1, n_envs, t, 1, str(d)) for d in devices)
+    if batch_size is not None and not out:
+        raise ConfigError(
+            f"no layout of processes {procs} x n_envs {list(n_envs_options)} gives a batch of "
+            f"{batch_size} steps with T between {min(n_timesteps_options)} and "
+            f"{max(n_timesteps_options)}")
     return sorted(set(out), key=lambda c: (c.device != "cpu", c))
 
+
+def _timesteps(rows: int, options: Sequence[int], batch_size: int | None) -> list[int]:
+    """The ``T`` values of a layout with ``rows`` envs in all."""
+    if batch_size is None:
+        return list(options)
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    t, rest = divmod(batch_size, rows)
+    return [t] if rest == 0 and min(options) <= t <= max(options) else []

@@ -43,7 +43,11 @@ def load_setup(spec: str, **overrides: Any) -> AlgoSetup:
     function = getattr(module, function_name, None)
     if not callable(function):
         raise ConfigError(f"--algo {spec}: {module_name} has no function {function_name!r}")
-    setup = function(**overrides)
+    try:
+        setup = function(**overrides)
+    except TypeError as err:  # a function that does not take the overrides
+        raise ConfigError(f"--algo {spec}: {function_name}({', '.join(overrides)}=...) "
+                          f"failed: {err}") from err
     if not isinstance(setup, AlgoSetup):
         raise ConfigError(f"--algo {spec}: {function_name}() returned {type(setup).__name__}, "
                           "expected an AlgoSetup")
@@ -81,9 +85,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="seconds the measurements may take (default 60)")
     parser.add_argument("--objective", default="steps_per_s", choices=OBJECTIVES,
                         help="maximise steps per second or steps per CPU-second")
+    parser.add_argument("--no-learner", action="store_true",
+                        help="measure collection alone (or with --learn-s), not under the "
+                             "algorithm's own learn step")
     parser.add_argument("--learn-s", type=float, default=0.0,
-                        help="fake learner seconds per batch, the same for every layout "
-                             "(0: pure collection)")
+                        help="a fake learner of this many seconds per batch instead of the "
+                             "algorithm's (0: none)")
+    batch = parser.add_mutually_exclusive_group()
+    batch.add_argument("--keep-batch", action="store_true",
+                       help="keep the algorithm's batch (P x n_envs x T steps) while the "
+                            "layout varies: T follows from P and n_envs")
+    batch.add_argument("--batch-size", type=int, default=None,
+                       help="keep the batch at this many steps while the layout varies")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="interleaved rounds of the finals (default 2)")
     parser.add_argument("--processes", type=_ints, default=None,
                         help="worker counts, e.g. 1,2,4 (1: SerialBatcher; default 1, 2, 4, "
                              "... up to the cores)")
@@ -113,19 +128,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     options: dict[str, Any] = dict(
         processes=args.processes, n_envs_options=args.n_envs,
         n_timesteps_options=args.n_timesteps, devices=devices, objective=args.objective,
-        learn_s=args.learn_s, probe_s=args.probe_s)
+        learn_s=args.learn_s, probe_s=args.probe_s, n_rounds=args.rounds,
+        batch_size=args.batch_size)
     if args.pipeline is not None:
         options["pipelines"] = args.pipeline
     try:
         setup = load_setup(args.algo, **overrides)
-        result = tune_algo(setup, budget_s=args.budget, **options)
+        result = tune_algo(setup, budget_s=args.budget, keep_batch=args.keep_batch,
+                           use_learner=not args.no_learner, **options)
     except ConfigError as err:
         print(f"python -m rlstruct tune: error: {err}", file=sys.stderr)
         return 2
     if result.stats[result.best].error is not None:
         print("python -m rlstruct tune: every measured layout failed", file=sys.stderr)
         return 1
+    learner = ("fake" if args.learn_s else "none") if args.no_learner or args.learn_s or \
+        setup.learn is None else "algorithm"
     written = write_layout(args.out, result, algo=setup.name or args.algo,
-                           env_id=setup.env_id or args.env_id, learn_s=args.learn_s)
+                           env_id=setup.env_id or args.env_id, learner=learner,
+                           learn_s=args.learn_s)
     print(f"best: {result.best.label} -> {written} (use it with --layout {written})")
     return 0

@@ -23,6 +23,7 @@ from rlstruct.envs.base import VecEnv
 from rlstruct.errors import ConfigError
 from rlstruct.experiment import make_batcher
 from rlstruct.monitor import ResourceMonitor
+from rlstruct.trajectories import Trajectories
 from rlstruct.tune.candidates import Candidate, candidate_grid
 from rlstruct.tune.searches import Measurement, Objective, TuneResult, search
 
@@ -49,9 +50,14 @@ class BatcherMeasure:
         create_env: ``create_env(**env_args, n_envs=..., seed=s) -> VecEnv``.
         env_args: keyword arguments of ``create_env`` but ``n_envs`` (set per candidate).
         seed: the batchers' seed.
-        learn_s: the fake learner's seconds per batch (a sleep after every ``get``).
+        learn_s: the fake learner's seconds per batch (a sleep after every ``get``); only
+            without ``learn``.
         weights: a state_dict handed to ``update`` after every batch (None: no update).
         agent_info: example agent_info of the batchers.
+        learn: the algorithm's own learn step, called with every batch (``learn(traj)``, in
+            this process, its CPU time counted): steps/s is then the training throughput, so a
+            layout that collects faster but trains slower does not win. None: the fake
+            learner.
     """
 
     def __init__(
@@ -65,9 +71,14 @@ class BatcherMeasure:
         learn_s: float = 0.0,
         weights: Mapping[str, torch.Tensor] | None = None,
         agent_info: DictTensor | None = None,
+        learn: Callable[[Trajectories], Any] | None = None,
     ) -> None:
         if learn_s < 0:
             raise ConfigError(f"learn_s must be >= 0, got {learn_s}")
+        if learn is not None and learn_s:
+            raise ConfigError(f"give learn (the algorithm's learn step) or learn_s={learn_s} "
+                              "(a fake learner), not both")
+        self.learn = learn
         self.create_agent, self.agent_args = create_agent, dict(agent_args)
         self.create_env, self.env_args = create_env, dict(env_args)
         self.seed, self.learn_s, self.weights, self.agent_info = seed, learn_s, weights, agent_info
@@ -81,8 +92,12 @@ class BatcherMeasure:
 
     def warm_up(self) -> None:
         """Starts the worker processes' forkserver and pays its imports once (a small
-        Batcher), so that no candidate's start-up includes them."""
-        self(Candidate(2, 1, 1, 1), 0.0)
+        Batcher, without the learner), so that no candidate's start-up includes them."""
+        learn, self.learn = self.learn, None
+        try:
+            self(Candidate(2, 1, 1, 1), 0.0)
+        finally:
+            self.learn = learn
 
     def __call__(self, candidate: Candidate, seconds: float) -> Measurement:
         """Measures ``candidate`` over whole batches for at least ``seconds`` (and 2 batches);
@@ -112,7 +127,9 @@ class BatcherMeasure:
                 if not pipelined:
                     batcher.execute()
                 traj, _ = batcher.get()
-                if self.learn_s:
+                if self.learn is not None:
+                    self.learn(traj)
+                elif self.learn_s:
                     time.sleep(self.learn_s)
                 if self.weights is not None:
                     batcher.update(self.weights)
@@ -151,6 +168,9 @@ def tune(
     probe_s: float | None = None,
     n_threads: int = 1,
     verbose: bool = True,
+    learn: Callable[[Trajectories], Any] | None = None,
+    batch_size: int | None = None,
+    n_rounds: int = 2,
 ) -> TuneResult:
     """Measures candidate layouts of a training batcher within ``budget_s`` and picks the best.
 
@@ -178,24 +198,35 @@ def tune(
         probe_s: seconds of a first measurement (default: derived from the budget).
         n_threads: torch threads of this process while measuring (1, as the algorithms').
         verbose: print one line per measurement and the final table.
+        learn: the algorithm's learn step, ``learn(traj)`` on every batch, instead of the fake
+            learner: steps/s is then what training reaches (see :class:`BatcherMeasure`).
+        batch_size: keep ``P * n_envs * T`` at this many steps (see :func:`candidate_grid`).
+        n_rounds: interleaved rounds of the finals (see :func:`~rlstruct.tune.searches.search`).
 
     Returns:
         The :class:`TuneResult`; ``write_layout(path, result)`` saves the pick.
     """
     if candidates is None:
         candidates = candidate_grid(processes, n_envs_options, n_timesteps_options, pipelines,
-                                    devices)
+                                    devices, batch_size)
+    elif batch_size is not None:
+        candidates = [c for c in candidates
+                      if c.n_processes * c.n_envs * c.n_timesteps == batch_size]
     measure = BatcherMeasure(create_agent, agent_args, create_env, env_args, seed=seed,
-                             learn_s=learn_s, weights=weights, agent_info=agent_info)
+                             learn_s=learn_s, weights=weights, agent_info=agent_info,
+                             learn=learn)
     log = print if verbose else None
     with _torch_threads(n_threads):
         if any(c.n_processes > 1 for c in candidates):
             measure.warm_up()
         if verbose:
+            learner = "the algorithm's learner" if learn is not None else (
+                f"fake learner {learn_s} s per batch")
+            batch = f", batch {batch_size} steps" if batch_size is not None else ""
             print(f"tuning {len(candidates)} candidate layouts in {budget_s:.0f} s "
-                  f"(objective {objective}, fake learner {learn_s} s per batch)")
+                  f"(objective {objective}, {learner}{batch})")
         result = search(candidates, measure, budget_s=budget_s, objective=objective,
-                        probe_s=probe_s, log=log)
+                        probe_s=probe_s, n_rounds=n_rounds, log=log)
     if verbose:
         print(result.table())
     return result
@@ -221,6 +252,10 @@ class AlgoSetup:
         pipelined: the algorithm learns from a pipelined batcher (False: ``pipeline=1`` only).
         name: the algorithm's name, written into the layout file.
         env_id: the env's id, written into the layout file.
+        learn: the algorithm's learn step on one batch (``learn(traj)``, updating the model
+            whose ``weights`` are published), measured with every candidate; None: none.
+        batch_size: the algorithm's batch, ``P * n_envs * T`` steps, kept while the layout
+            varies when :func:`tune_algo` is asked to (``keep_batch=True``).
     """
 
     create_agent: Callable[..., Agent]
@@ -233,25 +268,41 @@ class AlgoSetup:
     pipelined: bool = True
     name: str = ""
     env_id: str = ""
+    learn: Callable[[Trajectories], Any] | None = None
+    batch_size: int | None = None
 
 
-def tune_algo(setup: AlgoSetup, *, budget_s: float = 60.0, **options: Any) -> TuneResult:
-    """:func:`tune` for what an algorithm hands over: its agent, env, weights and seed.
+def tune_algo(setup: AlgoSetup, *, budget_s: float = 60.0, use_learner: bool = True,
+              keep_batch: bool = False, **options: Any) -> TuneResult:
+    """:func:`tune` for what an algorithm hands over: its agent, env, weights, seed, and its
+    learn step.
 
     Args:
         setup: the algorithm's :class:`AlgoSetup` (e.g. ``algos.tuning.ppo(env_id=...)``).
         budget_s: seconds the measurements may take.
+        use_learner: measure each layout under the algorithm's learn step (when the setup
+            has one); False: collection with the fake learner (``learn_s``).
+        keep_batch: keep the algorithm's batch (``setup.batch_size``) while the layout varies.
         **options: keyword arguments of :func:`tune` (``candidates``, ``n_envs_options``,
-            ``objective``, ``learn_s``, ...); ``pipelines`` defaults to ``(1,)`` for an
-            algorithm that cannot learn from a pipelined batcher.
+            ``objective``, ``learn_s``, ``batch_size``, ...); ``pipelines`` defaults to
+            ``(1,)`` for an algorithm that cannot learn from a pipelined batcher.
 
     Raises:
         ConfigError: ``setup`` is not an AlgoSetup (an algorithm's name is not enough: the
-            library does not import algorithms), or see :func:`tune`.
+            library does not import algorithms), ``keep_batch`` without a batch size, or see
+            :func:`tune`.
     """
     if not isinstance(setup, AlgoSetup):
         raise ConfigError(f"tune_algo takes the AlgoSetup an algorithm hands over (e.g. "
                           f"algos.tuning.ppo()), got {setup!r}")
+    if keep_batch:
+        if setup.batch_size is None:
+            raise ConfigError(f"keep_batch=True but the setup of {setup.name or 'the algorithm'}"
+                              " has no batch_size")
+        if options.get("batch_size") is None:
+            options["batch_size"] = setup.batch_size
+    if use_learner and setup.learn is not None and not options.get("learn_s"):
+        options.setdefault("learn", setup.learn)
     if not setup.pipelined:
         options.setdefault("pipelines", (1,))
     options.setdefault("seed", setup.seed)

@@ -12,7 +12,7 @@ from rlstruct.errors import ConfigError
 from rlstruct.tune.candidates import AXES, Candidate
 
 __all__ = ["OBJECTIVES", "Measurement", "CandidateStats", "TuneResult", "MeasureFn",
-           "search", "grid_search", "default_probe_s"]
+           "search", "grid_search", "default_probe_s", "paired_winner"]
 
 Objective = Literal["steps_per_s", "steps_per_cpu_s"]
 OBJECTIVES: tuple[str, ...] = ("steps_per_s", "steps_per_cpu_s")
@@ -220,13 +220,14 @@ def _start(candidates: Sequence[Candidate]) -> Candidate:
 
 
 def default_probe_s(candidates: Sequence[Candidate], budget_s: float, n_finalists: int = 3,
-                    overhead_guess_s: float = 0.5) -> float:
+                    overhead_guess_s: float = 0.5, n_rounds: int = 2) -> float:
     """A probe length that lets a coordinate search of ``candidates`` and its finals fit in
-    ``budget_s``: about 1.5 sweeps of probes plus ``n_finalists`` measurements twice as long."""
+    ``budget_s``: about 1.5 sweeps of probes plus ``n_rounds`` rounds of ``n_finalists``
+    probe-long measurements."""
     sweep = 1 + sum(len(_values(candidates, a)) - 1 for a in AXES)
     probes = 1.5 * min(sweep, len(candidates))
-    finals = min(n_finalists, len(candidates))
-    units = probes + 2 * finals
+    finals = min(n_finalists, len(candidates)) * n_rounds
+    units = probes + finals
     return max(0.1, (budget_s - (probes + finals) * overhead_guess_s) / units)
 
 
@@ -234,6 +235,38 @@ def _choose(stats: Mapping[Candidate, CandidateStats], objective: str,
             among: Sequence[Candidate] | None = None) -> Candidate:
     pool = list(among) if among is not None else list(stats)
     return max(pool, key=lambda c: stats[c].score(objective))
+
+
+def _value(m: Measurement, objective: str) -> float:
+    """One measurement's objective (nan when it failed or has no figure)."""
+    if m.error is not None:
+        return math.nan
+    if objective == "steps_per_s":
+        return m.steps / m.wall_s if m.wall_s > 0 else math.nan
+    return m.steps / m.cpu_s if m.cpu_s > 0 else math.nan
+
+
+def paired_winner(rounds: Sequence[Mapping[Candidate, Measurement]], objective: str
+                  ) -> Candidate | None:
+    """The best candidate by rounds measured close together: in each complete round (every
+    candidate measured, none failed) each candidate's figure is divided by the round's best,
+    and the candidate with the best median ratio wins (ties: the best mean ratio). A load that
+    comes and goes between rounds scales a whole round and cancels out. None without a complete
+    round.
+    """
+    ratios: dict[Candidate, list[float]] = {}
+    for measured in rounds:
+        values = {c: _value(m, objective) for c, m in measured.items()}
+        top = max(values.values(), default=math.nan)
+        if not values or any(math.isnan(v) for v in values.values()) or not top > 0:
+            continue
+        for c, v in values.items():
+            ratios.setdefault(c, []).append(v / top)
+    if not ratios:
+        return None
+    n = max(len(r) for r in ratios.values())
+    full = {c: sorted(r) for c, r in ratios.items() if len(r) == n}
+    return max(full, key=lambda c: (full[c][(n - 1) // 2] + full[c][n // 2], sum(full[c])))
 
 
 def search(
@@ -244,6 +277,7 @@ def search(
     objective: str = "steps_per_s",
     probe_s: float | None = None,
     n_finalists: int = 3,
+    n_rounds: int = 2,
     overhead_guess_s: float = 0.5,
     log: Callable[[str], None] | None = None,
 ) -> TuneResult:
@@ -254,8 +288,11 @@ def search(
        the current candidate along the axis (the other axes kept; the nearest valid candidate
        where the grid has a hole, e.g. no pipelined SerialBatcher), move to the best.
        Repeat sweeps until one moves no more.
-    3. Finals: the ``n_finalists`` best measured are measured again for ``2 * probe_s``, in
-       turn; the best by all its measurements (total steps over total seconds) wins.
+    3. Finals: the ``n_finalists`` best measured are measured again for ``probe_s`` each, in
+       ``n_rounds`` interleaved rounds (round ``r`` starts at finalist ``r``, so no candidate
+       is always first or last); the winner is decided within rounds (:func:`paired_winner`),
+       so a load that changes between rounds on a shared machine does not decide. Without a
+       complete round, the best by all its measurements (total steps over total seconds) wins.
 
     A measurement starts only while ``spent + probe + overhead`` fits in the budget, where
     the overhead (start-up, warm-up, close) is the largest one seen so far
@@ -267,8 +304,9 @@ def search(
         measure: ``measure(candidate, seconds) -> Measurement``.
         budget_s: seconds the measurements may take in all.
         objective: ``"steps_per_s"`` or ``"steps_per_cpu_s"``.
-        probe_s: seconds of a first measurement (default: :func:`default_probe_s`).
+        probe_s: seconds of a measurement (default: :func:`default_probe_s`).
         n_finalists: candidates measured again at the end.
+        n_rounds: rounds of the finals (>= 1).
         overhead_guess_s: expected cost of a measurement beyond its window, before one is seen.
         log: called with one line per measurement.
 
@@ -276,11 +314,14 @@ def search(
         The :class:`TuneResult`.
 
     Raises:
-        ConfigError: no candidates, an unknown objective, or not even one measurement fits.
+        ConfigError: no candidates, an unknown objective, ``n_rounds`` below 1, or not even
+            one measurement fits.
     """
     candidates = _check(candidates, objective)
+    if n_rounds < 1:
+        raise ConfigError(f"n_rounds must be >= 1, got {n_rounds}")
     if probe_s is None:
-        probe_s = default_probe_s(candidates, budget_s, n_finalists, overhead_guess_s)
+        probe_s = default_probe_s(candidates, budget_s, n_finalists, overhead_guess_s, n_rounds)
     book = _Book(measure, budget_s, overhead_guess_s, log)
     current = _start(candidates)
     if not book.run(current, probe_s):
@@ -292,7 +333,7 @@ def search(
         for axis in AXES:
             near = _neighbours(current, axis, candidates)
             for c in near:
-                reserve = min(n_finalists, len(book.stats)) * book.cost(2 * probe_s)
+                reserve = min(n_finalists, len(book.stats)) * n_rounds * book.cost(probe_s)
                 if c not in book.stats and not book.run(c, probe_s, reserve):
                     out_of_budget = True
                     break
@@ -306,11 +347,18 @@ def search(
     finalists = [s.candidate for s in sorted(book.stats.values(),
                                              key=lambda s: -s.score(objective))
                  if s.error is None][:n_finalists]
+    rounds: list[dict[Candidate, Measurement]] = []
     if len(finalists) > 1:
-        for c in finalists:
-            if not book.run(c, 2 * probe_s):
+        for r in range(n_rounds):
+            rounds.append({})
+            for c in finalists[r % len(finalists):] + finalists[:r % len(finalists)]:
+                if not book.run(c, probe_s):
+                    break
+                rounds[-1][c] = book.stats[c].measurements[-1]
+            if len(rounds[-1]) < len(finalists):
                 break
-    best = _choose(book.stats, objective, finalists or None)
+    best = paired_winner([r for r in rounds if len(r) == len(finalists)], objective) or \
+        _choose(book.stats, objective, finalists or None)
     return TuneResult(best, book.stats, objective, budget_s, book.spent, len(candidates))
 
 
