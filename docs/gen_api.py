@@ -55,6 +55,7 @@ MODULES = (
     "rlstruct.episodes",
     "rlstruct.logger",
     "rlstruct.plotting",
+    "rlstruct.run_folder",
     "rlstruct.monitor",
     "rlstruct.sweep",
     "rlstruct.tune",

@@ -20,6 +20,7 @@ The experiment layer, which the algorithms of ``algos/`` are written with::
     from rlstruct.episodes import EpisodeTracker       # episode returns, keyed by env_id
     from rlstruct.logger import RunLogger              # the run directory
     from rlstruct.plotting import plot_runs            # returns.png, comparisons
+    from rlstruct.run_folder import read_run           # a run folder read back
     from rlstruct.nets import mlp                      # orthogonally initialised MLPs
     from rlstruct.optim import adam, gradient_step     # fused Adam; one meaning of clipping
     from rlstruct.sampling import CategoricalSampler, ActorAgent, greedy_info

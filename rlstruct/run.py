@@ -133,7 +133,7 @@ class RunConfig:
         if problems:
             raise ConfigError("; ".join(problems))
         if self.layout_file is not None:
-            from rlstruct.tune import apply_layout
+            from rlstruct.tune.layout_file import apply_layout
 
             apply_layout(self, self.layout_file)
 
