@@ -16,6 +16,7 @@ __all__ = [
     "ActionError",
     "RewardError",
     "ConfigError",
+    "CheckpointError",
     "BatcherStateError",
     "WorkerError",
     "WorkerTimeoutError",
@@ -84,6 +85,11 @@ class RewardError(RLStructError, TypeError):
 
 class ConfigError(RLStructError, ValueError):
     """A bad configuration (sizes, seeds, devices, factories), raised before anything starts."""
+
+
+class CheckpointError(RLStructError, OSError):
+    """A checkpoint could not be written or read (disk full, permissions, a missing file); the
+    message names the file and the cause, and a failed write keeps the last good checkpoint."""
 
 
 class BatcherStateError(RLStructError, RuntimeError):

@@ -121,7 +121,7 @@ def test_frame_budget_stop_and_the_window_names_the_column(tmp_path):
 
 
 def test_time_budget_stop(tmp_path):
-    run = train(config(tmp_path, time_budget=0.0))
+    run = train(config(tmp_path, time_budget=1e-9))
     assert run.summary["stopped_by"] == "time_budget" and run.summary["frames"] == 10
 
 
@@ -133,7 +133,7 @@ def test_no_target_runs_to_the_frame_budget(tmp_path):
 def test_checkpoints_hold_the_registered_state_and_the_whole_config(tmp_path):
     run = train(config(tmp_path, target_return=None, max_frames=40, checkpoint_every=1))
     ckpt = torch.load(run.logger.dir / "checkpoints" / "latest.pt")
-    assert set(ckpt) == {"model", "config", "frames", "iteration"}
+    assert {"model", "config", "frames", "iteration", "rng", "wall_time", "agent"} <= set(ckpt)
     assert ckpt["frames"] == 40 and ckpt["iteration"] == 3
     assert ckpt["config"]["layout"]["n_envs"] == 2 and ckpt["config"]["wrong"] is False
     meta = json.loads((run.logger.dir / "config.json").read_text())
