@@ -21,8 +21,10 @@ The experiment layer, which the algorithms of ``algos/`` are written with::
     from rlstruct.logger import RunLogger              # the run directory
     from rlstruct.plotting import plot_runs            # returns.png, comparisons
     from rlstruct.nets import mlp                      # orthogonally initialised MLPs
-    from rlstruct.optim import gradient_step           # one meaning of gradient clipping
-    from rlstruct.sampling import CategoricalSampler   # seeded action sampling in agents
+    from rlstruct.optim import adam, gradient_step     # fused Adam; one meaning of clipping
+    from rlstruct.sampling import CategoricalSampler, ActorAgent, greedy_info
+                                                       # seeded sampling, greedy evaluation,
+    from rlstruct.sampling import categorical_log_prob, categorical_entropy  # policy terms
 
 ``rlstruct.compat`` keeps rlstructures' names for a port. ``python -m rlstruct plot runs/``
 plots run directories (see :mod:`rlstruct.plotting`).
