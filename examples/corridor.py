@@ -9,11 +9,11 @@ Train it with any algorithm, naming the module that registers the env (its folde
 ``PYTHONPATH``; ``--env-module`` may be given several times)::
 
     PYTHONPATH=examples python -m algos.ppo --env-module corridor --env-id Corridor-v0 \\
-        --target-return 0.9 --max-frames 50000
+        --target-return 0.85 --max-frames 50000
 
 or with gymnasium's ``module:Id`` form, which imports the module wherever an env is made::
 
-    PYTHONPATH=examples python -m algos.ppo --env-id corridor:Corridor-v0 --target-return 0.9
+    PYTHONPATH=examples python -m algos.ppo --env-id corridor:Corridor-v0 --target-return 0.85
 
 Running this file checks the env with gymnasium's env checker and trains PPO from Python.
 """
@@ -29,7 +29,7 @@ import numpy as np
 class CorridorEnv(gym.Env):
     """Walk right to the end of a corridor of ``length`` cells (see the module docstring)."""
 
-    def __init__(self, length: int = 6) -> None:
+    def __init__(self, length: int = 10) -> None:
         self.length = length
         self.observation_space = gym.spaces.Box(0.0, 1.0, (length,), np.float32)
         self.action_space = gym.spaces.Discrete(2)
@@ -64,5 +64,5 @@ if __name__ == "__main__":
     from algos import ppo
 
     summary = ppo.main(ppo.Config(env_id="Corridor-v0", env_module=("corridor",),
-                                  target_return=0.9, max_frames=50_000, eval_every=5))
+                                  target_return=0.85, max_frames=50_000, eval_every=5))
     print(f"status {summary['status']}, train return {summary['train_return_mean20']:.2f}")

@@ -181,3 +181,11 @@ def test_ppo_resumed_after_its_time_budget_carries_on_learning(tmp_path):
                    if int(e["frames_at_record"]) > before["frames"]][:20]
     # The policy after the resume is the trained one, not a fresh random one (~20 per episode).
     assert sum(resumed_eps) / 20 > 2 * sum(early) / 20
+
+
+@pytest.mark.slow
+def test_the_custom_env_example_runs(tmp_path):
+    example = Path(__file__).resolve().parents[1] / "examples" / "corridor.py"
+    done = python([str(example)], cwd=tmp_path, timeout=150)
+    assert done.returncode == 0, done.stderr
+    assert "status solved" in done.stdout
