@@ -189,3 +189,16 @@ def test_the_custom_env_example_runs(tmp_path):
     done = python([str(example)], cwd=tmp_path, timeout=150)
     assert done.returncode == 0, done.stderr
     assert "status solved" in done.stdout
+
+
+@pytest.mark.slow
+def test_a_custom_env_module_reaches_ray_actors(tmp_path):
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    (tmp_path / "tmp_corridor.py").write_text(CORRIDOR)
+    done = python(["-m", "algos.ppo", "--env-module", "tmp_corridor", "--env-id",
+                   "TmpCorridor-v0", "--backend", "ray", "--n-processes", "2", "--eval-every",
+                   "0", "--target-return", "None", "--max-frames", "3000"],
+                  cwd=tmp_path, extra_path=tmp_path, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "budget"
