@@ -217,7 +217,7 @@ def main(cfg: Config) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("a2c", cfg) as run:
         net = GRUActorCritic if cfg.recurrent else MLPActorCritic
-        model = net(run.obs_dim, run.n_actions, cfg.hidden)  # on the CPU: the batchers copy it
+        model = run.model(net, run.obs_dim, run.n_actions, cfg.hidden)  # CPU: batchers copy it
         batcher = run.training_batcher(A2CAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(A2CAgent, {"model": model}, agent_info=greedy_info())
         agent = run.learner(A2CAgent(model))

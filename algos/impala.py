@@ -153,7 +153,7 @@ class Learner:
 def main(cfg: Config) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("impala", cfg) as run:
-        model = ActorCritic(run.obs_dim, run.n_actions, cfg.hidden)  # CPU: the batchers copy it
+        model = run.model(ActorCritic, run.obs_dim, run.n_actions, cfg.hidden)  # CPU
         batcher = run.training_batcher(BehaviourAgent, {"model": model}, GymEnvInf,
                                        cfg.n_timesteps)
         run.evaluator(BehaviourAgent, {"model": model}, agent_info=greedy_info())

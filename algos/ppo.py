@@ -24,7 +24,7 @@ Run: ``python -m algos.ppo --help``; ``python -m algos.ppo --seed 1``.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -159,9 +159,11 @@ def relabel(agent: Agent, traj: Trajectories) -> Trajectories:
 
 
 def learn(
-    agent: Agent, optimizer: torch.optim.Optimizer, traj: Trajectories, cfg: Config
+    agent: Agent, optimizer: torch.optim.Optimizer, traj: Trajectories, cfg: Config,
+    out_of_time: Callable[[], bool] = lambda: False,
 ) -> dict[str, float]:
-    """``n_epochs`` of minibatch steps over one batch; returns the last epoch's mean stats."""
+    """``n_epochs`` of minibatch steps over one batch, stopping early once ``out_of_time()``
+    (checked between minibatches); returns the last epoch's mean stats."""
     if cfg.layout.pipeline > 1:  # collected one update ago: clip around the current policy
         traj = relabel(agent, traj)
     advantage, returns = gae_advantages(agent.model, traj, cfg.gamma, cfg.gae_lambda)
@@ -174,11 +176,12 @@ def learn(
     for _ in range(cfg.n_epochs):
         totals: dict[str, Tensor] = {}
         order = torch.randperm(batch.n_elems(), device=batch.device())
-        for rows in order.split(cfg.minibatch_size):
+        for n, rows in enumerate(order.split(cfg.minibatch_size), 1):
             loss, stats = ppo_loss(agent, batch.index(rows), cfg)
             gradient_step(optimizer, loss, cfg.max_grad_norm)
             totals = {k: totals.get(k, 0.0) + v for k, v in stats.items()}
-    n = math.ceil(batch.n_elems() / cfg.minibatch_size)
+            if out_of_time():  # the time budget holds within a long learn phase too
+                return {k: float(v) / n for k, v in totals.items()}
     return {k: float(v) / n for k, v in totals.items()}
 
 
@@ -186,8 +189,9 @@ def learn(
 def main(cfg: Config) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("ppo", cfg) as run:
-        model = (ActorCritic(run.obs_dim, run.n_actions, cfg.hidden) if cfg.model == "mlp"  # CPU
-                 else CNNActorCritic(run.n_actions, in_channels=run.obs_shape[0]))
+        model = (run.model(ActorCritic, run.obs_dim, run.n_actions, cfg.hidden)  # on the CPU
+                 if cfg.model == "mlp" else run.model(CNNActorCritic, run.n_actions,
+                                                      in_channels=run.obs_shape[0]))
         batcher = run.training_batcher(PPOAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(PPOAgent, {"model": model}, agent_info=greedy_info())
         agent = run.learner(PPOAgent(model))
@@ -198,7 +202,7 @@ def main(cfg: Config) -> dict[str, Any]:
             # 2-3. Advantages and n_epochs of minibatch steps, replaying on the learner device.
             lr = cfg.lr * max(0.0, 1 - run.frames / cfg.max_frames) if cfg.anneal_lr else cfg.lr
             optimizer.param_groups[0]["lr"] = lr
-            stats = learn(agent, optimizer, traj.to(run.device), cfg)
+            stats = learn(agent, optimizer, traj.to(run.device), cfg, run.out_of_time)
             # 4. Publish the weights; the workers collect the next segment meanwhile.
             run.publish(batcher, model.state_dict())
             run.end_iteration(model.state_dict(), lr=lr, **stats)

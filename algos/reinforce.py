@@ -180,7 +180,7 @@ def play_episodes(batcher: Batcher | SerialBatcher, run: Run) -> Trajectories:
 def main(cfg: Config) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("reinforce", cfg) as run:
-        model = actor_critic(run.obs_dim, run.n_actions, cfg.hidden)  # CPU: the batchers copy it
+        model = run.model(actor_critic, run.obs_dim, run.n_actions, cfg.hidden)  # CPU
         n_timesteps = cfg.n_timesteps or gym.spec(cfg.env_id).max_episode_steps or 1000
         batcher = run.training_batcher(PolicyAgent, {"model": model}, GymEnv, n_timesteps,
                                        pipelined=False)

@@ -17,6 +17,7 @@ __all__ = [
     "RewardError",
     "ConfigError",
     "NonFiniteError",
+    "CheckpointError",
     "BatcherStateError",
     "WorkerError",
     "WorkerTimeoutError",
@@ -90,6 +91,11 @@ class ConfigError(RLStructError, ValueError):
 class NonFiniteError(RLStructError, ValueError):
     """A tensor that must be finite holds NaN or an infinity (e.g. weights handed to a batcher's
     ``update``); the message names its key."""
+
+
+class CheckpointError(RLStructError, OSError):
+    """A checkpoint could not be written or read (disk full, permissions, a missing file); the
+    message names the file and the cause, and a failed write keeps the last good checkpoint."""
 
 
 class BatcherStateError(RLStructError, RuntimeError):

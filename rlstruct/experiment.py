@@ -92,6 +92,25 @@ class LayoutConfig:
             },
         }
 
+    def problems(self) -> list[str]:
+        """Every problem of the layout (empty: none), for :class:`~rlstruct.run.RunConfig` to
+        list with its own before anything starts."""
+        problems = []
+        if self.n_envs < 1:
+            problems.append(f"n_envs must be >= 1, got {self.n_envs}")
+        if self.n_processes < 0:
+            problems.append(f"n_processes must be >= 0 (0: one per core), got {self.n_processes}")
+        if self.pipeline < 1:
+            problems.append(f"pipeline must be >= 1, got {self.pipeline}")
+        for name in ("learner_device", "batcher_device", "eval_device"):
+            value = getattr(self, name)
+            if value != "auto":
+                try:
+                    torch.device(value)
+                except (RuntimeError, TypeError) as err:
+                    problems.append(f"{name} {value!r} is not a device: {err}")
+        return problems
+
 
 class _Checked:
     """Picklable factory: builds the agent and wraps it in CheckDevice."""
