@@ -1,0 +1,289 @@
+"""SAC (Haarnoja et al., 2018, "Soft Actor-Critic Algorithms and Applications") on Box actions.
+
+Each iteration takes a segment of ``B x T`` steps from the batcher (actions sampled from the
+tanh-squashed Gaussian policy), stores its valid steps in a ``ReplayBuffer``, starts the next
+segment (worker processes, if any, collect it while we learn), then takes ``utd`` gradient steps
+per collected frame on uniform samples of the buffer. With ``u ~ N(mu(s), sigma(s))``,
+``a = tanh(u)`` in [-1, 1] (rescaled to the Box bounds for the env) and
+``log pi(a|s) = log N(u) - sum log(1 - tanh(u)^2)``:
+
+    y        = r + gamma (1 - terminated) (min_i Q'_i(s', a') - alpha log pi(a'|s')),  a' ~ pi(s')
+    L_Q      = 1/2 sum_i mean (Q_i(s, a) - y)^2                (twin critics, targets Q'_i)
+    L_pi     = mean (alpha log pi(a~|s) - min_i Q_i(s, a~)),  a~ ~ pi(s)  (reparameterised)
+    L_alpha  = -mean log(alpha) (log pi(a~|s) + H_target),   H_target = -dim(A)
+    Q'_i    <- tau Q_i + (1 - tau) Q'_i                        (Polyak, after every step)
+
+Speed: one gradient step is one backward pass and one fused Adam step over the sum of the
+three losses. The actor's loss reads the critics through DETACHED weights, so it moves the
+actor only, and alpha enters the critic and actor losses detached. The twin critics are ONE
+batched network (weights ``(2, in, out)``, ``baddbmm``): half the ops of two MLPs. The actor
+evaluates s and s' in one call.
+
+A truncated step bootstraps like any other, from the TRUE final observation
+(``_observation/frame``); only termination removes the bootstrap.
+
+Run: ``python -m algos.sac --help``; ``python -m algos.sac --env-id Pendulum-v1 --seed 1``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import torch
+import tyro
+from torch import Tensor, nn
+
+from rlstruct import Agent, DictTensor
+from rlstruct import functional as F
+from rlstruct import keys as K
+from rlstruct.envs import GymEnvInf
+from rlstruct.experiment import LayoutConfig
+from rlstruct.replay_buffer import ReplayBuffer
+from rlstruct.run import Run, RunConfig
+
+FRAME, NEXT_FRAME = K.OBSERVATION + K.FRAME, K.NEXT_OBSERVATION + K.FRAME
+ACTION, REWARD = K.ACTION + K.ACTION_KEY, K.NEXT_OBSERVATION + K.REWARD
+TERMINATED, TRUNCATED = K.NEXT_OBSERVATION + K.TERMINATED, K.NEXT_OBSERVATION + K.TRUNCATED
+STORED_KEYS = (FRAME, ACTION, NEXT_FRAME, REWARD, TERMINATED, TRUNCATED)
+GREEDY = DictTensor({"greedy": torch.ones(1, dtype=torch.bool)})  # the evaluation's agent_info
+LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
+
+
+@dataclass
+class Config(RunConfig):
+    """SAC with twin critics, Polyak targets and automatic temperature (see algos/sac.py).
+
+    The defaults solve Pendulum-v1 (mean of the last 20 episodes >= -200) in about 8k frames:
+    a gradient step per frame (the cost on a CPU), so small nets, one fused step per update,
+    4 envs collected in this process, T=8.
+    """
+
+    env_id: str = "Pendulum-v1"
+    target_return: float | None = -200.0
+    n_timesteps: int = 8
+    hidden: int = 64
+    lr: float = 3e-3
+    max_grad_norm: float = 0.0
+    eval_every: int = 100
+    buffer_size: int = 1_000_000
+    """replay buffer capacity (transitions)"""
+    batch_size: int = 128
+    """transitions per gradient step"""
+    learning_starts: int = 500
+    """frames collected before the first gradient step"""
+    utd: float = 1.0
+    """update-to-data ratio: gradient steps per collected frame (fractions carry over)"""
+    tau: float = 0.01
+    """Polyak rate of the target critics"""
+    init_alpha: float = 1.0
+    """initial entropy temperature (then tuned towards the target entropy)"""
+    target_entropy: float | None = None
+    """entropy target of the temperature loss (None: -dim(A))"""
+    layout: Annotated[LayoutConfig, tyro.conf.OmitArgPrefixes] = field(
+        default_factory=lambda: LayoutConfig(n_processes=1, n_envs=4)
+    )
+    """where each part runs (default: the 4 envs in this process)"""
+
+
+# --------------------------------------------------------------------------------------- model
+class Actor(nn.Module):
+    """``s -> (mu, log sigma)`` of the pre-squash Gaussian; holds the Box bounds as buffers."""
+
+    def __init__(self, obs_dim: int, low: Tensor, high: Tensor, hidden: int) -> None:
+        super().__init__()
+        act_dim = low.numel()
+        self.net = nn.Sequential(nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
+                                 nn.ReLU(), nn.Linear(hidden, 2 * act_dim))
+        self.register_buffer("low", low.float().flatten())
+        self.register_buffer("high", high.float().flatten())
+
+    def forward(self, frame: Tensor) -> tuple[Tensor, Tensor]:
+        mean, log_std = self.net(frame.flatten(1).float()).chunk(2, -1)
+        return mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+
+    def to_env(self, unit: Tensor) -> Tensor:
+        """``[-1, 1]`` -> the Box bounds (clamped: rounding never leaves the Box)."""
+        return (self.low + (unit + 1) * (self.high - self.low) / 2).clamp(self.low, self.high)
+
+    def to_unit(self, action: Tensor) -> Tensor:
+        """The Box bounds -> ``[-1, 1]`` (what the critics read)."""
+        return 2 * (action - self.low) / (self.high - self.low) - 1
+
+
+def squashed_sample(mean: Tensor, log_std: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+    """``a = tanh(mean + std noise)`` ``(N, A)`` and ``log pi(a)`` ``(N,)`` with the tanh
+    change of variables, ``log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u))`` (stable)."""
+    u = mean + log_std.exp() * noise
+    gauss = -0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)
+    jacobian = 2 * (math.log(2) - u - nn.functional.softplus(-2 * u))
+    return torch.tanh(u), (gauss - jacobian).sum(-1)
+
+
+class TwinQ(nn.Module):
+    """Two Q MLPs ``(s, a) -> Q_i`` evaluated as one batched network: ``forward`` gives
+    ``(2, N)``; ``frozen=True`` reads detached weights (gradients reach the inputs only)."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: int) -> None:
+        super().__init__()
+        sizes = [obs_dim + act_dim, hidden, hidden, 1]
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        for n_in, n_out in zip(sizes[:-1], sizes[1:]):
+            bound = 1 / math.sqrt(n_in)  # nn.Linear's default initialisation, per critic
+            self.weights.append(nn.Parameter(torch.empty(2, n_in, n_out).uniform_(-bound, bound)))
+            self.biases.append(nn.Parameter(torch.empty(2, 1, n_out).uniform_(-bound, bound)))
+
+    def forward(self, frame: Tensor, unit_action: Tensor, frozen: bool = False) -> Tensor:
+        x = torch.cat([frame.flatten(1).float(), unit_action], -1).expand(2, -1, -1)
+        last = len(self.weights) - 1
+        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+            w, b = (w.detach(), b.detach()) if frozen else (w, b)
+            x = torch.baddbmm(b, x, w)
+            x = x if i == last else torch.relu(x)
+        return x.squeeze(-1)
+
+
+# --------------------------------------------------------------------------------------- agent
+class SACAgent(Agent):
+    """Samples ``a = tanh(u)``, ``u ~ N(mu(s), sigma(s))``, rescaled to the Box (``tanh(mu)``
+    on rows with ``agent_info["greedy"]``), from its own seeded generator."""
+
+    def __init__(self, model: Actor) -> None:
+        self.model = model
+        self._seed = 0
+        self.generator: torch.Generator | None = None  # created on the device of the first call
+
+    def seed(self, seed: int) -> None:
+        self._seed, self.generator = seed, None
+
+    def __call__(
+        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor, history=None
+    ) -> tuple[DictTensor, DictTensor]:
+        mean, log_std = self.model(observation[K.FRAME])
+        if self.generator is None or self.generator.device != mean.device:
+            self.generator = torch.Generator(mean.device).manual_seed(self._seed)
+        noise = torch.randn(mean.shape, generator=self.generator, device=mean.device)
+        unit = torch.tanh(mean + log_std.exp() * noise)
+        if "greedy" in agent_info:
+            unit = torch.where(agent_info["greedy"].to(mean.device)[:, None], mean.tanh(), unit)
+        return DictTensor({K.ACTION_KEY: self.model.to_env(unit)}), state
+
+
+# --------------------------------------------------------------------------------------- loss
+def soft_target(
+    reward: Tensor, terminated: Tensor, truncated: Tensor, next_q: Tensor, next_logp: Tensor,
+    alpha: Tensor | float, gamma: float,
+) -> Tensor:
+    """``y = r + gamma (1 - terminated) (min_i Q'_i(s', a') - alpha log pi(a'|s'))``, ``(N,)``.
+
+    Args:
+        reward, terminated, truncated: ``(N,)``, the env's answer to each action.
+        next_q: ``(2, N)`` the target critics at ``(s', a')``, ``a' ~ pi(s')``.
+        next_logp: ``(N,)`` ``log pi(a'|s')``.
+        alpha: the entropy temperature.
+        gamma: discount.
+    """
+    next_value = next_q.min(0).values - alpha * next_logp
+    return F.td_targets(reward[:, None], next_value[:, None], terminated[:, None],
+                        truncated[:, None], gamma).squeeze(1)
+
+
+def sac_losses(
+    q: Tensor, target: Tensor, q_pi: Tensor, logp: Tensor, log_alpha: Tensor,
+    target_entropy: float,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """``L_Q + L_pi + L_alpha`` (module docstring) over ``N`` transitions.
+
+    Args:
+        q: ``(2, N)`` the critics at the stored ``(s, a)`` (with gradients).
+        target: ``(N,)`` soft TD targets (no gradient).
+        q_pi: ``(2, N)`` the critics, through detached weights, at ``(s, a~)``.
+        logp: ``(N,)`` ``log pi(a~|s)`` of the reparameterised sample (with gradients).
+        log_alpha: 0-d, the log temperature (a parameter).
+        target_entropy: ``H_target``.
+
+    Returns:
+        ``(loss, stats)``: stats holds 0-d detached tensors (no host sync).
+    """
+    alpha = log_alpha.exp().detach()
+    critic = 0.5 * (q - target).pow(2).mean(1).sum()
+    actor = (alpha * logp - q_pi.min(0).values).mean()
+    temperature = -(log_alpha * (logp.detach() + target_entropy)).mean()
+    stats = {"critic_loss": critic, "actor_loss": actor, "alpha": alpha, "q": q.mean(),
+             "entropy": -logp.mean()}
+    return critic + actor + temperature, {k: v.detach() for k, v in stats.items()}
+
+
+@torch.no_grad()
+def polyak(target: list[Tensor], online: list[Tensor], tau: float) -> None:
+    """``target <- tau online + (1 - tau) target``, in one foreach kernel."""
+    torch._foreach_lerp_(target, online, tau)
+
+
+def learn(
+    actor: Actor, critic: TwinQ, target: TwinQ, log_alpha: Tensor,
+    optimizer: torch.optim.Optimizer, sample: DictTensor, cfg: Config, target_entropy: float,
+) -> dict[str, Tensor]:
+    """One gradient step on a buffer sample (all three losses), then the Polyak update."""
+    frame, next_frame, n = sample[FRAME], sample[NEXT_FRAME], sample.n_elems()
+    mean, log_std = actor(torch.cat([frame, next_frame]))  # s and s' in one call
+    unit, logp = squashed_sample(mean, log_std, torch.randn_like(mean))
+    with torch.no_grad():
+        next_q = target(next_frame, unit[n:])
+        y = soft_target(sample[REWARD], sample[TERMINATED], sample[TRUNCATED], next_q,
+                        logp[n:], log_alpha.exp(), cfg.gamma)
+    q = critic(frame, actor.to_unit(sample[ACTION]))
+    q_pi = critic(frame, unit[:n], frozen=True)
+    loss, stats = sac_losses(q, y, q_pi, logp[:n], log_alpha, target_entropy)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if cfg.max_grad_norm > 0:
+        nn.utils.clip_grad_norm_(optimizer.param_groups[0]["params"], cfg.max_grad_norm)
+    optimizer.step()
+    polyak(list(target.parameters()), list(critic.parameters()), cfg.tau)
+    return stats
+
+
+# --------------------------------------------------------------------------------------- main
+def main(cfg: Config) -> dict[str, Any]:
+    """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
+    with Run("sac", cfg) as run:
+        space = run.action_space
+        low, high = torch.as_tensor(space.low), torch.as_tensor(space.high)
+        actor = Actor(run.obs_dim, low, high, cfg.hidden)  # CPU: the batchers copy it
+        batcher = run.training_batcher(SACAgent, {"model": actor}, GymEnvInf, cfg.n_timesteps)
+        run.evaluator(SACAgent, {"model": actor}, agent_info=GREEDY)
+        actor.to(run.device)  # the batchers and the evaluator have their copies
+        critic = TwinQ(run.obs_dim, low.numel(), cfg.hidden).to(run.device)
+        target = copy.deepcopy(critic).requires_grad_(False)
+        temperature = nn.ParameterDict({"log_alpha": torch.tensor(math.log(cfg.init_alpha))})
+        log_alpha = temperature.to(run.device)["log_alpha"]
+        entropy = -float(low.numel()) if cfg.target_entropy is None else cfg.target_entropy
+        params = [*actor.parameters(), *critic.parameters(), log_alpha]
+        fused = run.device.type in ("cpu", "cuda")  # one kernel for all of Adam's updates
+        optimizer = torch.optim.Adam(params, lr=cfg.lr, fused=fused)
+        buffer = ReplayBuffer(cfg.buffer_size, device=run.device, keys=STORED_KEYS)
+        run.checkpoint_state(actor=actor, critic=critic, target=target, temperature=temperature,
+                             optimizer=optimizer)
+        n_updates, owed, stats = 0, 0.0, {}
+        # 1. Store each segment and start the next one (the workers collect it meanwhile).
+        for traj in run.segments(batcher):
+            buffer.add(traj)
+            run.publish(batcher, actor.state_dict())
+            # 2. utd gradient steps per new frame on uniform samples of the buffer.
+            if len(buffer) >= cfg.learning_starts:
+                owed += cfg.utd * int(traj.lengths.sum())
+            for _ in range(int(owed)):
+                stats = learn(actor, critic, target, log_alpha, optimizer,
+                              buffer.sample(cfg.batch_size), cfg, entropy)
+            n_updates, owed = n_updates + int(owed), owed - int(owed)
+            run.end_iteration(actor.state_dict(), updates=n_updates,
+                              **{k: float(v) for k, v in stats.items()})
+    return run.summary
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Config))
