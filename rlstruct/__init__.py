@@ -21,6 +21,8 @@ The experiment layer, which the algorithms of ``algos/`` are written with::
     from rlstruct.logger import RunLogger              # the run directory
     from rlstruct.plotting import plot_runs            # returns.png, comparisons
     from rlstruct.nets import mlp                      # orthogonally initialised MLPs
+    from rlstruct.distributions import make_head       # policy heads for any action space
+    from rlstruct.normalization import RunningNorm     # observation statistics in the weights
     from rlstruct.optim import gradient_step           # one meaning of gradient clipping
     from rlstruct.sampling import CategoricalSampler   # seeded action sampling in agents
 

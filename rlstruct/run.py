@@ -66,7 +66,7 @@ from rlstruct.logger import RunLogger, config_to_dict
 from rlstruct.monitor import ResourceMonitor
 from rlstruct.trajectories import Trajectories
 
-__all__ = ["RunConfig", "Run", "env_dims", "env_shape"]
+__all__ = ["RunConfig", "Run", "env_dims", "env_shape", "env_spaces"]
 
 
 @dataclass
@@ -148,13 +148,23 @@ def env_dims(env_id: str) -> tuple[int, int]:
     return math.prod(shape), n_actions
 
 
-def env_shape(env_id: str, backend: str = "gymnasium") -> tuple[tuple[int, ...], int]:
-    """``(observation shape, number of actions)`` of an env with discrete actions, as the
-    training envs of ``backend`` produce it (``"atari"``: the preprocessed frames).
+def env_spaces(env_id: str, backend: str = "gymnasium") -> tuple[tuple[int, ...], gym.Space]:
+    """``(observation shape, action space)`` of ``env_id`` as the training envs of ``backend``
+    produce it (``"atari"``: the preprocessed frames; ``"torch"``: the torch-native env's).
 
     Raises:
-        ConfigError: the action space is not ``Discrete``.
+        ConfigError: ``backend`` is ``"torch"`` and ``env_id`` has no torch-native version.
     """
+    if backend == "torch":
+        from rlstruct.envs.torch import BY_GYM_ID
+
+        if env_id not in BY_GYM_ID:
+            raise ConfigError(
+                f"no torch-native version of {env_id!r}; there are {sorted(BY_GYM_ID)} (use the "
+                "gymnasium env backend for the others)"
+            )
+        cls = BY_GYM_ID[env_id]
+        return tuple(cls.observation_space.shape or (1,)), cls.action_space
     if backend == "atari":
         from rlstruct.envs.atari import make_atari_gym_env
 
@@ -165,9 +175,20 @@ def env_shape(env_id: str, backend: str = "gymnasium") -> tuple[tuple[int, ...],
         obs, actions = probe.observation_space, probe.action_space
     finally:
         probe.close()
+    return tuple(obs.shape or (1,)), actions
+
+
+def env_shape(env_id: str, backend: str = "gymnasium") -> tuple[tuple[int, ...], int]:
+    """``(observation shape, number of actions)`` of an env with discrete actions, as the
+    training envs of ``backend`` produce it (``"atari"``: the preprocessed frames).
+
+    Raises:
+        ConfigError: the action space is not ``Discrete``.
+    """
+    shape, actions = env_spaces(env_id, backend)
     if not isinstance(actions, gym.spaces.Discrete):
         raise ConfigError(f"{env_id} has actions {actions}; these algorithms need Discrete ones")
-    return tuple(obs.shape or (1,)), int(actions.n)
+    return shape, int(actions.n)
 
 
 class Run:
@@ -185,7 +206,9 @@ class Run:
         cfg: the config.
         device: the learner device.
         obs_shape: the observation's shape (``(4, 84, 84)`` for Atari); ``obs_dim``: its
-            flattened size; ``n_actions``: the number of actions.
+            flattened size.
+        action_space: the single-env action space (``Discrete``, ``Box``...); pick the policy
+            head from it (:func:`rlstruct.distributions.make_head`).
         logger: the :class:`~rlstruct.logger.RunLogger`.
         frames: environment frames recorded so far; ``iteration``: :meth:`end_iteration` calls.
         stopped_by: ``None`` while the run goes on, then ``"target_return"``, ``"max_frames"``,
@@ -201,7 +224,7 @@ class Run:
         torch.set_num_threads(cfg.n_threads)
         torch.manual_seed(cfg.seed)
         self.device = resolve_device(cfg.layout.learner_device)
-        self.obs_shape, self.n_actions = env_shape(cfg.env_id, cfg.env_backend)
+        self.obs_shape, self.action_space = env_spaces(cfg.env_id, cfg.env_backend)
         self.obs_dim = math.prod(self.obs_shape)
         self.frames, self.iteration = 0, 0
         self.stopped_by: str | None = None
@@ -351,6 +374,20 @@ class Run:
             batcher.update(weights)
             if getattr(batcher, "pipeline", 1) == 1:
                 batcher.execute()
+
+    @property
+    def n_actions(self) -> int:
+        """The number of actions of a ``Discrete`` action space.
+
+        Raises:
+            ConfigError: the action space is not ``Discrete`` (this algorithm needs one).
+        """
+        if not isinstance(self.action_space, gym.spaces.Discrete):
+            raise ConfigError(
+                f"{self.algo} needs Discrete actions; {self.cfg.env_id} has {self.action_space}"
+                " (ppo, a2c, trpo and sac take Box actions)"
+            )
+        return int(self.action_space.n)
 
     @property
     def done(self) -> bool:
