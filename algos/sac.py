@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
+import gymnasium as gym
 import torch
 import tyro
 from torch import Tensor, nn
@@ -35,6 +36,7 @@ from torch import Tensor, nn
 from rlstruct import Agent, DictTensor
 from rlstruct import functional as F
 from rlstruct import keys as K
+from rlstruct.distributions import make_head
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
 from rlstruct.experiment import LayoutConfig
@@ -43,7 +45,8 @@ from rlstruct.replay_buffer import ReplayBuffer
 from rlstruct.run import Run, RunConfig
 
 FRAME, NEXT_FRAME = K.OBSERVATION + K.FRAME, K.NEXT_OBSERVATION + K.FRAME
-ACTION, REWARD = K.ACTION + K.ACTION_KEY, K.NEXT_OBSERVATION + K.REWARD
+SQUASHED = "squashed"  # the agent's tanh(u): the critics read actions in (-1, 1)
+ACTION, REWARD = K.ACTION + SQUASHED, K.NEXT_OBSERVATION + K.REWARD
 TERMINATED, TRUNCATED = K.NEXT_OBSERVATION + K.TERMINATED, K.NEXT_OBSERVATION + K.TRUNCATED
 STORED_KEYS = (FRAME, ACTION, NEXT_FRAME, REWARD, TERMINATED, TRUNCATED)
 GREEDY = DictTensor({"greedy": torch.ones(1, dtype=torch.bool)})  # the evaluation's agent_info
@@ -93,32 +96,16 @@ class Config(RunConfig):
 
 # --------------------------------------------------------------------------------------- model
 class Actor(nn.Module):
-    """``s -> (mu, log sigma)`` of the pre-squash Gaussian; holds the Box bounds as buffers."""
+    """``s -> params``: a two-layer ReLU body and the library's tanh-squashed Gaussian head."""
 
-    def __init__(self, obs_dim: int, low: Tensor, high: Tensor, hidden: int) -> None:
+    def __init__(self, obs_dim: int, action_space: gym.spaces.Box, hidden: int) -> None:
         super().__init__()
-        act_dim = low.numel()
-        self.net = nn.Sequential(nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
-                                 nn.ReLU(), nn.Linear(hidden, 2 * act_dim))
-        self.register_buffer("low", low.float().flatten())
-        self.register_buffer("high", high.float().flatten())
+        self.body = nn.Sequential(nn.Linear(obs_dim, hidden), nn.ReLU(),
+                                  nn.Linear(hidden, hidden), nn.ReLU())
+        self.head = make_head(action_space, hidden, squash=True)
 
-    def forward(self, frame: Tensor) -> tuple[Tensor, Tensor]:
-        mean, log_std = self.net(frame.flatten(1).float()).chunk(2, -1)
-        return mean, log_std.clamp(-20.0, 2.0)
-
-    def to_env(self, unit: Tensor) -> Tensor:
-        """``[-1, 1]`` -> the Box bounds (clamped: rounding never leaves the Box)."""
-        return (self.low + (unit + 1) * (self.high - self.low) / 2).clamp(self.low, self.high)
-
-
-def squashed_sample(mean: Tensor, log_std: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
-    """``a = tanh(mean + std noise)`` ``(N, A)`` and ``log pi(a)`` ``(N,)`` with the tanh
-    change of variables, ``log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u))`` (stable)."""
-    u = mean + log_std.exp() * noise
-    gauss = -0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)
-    jacobian = 2 * (math.log(2) - u - nn.functional.softplus(-2 * u))
-    return torch.tanh(u), (gauss - jacobian).sum(-1)
+    def forward(self, frame: Tensor) -> Tensor:
+        return self.head(self.body(frame.flatten(1).float()))
 
 
 class TwinQ(nn.Module):
@@ -145,8 +132,9 @@ class TwinQ(nn.Module):
 
 # --------------------------------------------------------------------------------------- agent
 class SACAgent(Agent):
-    """Samples ``a = tanh(u)``, ``u ~ N(mu(s), sigma(s))``, rescaled to the Box (``tanh(mu)``
-    on rows with ``agent_info["greedy"]``), from its own seeded generator."""
+    """Samples ``u ~ N(mu(s), sigma(s))`` from its own seeded generator (``u = mu`` on rows with
+    ``agent_info["greedy"]``); returns the env's ``action`` and ``squashed`` = ``tanh(u)`` in
+    ``(-1, 1)``, what the critics read."""
 
     def __init__(self, model: Actor) -> None:
         self.model, self._seed = model, 0
@@ -158,14 +146,12 @@ class SACAgent(Agent):
     def __call__(
         self, state: DictTensor, observation: DictTensor, agent_info: DictTensor, history=None
     ) -> tuple[DictTensor, DictTensor]:
-        mean, log_std = self.model(observation[K.FRAME])
-        if self.generator is None or self.generator.device != mean.device:
-            self.generator = torch.Generator(mean.device).manual_seed(self._seed)
-        noise = torch.randn(mean.shape, generator=self.generator, device=mean.device)
-        unit = torch.tanh(mean + log_std.exp() * noise)
-        if "greedy" in agent_info:
-            unit = torch.where(agent_info["greedy"].to(mean.device)[:, None], mean.tanh(), unit)
-        return DictTensor({K.ACTION_KEY: self.model.to_env(unit)}), state
+        params = self.model(observation[K.FRAME])
+        if self.generator is None or self.generator.device != params.device:
+            self.generator = torch.Generator(params.device).manual_seed(self._seed)
+        greedy = agent_info["greedy"] if "greedy" in agent_info else None  # noqa: SIM401
+        u, action = self.model.head.act(params, self.generator, greedy)
+        return DictTensor({K.ACTION_KEY: action, SQUASHED: self.model.head.squash(u)}), state
 
 
 # --------------------------------------------------------------------------------------- loss
@@ -210,14 +196,15 @@ def learn(
 ) -> dict[str, Tensor]:
     """One gradient step on a buffer sample (all three losses), then the Polyak update."""
     frame, next_frame, n = sample[FRAME], sample[NEXT_FRAME], sample.n_elems()
-    mean, log_std = actor(torch.cat([frame, next_frame]))  # s and s' in one call
-    unit, logp = squashed_sample(mean, log_std, torch.randn_like(mean))
+    params = actor(torch.cat([frame, next_frame]))  # s and s' in one call
+    u = actor.head.sample(params)  # reparameterised, torch's global RNG
+    logp, squashed = actor.head.log_prob(params, u), actor.head.squash(u)
     with torch.no_grad():
-        next_q = target(next_frame, actor.to_env(unit[n:]))
+        next_q = target(next_frame, squashed[n:])
         y = soft_target(sample[REWARD], sample[TERMINATED], sample[TRUNCATED], next_q,
                         logp[n:], log_alpha.exp(), cfg.gamma)
-    q = critic(frame, sample[ACTION])  # the critics read actions in the env's units
-    q_pi = critic(frame, actor.to_env(unit[:n]), frozen=True)
+    q = critic(frame, sample[ACTION])
+    q_pi = critic(frame, squashed[:n], frozen=True)
     loss, stats = sac_losses(q, y, q_pi, logp[:n], log_alpha, target_entropy)
     gradient_step(optimizer, loss, cfg.max_grad_norm)
     polyak(list(target.parameters()), list(critic.parameters()), cfg.tau)
@@ -228,16 +215,15 @@ def learn(
 def main(cfg: Config) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("sac", cfg) as run:
-        low, high = (torch.as_tensor(b) for b in (run.action_space.low, run.action_space.high))
-        actor = Actor(run.obs_dim, low, high, cfg.hidden)  # CPU: the batchers copy it
+        actor = Actor(run.obs_dim, run.action_space, cfg.hidden)  # CPU: the batchers copy it
         batcher = run.training_batcher(SACAgent, {"model": actor}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(SACAgent, {"model": actor}, agent_info=GREEDY)
         actor.to(run.device)  # the batchers and the evaluator have their copies
-        critic = TwinQ(run.obs_dim, low.numel(), cfg.hidden).to(run.device)
+        critic = TwinQ(run.obs_dim, actor.head.n_dims, cfg.hidden).to(run.device)
         target = copy.deepcopy(critic).requires_grad_(False)
         temperature = nn.ParameterDict({"log_alpha": torch.tensor(math.log(cfg.init_alpha))})
         log_alpha = temperature.to(run.device)["log_alpha"]
-        entropy = -float(low.numel()) if cfg.target_entropy is None else cfg.target_entropy
+        entropy = cfg.target_entropy if cfg.target_entropy is not None else -actor.head.n_dims
         params = [*actor.parameters(), *critic.parameters(), log_alpha]
         optimizer = torch.optim.Adam(params, lr=cfg.lr, fused=run.device.type in ("cpu", "cuda"))
         buffer = ReplayBuffer(cfg.buffer_size, device=run.device, keys=STORED_KEYS)
