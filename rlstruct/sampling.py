@@ -28,7 +28,7 @@ from rlstruct import keys as K
 from rlstruct.agent import Agent
 from rlstruct.dicttensor import DictTensor
 
-__all__ = ["CategoricalSampler", "ActorAgent"]
+__all__ = ["CategoricalSampler", "ActorAgent", "PolicyAgent"]
 
 
 class CategoricalSampler:
@@ -85,6 +85,47 @@ class ActorAgent(Agent):
         action = self.sample(logits, agent_info)
         logp = logits.log_softmax(-1).gather(1, action.unsqueeze(1)).squeeze(1)
         out = {K.ACTION_KEY: action, "logp": logp}
+        if self.store_value:
+            out["value"] = value
+        return DictTensor(out), state
+
+
+class PolicyAgent(Agent):
+    """A memoryless actor over ``model(frame) -> (params (n, P), value (n,))`` whose
+    ``model.head`` is a policy head (:class:`rlstruct.nets.HeadActorCritic`): any action space.
+
+    Returns ``action`` (what the env receives: rescaled and clipped into a Box), ``sample`` (the
+    head's own sample, unclipped: the one its log-prob is taken at), ``logp`` and, with
+    ``store_value``, the critic's ``value``. Rows with ``agent_info["greedy"]`` play the head's
+    greedy action. Samples come from the agent's own generator (seeded by :meth:`seed`, created
+    on the device of the first params), so a batcher's seeds reproduce its collection.
+
+    Args:
+        model: the actor-critic; ``model.head`` an :class:`rlstruct.distributions.ActionHead`.
+        store_value: also return ``value``.
+    """
+
+    def __init__(self, model: torch.nn.Module, store_value: bool = True) -> None:
+        self.model = model
+        self.store_value = store_value
+        self._seed = 0
+        self.generator: torch.Generator | None = None
+
+    def seed(self, seed: int) -> None:
+        """Restarts the random stream from ``seed`` (at the next call, on its device)."""
+        self._seed, self.generator = seed, None
+
+    def __call__(
+        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor, history=None
+    ) -> tuple[DictTensor, DictTensor]:
+        """One step: ``({"action", "sample", "logp"[, "value"]}, state)`` for ``n`` rows."""
+        params, value = self.model(observation[K.FRAME])
+        if self.generator is None or self.generator.device != params.device:
+            self.generator = torch.Generator(params.device).manual_seed(self._seed)
+        head = self.model.head
+        greedy = agent_info["greedy"] if "greedy" in agent_info else None  # noqa: SIM401
+        sample, action = head.act(params, self.generator, greedy)
+        out = {K.ACTION_KEY: action, "sample": sample, "logp": head.log_prob(params, sample)}
         if self.store_value:
             out["value"] = value
         return DictTensor(out), state
