@@ -161,7 +161,7 @@ def critic_step(model: HeadActorCritic, optimizer: torch.optim.Optimizer, x: Ten
         for rows in torch.randperm(x.shape[0], device=x.device).split(cfg.minibatch_size):
             loss = 0.5 * (model.critic(x[rows]).squeeze(-1) - returns[rows]).square().mean()
             gradient_step(optimizer, loss, cfg.max_grad_norm)
-    return float(loss)
+    return float(loss.detach())
 
 
 def learn(model: HeadActorCritic, optimizer: torch.optim.Optimizer, traj: Trajectories,
