@@ -71,7 +71,7 @@ class GaussianPolicy(Agent):
     def seed(self, seed: int) -> None:
         self.generator.manual_seed(seed)
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         mean, log_std, value = self.model(observation["frame"])
         noise = torch.randn(mean.shape, generator=self.generator)
         sample = (mean + log_std.exp() * noise).detach()  # during replay: the stored one instead
