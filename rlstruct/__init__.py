@@ -23,8 +23,10 @@ The experiment layer, which the algorithms of ``algos/`` are written with::
     from rlstruct.nets import mlp                      # orthogonally initialised MLPs
     from rlstruct.distributions import make_head       # policy heads for any action space
     from rlstruct.normalization import RunningNorm     # observation statistics in the weights
-    from rlstruct.optim import gradient_step           # one meaning of gradient clipping
-    from rlstruct.sampling import CategoricalSampler   # seeded action sampling in agents
+    from rlstruct.optim import adam, gradient_step     # fused Adam; one meaning of clipping
+    from rlstruct.sampling import CategoricalSampler, ActorAgent, PolicyAgent, greedy_info
+                                                       # seeded sampling, greedy evaluation,
+    from rlstruct.sampling import categorical_log_prob, categorical_entropy  # policy terms
 
 ``rlstruct.compat`` keeps rlstructures' names for a port. ``python -m rlstruct plot runs/``
 plots run directories (see :mod:`rlstruct.plotting`).
