@@ -40,16 +40,15 @@ from rlstruct.distributions import make_head
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
 from rlstruct.experiment import LayoutConfig
-from rlstruct.optim import gradient_step
+from rlstruct.optim import adam, gradient_step
 from rlstruct.replay_buffer import ReplayBuffer
 from rlstruct.run import Run, RunConfig
+from rlstruct.sampling import GREEDY, greedy_info
 
-FRAME, NEXT_FRAME = K.OBSERVATION + K.FRAME, K.NEXT_OBSERVATION + K.FRAME
 SQUASHED = "squashed"  # the agent's tanh(u): the critics read actions in (-1, 1)
-ACTION, REWARD = K.ACTION + SQUASHED, K.NEXT_OBSERVATION + K.REWARD
-TERMINATED, TRUNCATED = K.NEXT_OBSERVATION + K.TERMINATED, K.NEXT_OBSERVATION + K.TRUNCATED
-STORED_KEYS = (FRAME, ACTION, NEXT_FRAME, REWARD, TERMINATED, TRUNCATED)
-GREEDY = DictTensor({"greedy": torch.ones(1, dtype=torch.bool)})  # the evaluation's agent_info
+STORED_SQUASHED = K.ACTION + SQUASHED
+STORED_KEYS = (K.OBS_FRAME, STORED_SQUASHED, K.NEXT_FRAME, K.NEXT_REWARD, K.NEXT_TERMINATED,
+               K.NEXT_TRUNCATED)
 
 
 @dataclass
@@ -144,12 +143,12 @@ class SACAgent(Agent):
         self._seed, self.generator = seed, None
 
     def __call__(
-        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor, history=None
+        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
     ) -> tuple[DictTensor, DictTensor]:
         params = self.model(observation[K.FRAME])
         if self.generator is None or self.generator.device != params.device:
             self.generator = torch.Generator(params.device).manual_seed(self._seed)
-        greedy = agent_info["greedy"] if "greedy" in agent_info else None  # noqa: SIM401
+        greedy = agent_info[GREEDY] if GREEDY in agent_info else None  # noqa: SIM401
         u, action = self.model.head.act(params, self.generator, greedy)
         return DictTensor({K.ACTION_KEY: action, SQUASHED: self.model.head.squash(u)}), state
 
@@ -195,15 +194,15 @@ def learn(
     optimizer: torch.optim.Optimizer, sample: DictTensor, cfg: Config, target_entropy: float,
 ) -> dict[str, Tensor]:
     """One gradient step on a buffer sample (all three losses), then the Polyak update."""
-    frame, next_frame, n = sample[FRAME], sample[NEXT_FRAME], sample.n_elems()
+    frame, next_frame, n = sample[K.OBS_FRAME], sample[K.NEXT_FRAME], sample.n_elems()
     params = actor(torch.cat([frame, next_frame]))  # s and s' in one call
     u = actor.head.sample(params)  # reparameterised, torch's global RNG
     logp, squashed = actor.head.log_prob(params, u), actor.head.squash(u)
     with torch.no_grad():
         next_q = target(next_frame, squashed[n:])
-        y = soft_target(sample[REWARD], sample[TERMINATED], sample[TRUNCATED], next_q,
-                        logp[n:], log_alpha.exp(), cfg.gamma)
-    q = critic(frame, sample[ACTION])
+        y = soft_target(sample[K.NEXT_REWARD], sample[K.NEXT_TERMINATED],
+                        sample[K.NEXT_TRUNCATED], next_q, logp[n:], log_alpha.exp(), cfg.gamma)
+    q = critic(frame, sample[STORED_SQUASHED])
     q_pi = critic(frame, squashed[:n], frozen=True)
     loss, stats = sac_losses(q, y, q_pi, logp[:n], log_alpha, target_entropy)
     gradient_step(optimizer, loss, cfg.max_grad_norm)
@@ -217,7 +216,7 @@ def main(cfg: Config) -> dict[str, Any]:
     with Run("sac", cfg) as run:
         actor = Actor(run.obs_dim, run.action_space, cfg.hidden)  # CPU: the batchers copy it
         batcher = run.training_batcher(SACAgent, {"model": actor}, GymEnvInf, cfg.n_timesteps)
-        run.evaluator(SACAgent, {"model": actor}, agent_info=GREEDY)
+        run.evaluator(SACAgent, {"model": actor}, agent_info=greedy_info())
         actor.to(run.device)  # the batchers and the evaluator have their copies
         critic = TwinQ(run.obs_dim, actor.head.n_dims, cfg.hidden).to(run.device)
         target = copy.deepcopy(critic).requires_grad_(False)
@@ -225,7 +224,7 @@ def main(cfg: Config) -> dict[str, Any]:
         log_alpha = temperature.to(run.device)["log_alpha"]
         entropy = cfg.target_entropy if cfg.target_entropy is not None else -actor.head.n_dims
         params = [*actor.parameters(), *critic.parameters(), log_alpha]
-        optimizer = torch.optim.Adam(params, lr=cfg.lr, fused=run.device.type in ("cpu", "cuda"))
+        optimizer = adam(params, cfg.lr, run.device)  # fused: one kernel for every update
         buffer = ReplayBuffer(cfg.buffer_size, device=run.device, keys=STORED_KEYS)
         run.checkpoint_state(model=actor, critic=critic, target=target, temperature=temperature,
                              optimizer=optimizer)

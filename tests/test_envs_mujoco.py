@@ -9,9 +9,7 @@ The MuJoCo tests skip without the ``mujoco`` package (``pip install rlstruct[muj
 from __future__ import annotations
 
 import importlib.util
-import sys
 
-import cloudpickle
 import pytest
 import torch
 
@@ -20,8 +18,6 @@ from rlstruct.agent import Agent
 from rlstruct.batchers import Batcher
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 needs_mujoco = pytest.mark.skipif(
     importlib.util.find_spec("mujoco") is None,
@@ -37,7 +33,7 @@ class UniformBoxAgent(Agent):
     def __init__(self, n_dims: int) -> None:
         self.n_dims = n_dims
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         n = observation["frame"].shape[0]
         return DictTensor({"action": torch.rand(n, self.n_dims) * 2 - 1}), state
 
