@@ -18,6 +18,7 @@ from rlstruct import DictTensor
 from rlstruct.batchers import SerialBatcher
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
+from rlstruct.experiment import LayoutConfig
 from rlstruct.replay_buffer import ReplayBuffer
 
 
@@ -166,3 +167,15 @@ def test_learns_pendulum(tmp_path: Path):
     rows = check_run_dir(run_dir)
     assert float(rows[-1]["train_return_mean20"]) > -600, out
 
+
+
+@pytest.mark.gpu
+def test_gpu_layout(tmp_path: Path):
+    cfg = sac.Config(
+        layout=LayoutConfig(learner_device="cuda:0", batcher_device="cuda", eval_device="cpu",
+                            n_processes=1, n_envs=4, check_devices=True),
+        max_frames=1500, learning_starts=500, eval_every=5, runs_dir=str(tmp_path),
+    )
+    summary = sac.main(cfg)
+    assert summary["frames"] >= 1500 and not math.isnan(summary["eval_return"])
+    check_run_dir(Path(summary["run_dir"]))
