@@ -17,8 +17,8 @@ Rows (all measured in the same run, over the same seeds):
   "not installed" when stable-baselines3 is missing;
 * continuous control (``sac_pendulum``, ``trpo_pendulum``, ``ppo_pendulum``,
   ``sac_halfcheetah``, ``ppo_halfcheetah``): ``algos/sac.py``, ``algos/trpo.py`` and
-  ``algos/ppo.py`` with their defaults on the task's env (HalfCheetah SAC: 256-wide nets, see
-  ``VARIANTS``) beside SB3's ``SAC``/``PPO`` and sb3-contrib's ``TRPO`` with their defaults.
+  ``algos/ppo.py`` with their defaults on the task's env (except PPO: its Box settings, and
+  HalfCheetah SAC: 256-wide nets; see ``VARIANTS``) beside SB3's ``SAC``/``PPO`` and sb3-contrib's ``TRPO`` with their defaults.
 
 Method:
 
@@ -112,6 +112,7 @@ TASKS = {
 }
 ALGOS = ("reinforce", "a2c", "ppo", "ppo_pipelined", "ppo_torch_env", "dqn", "impala",
          "sac_pendulum", "trpo_pendulum", "ppo_pendulum", "sac_halfcheetah", "ppo_halfcheetah")
+PPO_BOX = {"gae_lambda": 0.95, "n_epochs": 10, "normalize_obs": True}  # PPO's Box settings
 #: Rows that run an algorithm otherwise: name -> (module, task, layout fields, config fields).
 #: Any other row name is ``algos/<name>.py`` on CartPole with its defaults.
 VARIANTS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
@@ -119,14 +120,15 @@ VARIANTS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
     # torch-native CartPole in a SerialBatcher on the learner's device (the CPU here)
     "ppo_torch_env": ("ppo", "cartpole", {"n_processes": 1, "n_envs": 16},
                       {"env_backend": "torch"}),
-    # continuous control: each algorithm's own defaults, on the task's env
+    # continuous control: SAC's and TRPO's defaults are Pendulum's; PPO's are CartPole's, so it
+    # gets the Pendulum settings its tests use (tests/test_algo_ppo.py, PENDULUM)
     "sac_pendulum": ("sac", "pendulum_sac", {}, {}),
     "trpo_pendulum": ("trpo", "pendulum", {}, {}),
-    "ppo_pendulum": ("ppo", "pendulum", {}, {}),
+    "ppo_pendulum": ("ppo", "pendulum", {}, PPO_BOX | {"gamma": 0.9, "lr": 1e-3}),
     # MuJoCo at a fixed frame budget: SB3-sized nets for SAC (Pendulum's 64 are too small)
     "sac_halfcheetah": ("sac", "halfcheetah", {},
                         {"hidden": 256, "lr": 1e-3, "batch_size": 256, "learning_starts": 5000}),
-    "ppo_halfcheetah": ("ppo", "halfcheetah", {}, {}),
+    "ppo_halfcheetah": ("ppo", "halfcheetah", {}, PPO_BOX | {"lr": 3e-4}),
 }
 IMPALA_MAX_RATIO = 0.6  # IMPALA / rlstruct PPO median launch->solve
 IMPALA_MIN_CORES = 1.8  # cores busy during an IMPALA run
