@@ -18,7 +18,8 @@ Rows (all measured in the same run, over the same seeds):
 * continuous control (``sac_pendulum``, ``trpo_pendulum``, ``ppo_pendulum``,
   ``sac_halfcheetah``, ``ppo_halfcheetah``): ``algos/sac.py``, ``algos/trpo.py`` and
   ``algos/ppo.py`` with their defaults on the task's env (except PPO: its Box settings, and
-  HalfCheetah SAC: 256-wide nets; see ``VARIANTS``) beside SB3's ``SAC``/``PPO`` and sb3-contrib's ``TRPO`` with their defaults.
+  HalfCheetah SAC: 256-wide nets; see ``VARIANTS``) beside SB3's ``SAC``/``PPO`` and
+  sb3-contrib's ``TRPO`` with their defaults.
 
 Method:
 
