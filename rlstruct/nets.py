@@ -119,6 +119,12 @@ class HeadActorCritic(nn.Module):
         """The policy head (the actor's last module)."""
         return self.actor[-1]
 
+    def observe(self, frame: Tensor) -> None:
+        """Merges observations ``(N, *obs)`` (a batch's valid steps) into the running
+        statistics; nothing without ``normalize_obs``."""
+        if self.obs_norm is not None:
+            self.obs_norm.update(frame.flatten(1).float())
+
     def features(self, frame: Tensor) -> Tensor:
         """The flattened (and normalised) float observations ``(n, obs_dim)``."""
         x = frame.flatten(1).float()

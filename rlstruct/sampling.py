@@ -40,7 +40,6 @@ __all__ = [
     "ActorAgent",
     "PolicyAgent",
     "GREEDY",
-    "SAMPLE",
     "greedy_info",
     "categorical_log_prob",
     "categorical_entropy",
@@ -48,8 +47,6 @@ __all__ = [
 
 GREEDY = "greedy"
 """The ``agent_info`` key that asks for the argmax action on its rows."""
-SAMPLE = "sample"
-"""The output key of :class:`PolicyAgent`'s unclipped head sample (its log-prob is taken there)."""
 
 
 def greedy_info() -> DictTensor:
@@ -213,7 +210,7 @@ class PolicyAgent(Agent):
         head = self.model.head
         greedy = agent_info[GREEDY] if GREEDY in agent_info else None  # noqa: SIM401
         sample, action = head.act(params, self.generator, greedy)
-        out = {K.ACTION_KEY: action, SAMPLE: sample, K.LOGP: head.log_prob(params, sample)}
+        out = {K.ACTION_KEY: action, K.SAMPLE: sample, K.LOGP: head.log_prob(params, sample)}
         if self.store_value:
             out[K.VALUE] = value
         return DictTensor(out), state
