@@ -26,7 +26,7 @@ import math
 import torch  # noqa: F401 - the doctests use it
 from torch import Tensor, nn
 
-from rlstruct.distributions import ActionHead
+from rlstruct.distributions import ActionHead, CategoricalHead
 from rlstruct.normalization import RunningNorm
 
 __all__ = [
@@ -177,8 +177,13 @@ class CNNActorCritic(nn.Module):
     def __init__(self, n_actions: int, in_channels: int = 4) -> None:
         super().__init__()
         self.trunk = nature_cnn(in_channels)
-        self.actor = linear(512, n_actions, 0.01)
+        self.actor = CategoricalHead(512, n_actions, gain=0.01)
         self.critic = linear(512, 1, 1.0)
+
+    @property
+    def head(self) -> CategoricalHead:
+        """The policy head (the actor layer: its params are the logits)."""
+        return self.actor
 
     def _features(self, frame: Tensor) -> Tensor:
         return self.trunk(frame.float() / 255.0)
