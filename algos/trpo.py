@@ -35,20 +35,16 @@ import tyro
 from torch import Tensor
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from rlstruct import DictTensor, Trajectories
+from rlstruct import Trajectories
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.distributions import make_head
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
 from rlstruct.nets import HeadActorCritic
-from rlstruct.optim import gradient_step
+from rlstruct.optim import adam, gradient_step
 from rlstruct.run import Run, RunConfig
-from rlstruct.sampling import PolicyAgent
-
-FRAME, NEXT_FRAME = K.OBSERVATION + K.FRAME, K.NEXT_OBSERVATION + K.FRAME
-SAMPLE, REWARD = K.ACTION + "sample", K.NEXT_OBSERVATION + K.REWARD
-GREEDY = DictTensor({"greedy": torch.ones(1, dtype=torch.bool)})  # the evaluation's agent_info
+from rlstruct.sampling import PolicyAgent, greedy_info
 
 
 @dataclass
@@ -168,25 +164,23 @@ def learn(model: HeadActorCritic, optimizer: torch.optim.Optimizer, traj: Trajec
           cfg: Config) -> dict[str, float]:
     """Statistics, advantages, one policy step and the critic's steps on one batch."""
     steps = traj.trajectories
-    if model.obs_norm is not None:  # the valid steps' observations only
-        model.obs_norm.update(steps.get([FRAME]).to_transitions()[FRAME].flatten(1).float())
-    reward = steps[REWARD]
+    model.observe(steps.get([K.OBS_FRAME]).to_transitions()[K.OBS_FRAME])  # valid steps only
+    reward = steps[K.NEXT_REWARD]
     with torch.no_grad():
-        value = model.value(steps[FRAME].flatten(0, 1)).view(reward.shape)
-        next_value = model.value(steps[NEXT_FRAME].flatten(0, 1)).view(reward.shape)
+        value = model.value(steps[K.OBS_FRAME].flatten(0, 1)).view(reward.shape)
+        next_value = model.value(steps[K.NEXT_FRAME].flatten(0, 1)).view(reward.shape)
     advantage, returns = F.gae(
-        reward, value, next_value, steps[K.NEXT_OBSERVATION + K.TERMINATED],
-        steps[K.NEXT_OBSERVATION + K.TRUNCATED], steps.lengths, cfg.gamma, cfg.gae_lambda,
+        reward, value, next_value, steps[K.NEXT_TERMINATED],
+        steps[K.NEXT_TRUNCATED], steps.lengths, cfg.gamma, cfg.gae_lambda,
     )
-    batch = steps.get([FRAME, SAMPLE])
+    batch = steps.get([K.OBS_FRAME, K.STORED_SAMPLE])
     batch.set("advantage", advantage)
     batch.set("return", returns)
     batch = batch.to_transitions()  # the N valid steps
     with torch.no_grad():
-        x = model.features(batch[FRAME])
-    adv = batch["advantage"]
-    adv = (adv - adv.mean()) / (adv.std(correction=0) + 1e-8)
-    stats = policy_step(model, x, batch[SAMPLE], adv, cfg)
+        x = model.features(batch[K.OBS_FRAME])
+    adv = F.normalize_advantages(batch["advantage"])
+    stats = policy_step(model, x, batch[K.STORED_SAMPLE], adv, cfg)
     stats["value_loss"] = critic_step(model, optimizer, x, batch["return"], cfg)
     return stats
 
@@ -198,9 +192,9 @@ def main(cfg: Config) -> dict[str, Any]:
         head = make_head(run.action_space, cfg.hidden, log_std_init=cfg.log_std_init)
         model = HeadActorCritic(run.obs_dim, head, cfg.hidden, cfg.normalize_obs)  # CPU
         batcher = run.training_batcher(PolicyAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
-        run.evaluator(PolicyAgent, {"model": model}, agent_info=GREEDY)
+        run.evaluator(PolicyAgent, {"model": model}, agent_info=greedy_info())
         run.learner(PolicyAgent(model))  # moves the model to the learner device
-        optimizer = torch.optim.Adam(model.critic.parameters(), lr=cfg.lr)  # the critic's own
+        optimizer = adam(model.critic.parameters(), cfg.lr, run.device)  # the critic's own
         run.checkpoint_state(model=model, optimizer=optimizer)
         # 1. Each segment the workers collected with pi_old, until the stop test.
         for traj in run.segments(batcher):

@@ -7,6 +7,7 @@ DictTensor) and a loss rebuilds the same distribution from the replayed network 
 
 - ``sample(params, generator)``: the head's own sample (int64 ``(n,)`` for categorical heads;
   ``(n, D)`` for Gaussian ones, reparameterised: it carries gradients to ``params``);
+  ``params`` ``(n, P)`` when acting; every other method also takes leading dims ``(B, T, P)``;
 - ``log_prob(params, sample)``, ``entropy(params)`` (a one-sample estimate for the squashed
   head, which has no closed form), ``greedy(params)`` (the mode, in the sample's space),
   ``kl(p, q)`` (``KL(p || q)`` per row, exact for every head);
@@ -135,7 +136,7 @@ class CategoricalHead(ActionHead):
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
     def log_prob(self, params: Tensor, sample: Tensor) -> Tensor:
-        return params.log_softmax(-1).gather(1, sample.long().unsqueeze(1)).squeeze(1)
+        return params.log_softmax(-1).gather(-1, sample.long().unsqueeze(-1)).squeeze(-1)
 
     def entropy(self, params: Tensor, generator: torch.Generator | None = None) -> Tensor:
         logp = params.log_softmax(-1)

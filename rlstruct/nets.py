@@ -26,7 +26,7 @@ import math
 import torch  # noqa: F401 - the doctests use it
 from torch import Tensor, nn
 
-from rlstruct.distributions import ActionHead
+from rlstruct.distributions import ActionHead, CategoricalHead
 from rlstruct.normalization import RunningNorm
 
 __all__ = [
@@ -119,6 +119,12 @@ class HeadActorCritic(nn.Module):
         """The policy head (the actor's last module)."""
         return self.actor[-1]
 
+    def observe(self, frame: Tensor) -> None:
+        """Merges observations ``(N, *obs)`` (a batch's valid steps) into the running
+        statistics; nothing without ``normalize_obs``."""
+        if self.obs_norm is not None:
+            self.obs_norm.update(frame.flatten(1).float())
+
     def features(self, frame: Tensor) -> Tensor:
         """The flattened (and normalised) float observations ``(n, obs_dim)``."""
         x = frame.flatten(1).float()
@@ -171,8 +177,13 @@ class CNNActorCritic(nn.Module):
     def __init__(self, n_actions: int, in_channels: int = 4) -> None:
         super().__init__()
         self.trunk = nature_cnn(in_channels)
-        self.actor = linear(512, n_actions, 0.01)
+        self.actor = CategoricalHead(512, n_actions, gain=0.01)
         self.critic = linear(512, 1, 1.0)
+
+    @property
+    def head(self) -> CategoricalHead:
+        """The policy head (the actor layer: its params are the logits)."""
+        return self.actor
 
     def _features(self, frame: Tensor) -> Tensor:
         return self.trunk(frame.float() / 255.0)

@@ -33,14 +33,15 @@ from torch import Tensor
 from rlstruct import keys as K
 from rlstruct.agent import Agent
 from rlstruct.dicttensor import DictTensor
+from rlstruct.distributions import ActionHead
 from rlstruct.trajectories import Trajectories
 
 __all__ = [
     "CategoricalSampler",
     "ActorAgent",
+    "HeadSampler",
     "PolicyAgent",
     "GREEDY",
-    "SAMPLE",
     "greedy_info",
     "categorical_log_prob",
     "categorical_entropy",
@@ -48,8 +49,6 @@ __all__ = [
 
 GREEDY = "greedy"
 """The ``agent_info`` key that asks for the argmax action on its rows."""
-SAMPLE = "sample"
-"""The output key of :class:`PolicyAgent`'s unclipped head sample (its log-prob is taken there)."""
 
 
 def greedy_info() -> DictTensor:
@@ -103,12 +102,16 @@ class CategoricalSampler:
         """Restarts the random stream from ``seed`` (at the next call, on its device)."""
         self._seed, self.generator = seed, None
 
+    def _generator(self, device: torch.device) -> torch.Generator:
+        if self.generator is None or self.generator.device != device:
+            self.generator = torch.Generator(device).manual_seed(self._seed)
+        return self.generator
+
     def __call__(self, logits: Tensor, agent_info: DictTensor) -> Tensor:
         """One action per row of ``logits`` ``(n, A)``: int64 ``(n,)`` on their device; the
         argmax on rows where ``agent_info["greedy"]`` (bool, ``(n,)``, any device) is true."""
-        if self.generator is None or self.generator.device != logits.device:
-            self.generator = torch.Generator(logits.device).manual_seed(self._seed)
-        action = torch.multinomial(logits.softmax(-1), 1, generator=self.generator).squeeze(1)
+        generator = self._generator(logits.device)
+        action = torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(1)
         if GREEDY in agent_info:
             action = torch.where(agent_info[GREEDY].to(logits.device), logits.argmax(-1), action)
         return action
@@ -168,6 +171,21 @@ class ActorAgent(Agent):
         return DictTensor(out), state
 
 
+class HeadSampler(CategoricalSampler):
+    """Samples from a policy head (:mod:`rlstruct.distributions`) with its own seeded generator,
+    created like :class:`CategoricalSampler`'s on the device of the params; rows with
+    ``agent_info["greedy"]`` play the head's greedy action. For a categorical head the draws
+    are :class:`CategoricalSampler`'s."""
+
+    def __call__(  # type: ignore[override]
+        self, head: ActionHead, params: Tensor, agent_info: DictTensor
+    ) -> tuple[Tensor, Tensor]:
+        """``(sample, env action)`` for each row of ``params`` ``(n, P)``: the head's own
+        (unclipped) sample, for the log-prob, and the action the env receives."""
+        greedy = agent_info[GREEDY] if GREEDY in agent_info else None  # noqa: SIM401
+        return head.act(params, self._generator(params.device), greedy)
+
+
 class PolicyAgent(Agent):
     """A memoryless actor over ``model(frame) -> (params (n, P), value (n,))`` whose
     ``model.head`` is a policy head (:class:`rlstruct.nets.HeadActorCritic`): any action space.
@@ -196,24 +214,20 @@ class PolicyAgent(Agent):
         self.model = model
         self.store_value = store_value
         self.replay_next_value = replay_next_value
-        self._seed = 0
-        self.generator: torch.Generator | None = None
+        self.sample = HeadSampler()
 
     def seed(self, seed: int) -> None:
-        """Restarts the random stream from ``seed`` (at the next call, on its device)."""
-        self._seed, self.generator = seed, None
+        """Seeds the sampler."""
+        self.sample.seed(seed)
 
     def __call__(
         self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
     ) -> tuple[DictTensor, DictTensor]:
         """One step: ``({"action", "sample", "logp"[, "value"]}, state)`` for ``n`` rows."""
         params, value = self.model(observation[K.FRAME])
-        if self.generator is None or self.generator.device != params.device:
-            self.generator = torch.Generator(params.device).manual_seed(self._seed)
         head = self.model.head
-        greedy = agent_info[GREEDY] if GREEDY in agent_info else None  # noqa: SIM401
-        sample, action = head.act(params, self.generator, greedy)
-        out = {K.ACTION_KEY: action, SAMPLE: sample, K.LOGP: head.log_prob(params, sample)}
+        sample, action = self.sample(head, params, agent_info)
+        out = {K.ACTION_KEY: action, K.SAMPLE: sample, K.LOGP: head.log_prob(params, sample)}
         if self.store_value:
             out[K.VALUE] = value
         return DictTensor(out), state
