@@ -3,7 +3,7 @@
 Each iteration stores a segment of ``B x T`` steps in a ``ReplayBuffer``, starts the next
 segment (worker processes, if any, collect it while we learn; ``--pipeline 2`` overlaps more),
 then takes ``utd`` gradient steps per collected frame on uniform samples of the buffer. With
-``u ~ N(mu(s), sigma(s))``, ``a = tanh(u)`` in [-1, 1] (rescaled to the Box for the env) and
+``u ~ N(mu(s), sigma(s))``, ``a = tanh(u)`` in (-1, 1) (rescaled to the Box for the env) and
 ``log pi(a|s) = log N(u) - sum log(1 - tanh(u)^2)``:
 
     y        = r + gamma (1 - terminated) (min_i Q'_i(s', a') - alpha log pi(a'|s')),  a' ~ pi(s')
@@ -43,7 +43,7 @@ from rlstruct.experiment import LayoutConfig
 from rlstruct.optim import adam, gradient_step
 from rlstruct.replay_buffer import ReplayBuffer
 from rlstruct.run import Run, RunConfig
-from rlstruct.sampling import GREEDY, greedy_info
+from rlstruct.sampling import HeadSampler, greedy_info
 
 SQUASHED = "squashed"  # the agent's tanh(u): the critics read actions in (-1, 1)
 STORED_SQUASHED = K.ACTION + SQUASHED
@@ -131,25 +131,21 @@ class TwinQ(nn.Module):
 
 # --------------------------------------------------------------------------------------- agent
 class SACAgent(Agent):
-    """Samples ``u ~ N(mu(s), sigma(s))`` from its own seeded generator (``u = mu`` on rows with
+    """Samples ``u ~ N(mu(s), sigma(s))`` with a seeded ``HeadSampler`` (``u = mu`` on rows with
     ``agent_info["greedy"]``); returns the env's ``action`` and ``squashed`` = ``tanh(u)`` in
     ``(-1, 1)``, what the critics read."""
 
     def __init__(self, model: Actor) -> None:
-        self.model, self._seed = model, 0
-        self.generator: torch.Generator | None = None  # created on the device of the first call
+        self.model, self.sample = model, HeadSampler()
 
     def seed(self, seed: int) -> None:
-        self._seed, self.generator = seed, None
+        self.sample.seed(seed)
 
     def __call__(
         self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
     ) -> tuple[DictTensor, DictTensor]:
         params = self.model(observation[K.FRAME])
-        if self.generator is None or self.generator.device != params.device:
-            self.generator = torch.Generator(params.device).manual_seed(self._seed)
-        greedy = agent_info[GREEDY] if GREEDY in agent_info else None  # noqa: SIM401
-        u, action = self.model.head.act(params, self.generator, greedy)
+        u, action = self.sample(self.model.head, params, agent_info)
         return DictTensor({K.ACTION_KEY: action, SQUASHED: self.model.head.squash(u)}), state
 
 
