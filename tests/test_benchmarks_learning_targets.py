@@ -1,16 +1,15 @@
-"""benchmarks/learning.py's verdicts for the continuous-control rows, on hand-built run records
-(no run is started): the Pendulum ratio targets need every seed solved, the HalfCheetah rows
-compare return and time with SB3's, and every row knows its task and its peer."""
+"""benchmarks/learning.py's verdicts (benchmarks/_learning_targets.py) for the continuous-control
+rows, on hand-built run records (no run is started): the Pendulum ratio targets need every seed
+solved, the HalfCheetah rows compare return and time with SB3's, and every row knows its task
+and its peer."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-import pytest
-
 sys.path.append(str(Path(__file__).resolve().parents[1] / "benchmarks"))  # after tests/
-learning = pytest.importorskip("learning", reason="benchmarks/learning.py needs psutil")
+import _learning_targets as learning  # benchmarks/ is not a package
 
 
 def _row(algo: str, impl: str, runs: list[dict]) -> dict:
