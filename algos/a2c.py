@@ -3,9 +3,11 @@
 One iteration:
 
 1. **Collect**: the training batcher steps ``B = n_processes * n_envs`` auto-reset envs
-   (``GymEnvInf``) for ``T`` steps. The agent stores ``action``, ``logits`` and ``value``; a
-   recurrent agent carries ``h`` in its state, resets it where ``observation["initial_state"]``
-   is true, and the batcher records the state at the segment start in ``info["agent_state/h"]``.
+   (``GymEnvInf``) for ``T`` steps. The agent stores the env's ``action``, the policy head's
+   unclipped ``sample`` (``rlstruct.distributions``: softmax for Discrete, a Gaussian rescaled
+   and clipped into a Box), the head ``params`` and ``value``; a recurrent agent carries ``h``
+   in its state, resets it where ``observation["initial_state"]`` is true, and the batcher
+   records the state at the segment start in ``info["agent_state/h"]``.
 2. **Replay** the agent on the learner device, with gradients: ``replay_agent`` for the GRU
    policy, from the stored ``agent_state/h`` (the memory of an episode begun in an earlier
    segment is restored exactly); ``replay_agent_stateless`` (one batched call) otherwise.
@@ -34,12 +36,13 @@ from torch import Tensor, nn
 from rlstruct import Agent, DictTensor, TemporalDictTensor, Trajectories, masked_dicttensor
 from rlstruct import functional as F
 from rlstruct import keys as K
+from rlstruct.distributions import ActionHead, make_head, space_from_spec, space_spec
 from rlstruct.envs import GymEnvInf
-from rlstruct.nets import linear, mlp
+from rlstruct.nets import HeadActorCritic, linear
 from rlstruct.optim import adam, gradient_step
 from rlstruct.replay import replay_agent, replay_agent_stateless
 from rlstruct.run import Run, RunConfig
-from rlstruct.sampling import CategoricalSampler, greedy_info
+from rlstruct.sampling import HeadSampler, greedy_info
 
 
 @dataclass
@@ -62,28 +65,26 @@ class Config(RunConfig):
 
 
 # --------------------------------------------------------------------------------------- model
-class MLPActorCritic(nn.Module):
-    """Memoryless, separate actor and critic: ``forward(frame, None) -> (logits, value, None)``."""
+class MLPActorCritic(HeadActorCritic):
+    """Memoryless, separate actor and critic, the actor ending in the action space's policy head
+    (rlstruct/nets.py): ``forward(frame, None) -> (params, value, None)``."""
 
-    def __init__(self, obs_dim: int, n_actions: int, hidden: int) -> None:
-        super().__init__()
-        self.actor = mlp(obs_dim, hidden, n_actions, out_gain=0.01)
-        self.critic = mlp(obs_dim, hidden, 1, out_gain=1.0)
+    def __init__(self, obs_dim: int, action_space: dict, hidden: int) -> None:  # space_spec
+        super().__init__(obs_dim, make_head(space_from_spec(action_space), hidden), hidden)
 
     def forward(self, frame: Tensor, h: Tensor | None) -> tuple[Tensor, Tensor, None]:
-        x = frame.flatten(1).float()
-        return self.actor(x), self.critic(x).squeeze(-1), None
+        return (*super().forward(frame), None)
 
 
 class GRUNet(nn.Module):
-    """tanh encoder ``x`` -> GRU cell ``h'`` -> linear head over ``[x, h']`` (the skip gives the
-    head the current observation directly; the memory adds what the past tells)."""
+    """tanh encoder ``x`` -> GRU cell ``h'`` -> ``out`` over ``[x, h']`` (the skip gives the
+    output the current observation directly; the memory adds what the past tells)."""
 
-    def __init__(self, obs_dim: int, hidden: int, n_out: int, out_gain: float) -> None:
+    def __init__(self, obs_dim: int, hidden: int, out: nn.Module) -> None:
         super().__init__()
         self.encoder = nn.Sequential(linear(obs_dim, hidden, math.sqrt(2)), nn.Tanh())
         self.gru = nn.GRUCell(hidden, hidden)
-        self.head = linear(2 * hidden, n_out, out_gain)
+        self.head = out
 
     def forward(self, x: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
         x = self.encoder(x)
@@ -92,39 +93,44 @@ class GRUNet(nn.Module):
 
 
 class GRUActorCritic(nn.Module):
-    """Recurrent: a GRU actor and a GRU critic; the state ``h`` holds both memories side by side
-    (a shared torso would let the value loss's gradients drown the policy's).
-    ``forward(frame, h (n, 2 hidden)) -> (logits (n, A), value (n,), h' (n, 2 hidden))``."""
+    """Recurrent: a GRU actor (ending in the policy head) and a GRU critic; the state ``h`` holds
+    both memories side by side (a shared torso would let the value loss's gradients drown the
+    policy's). ``forward(frame, h (n, 2 hidden)) -> (params (n, P), value (n,), h')``."""
 
-    def __init__(self, obs_dim: int, n_actions: int, hidden: int) -> None:
+    def __init__(self, obs_dim: int, action_space: dict, hidden: int) -> None:  # space_spec
         super().__init__()
         self.state_size = 2 * hidden
-        self.actor = GRUNet(obs_dim, hidden, n_actions, out_gain=0.01)
-        self.critic = GRUNet(obs_dim, hidden, 1, out_gain=1.0)
+        self.actor = GRUNet(obs_dim, hidden, make_head(space_from_spec(action_space), 2 * hidden))
+        self.critic = GRUNet(obs_dim, hidden, linear(2 * hidden, 1, 1.0))
+
+    @property
+    def head(self) -> ActionHead:
+        return self.actor.head
 
     def forward(self, frame: Tensor, h: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         x = frame.flatten(1).float()
         h_actor, h_critic = h.chunk(2, -1)
-        logits, h_actor = self.actor(x, h_actor)
+        params, h_actor = self.actor(x, h_actor)
         value, h_critic = self.critic(x, h_critic)
-        return logits, value.squeeze(-1), torch.cat([h_actor, h_critic], -1)
+        return params, value.squeeze(-1), torch.cat([h_actor, h_critic], -1)
 
 
 # --------------------------------------------------------------------------------------- agent
 class A2CAgent(Agent):
-    """Samples ``a ~ softmax(logits)`` (the argmax on rows with ``agent_info["greedy"]``) and
-    returns ``action``, ``logits`` and ``value``.
+    """Samples from the model's policy head (its greedy action on rows with
+    ``agent_info["greedy"]``) and returns the env's ``action``, the head's unclipped ``sample``,
+    the head ``params`` and ``value``.
 
     With a ``GRUActorCritic`` the state is ``{"h": (n, 2 hidden)}``, zeros at an episode start.
     ``call_replay`` (used by ``replay_agent`` / ``replay_agent_stateless`` on the learner)
-    samples nothing: it returns the differentiable ``logits`` and ``value`` of the stored
+    samples nothing: it returns the differentiable ``params`` and ``value`` of the stored
     observations, plus ``h``, the state after the step (to value the next observation).
     """
 
     def __init__(self, model: MLPActorCritic | GRUActorCritic) -> None:
         self.model = model
         self.recurrent = isinstance(model, GRUActorCritic)
-        self.sample = CategoricalSampler()
+        self.sample = HeadSampler()
 
     def seed(self, seed: int) -> None:
         self.sample.seed(seed)
@@ -138,29 +144,30 @@ class A2CAgent(Agent):
     def _step(
         self, state: DictTensor, observation: DictTensor
     ) -> tuple[Tensor, Tensor, DictTensor]:
-        """``(logits, value, new_state)``; a recurrent state restarts at episode starts."""
+        """``(params, value, new_state)``; a recurrent state restarts at episode starts."""
         if not self.recurrent:
-            logits, value, _ = self.model(observation[K.FRAME], None)
-            return logits, value, state
+            params, value, _ = self.model(observation[K.FRAME], None)
+            return params, value, state
         fresh = self.initial_state(DictTensor(), observation.n_elems())
         state = masked_dicttensor(state, fresh, observation[K.INITIAL_STATE])
-        logits, value, h = self.model(observation[K.FRAME], state["h"])
-        return logits, value, DictTensor({"h": h})
+        params, value, h = self.model(observation[K.FRAME], state["h"])
+        return params, value, DictTensor({"h": h})
 
     def __call__(
         self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
     ) -> tuple[DictTensor, DictTensor]:
-        logits, value, new_state = self._step(state, observation)
-        action = self.sample(logits, agent_info)
-        return DictTensor({K.ACTION_KEY: action, "logits": logits, "value": value}), new_state
+        params, value, new_state = self._step(state, observation)
+        sample, action = self.sample(self.model.head, params, agent_info)
+        out = {K.ACTION_KEY: action, K.SAMPLE: sample, "params": params, K.VALUE: value}
+        return DictTensor(out), new_state
 
     def call_replay(
         self, trajectories: Trajectories, t: int, state: DictTensor
     ) -> tuple[DictTensor, DictTensor]:
         observation = trajectories.trajectories.get([K.OBS_FRAME, K.OBS_INITIAL_STATE])
         observation = observation.temporal_index(t).truncate_key(K.OBSERVATION)
-        logits, value, new_state = self._step(state, observation)
-        out = DictTensor({"logits": logits, "value": value})
+        params, value, new_state = self._step(state, observation)
+        out = DictTensor({"params": params, K.VALUE: value})
         return (out + new_state if self.recurrent else out), new_state
 
 
@@ -182,19 +189,19 @@ def next_values(model: nn.Module, traj: Trajectories, out: TemporalDictTensor) -
 
 
 def a2c_loss(
-    logits: Tensor, value: Tensor, next_value: Tensor, traj: Trajectories, cfg: Config
+    head: ActionHead, params: Tensor, value: Tensor, next_value: Tensor, traj: Trajectories,
+    cfg: Config,
 ) -> tuple[Tensor, dict[str, float]]:
-    """The A2C loss over ``(B, T)`` steps; padding is ignored.
+    """The A2C loss over ``(B, T)`` steps (padding ignored): ``(loss, stats)``, stats ``loss``,
+    ``policy_loss``, ``value_loss`` and ``entropy``.
 
     Args:
-        logits: ``(B, T, A)`` policy logits of the stored observations (with gradients).
+        head: the policy head (``model.head``).
+        params: ``(B, T, P)`` head params of the stored observations (with gradients).
         value: ``(B, T)`` V(s_t) (with gradients).
         next_value: ``(B, T)`` V of the true next observations (no gradient).
-        traj: the segment (actions, rewards, terminated/truncated flags, lengths).
+        traj: the segment (the head's samples, rewards, terminated/truncated flags, lengths).
         cfg: gamma, gae_lambda, normalize_advantages, vf_coef, ent_coef.
-
-    Returns:
-        ``(loss, stats)`` with stats ``loss``, ``policy_loss``, ``value_loss``, ``entropy``.
     """
     steps, mask = traj.trajectories, traj.trajectories.mask()
     advantage, returns = F.gae(
@@ -203,10 +210,10 @@ def a2c_loss(
     )
     if cfg.normalize_advantages:  # over the valid steps: the step size ignores the reward scale
         advantage = F.normalize_advantages(advantage, mask)
-    logp = F.categorical_log_prob(logits, steps[K.STORED_ACTION])
+    logp = head.log_prob(params, steps[K.STORED_SAMPLE])
     policy_loss = -F.masked_mean(logp * advantage, mask)
     value_loss = F.masked_mean((value - returns) ** 2, mask)
-    entropy = F.masked_mean(F.categorical_entropy(logits), mask)
+    entropy = F.masked_mean(head.entropy(params), mask)
     loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy
     stats = {"loss": loss, "policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy}
     return loss, {k: float(v.detach()) for k, v in stats.items()}
@@ -217,7 +224,7 @@ def main(cfg: Config) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("a2c", cfg) as run:
         net = GRUActorCritic if cfg.recurrent else MLPActorCritic
-        model = run.model(net, run.obs_dim, run.n_actions, cfg.hidden)  # CPU: batchers copy it
+        model = run.model(net, run.obs_dim, space_spec(run.action_space), cfg.hidden)  # on the CPU
         batcher = run.training_batcher(A2CAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(A2CAgent, {"model": model}, agent_info=greedy_info())
         agent = run.learner(A2CAgent(model))
@@ -228,8 +235,8 @@ def main(cfg: Config) -> dict[str, Any]:
             # 2-3. Replay on the learner device, one gradient step.
             traj = traj.to(run.device)
             out = replay(agent, traj)
-            loss, stats = a2c_loss(out["logits"], out["value"], next_values(model, traj, out),
-                                   traj, cfg)
+            loss, stats = a2c_loss(model.head, out["params"], out[K.VALUE],
+                                   next_values(model, traj, out), traj, cfg)
             gradient_step(optimizer, loss, cfg.max_grad_norm)
             # 4. Publish the weights; the workers collect the next segment meanwhile.
             run.publish(batcher, model.state_dict())

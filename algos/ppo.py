@@ -3,18 +3,21 @@
 One iteration:
 
 1. **Collect**: the training batcher steps ``B = n_processes * n_envs`` auto-reset envs
-   (``GymEnvInf``) for ``T`` steps; the agent stores the sampled ``action``, its log-probability
-   ``logp`` and the critic's ``value`` at every step.
+   (``GymEnvInf``) for ``T`` steps. The policy head is picked from the action space
+   (``rlstruct.distributions``: softmax for Discrete; a diagonal Gaussian for Box, rescaled and
+   clipped into the bounds); the agent stores the env's ``action``, the head's unclipped
+   ``sample``, its log-probability ``logp`` and the critic's ``value`` at every step.
 2. **Advantages**, once per batch: the critic values the TRUE next observations
    (``_observation/frame``, the final observation at an episode end, never the reset one) in one
    batched call, and ``F.gae`` gives GAE(lambda): terminated steps do not bootstrap; truncated
    steps and segment cuts bootstrap from that next value.
 3. **Learn**: ``n_epochs`` passes over the batch's ``N`` valid steps (``to_transitions()``) in
    shuffled minibatches. Each minibatch replays the agent on the learner device in one batched
-   call (``replay_agent_stateless`` takes transitions directly) for new logits and values, and
-   minimises ``-min(r A, clip(r, 1-eps, 1+eps) A) + vf_coef L_V - ent_coef H``,
+   call (``replay_agent_stateless`` takes transitions directly) for new head params and
+   values, and minimises ``-min(r A, clip(r, 1-eps, 1+eps) A) + vf_coef L_V - ent_coef H``,
    ``r = exp(logp_new - logp_old)``. Advantages are normalised per minibatch (``--adv-norm
-   batch``: once over the batch; ``off``: never).
+   batch``: once over the batch; ``off``: never). With ``--normalize-obs`` the running
+   observation statistics then take in the batch (buffers of the model: published with it).
 4. **Publish**: ``run.publish`` (``batcher.update(state_dict)``, then ``execute()``). With
    ``--pipeline 2`` the workers already collect the next segment while the learner learns on
    this one (one update of policy lag, which the clipped ratio tolerates).
@@ -35,12 +38,13 @@ from torch import Tensor
 from rlstruct import Agent, DictTensor, Trajectories, replay_agent_stateless
 from rlstruct import functional as F
 from rlstruct import keys as K
+from rlstruct.distributions import space_spec
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
-from rlstruct.nets import CNNActorCritic, MLPActorCritic
+from rlstruct.nets import CNNActorCritic, HeadActorCritic, head_actor_critic
 from rlstruct.optim import adam, gradient_step
 from rlstruct.run import Run, RunConfig
-from rlstruct.sampling import ActorAgent, greedy_info
+from rlstruct.sampling import PolicyAgent, greedy_info
 
 
 @dataclass
@@ -69,6 +73,10 @@ class Config(RunConfig):
     """normalise advantages per minibatch, once per batch, or not at all"""
     model: Literal["mlp", "cnn"] = "mlp"
     """mlp on flattened observations, or the Nature CNN on stacked frames (--env-backend atari)"""
+    normalize_obs: bool = False
+    """mlp: normalise observations with running statistics (sent with the weights)"""
+    log_std_init: float = 0.0
+    """Box actions: initial log-std of the Gaussian policy (in the normalised space [-1, 1])"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -80,14 +88,22 @@ class Config(RunConfig):
 
 
 # --------------------------------------------------------------------------------------- model
-ActorCritic = MLPActorCritic  # separate actor and critic MLPs (rlstruct/nets.py)
+def make_model(run: Run, cfg: Config) -> HeadActorCritic | CNNActorCritic:
+    """Separate actor and critic MLPs, the actor ending in the policy head of the action space
+    (categorical for Discrete, Gaussian for Box: rlstruct/nets.py, rlstruct/distributions.py);
+    or the Nature CNN (Discrete actions)."""
+    if cfg.model == "cnn":
+        return run.model(CNNActorCritic, run.n_actions, in_channels=run.obs_shape[0])
+    return run.model(head_actor_critic, run.obs_dim, space_spec(run.action_space), cfg.hidden,
+                     cfg.log_std_init, cfg.normalize_obs)
 
 
 # --------------------------------------------------------------------------------------- agent
-# Memoryless (rlstruct/sampling.py): samples a ~ softmax(logits) (the argmax on rows with
-# agent_info["greedy"]) and stores action, logp and value; its call_replay (replay_agent_stateless
-# on the learner) samples nothing and returns the differentiable logits and value.
-PPOAgent = ActorAgent
+# Memoryless (rlstruct/sampling.py): samples from model.head (the mode on rows with
+# agent_info["greedy"]) and stores the env's action, the head's unclipped sample, its logp and
+# the value; its call_replay (replay_agent_stateless on the learner) samples nothing and returns
+# the differentiable head params and value.
+PPOAgent = PolicyAgent
 
 
 # --------------------------------------------------------------------------------------- loss
@@ -108,7 +124,7 @@ def value_loss(value: Tensor, value_old: Tensor, returns: Tensor, clip: float | 
 
 
 def gae_advantages(
-    model: ActorCritic, traj: Trajectories, gamma: float, lam: float
+    model: HeadActorCritic, traj: Trajectories, gamma: float, lam: float
 ) -> tuple[Tensor, Tensor]:
     """GAE ``(advantages, returns)``, each ``(B, T)``, from the values stored at collection and
     the critic's values of the true next observations (one batched call, no gradient)."""
@@ -123,15 +139,15 @@ def gae_advantages(
 
 def ppo_loss(agent: Agent, minibatch: DictTensor, cfg: Config) -> tuple[Tensor, dict[str, Tensor]]:
     """The PPO loss of a minibatch of transitions; returns ``(loss, detached stats)``."""
-    new = replay_agent_stateless(agent, minibatch)
-    logp = F.categorical_log_prob(new["logits"], minibatch[K.STORED_ACTION])
+    new, head = replay_agent_stateless(agent, minibatch), agent.model.head
+    logp = head.log_prob(new["params"], minibatch[K.STORED_SAMPLE])
     advantage = minibatch["advantage"]
     if cfg.adv_norm == "minibatch":
         advantage = F.normalize_advantages(advantage)
     policy = clipped_policy_loss(logp, minibatch[K.STORED_LOGP], advantage, cfg.clip_coef)
     values = value_loss(new["value"], minibatch[K.STORED_VALUE], minibatch["return"],
                         cfg.value_clip)
-    entropy = F.categorical_entropy(new["logits"]).mean()
+    entropy = head.entropy(new["params"]).mean()
     loss = policy.mean() + cfg.vf_coef * values.mean() - cfg.ent_coef * entropy
     with torch.no_grad():
         log_ratio = logp - minibatch[K.STORED_LOGP]
@@ -149,10 +165,11 @@ def relabel(agent: Agent, traj: Trajectories) -> Trajectories:
     ``--pipeline 2`` the batch was collected one update ago, and PPO's clip range (and GAE's
     baseline) must be measured from the policy being improved, or the first epoch already
     starts outside the clip range and the gradient vanishes."""
+    steps = traj.trajectories
     with torch.no_grad():
-        logits, value = agent.model(traj.trajectories[K.OBS_FRAME].flatten(0, 1))
-        shape = traj.trajectories[K.STORED_VALUE].shape
-        logp = F.categorical_log_prob(logits, traj.trajectories[K.STORED_ACTION].view(-1))
+        params, value = agent.model(steps[K.OBS_FRAME].flatten(0, 1))
+        shape = steps[K.STORED_VALUE].shape
+        logp = agent.model.head.log_prob(params, steps[K.STORED_SAMPLE].flatten(0, 1))
     traj.trajectories.set(K.STORED_LOGP, logp.view(shape))
     traj.trajectories.set(K.STORED_VALUE, value.view(shape))
     return traj
@@ -167,7 +184,7 @@ def learn(
     if cfg.layout.pipeline > 1:  # collected one update ago: clip around the current policy
         traj = relabel(agent, traj)
     advantage, returns = gae_advantages(agent.model, traj, cfg.gamma, cfg.gae_lambda)
-    steps = traj.trajectories.get([K.OBS_FRAME, K.STORED_ACTION, K.STORED_LOGP, K.STORED_VALUE])
+    steps = traj.trajectories.get([K.OBS_FRAME, K.STORED_SAMPLE, K.STORED_LOGP, K.STORED_VALUE])
     steps.set("advantage", advantage)
     steps.set("return", returns)
     batch = steps.to_transitions()  # the N valid steps, row by row: a minibatch is a row index
@@ -182,6 +199,8 @@ def learn(
             totals = {k: totals.get(k, 0.0) + v for k, v in stats.items()}
             if out_of_time():  # the time budget holds within a long learn phase too
                 return {k: float(v) / n for k, v in totals.items()}
+    if isinstance(agent.model, HeadActorCritic):  # the statistics the next batch is taken with
+        agent.model.observe(batch[K.OBS_FRAME])
     return {k: float(v) / n for k, v in totals.items()}
 
 
@@ -189,9 +208,7 @@ def learn(
 def main(cfg: Config) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("ppo", cfg) as run:
-        model = (run.model(ActorCritic, run.obs_dim, run.n_actions, cfg.hidden)  # on the CPU
-                 if cfg.model == "mlp" else run.model(CNNActorCritic, run.n_actions,
-                                                      in_channels=run.obs_shape[0]))
+        model = make_model(run, cfg)  # on the CPU: the batchers copy it
         batcher = run.training_batcher(PPOAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(PPOAgent, {"model": model}, agent_info=greedy_info())
         agent = run.learner(PPOAgent(model))

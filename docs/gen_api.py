@@ -62,6 +62,8 @@ MODULES = (
     "rlstruct.monitor",
     "rlstruct.sweep",
     "rlstruct.tune",
+    "rlstruct.distributions",
+    "rlstruct.normalization",
     "rlstruct.nets",
     "rlstruct.optim",
     "rlstruct.sampling",

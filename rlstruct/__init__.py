@@ -25,8 +25,10 @@ The experiment layer, which the algorithms of ``algos/`` are written with::
     from rlstruct.plotting import plot_runs            # returns.png, comparisons
     from rlstruct.run_folder import read_run           # a run folder read back
     from rlstruct.nets import mlp                      # orthogonally initialised MLPs
+    from rlstruct.distributions import make_head       # policy heads for any action space
+    from rlstruct.normalization import RunningNorm     # observation statistics in the weights
     from rlstruct.optim import adam, gradient_step     # fused Adam; one meaning of clipping
-    from rlstruct.sampling import CategoricalSampler, ActorAgent, greedy_info
+    from rlstruct.sampling import CategoricalSampler, ActorAgent, PolicyAgent, greedy_info
                                                        # seeded sampling, greedy evaluation,
     from rlstruct.sampling import categorical_log_prob, categorical_entropy  # policy terms
 

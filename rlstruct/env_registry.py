@@ -31,7 +31,8 @@ import gymnasium as gym
 from rlstruct.errors import ConfigError
 
 __all__ = [
-    "EnvModules", "env_dims", "env_id_problems", "env_module_problems", "env_shape", "env_spec",
+    "EnvModules", "env_dims", "env_id_problems", "env_module_problems", "env_shape", "env_spaces",
+    "env_spec",
     "import_env_modules",
 ]
 
@@ -122,13 +123,23 @@ def env_dims(env_id: str) -> tuple[int, int]:
     return math.prod(shape), n_actions
 
 
-def env_shape(env_id: str, backend: str = "gymnasium") -> tuple[tuple[int, ...], int]:
-    """``(observation shape, number of actions)`` of an env with discrete actions, as the
-    training envs of ``backend`` produce it (``"atari"``: the preprocessed frames).
+def env_spaces(env_id: str, backend: str = "gymnasium") -> tuple[tuple[int, ...], gym.Space]:
+    """``(observation shape, action space)`` of ``env_id`` as the training envs of ``backend``
+    produce it (``"atari"``: the preprocessed frames; ``"torch"``: the torch-native env's).
 
     Raises:
-        ConfigError: the action space is not ``Discrete``.
+        ConfigError: ``backend`` is ``"torch"`` and ``env_id`` has no torch-native version.
     """
+    if backend == "torch":
+        from rlstruct.envs.torch import BY_GYM_ID
+
+        if env_id not in BY_GYM_ID:
+            raise ConfigError(
+                f"no torch-native version of {env_id!r}; there are {sorted(BY_GYM_ID)} (use the "
+                "gymnasium env backend for the others)"
+            )
+        cls = BY_GYM_ID[env_id]
+        return tuple(cls.observation_space.shape or (1,)), cls.action_space
     if backend == "atari":
         from rlstruct.envs.atari import make_atari_gym_env
 
@@ -139,9 +150,20 @@ def env_shape(env_id: str, backend: str = "gymnasium") -> tuple[tuple[int, ...],
         obs, actions = probe.observation_space, probe.action_space
     finally:
         probe.close()
+    return tuple(obs.shape or (1,)), actions
+
+
+def env_shape(env_id: str, backend: str = "gymnasium") -> tuple[tuple[int, ...], int]:
+    """``(observation shape, number of actions)`` of an env with discrete actions, as the
+    training envs of ``backend`` produce it (``"atari"``: the preprocessed frames).
+
+    Raises:
+        ConfigError: the action space is not ``Discrete``.
+    """
+    shape, actions = env_spaces(env_id, backend)
     if not isinstance(actions, gym.spaces.Discrete):
         raise ConfigError(f"{env_id} has actions {actions}; these algorithms need Discrete ones")
-    return tuple(obs.shape or (1,)), int(actions.n)
+    return shape, int(actions.n)
 
 
 class EnvModules:

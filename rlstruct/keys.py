@@ -55,6 +55,7 @@ ENV_KEYS = (REWARD, TERMINATED, TRUNCATED, DONE, INITIAL_STATE, LAST_ACTION, ENV
 # Leaf keys the agents of rlstruct.sampling return besides the action.
 LOGP = "logp"
 VALUE = "value"
+SAMPLE = "sample"  # a policy head's unclipped sample (PolicyAgent), where the log-prob is taken
 
 # Full keys of the trajectories TemporalDictTensor, as losses read them.
 OBS_FRAME = OBSERVATION + FRAME
@@ -66,3 +67,4 @@ NEXT_TRUNCATED = NEXT_OBSERVATION + TRUNCATED
 STORED_ACTION = ACTION + ACTION_KEY
 STORED_LOGP = ACTION + LOGP
 STORED_VALUE = ACTION + VALUE
+STORED_SAMPLE = ACTION + SAMPLE

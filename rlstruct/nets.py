@@ -26,7 +26,13 @@ import math
 import torch  # noqa: F401 - the doctests use it
 from torch import Tensor, nn
 
-__all__ = ["linear", "mlp", "MLPActorCritic", "conv", "nature_cnn", "CNNActorCritic"]
+from rlstruct.distributions import ActionHead, CategoricalHead, make_head, space_from_spec
+from rlstruct.normalization import RunningNorm
+
+__all__ = [
+    "linear", "mlp", "MLPActorCritic", "HeadActorCritic", "head_actor_critic", "conv", "nature_cnn",
+    "CNNActorCritic",
+]
 
 
 def linear(n_in: int, n_out: int, gain: float) -> nn.Linear:
@@ -71,6 +77,89 @@ class MLPActorCritic(nn.Module):
         return self.actor(x), self.critic(x).squeeze(-1)
 
 
+class HeadActorCritic(nn.Module):
+    """Separate actor and critic MLPs for any action space, the actor ending in a policy head
+    (:mod:`rlstruct.distributions`): ``forward(frame) -> (params (n, P), value (n,))`` and
+    ``value(frame) -> (n,)``, the interface of :class:`MLPActorCritic` with the head's params in
+    place of the logits (for a categorical head they ARE the logits).
+
+    With ``normalize_obs``, the flattened observations go through a :class:`RunningNorm`
+    (``self.obs_norm``) first; its statistics are buffers of this module, so its ``state_dict``
+    carries them to the workers and into checkpoints. The learner updates them
+    (``model.obs_norm.update(frames)``); ``forward`` never does.
+
+    Args:
+        obs_dim: flattened observation size.
+        head: the policy head; its ``n_in`` must be ``hidden``
+            (e.g. ``make_head(space, hidden)``).
+        hidden: width of both hidden layers of each MLP.
+        normalize_obs: normalise observations with running statistics.
+
+    Examples:
+        >>> import numpy as np
+        >>> from gymnasium import spaces
+        >>> from rlstruct.distributions import make_head
+        >>> space = spaces.Box(-2.0, 2.0, (1,), np.float32)
+        >>> model = HeadActorCritic(3, make_head(space, 64), 64, normalize_obs=True)
+        >>> params, value = model(torch.zeros(5, 3))
+        >>> params.shape, value.shape, "obs_norm.mean" in model.state_dict()
+        (torch.Size([5, 2]), torch.Size([5]), True)
+    """
+
+    def __init__(self, obs_dim: int, head: ActionHead, hidden: int, normalize_obs: bool = False):
+        super().__init__()
+        g = math.sqrt(2)
+        self.obs_norm = RunningNorm((obs_dim,)) if normalize_obs else None
+        self.actor = nn.Sequential(
+            linear(obs_dim, hidden, g), nn.Tanh(), linear(hidden, hidden, g), nn.Tanh(), head
+        )
+        self.critic = mlp(obs_dim, hidden, 1, out_gain=1.0)
+
+    @property
+    def head(self) -> ActionHead:
+        """The policy head (the actor's last module)."""
+        return self.actor[-1]
+
+    def observe(self, frame: Tensor) -> None:
+        """Merges observations ``(N, *obs)`` (a batch's valid steps) into the running
+        statistics; nothing without ``normalize_obs``."""
+        if self.obs_norm is not None:
+            self.obs_norm.update(frame.flatten(1).float())
+
+    def features(self, frame: Tensor) -> Tensor:
+        """The flattened (and normalised) float observations ``(n, obs_dim)``."""
+        x = frame.flatten(1).float()
+        return x if self.obs_norm is None else self.obs_norm(x)
+
+    def value(self, frame: Tensor) -> Tensor:
+        """``V(frame)``, ``(n,)``."""
+        return self.critic(self.features(frame)).squeeze(-1)
+
+    def forward(self, frame: Tensor) -> tuple[Tensor, Tensor]:
+        x = self.features(frame)
+        return self.actor(x), self.critic(x).squeeze(-1)
+
+
+
+def head_actor_critic(
+    obs_dim: int, action_space: dict[str, object], hidden: int, log_std_init: float = 0.0,
+    normalize_obs: bool = False,
+) -> HeadActorCritic:
+    """A :class:`HeadActorCritic` built from plain values only (``action_space`` is
+    :func:`~rlstruct.distributions.space_spec` of the env's action space), so a checkpoint can
+    record the call and ``python -m rlstruct evaluate`` can repeat it.
+
+    Examples:
+        >>> from gymnasium import spaces
+        >>> from rlstruct.distributions import space_spec
+        >>> model = head_actor_critic(4, space_spec(spaces.Discrete(2)), 64)
+        >>> model(torch.zeros(3, 4))[0].shape
+        torch.Size([3, 2])
+    """
+    head = make_head(space_from_spec(action_space), hidden, log_std_init=log_std_init)
+    return HeadActorCritic(obs_dim, head, hidden, normalize_obs)
+
+
 def conv(c_in: int, c_out: int, kernel: int, stride: int, gain: float = math.sqrt(2)) -> nn.Conv2d:
     """A convolution with orthogonal weights scaled by ``gain`` and zero biases."""
     layer = nn.Conv2d(c_in, c_out, kernel, stride)
@@ -109,8 +198,13 @@ class CNNActorCritic(nn.Module):
     def __init__(self, n_actions: int, in_channels: int = 4) -> None:
         super().__init__()
         self.trunk = nature_cnn(in_channels)
-        self.actor = linear(512, n_actions, 0.01)
+        self.actor = CategoricalHead(512, n_actions, gain=0.01)
         self.critic = linear(512, 1, 1.0)
+
+    @property
+    def head(self) -> CategoricalHead:
+        """The policy head (the actor layer: its params are the logits)."""
+        return self.actor
 
     def _features(self, frame: Tensor) -> Tensor:
         return self.trunk(frame.float() / 255.0)

@@ -49,6 +49,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Annotated, Any, Literal
 
+import gymnasium as gym
 import torch
 import tyro
 
@@ -71,6 +72,7 @@ from rlstruct.env_registry import (
     env_id_problems,
     env_module_problems,
     env_shape,
+    env_spaces,
 )
 from rlstruct.envs.base import VecEnv
 from rlstruct.envs.gym import GymEnvInf
@@ -83,7 +85,7 @@ from rlstruct.logger import RunLogger, config_to_dict
 from rlstruct.monitor import ResourceMonitor
 from rlstruct.trajectories import Trajectories
 
-__all__ = ["RunConfig", "Run", "Terminated", "env_dims", "env_shape"]
+__all__ = ["RunConfig", "Run", "Terminated", "env_dims", "env_shape", "env_spaces"]
 
 #: RunConfig fields a resumed run may set differently from the run it continues.
 RESUMABLE = ("resume", "max_frames", "time_budget", "target_return", "eval_every", "eval_envs",
@@ -215,7 +217,9 @@ class Run:
         cfg: the config.
         device: the learner device.
         obs_shape: the observation's shape (``(4, 84, 84)`` for Atari); ``obs_dim``: its
-            flattened size; ``n_actions``: the number of actions.
+            flattened size.
+        action_space: the single-env action space (``Discrete``, ``Box``...); pick the policy
+            head from it (:func:`rlstruct.distributions.make_head`).
         logger: the :class:`~rlstruct.logger.RunLogger`.
         frames: environment frames recorded so far; ``iteration``: :meth:`end_iteration` calls.
         stopped_by: ``None`` while the run goes on, then ``"target_return"``, ``"max_frames"``,
@@ -231,7 +235,7 @@ class Run:
         torch.set_num_threads(cfg.n_threads)
         torch.manual_seed(cfg.seed)
         self.device = resolve_device(cfg.layout.learner_device)
-        self.obs_shape, self.n_actions = env_shape(cfg.env_id, cfg.env_backend)
+        self.obs_shape, self.action_space = env_spaces(cfg.env_id, cfg.env_backend)
         self.obs_dim = math.prod(self.obs_shape)
         self._resumed: dict[str, Any] = {}
         if cfg.resume is not None:
@@ -468,6 +472,20 @@ class Run:
             batcher.update(state_dict)
             if synchronous:
                 batcher.execute(agent_info=agent_info)
+
+    @property
+    def n_actions(self) -> int:
+        """The number of actions of a ``Discrete`` action space.
+
+        Raises:
+            ConfigError: the action space is not ``Discrete`` (this algorithm needs one).
+        """
+        if not isinstance(self.action_space, gym.spaces.Discrete):
+            raise ConfigError(
+                f"{self.algo} needs Discrete actions; {self.cfg.env_id} has {self.action_space}"
+                " (ppo, a2c, trpo and sac take Box actions)"
+            )
+        return int(self.action_space.n)
 
     @property
     def done(self) -> bool:

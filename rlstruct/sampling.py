@@ -31,12 +31,15 @@ from torch import Tensor
 from rlstruct import keys as K
 from rlstruct.agent import Agent
 from rlstruct.dicttensor import DictTensor
+from rlstruct.distributions import ActionHead
 from rlstruct.functional import categorical_log_prob
 from rlstruct.trajectories import Trajectories
 
 __all__ = [
     "CategoricalSampler",
     "ActorAgent",
+    "HeadSampler",
+    "PolicyAgent",
     "GREEDY",
     "greedy_info",
 ]
@@ -66,12 +69,16 @@ class CategoricalSampler:
         """Restarts the random stream from ``seed`` (at the next call, on its device)."""
         self._seed, self.generator = seed, None
 
+    def _generator(self, device: torch.device) -> torch.Generator:
+        if self.generator is None or self.generator.device != device:
+            self.generator = torch.Generator(device).manual_seed(self._seed)
+        return self.generator
+
     def __call__(self, logits: Tensor, agent_info: DictTensor) -> Tensor:
         """One action per row of ``logits`` ``(n, A)``: int64 ``(n,)`` on their device; the
         argmax on rows where ``agent_info["greedy"]`` (bool, ``(n,)``, any device) is true."""
-        if self.generator is None or self.generator.device != logits.device:
-            self.generator = torch.Generator(logits.device).manual_seed(self._seed)
-        action = torch.multinomial(logits.softmax(-1), 1, generator=self.generator).squeeze(1)
+        generator = self._generator(logits.device)
+        action = torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(1)
         if GREEDY in agent_info:
             action = torch.where(agent_info[GREEDY].to(logits.device), logits.argmax(-1), action)
         return action
@@ -125,6 +132,81 @@ class ActorAgent(Agent):
         steps = trajectories.trajectories
         logits, value = self.model(steps[K.OBS_FRAME][:, t])
         out = {"logits": logits, K.VALUE: value}
+        if self.replay_next_value:
+            with torch.no_grad():  # V(s') is a target: no gradient flows into it
+                out["next_value"] = self.model(steps[K.NEXT_FRAME][:, t])[1]
+        return DictTensor(out), state
+
+
+class HeadSampler(CategoricalSampler):
+    """Samples from a policy head (:mod:`rlstruct.distributions`) with its own seeded generator,
+    created like :class:`CategoricalSampler`'s on the device of the params; rows with
+    ``agent_info["greedy"]`` play the head's greedy action. For a categorical head the draws
+    are :class:`CategoricalSampler`'s."""
+
+    def __call__(  # type: ignore[override]
+        self, head: ActionHead, params: Tensor, agent_info: DictTensor
+    ) -> tuple[Tensor, Tensor]:
+        """``(sample, env action)`` for each row of ``params`` ``(n, P)``: the head's own
+        (unclipped) sample, for the log-prob, and the action the env receives."""
+        greedy = agent_info[GREEDY] if GREEDY in agent_info else None  # noqa: SIM401
+        return head.act(params, self._generator(params.device), greedy)
+
+
+class PolicyAgent(Agent):
+    """A memoryless actor over ``model(frame) -> (params (n, P), value (n,))`` whose
+    ``model.head`` is a policy head (:class:`rlstruct.nets.HeadActorCritic`): any action space.
+
+    Returns ``action`` (what the env receives: rescaled and clipped into a Box), ``sample`` (the
+    head's own sample, unclipped: the one its log-prob is taken at), ``logp`` and, with
+    ``store_value``, the critic's ``value``. Rows with ``agent_info["greedy"]`` play the head's
+    greedy action. Samples come from the agent's own generator (seeded by :meth:`seed`, created
+    on the device of the first params), so a batcher's seeds reproduce its collection; for a
+    categorical head the draws are :class:`ActorAgent`'s.
+
+    :meth:`call_replay` samples nothing: it returns the differentiable ``params`` and ``value``
+    of the stored observations (and with ``replay_next_value`` the gradient-free
+    ``next_value``); a loss rebuilds the distribution with ``model.head`` from ``params``.
+
+    Args:
+        model: the actor-critic; ``model.head`` an :class:`rlstruct.distributions.ActionHead`.
+        store_value: also return ``value`` when acting.
+        replay_next_value: :meth:`call_replay` also returns ``next_value`` (the replayed
+            trajectories must hold ``_observation/frame``).
+    """
+
+    def __init__(
+        self, model: torch.nn.Module, store_value: bool = True, replay_next_value: bool = False
+    ) -> None:
+        self.model = model
+        self.store_value = store_value
+        self.replay_next_value = replay_next_value
+        self.sample = HeadSampler()
+
+    def seed(self, seed: int) -> None:
+        """Seeds the sampler."""
+        self.sample.seed(seed)
+
+    def __call__(
+        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
+    ) -> tuple[DictTensor, DictTensor]:
+        """One step: ``({"action", "sample", "logp"[, "value"]}, state)`` for ``n`` rows."""
+        params, value = self.model(observation[K.FRAME])
+        head = self.model.head
+        sample, action = self.sample(head, params, agent_info)
+        out = {K.ACTION_KEY: action, K.SAMPLE: sample, K.LOGP: head.log_prob(params, sample)}
+        if self.store_value:
+            out[K.VALUE] = value
+        return DictTensor(out), state
+
+    def call_replay(
+        self, trajectories: Trajectories, t: int, state: DictTensor
+    ) -> tuple[DictTensor, DictTensor]:
+        """``({"params", "value"[, "next_value"]}, state)`` of step ``t`` of stored
+        trajectories ``(B, T, ...)``: params and value with gradients, next_value without."""
+        steps = trajectories.trajectories
+        params, value = self.model(steps[K.OBS_FRAME][:, t])
+        out = {"params": params, K.VALUE: value}
         if self.replay_next_value:
             with torch.no_grad():  # V(s') is a target: no gradient flows into it
                 out["next_value"] = self.model(steps[K.NEXT_FRAME][:, t])[1]

@@ -7,17 +7,19 @@ from pathlib import Path
 import pytest
 import torch
 from algo_runs import check_run_dir, evaluated_rows, run_algo
+from gymnasium.spaces import Box, Discrete
 from trajectory_builders import collect, gae_by_loops, steps
 
 from algos import a2c
 from rlstruct import DictTensor, Trajectories, replay_agent
 from rlstruct import keys as K
+from rlstruct.distributions import CategoricalHead
 from rlstruct.experiment import LayoutConfig
 
 
 def _recurrent_segments(n_segments: int = 3) -> tuple[a2c.GRUActorCritic, list[Trajectories]]:
     torch.manual_seed(0)
-    model = a2c.GRUActorCritic(obs_dim=4, n_actions=2, hidden=16)
+    model = a2c.GRUActorCritic(obs_dim=4, action_space=Discrete(2), hidden=16)
     return model, collect(a2c.A2CAgent, model, n_segments=n_segments, n_timesteps=8)
 
 
@@ -35,12 +37,13 @@ def test_a2c_loss_matches_a_python_loop_and_ignores_padding(norm):
     for x in (logits, value, next_value, reward):
         x[~mask] = 1e6  # padding garbage must never leak into the loss
     traj = Trajectories(DictTensor(), steps(
-        lengths, reward=reward, terminated=terminated, truncated=truncated, action=action
+        lengths, reward=reward, terminated=terminated, truncated=truncated,
+        **{"action/sample": action},
     ))
     cfg = a2c.Config(gamma=0.9, gae_lambda=0.8, vf_coef=0.5, ent_coef=0.01,
                      normalize_advantages=norm)
     value.requires_grad_(True)
-    loss, stats = a2c.a2c_loss(logits, value, next_value, traj, cfg)
+    loss, stats = a2c.a2c_loss(CategoricalHead(1, 3), logits, value, next_value, traj, cfg)
 
     adv, ret = gae_by_loops(reward, value.detach(), next_value, terminated, truncated, lengths,
                             0.9, 0.8)
@@ -65,7 +68,7 @@ def test_a2c_loss_matches_a_python_loop_and_ignores_padding(norm):
 
 
 def test_next_values_of_the_memoryless_critic_are_its_values_of_the_next_frames():
-    model = a2c.MLPActorCritic(obs_dim=4, n_actions=2, hidden=16)
+    model = a2c.MLPActorCritic(obs_dim=4, action_space=Discrete(2), hidden=16)
     (traj,) = collect(a2c.A2CAgent, model, n_segments=1)
     out = a2c.replay(a2c.A2CAgent(model), traj)
     next_frame = traj.trajectories["_observation/frame"]
@@ -86,7 +89,7 @@ def test_recurrent_next_values_continue_the_episode_memory():
 
 # ----------------------------------------------------------------------------- recurrent agent
 def test_agent_resets_its_memory_where_an_episode_starts():
-    model = a2c.GRUActorCritic(obs_dim=3, n_actions=2, hidden=8)
+    model = a2c.GRUActorCritic(obs_dim=3, action_space=Discrete(2), hidden=8)
     agent = a2c.A2CAgent(model)
     frame = torch.randn(2, 3)
     start = torch.tensor([True, False])
@@ -94,9 +97,9 @@ def test_agent_resets_its_memory_where_an_episode_starts():
     obs = DictTensor({"frame": frame, "initial_state": start})
     out, new_state = agent(state, obs, DictTensor())
     fresh, fresh_state = agent(agent.initial_state(DictTensor(), 2), obs, DictTensor())
-    torch.testing.assert_close(out["logits"][0], fresh["logits"][0])  # row 0 starts afresh
+    torch.testing.assert_close(out["params"][0], fresh["params"][0])  # row 0 starts afresh
     torch.testing.assert_close(new_state["h"][0], fresh_state["h"][0])
-    assert not torch.allclose(out["logits"][1], fresh["logits"][1])  # row 1 remembers
+    assert not torch.allclose(out["params"][1], fresh["params"][1])  # row 1 remembers
 
 
 def test_replay_from_the_stored_agent_state_reproduces_every_segment_exactly():
@@ -104,11 +107,11 @@ def test_replay_from_the_stored_agent_state_reproduces_every_segment_exactly():
     agent = a2c.A2CAgent(model)
     for traj in segments:
         out = replay_agent(agent, traj)
-        torch.testing.assert_close(out["logits"], traj.trajectories["action/logits"],
+        torch.testing.assert_close(out["params"], traj.trajectories["action/params"],
                                    rtol=0, atol=1e-5)
         torch.testing.assert_close(out["value"], traj.trajectories["action/value"],
                                    rtol=0, atol=1e-5)
-        assert out["logits"].requires_grad
+        assert out["params"].requires_grad
 
 
 def test_replay_from_zeros_does_not_reproduce_a_later_segment():
@@ -120,7 +123,7 @@ def test_replay_from_zeros_does_not_reproduce_a_later_segment():
         assert traj.info["agent_state/h"].abs().sum() > 0
         from_zeros = Trajectories(traj.info.unset_key(K.AGENT_STATE), traj.trajectories)
         out = replay_agent(agent, from_zeros)
-        gap = (out["logits"] - traj.trajectories["action/logits"]).abs().max()
+        gap = (out["params"] - traj.trajectories["action/params"]).abs().max()
         assert gap > 1e-4, f"replaying from zeros reproduced the segment (max gap {gap})"
 
 
@@ -172,3 +175,26 @@ def test_gpu_layout(tmp_path, recurrent):
         max_frames=2000, eval_every=1, recurrent=recurrent, runs_dir=str(tmp_path),
     )
     check_run_dir(Path(a2c.main(cfg)["run_dir"]))
+
+
+# ----------------------------------------------------------------------------- Box actions
+@pytest.mark.parametrize("recurrent", [False, True])
+def test_box_actions_the_loss_takes_the_gaussians_log_prob_of_the_unclipped_sample(recurrent):
+    torch.manual_seed(0)
+    net = a2c.GRUActorCritic if recurrent else a2c.MLPActorCritic
+    model = net(obs_dim=3, action_space=Box(-2.0, 2.0, (1,)), hidden=8)
+    (traj,) = collect(a2c.A2CAgent, model, n_segments=1, env="Pendulum-v1", n_timesteps=8)
+    stored = traj.trajectories
+    assert stored["action/action"].abs().max() <= 2.0
+    assert torch.equal(stored["action/action"], (2 * stored["action/sample"]).clamp(-2, 2))
+    out = a2c.replay(a2c.A2CAgent(model), traj)
+    torch.testing.assert_close(out["params"], stored["action/params"], rtol=0, atol=1e-5)
+    cfg = a2c.Config(normalize_advantages=False, ent_coef=0.01)
+    loss, stats = a2c.a2c_loss(model.head, out["params"], out["value"],
+                               a2c.next_values(model, traj, out), traj, cfg)
+    mean, log_std = out["params"][..., :1], out["params"][..., 1:]
+    normal = torch.distributions.Normal(mean, log_std.exp())
+    entropy = normal.entropy().sum(-1).mean()
+    assert stats["entropy"] == pytest.approx(float(entropy.detach()), rel=1e-5)
+    loss.backward()
+    assert all(p.grad is not None for p in model.head.parameters())

@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
+import tyro
 from algo_runs import check_run_dir, evaluated_rows, run_algo
+from gymnasium import spaces
 from trajectory_builders import collect, gae_by_loops, steps
 
 from algos import ppo
 from rlstruct import DictTensor, Trajectories, replay_agent_stateless
 from rlstruct import keys as K
+from rlstruct.distributions import make_head
 from rlstruct.errors import ConfigError, DeviceContractError
 from rlstruct.experiment import LayoutConfig
+from rlstruct.nets import HeadActorCritic
+
+
+def actor_critic(obs_dim: int, n_actions: int, hidden: int) -> HeadActorCritic:
+    """PPO's model for ``Discrete(n_actions)``: its params are the logits."""
+    return HeadActorCritic(obs_dim, make_head(spaces.Discrete(n_actions), hidden), hidden)
 
 
 # ----------------------------------------------------------------------------- loss pieces
@@ -45,7 +55,7 @@ def test_value_loss_unclipped_and_clipped():
 
 
 def test_gae_advantages_bootstrap_from_the_critic_on_the_true_next_observation():
-    model = ppo.ActorCritic(obs_dim=2, n_actions=2, hidden=8)
+    model = actor_critic(obs_dim=2, n_actions=2, hidden=8)
     # Row 0 terminates at t=1; row 1 is truncated at t=0, then padding; row 2 is cut at t=2.
     reward = torch.tensor([[1.0, 2.0, 3.0], [1.0, 7.0, 7.0], [0.5, 0.5, 0.5]])
     terminated = torch.tensor([[False, True, False], [False] * 3, [False] * 3])
@@ -69,13 +79,13 @@ def test_gae_advantages_bootstrap_from_the_critic_on_the_true_next_observation()
 @pytest.mark.parametrize("adv_norm", ["minibatch", "off"])
 def test_ppo_loss_matches_the_formula_written_out(adv_norm):
     torch.manual_seed(0)
-    model = ppo.ActorCritic(obs_dim=3, n_actions=2, hidden=8)
+    model = actor_critic(obs_dim=3, n_actions=2, hidden=8)
     n = 5
     frame, action = torch.randn(n, 3), torch.randint(2, (n,))
     logp_old, value_old = -torch.rand(n), torch.randn(n)
     adv, ret = torch.randn(n), torch.randn(n)
     minibatch = DictTensor({  # transitions, as learn() takes them from to_transitions()
-        "observation/frame": frame, "action/action": action, "action/logp": logp_old,
+        "observation/frame": frame, "action/sample": action, "action/logp": logp_old,
         "action/value": value_old, "advantage": adv, "return": ret,
     })
     cfg = ppo.Config(clip_coef=0.2, vf_coef=0.5, ent_coef=0.01, adv_norm=adv_norm)
@@ -101,18 +111,19 @@ def test_ppo_loss_matches_the_formula_written_out(adv_norm):
 
 
 def test_replay_reproduces_the_logp_and_value_the_workers_stored():
-    model = ppo.ActorCritic(obs_dim=4, n_actions=2, hidden=16)
+    model = actor_critic(obs_dim=4, n_actions=2, hidden=16)
     (traj,) = collect(ppo.PPOAgent, model, n_segments=1)
     out = replay_agent_stateless(ppo.PPOAgent(model), traj)
     stored = traj.trajectories
-    logp = out["logits"].log_softmax(-1).gather(-1, stored["action/action"].unsqueeze(-1))
+    logp = out["params"].log_softmax(-1).gather(-1, stored["action/action"].unsqueeze(-1))
     torch.testing.assert_close(logp.squeeze(-1), stored["action/logp"])
     torch.testing.assert_close(out["value"], stored["action/value"])
-    assert out["logits"].requires_grad
+    assert out["params"].requires_grad
+    assert stored["action/sample"].equal(stored["action/action"])  # Discrete: one and the same
 
 
 def test_agent_samples_reproducibly_and_acts_greedily_on_request():
-    model = ppo.ActorCritic(obs_dim=3, n_actions=4, hidden=8)
+    model = actor_critic(obs_dim=3, n_actions=4, hidden=8)
     obs, state = DictTensor({"frame": torch.randn(64, 3)}), DictTensor(batch_size=64)
     a, b = ppo.PPOAgent(model), ppo.PPOAgent(model)
     a.seed(7)
@@ -125,7 +136,7 @@ def test_agent_samples_reproducibly_and_acts_greedily_on_request():
 
 @pytest.mark.parametrize("adv_norm,value_clip", [("batch", 0.2), ("off", None)])
 def test_learn_runs_every_option_and_changes_the_model(adv_norm, value_clip):
-    model = ppo.ActorCritic(obs_dim=4, n_actions=2, hidden=16)
+    model = actor_critic(obs_dim=4, n_actions=2, hidden=16)
     (traj,) = collect(ppo.PPOAgent, model, n_segments=1)
     before = [p.detach().clone() for p in model.parameters()]
     cfg = ppo.Config(n_epochs=2, minibatch_size=12, adv_norm=adv_norm, value_clip=value_clip)
@@ -237,7 +248,7 @@ def test_atari_pong_with_the_nature_cnn_runs_a_few_iterations(tmp_path):
 
 def test_pipelined_batches_are_relabelled_by_the_current_policy():
     torch.manual_seed(0)
-    model = ppo.ActorCritic(obs_dim=4, n_actions=2, hidden=8)
+    model = actor_critic(obs_dim=4, n_actions=2, hidden=8)
     (traj,) = collect(ppo.PPOAgent, model, n_segments=1, n_timesteps=4)
     with torch.no_grad():
         for p in model.parameters():
@@ -246,8 +257,72 @@ def test_pipelined_batches_are_relabelled_by_the_current_policy():
     relabelled = ppo.relabel(ppo.PPOAgent(model), traj).trajectories
     with torch.no_grad():
         logits, value = model(relabelled[K.OBS_FRAME].flatten(0, 1))
-    logp = logits.log_softmax(-1).gather(1, relabelled[K.STORED_ACTION].view(-1, 1))
+    logp = logits.log_softmax(-1).gather(1, relabelled[K.STORED_SAMPLE].view(-1, 1))
     logp = logp.view(stored.shape)
     torch.testing.assert_close(relabelled[K.STORED_LOGP], logp)
     torch.testing.assert_close(relabelled[K.STORED_VALUE], value.view(stored.shape))
     assert not torch.allclose(stored, logp)
+
+
+# ----------------------------------------------------------------------------- Box actions
+PENDULUM = ["--env-id", "Pendulum-v1", "--gamma", "0.9", "--gae-lambda", "0.95", "--n-epochs",
+            "10", "--lr", "1e-3", "--normalize-obs"]
+
+
+def test_ppo_loss_on_a_gaussian_head_is_torch_distributions_formula():
+    torch.manual_seed(0)
+    space = spaces.Box(-2.0, 2.0, (2,))
+    model = HeadActorCritic(3, make_head(space, 8, log_std_init=-0.5), 8)
+    n = 6
+    frame, sample = torch.randn(n, 3), 2 * torch.randn(n, 2)  # samples beyond the Box too
+    logp_old, adv = -torch.rand(n), torch.randn(n)
+    minibatch = DictTensor({
+        "observation/frame": frame, "action/sample": sample, "action/logp": logp_old,
+        "action/value": torch.zeros(n), "advantage": adv, "return": torch.zeros(n),
+    })
+    cfg = ppo.Config(adv_norm="off", ent_coef=0.01)
+    loss, stats = ppo.ppo_loss(ppo.PPOAgent(model), minibatch, cfg)
+    with torch.no_grad():
+        params, _ = model(frame)
+    normal = torch.distributions.Normal(params[:, :2], params[:, 2:].exp())
+    ratio = (normal.log_prob(sample).sum(-1) - logp_old).exp()
+    policy = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean()
+    assert stats["policy_loss"].item() == pytest.approx(policy.item(), rel=1e-5, abs=1e-6)
+    entropy = normal.entropy().sum(-1).mean()
+    assert stats["entropy"].item() == pytest.approx(entropy.item())
+    expected = policy + 0.5 * stats["value_loss"] - 0.01 * entropy
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-6)
+
+
+def test_learn_on_box_actions_updates_the_policy_and_the_observation_statistics():
+    torch.manual_seed(0)
+    model = HeadActorCritic(3, make_head(spaces.Box(-2.0, 2.0, (1,)), 16), 16,
+                            normalize_obs=True)
+    (traj,) = collect(ppo.PPOAgent, model, n_segments=1, env="Pendulum-v1", n_timesteps=16)
+    stored = traj.trajectories
+    assert stored["action/action"].abs().max() <= 2.0 and stored["action/sample"].shape[-1] == 1
+    before = model.head.log_std.detach().clone()
+    stats = ppo.learn(ppo.PPOAgent(model), torch.optim.Adam(model.parameters(), 1e-2), traj,
+                      ppo.Config(n_epochs=2, minibatch_size=16))
+    assert math.isfinite(stats["approx_kl"]) and not model.head.log_std.equal(before)
+    assert int(model.obs_norm.count) == 4 * 16  # taken in after the epochs
+    torch.testing.assert_close(model.obs_norm.mean.float(),
+                               stored["observation/frame"].flatten(0, 1).mean(0))
+
+
+def test_discrete_only_models_refuse_box_actions_with_a_config_error(tmp_path):
+    cfg = ppo.Config(env_id="Pendulum-v1", model="cnn", layout=layout(), runs_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="ppo needs Discrete actions; Pendulum-v1 has Box"):
+        ppo.main(cfg)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_learns_pendulum(tmp_path):
+    # A random policy scores about -1200 to -1500 per episode; -400 is a clear swing-up.
+    cfg = tyro.cli(ppo.Config, args=[*PENDULUM, "--env-backend", "torch", "--n-processes", "1",
+                                     "--n-envs", "16", "--n-timesteps", "128"])
+    cfg = dataclasses.replace(cfg, target_return=-400.0, max_frames=150_000, time_budget=150,
+                              eval_every=0, runs_dir=str(tmp_path))
+    summary = ppo.main(cfg)
+    assert summary["solved"], summary

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlstruct.errors import ShapeError
+from rlstruct.errors import ConfigError, ShapeError
 from rlstruct.functional import (
     discounted_returns,
     gae,
@@ -507,3 +507,24 @@ def test_errors_masked_mean():
         masked_mean(x, torch.ones(3, 4, dtype=torch.bool))
     with pytest.raises(ShapeError, match=r"mask has shape \(2, 3, 5\)"):  # would grow x
         masked_mean(x, torch.ones(2, 3, 5, dtype=torch.bool))
+
+
+def test_conjugate_gradient_solves_a_known_spd_system():
+    from rlstruct.functional import conjugate_gradient
+
+    g = torch.Generator().manual_seed(0)
+    m = torch.randn(12, 12, generator=g, dtype=torch.float64)
+    a = m @ m.T + 0.5 * torch.eye(12, dtype=torch.float64)
+    x_true = torch.randn(12, generator=g, dtype=torch.float64)
+    calls = []
+    x = conjugate_gradient(lambda v: calls.append(1) or a @ v, a @ x_true, n_iters=50, tol=1e-20)
+    torch.testing.assert_close(x, x_true, rtol=1e-8, atol=1e-8)
+    assert len(calls) <= 50
+    # Fewer iterations: a partial solution, yet the residual decreased in A's norm.
+    x3 = conjugate_gradient(lambda v: a @ v, a @ x_true, n_iters=3)
+    err = x3 - x_true
+    assert float(err @ a @ err) < float(x_true @ a @ x_true)
+    with pytest.raises(ConfigError, match="n_iters >= 1"):
+        conjugate_gradient(lambda v: v, x_true, n_iters=0)
+    with pytest.raises(ShapeError, match="1-D"):
+        conjugate_gradient(lambda v: v, a, n_iters=3)

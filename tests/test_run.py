@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 import torch
 from algo_runs import check_run_dir, evaluated_rows, read_rows
@@ -23,7 +24,7 @@ from rlstruct.envs import GymEnvInf
 from rlstruct.errors import BatcherStateError, ConfigError
 from rlstruct.experiment import LayoutConfig
 from rlstruct.logger import git_commit
-from rlstruct.run import Run, RunConfig, env_dims
+from rlstruct.run import Run, RunConfig, env_dims, env_spaces
 
 REPEAT = "rlstruct/Repeat-v0"
 
@@ -93,6 +94,21 @@ def test_env_dims_and_discrete_actions_only():
     assert env_dims(REPEAT) == (2, 2)
     with pytest.raises(ConfigError, match="Pendulum-v1 has actions Box"):
         env_dims("Pendulum-v1")
+
+
+def test_the_run_describes_box_action_spaces_on_both_backends(tmp_path):
+    for backend in ("gymnasium", "torch"):
+        shape, space = env_spaces("Pendulum-v1", backend)
+        assert shape == (3,) and isinstance(space, gym.spaces.Box) and space.shape == (1,)
+        assert float(space.high[0]) == 2.0
+    with pytest.raises(ConfigError, match="no torch-native version of 'Hopper-v5'"):
+        env_spaces("Hopper-v5", "torch")
+    cfg = Cfg(env_id="Pendulum-v1", env_backend="torch", runs_dir=str(tmp_path / "runs"),
+              eval_every=0, layout=LayoutConfig(learner_device="cpu", n_processes=1, n_envs=2))
+    with Run("dqn", cfg) as run:
+        assert isinstance(run.action_space, gym.spaces.Box) and run.obs_dim == 3
+        with pytest.raises(ConfigError, match="dqn needs Discrete actions; Pendulum-v1 has Box"):
+            _ = run.n_actions
 
 
 # ----------------------------------------------------------------------------- the stop test
