@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 import tyro
+from gymnasium.spaces import Space
 from torch import Tensor, nn
 
 from rlstruct import Agent, DictTensor, TemporalDictTensor, Trajectories, masked_dicttensor
@@ -69,7 +70,7 @@ class MLPActorCritic(HeadActorCritic):
     """Memoryless, separate actor and critic, the actor ending in the action space's policy head
     (rlstruct/nets.py): ``forward(frame, None) -> (params, value, None)``."""
 
-    def __init__(self, obs_dim: int, action_space: dict, hidden: int) -> None:  # space_spec
+    def __init__(self, obs_dim: int, action_space: Space | dict, hidden: int) -> None:
         super().__init__(obs_dim, make_head(space_from_spec(action_space), hidden), hidden)
 
     def forward(self, frame: Tensor, h: Tensor | None) -> tuple[Tensor, Tensor, None]:
@@ -97,7 +98,7 @@ class GRUActorCritic(nn.Module):
     both memories side by side (a shared torso would let the value loss's gradients drown the
     policy's). ``forward(frame, h (n, 2 hidden)) -> (params (n, P), value (n,), h')``."""
 
-    def __init__(self, obs_dim: int, action_space: dict, hidden: int) -> None:  # space_spec
+    def __init__(self, obs_dim: int, action_space: Space | dict, hidden: int) -> None:
         super().__init__()
         self.state_size = 2 * hidden
         self.actor = GRUNet(obs_dim, hidden, make_head(space_from_spec(action_space), 2 * hidden))

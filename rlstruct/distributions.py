@@ -359,8 +359,10 @@ def space_spec(space: spaces.Space) -> dict[str, object]:
     raise SpaceError(f"no plain description of the action space {space!r} (Discrete or Box)")
 
 
-def space_from_spec(spec: dict[str, object]) -> spaces.Space:
-    """The action space :func:`space_spec` described."""
+def space_from_spec(spec: dict[str, object] | spaces.Space) -> spaces.Space:
+    """The action space :func:`space_spec` described (a space given as it is is returned)."""
+    if isinstance(spec, spaces.Space):
+        return spec
     if "n" in spec:
         return spaces.Discrete(int(spec["n"]), start=int(spec.get("start", 0)))  # type: ignore[arg-type]
     dtype = np.dtype(str(spec.get("dtype", "float32")))

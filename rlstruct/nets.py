@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 
 import torch  # noqa: F401 - the doctests use it
+from gymnasium.spaces import Space
 from torch import Tensor, nn
 
 from rlstruct.distributions import ActionHead, CategoricalHead, make_head, space_from_spec
@@ -142,7 +143,7 @@ class HeadActorCritic(nn.Module):
 
 
 def head_actor_critic(
-    obs_dim: int, action_space: dict[str, object], hidden: int, log_std_init: float = 0.0,
+    obs_dim: int, action_space: dict[str, object] | Space, hidden: int, log_std_init: float = 0.0,
     normalize_obs: bool = False,
 ) -> HeadActorCritic:
     """A :class:`HeadActorCritic` built from plain values only (``action_space`` is
