@@ -16,9 +16,11 @@ the whole grid: a coordinate search moves from the middle of the grid along one 
 again, longer and in turn, so a lucky quiet moment on a shared machine does not decide. It
 writes its pick to a JSON file of LayoutConfig fields that make_batcher and the algorithms read.
 
-This tutorial tunes a small candidate set (12 layouts) in about 8 seconds, then builds the
-chosen batcher from the file. Numbers depend on the machine and its load; with
-`objective="steps_per_cpu_s"` the tuner prefers layouts that waste no core (a shared machine).
+This tutorial tunes a small candidate set (12 layouts) within a budget of 8 seconds of
+measurements (the search measures only some of them: how many depends on the machine's load
+and on each batcher's start-up), then builds the chosen batcher from the file. Numbers depend
+on the machine and its load; with `objective="steps_per_cpu_s"` the tuner prefers layouts that
+waste no core (a shared machine).
 
 Run: python tutorials/07_resource_usage.py   (about 12 seconds on 2 cores)
 """
@@ -67,7 +69,9 @@ def main() -> None:
     # 2. Tune. Every candidate collects with the same fake learner: learn_s seconds of sleep per
     #    batch (0: pure collection), then update(weights) as a training loop publishes its
     #    weights. A pipelined layout only pays off when there is learning to overlap with:
-    #    set learn_s to your learner's time per batch to see it.
+    #    set learn_s to your learner's time per batch to see it, or better, pass learn= your
+    #    learn step on one batch (learn(traj)) so that each layout is measured under it, and
+    #    batch_size= to keep P x n_envs x T fixed (what `python -m rlstruct tune` does).
     result = tune(Policy, {"model": model}, GymEnvInf, {"env": "CartPole-v1"},
                   candidates=candidates, budget_s=8.0, learn_s=0.0,
                   weights=model.state_dict(), verbose=False)
