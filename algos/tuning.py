@@ -8,6 +8,7 @@ the CPU, as the algorithm's ``main`` calls it), so that a layout is measured und
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -15,19 +16,22 @@ import torch
 from algos import a2c as _a2c
 from algos import impala as _impala
 from algos import ppo as _ppo
+from rlstruct.distributions import space_spec
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
+from rlstruct.nets import head_actor_critic
 from rlstruct.optim import gradient_step
-from rlstruct.run import env_dims
+from rlstruct.run import env_spaces
 from rlstruct.trajectories import Trajectories
 from rlstruct.tune import AlgoSetup
 
 
-def _setup(module: Any, model_cls: Any, agent: Any, learner: Any, **overrides: Any) -> AlgoSetup:
+def _setup(module: Any, model_fn: Any, agent: Any, learner: Any, **overrides: Any) -> AlgoSetup:
     cfg = module.Config(**overrides)
     if cfg.env_backend != "gymnasium":
         raise ConfigError(f"the tuner measures gymnasium envs, not env_backend={cfg.env_backend!r}")
-    model = model_cls(*env_dims(cfg.env_id), cfg.hidden)
+    shape, space = env_spaces(cfg.env_id)
+    model = model_fn(math.prod(shape), space, cfg)
     rows = (cfg.layout.n_processes or 1) * cfg.layout.n_envs
     return AlgoSetup(agent, {"model": model}, GymEnvInf, {"env": cfg.env_id},
                      weights=model.state_dict(), seed=cfg.seed, pipelined=True,
@@ -48,8 +52,8 @@ def _a2c_learner(model: Any, cfg: Any) -> Any:
     def learn(traj: Trajectories) -> None:
         traj = traj.to("cpu")
         out = _a2c.replay(agent, traj)
-        loss, _ = _a2c.a2c_loss(out["logits"], out["value"], _a2c.next_values(model, traj, out),
-                                traj, cfg)
+        loss, _ = _a2c.a2c_loss(model.head, out["params"], out["value"],
+                                _a2c.next_values(model, traj, out), traj, cfg)
         gradient_step(optimizer, loss, cfg.max_grad_norm)
 
     return learn
@@ -57,18 +61,26 @@ def _a2c_learner(model: Any, cfg: Any) -> Any:
 
 def ppo(**overrides: Any) -> AlgoSetup:
     """PPO's actor-critic, agent and learn step; ``overrides`` are fields of its Config."""
-    return _setup(_ppo, _ppo.ActorCritic, _ppo.PPOAgent, _ppo_learner, **overrides)
+    def model(obs_dim: int, space: Any, cfg: Any) -> Any:
+        return head_actor_critic(obs_dim, space_spec(space), cfg.hidden, cfg.log_std_init,
+                                 cfg.normalize_obs)
+
+    return _setup(_ppo, model, _ppo.PPOAgent, _ppo_learner, **overrides)
 
 
 def a2c(**overrides: Any) -> AlgoSetup:
     """A2C's model (the GRU one with ``recurrent=True``), agent and gradient step."""
     net = _a2c.GRUActorCritic if overrides.get("recurrent") else _a2c.MLPActorCritic
-    return _setup(_a2c, net, _a2c.A2CAgent, _a2c_learner, **overrides)
+    return _setup(_a2c, lambda obs_dim, space, cfg: net(obs_dim, space, cfg.hidden),
+                  _a2c.A2CAgent, _a2c_learner, **overrides)
 
 
 def impala(**overrides: Any) -> AlgoSetup:
     """IMPALA's actor-critic, behaviour agent and V-trace step (here in the collecting thread,
     where ``main`` runs it in a learner thread: the same cost per batch)."""
-    return _setup(_impala, _impala.ActorCritic, _impala.BehaviourAgent,
-                  lambda model, cfg: _impala.Learner(model, cfg, torch.device("cpu")),
+    return _setup(_impala, lambda obs_dim, space, cfg: _impala.ActorCritic(obs_dim, space.n,
+                                                                          cfg.hidden),
+                  _impala.BehaviourAgent,
+                  lambda model, cfg: _impala.Learner(_impala.BehaviourAgent(model), cfg,
+                                                     torch.device("cpu")),
                   **overrides)
