@@ -7,7 +7,7 @@ The public surface (everything else is internal). The core::
                           Agent, replay_agent, replay_agent_stateless, CheckDevice,
                           Batcher, SerialBatcher, RestartPolicy, LearnerThread)
     from rlstruct.envs import VecEnv, GymEnv, GymEnvInf, DeviceEnv
-    from rlstruct import functional as F
+    from rlstruct import functional as F     # returns, GAE, V-trace, the policy-loss terms
     from rlstruct.errors import RLStructError, ShapeError, DeviceContractError, ...
     from rlstruct.devices import resolve_device
     from rlstruct.replay_buffer import ReplayBuffer
@@ -29,8 +29,7 @@ The experiment layer, which the algorithms of ``algos/`` are written with::
     from rlstruct.normalization import RunningNorm     # observation statistics in the weights
     from rlstruct.optim import adam, gradient_step     # fused Adam; one meaning of clipping
     from rlstruct.sampling import CategoricalSampler, ActorAgent, PolicyAgent, greedy_info
-                                                       # seeded sampling, greedy evaluation,
-    from rlstruct.sampling import categorical_log_prob, categorical_entropy  # policy terms
+                                                       # seeded sampling, greedy evaluation
 
 ``rlstruct.compat`` keeps rlstructures' names for a port. ``python -m rlstruct plot runs/``
 plots run directories (see :mod:`rlstruct.plotting`); ``python -m rlstruct evaluate RUN_DIR``
