@@ -1,0 +1,276 @@
+"""One rank of a learner group: its process body and the :class:`RankContext` that the
+algorithm's learn function receives.
+
+A rank joins the process group (gloo on the CPU, NCCL on CUDA devices), builds its replica of the
+model with the algorithm's factory, loads the group's initial weights and then, batch after batch:
+
+1. its loader thread copies the next shard from shared memory onto the rank's device
+   (:class:`~rlstruct.staging.DeviceStager`) while the main thread still learns on the previous
+   one, and says ``loaded`` (the driver may then reuse the slot);
+2. the main thread calls ``learn(ctx, shard, **kwargs)``; every gradient step of ``learn`` goes
+   through :meth:`RankContext.step`, which averages the gradients over the ranks (one flattened
+   all-reduce per bucket) before clipping and stepping, so every replica takes the same step;
+3. rank 0 copies the new weights into the group's shared-memory publication slot, and every rank
+   answers ``done`` with its metrics and timings.
+
+An exception anywhere is sent to the driver with its traceback, naming the rank (and whether it
+was raised inside a collective, i.e. most likely caused by another rank). The rank writes what it
+is doing (batch, phase, since when) into a shared status table, which the driver reads to name a
+hung rank when its deadline passes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from rlstruct.staging import DeviceStager, unpack
+
+__all__ = ["RankContext", "RankSpec", "PHASES"]
+
+#: The phases of the status table (column 1), by code.
+PHASES = ("idle", "learn", "all-reduce", "publish")
+_IDLE, _LEARN, _COLLECTIVE, _PUBLISH = range(4)
+_BUCKET_BYTES = 25 * 2**20  # like DDP's default bucket
+
+
+@dataclass
+class RankSpec:
+    """What every rank is started with (picklable; the factories travel as cloudpickle bytes).
+
+    Attributes:
+        factories: cloudpickle of ``(make_model, make_optimizer, learn)``.
+        devices: one device name per rank.
+        backend: ``"gloo"`` or ``"nccl"``.
+        init_method: the rendezvous, ``tcp://addr:port``.
+        seed: ``torch.manual_seed`` of every rank before the model is built.
+        n_threads: torch threads per rank.
+        pg_timeout: seconds a collective may wait for a peer before it fails.
+    """
+
+    factories: bytes
+    devices: list[str]
+    backend: str
+    init_method: str
+    seed: int
+    n_threads: int
+    pg_timeout: float
+
+
+class RankContext:
+    """What ``learn(ctx, shard, **kwargs)`` gets on each rank.
+
+    Attributes:
+        rank: this rank, ``0 <= rank < world_size``.
+        world_size: the number of ranks.
+        device: this rank's device (the shard is already on it).
+        model: this rank's replica (identical on every rank after every step).
+        optimizer: this rank's optimizer over ``model``'s parameters.
+    """
+
+    def __init__(
+        self, rank: int, world_size: int, device: torch.device, model: nn.Module,
+        optimizer: torch.optim.Optimizer, status: Tensor | None = None,
+    ) -> None:
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.model, self.optimizer = model, optimizer
+        self._status = status
+        self.allreduce_ms = 0.0
+        self.n_allreduce = 0
+        self.in_collective = False
+
+    def step(
+        self, optimizer: torch.optim.Optimizer, loss: Tensor, max_grad_norm: float
+    ) -> Tensor | None:
+        """:func:`rlstruct.optim.gradient_step` with the gradients averaged over the ranks:
+        ``zero_grad``, ``backward``, all-reduce mean, clip the global norm (0: no clipping),
+        ``step``. Every rank must call it the same number of times per batch.
+
+        Returns:
+            The global norm of the averaged gradient before clipping, or None without clipping.
+        """
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.average_gradients()
+        norm = None
+        if max_grad_norm > 0:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            norm = nn.utils.clip_grad_norm_(params, max_grad_norm)
+        optimizer.step()
+        return norm
+
+    def average_gradients(self) -> None:
+        """Replaces every gradient of ``model`` by its mean over the ranks (in buckets of
+        flattened gradients; nothing at all with one rank, which keeps it bitwise equal to a
+        single learner)."""
+        if self.world_size == 1:
+            return
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        start = time.perf_counter()
+        self._set_status(_COLLECTIVE)
+        self.in_collective = True
+        work = []
+        for bucket in _buckets(grads):
+            flat = torch.cat([g.reshape(-1) for g in bucket])
+            work.append((bucket, flat, dist.all_reduce(flat, async_op=True)))
+        for bucket, flat, handle in work:
+            handle.wait()
+            flat.div_(self.world_size)
+            views = flat.split([g.numel() for g in bucket])
+            torch._foreach_copy_(bucket, [v.view_as(g) for v, g in zip(views, bucket)])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # honest all-reduce timings
+        self.in_collective = False
+        self._set_status(_LEARN)
+        self.n_allreduce += 1
+        self.allreduce_ms += (time.perf_counter() - start) * 1e3
+
+    def _set_status(self, phase: int, batch: int | None = None) -> None:
+        if self._status is None:
+            return
+        row = self._status[self.rank]
+        if batch is not None:
+            row[0] = batch
+        row[1], row[2], row[3] = phase, time.time(), self.n_allreduce
+
+
+def _buckets(grads: list[Tensor]) -> list[list[Tensor]]:
+    """Consecutive gradients of one dtype and device, up to about 25 MB per bucket."""
+    out: list[list[Tensor]] = []
+    size = 0
+    for g in grads:
+        nbytes = g.numel() * g.element_size()
+        if (not out or size + nbytes > _BUCKET_BYTES or g.dtype != out[-1][0].dtype
+                or g.device != out[-1][0].device):
+            out.append([])
+            size = 0
+        out[-1].append(g)
+        size += nbytes
+    return out
+
+
+def _loader(conn: Any, send: Callable[[tuple], None], stager: DeviceStager, rank: int,
+            slots: list[dict[str, Tensor]], local: queue.Queue) -> None:
+    """The loader thread: stages each announced shard onto the device, in order."""
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):  # the driver is gone
+            local.put(("stop",))
+            return
+        if msg[0] == "batch":
+            _, index, slot, kind, kwargs = msg
+            tensors, event = stager.stage(slot, slots[slot])
+            send(("loaded", rank, index))
+            local.put(("batch", index, kind, tensors, event, kwargs))
+        else:
+            local.put(msg)
+            if msg[0] == "stop":
+                return
+
+
+def rank_main(
+    rank: int, spec: RankSpec, conn: Any, slots: list[dict[str, Tensor]], status: Tensor,
+    published: list[dict[str, Tensor]],
+) -> None:
+    """The body of rank ``rank``'s process (see the module notes)."""
+    lock = threading.Lock()
+    index: int | None = None
+    ctx: RankContext | None = None
+    exitcode = 0
+
+    def send(msg: tuple) -> None:
+        with lock:
+            conn.send(msg)
+
+    try:
+        torch.set_num_threads(spec.n_threads)
+        device = torch.device(spec.devices[rank])
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        world = len(spec.devices)
+        dist.init_process_group(
+            spec.backend, init_method=spec.init_method, rank=rank, world_size=world,
+            timeout=timedelta(seconds=spec.pg_timeout),
+        )
+        make_model, make_optimizer, learn = cloudpickle.loads(spec.factories)
+        torch.manual_seed(spec.seed)
+        model = make_model().to(device)
+        model.load_state_dict(published[0])  # the initial weights, written by the driver
+        optimizer = make_optimizer(model.parameters())
+        ctx = RankContext(rank, world, device, model, optimizer, status)
+        stager = DeviceStager(device)
+        local: queue.Queue = queue.Queue(maxsize=1)  # one staged shard ahead of learn
+        threading.Thread(target=_loader, args=(conn, send, stager, rank, slots, local),
+                         name=f"rlstruct-rank{rank}-loader", daemon=True).start()
+        send(("ready", rank, os.getpid()))
+        while True:
+            t0 = time.perf_counter()
+            msg = local.get()
+            wait_ms = (time.perf_counter() - t0) * 1e3
+            if msg[0] == "stop":
+                break
+            if msg[0] == "optimizer_state":
+                buffer = io.BytesIO()
+                torch.save(optimizer.state_dict(), buffer)
+                send(("optimizer_state", rank, buffer.getvalue()))
+                continue
+            _, index, kind, tensors, event, kwargs = msg
+            del msg
+            stager.ready(tensors, event)
+            ctx.allreduce_ms, ctx.n_allreduce = 0.0, 0
+            ctx._set_status(_LEARN, index)
+            start = time.perf_counter()
+            out = learn(ctx, unpack(kind, tensors), **kwargs)
+            del tensors
+            metrics = _as_metrics(out)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            learn_ms = (time.perf_counter() - start) * 1e3
+            if rank == 0:
+                ctx._set_status(_PUBLISH)
+                dst = published[(index + 1) % len(published)]
+                state = model.state_dict()
+                torch._foreach_copy_([dst[k] for k in dst], [state[k] for k in dst])
+            ctx._set_status(_IDLE)
+            timings = {"load_wait_ms": wait_ms, "learn_ms": learn_ms,
+                       "allreduce_ms": ctx.allreduce_ms, "n_allreduce": float(ctx.n_allreduce)}
+            send(("done", rank, index, metrics, timings))
+            index = None
+    except BaseException as exc:
+        exitcode = 1
+        text = "".join(traceback.format_exception(exc))
+        collective = ctx is not None and ctx.in_collective
+        with contextlib.suppress(OSError):
+            send(("error", rank, index, type(exc).__name__, str(exc), text, collective))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    # Everything is sent and the group destroyed: skip the interpreter's teardown (seconds with
+    # torch loaded), which would make close() slow.
+    os._exit(exitcode)
+
+
+def _as_metrics(out: Any) -> dict[str, float]:
+    if out is None:
+        return {}
+    if not isinstance(out, Mapping):
+        raise TypeError(
+            f"the learn function must return a Mapping[str, float] or None, got "
+            f"{type(out).__name__}"
+        )
+    return {str(k): float(v) for k, v in out.items()}
