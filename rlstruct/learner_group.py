@@ -44,9 +44,9 @@ from typing import Any
 
 import cloudpickle
 import torch
-import torch.multiprocessing as tmp
 from torch import Tensor, nn
 
+from rlstruct.batchers.multiprocess import worker_context
 from rlstruct.devices import resolve_device
 from rlstruct.dicttensor import DictTensor
 from rlstruct.errors import BatcherStateError, ConfigError, LearnerError, LearnerTimeoutError
@@ -325,7 +325,7 @@ class LearnerGroup:
 
     # ------------------------------------------------------------------ internals
     def _start(self, shards: list[dict[str, Tensor]]) -> None:
-        ctx = tmp.get_context("spawn")
+        ctx = worker_context(start=True)  # the batchers' forkserver: torch is imported already
         self._rings = [StagingRing(shard, self.n_slots) for shard in shards]
         for rank in range(self.n_learners):
             mine, theirs = ctx.Pipe(duplex=True)
