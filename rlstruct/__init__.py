@@ -23,6 +23,9 @@ The experiment layer, which the algorithms of ``algos/`` are written with::
     from rlstruct.nets import mlp                      # orthogonally initialised MLPs
     from rlstruct.optim import gradient_step           # one meaning of gradient clipping
     from rlstruct.sampling import CategoricalSampler   # seeded action sampling in agents
+    from rlstruct.learner_group import LearnerGroup    # data-parallel learner ranks
+    from rlstruct.learner_rank import RankContext      # what a rank's learn function gets
+    from rlstruct.staging import StagingRing           # shards staged onto rank devices
 
 ``rlstruct.compat`` keeps rlstructures' names for a port. ``python -m rlstruct plot runs/``
 plots run directories (see :mod:`rlstruct.plotting`).

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 from rlstruct.staging import DeviceStager, unpack
 
-__all__ = ["RankContext", "RankSpec", "PHASES"]
+__all__ = ["RankContext"]
 
 #: The phases of the status table (column 1), by code.
 PHASES = ("idle", "learn", "all-reduce", "publish")
