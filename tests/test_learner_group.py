@@ -216,3 +216,36 @@ def test_a_hung_rank_hits_the_deadline_and_is_named_first():
         start = time.monotonic()
     assert time.monotonic() - start < 10
     _assert_nothing_left(before, g.address[1])
+
+
+# ----------------------------------------------------------------------------- GPU (NCCL)
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 2])
+def test_nccl_ranks_on_gpus_match_one_learner(n):
+    if torch.cuda.device_count() < n:
+        pytest.skip(f"needs {n} GPUs")
+    torch.manual_seed(0)
+    model, batch = toy_model(), toy_batch()
+    devices = [f"cuda:{k}" for k in range(n)]
+    with LearnerGroup(toy_model, learner_fns.adam, learner_fns.toy_learn, model.state_dict(),
+                      n_learners=n, devices=devices, timeout=120) as g:
+        assert g.backend == "nccl"
+        metrics = g.learn(batch)
+        weights = {k: v.clone() for k, v in g.state_dict().items()}
+    assert metrics["n_allreduce"] == (learner_fns.N_STEPS if n > 1 else 0)
+    learner_fns.toy_reference(model, batch)  # on the CPU: GPU kernels round differently
+    assert _max_diff(weights, model.state_dict()) < 1e-4
+
+
+@pytest.mark.gpu
+def test_staging_copies_on_a_cuda_side_stream():
+    device = torch.device("cuda:0")
+    ring = StagingRing({"x": torch.zeros(1024, 256)}, n_slots=2)
+    ring.write(0, {"x": torch.full((1024, 256), 3.0)})
+    stager = DeviceStager(device)
+    staged, event = stager.stage(0, ring.slots[0])
+    assert event is not None and staged["x"].device == device
+    ring.write(0, {"x": torch.zeros(1024, 256)})  # the slot may be reused once stage returns
+    stager.ready(staged, event)  # the learner's stream waits for the side stream's copy
+    assert float(staged["x"].sum()) == 3.0 * 1024 * 256
+    assert stager._stream != torch.cuda.current_stream(device)
