@@ -36,14 +36,15 @@ from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.envs import GymEnvInf
 from rlstruct.nets import linear, mlp
-from rlstruct.optim import gradient_step
+from rlstruct.optim import adam, gradient_step
 from rlstruct.replay import replay_agent, replay_agent_stateless
 from rlstruct.run import Run, RunConfig
-from rlstruct.sampling import CategoricalSampler
-
-FRAME, NEXT_FRAME = K.OBSERVATION + K.FRAME, K.NEXT_OBSERVATION + K.FRAME
-ACTION, REWARD = K.ACTION + K.ACTION_KEY, K.NEXT_OBSERVATION + K.REWARD
-GREEDY = DictTensor({"greedy": torch.ones(1, dtype=torch.bool)})  # the evaluation's agent_info
+from rlstruct.sampling import (
+    CategoricalSampler,
+    categorical_entropy,
+    categorical_log_prob,
+    greedy_info,
+)
 
 
 @dataclass
@@ -152,7 +153,7 @@ class A2CAgent(Agent):
         return logits, value, DictTensor({"h": h})
 
     def __call__(
-        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor, history=None
+        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
     ) -> tuple[DictTensor, DictTensor]:
         logits, value, new_state = self._step(state, observation)
         action = self.sample(logits, agent_info)
@@ -161,7 +162,7 @@ class A2CAgent(Agent):
     def call_replay(
         self, trajectories: Trajectories, t: int, state: DictTensor
     ) -> tuple[DictTensor, DictTensor]:
-        observation = trajectories.trajectories.get([FRAME, K.OBSERVATION + K.INITIAL_STATE])
+        observation = trajectories.trajectories.get([K.OBS_FRAME, K.OBS_INITIAL_STATE])
         observation = observation.temporal_index(t).truncate_key(K.OBSERVATION)
         logits, value, new_state = self._step(state, observation)
         out = DictTensor({"logits": logits, "value": value})
@@ -178,7 +179,7 @@ def replay(agent: Agent, traj: Trajectories) -> TemporalDictTensor:
 def next_values(model: nn.Module, traj: Trajectories, out: TemporalDictTensor) -> Tensor:
     """``V'`` ``(B, T)`` of the TRUE next observations, in one gradient-free batched call; a
     recurrent model reads them from the state after each step (``out["h"]``)."""
-    next_frame = traj.trajectories[NEXT_FRAME]
+    next_frame = traj.trajectories[K.NEXT_FRAME]
     with torch.no_grad():
         h = out["h"].flatten(0, 1) if "h" in out else None
         _, value, _ = model(next_frame.flatten(0, 1), h)
@@ -202,19 +203,15 @@ def a2c_loss(
     """
     steps, mask = traj.trajectories, traj.trajectories.mask()
     advantage, returns = F.gae(
-        steps[REWARD], value.detach(), next_value,
-        steps[K.NEXT_OBSERVATION + K.TERMINATED], steps[K.NEXT_OBSERVATION + K.TRUNCATED],
-        steps.lengths, cfg.gamma, cfg.gae_lambda,
+        steps[K.NEXT_REWARD], value.detach(), next_value, steps[K.NEXT_TERMINATED],
+        steps[K.NEXT_TRUNCATED], steps.lengths, cfg.gamma, cfg.gae_lambda,
     )
     if cfg.normalize_advantages:  # over the valid steps: the step size ignores the reward scale
-        mean = F.masked_mean(advantage, mask)
-        std = F.masked_mean((advantage - mean) ** 2, mask).sqrt()
-        advantage = (advantage - mean) / (std + 1e-8)
-    log_probs = logits.log_softmax(-1)
-    logp = log_probs.gather(-1, steps[ACTION].unsqueeze(-1)).squeeze(-1)
+        advantage = F.normalize_advantages(advantage, mask)
+    logp = categorical_log_prob(logits, steps[K.STORED_ACTION])
     policy_loss = -F.masked_mean(logp * advantage, mask)
     value_loss = F.masked_mean((value - returns) ** 2, mask)
-    entropy = F.masked_mean(-(log_probs.exp() * log_probs).sum(-1), mask)
+    entropy = F.masked_mean(categorical_entropy(logits), mask)
     loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy
     stats = {"loss": loss, "policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy}
     return loss, {k: float(v.detach()) for k, v in stats.items()}
@@ -227,10 +224,9 @@ def main(cfg: Config) -> dict[str, Any]:
         net = GRUActorCritic if cfg.recurrent else MLPActorCritic
         model = net(run.obs_dim, run.n_actions, cfg.hidden)  # on the CPU: the batchers copy it
         batcher = run.training_batcher(A2CAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
-        run.evaluator(A2CAgent, {"model": model}, agent_info=GREEDY)
+        run.evaluator(A2CAgent, {"model": model}, agent_info=greedy_info())
         agent = run.learner(A2CAgent(model))
-        fused = run.device.type in ("cpu", "cuda")  # one kernel for all of Adam's updates
-        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, fused=fused)
+        optimizer = adam(model.parameters(), cfg.lr, run.device)
         run.checkpoint_state(model=model, optimizer=optimizer)
         # 1. Each segment the workers collected with the current policy, until the stop test.
         for traj in run.segments(batcher):

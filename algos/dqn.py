@@ -3,8 +3,9 @@ al., 2016) variants, on auto-reset ``GymEnvInf`` segments.
 
 Each iteration takes a segment of ``B x T`` steps from the batcher (epsilon-greedy, epsilon passed
 PER ROW in ``agent_info``), stores its valid steps in a ``ReplayBuffer`` on the learner device,
-starts the next segment (worker processes, if any, collect it while we learn), then takes
-``updates_per_batch`` gradient steps on uniform samples of the buffer:
+starts the next segment with ``run.publish`` (the new weights and epsilon; worker processes,
+if any, collect it while we learn), then takes ``updates_per_batch`` gradient steps on uniform
+samples of the buffer:
 
     y    = r + gamma (1 - terminated) Q_target(s', a*)      (F.td_targets)
     a*   = argmax_a Q(s', a) with --double, argmax_a Q_target(s', a) without
@@ -32,14 +33,12 @@ from rlstruct import Agent, DictTensor, Trajectories, replay_agent_stateless
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.envs import GymEnvInf
-from rlstruct.optim import gradient_step
+from rlstruct.optim import adam, gradient_step
 from rlstruct.replay_buffer import ReplayBuffer
 from rlstruct.run import Run, RunConfig
 
-FRAME, NEXT_FRAME = K.OBSERVATION + K.FRAME, K.NEXT_OBSERVATION + K.FRAME
-ACTION, REWARD = K.ACTION + K.ACTION_KEY, K.NEXT_OBSERVATION + K.REWARD
-TERMINATED, TRUNCATED = K.NEXT_OBSERVATION + K.TERMINATED, K.NEXT_OBSERVATION + K.TRUNCATED
-STORED_KEYS = (FRAME, ACTION, NEXT_FRAME, REWARD, TERMINATED, TRUNCATED)
+STORED_KEYS = (K.OBS_FRAME, K.STORED_ACTION, K.NEXT_FRAME, K.NEXT_REWARD, K.NEXT_TERMINATED,
+               K.NEXT_TRUNCATED)
 
 
 @dataclass
@@ -115,7 +114,7 @@ class QAgent(Agent):
         self._seed, self.generator = seed, None
 
     def __call__(
-        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor, history=None
+        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
     ) -> tuple[DictTensor, DictTensor]:
         q = self.model(observation[K.FRAME])
         n, n_actions = q.shape
@@ -135,7 +134,7 @@ class QAgent(Agent):
     ) -> tuple[DictTensor, DictTensor]:
         steps = trajectories.trajectories
         n = steps.n_elems()
-        q = self.model(torch.cat([steps[FRAME][:, t], steps[NEXT_FRAME][:, t]]))  # one pass
+        q = self.model(torch.cat([steps[K.OBS_FRAME][:, t], steps[K.NEXT_FRAME][:, t]]))
         return DictTensor({"q": q[:n], "next_q": q[n:]}), state
 
 
@@ -203,9 +202,10 @@ def learn(
     on the transitions; the target network only evaluates s': it is called directly."""
     out = replay_agent_stateless(agent, sample)
     with torch.no_grad():
-        next_q_target = target(sample[NEXT_FRAME])
+        next_q_target = target(sample[K.NEXT_FRAME])
     loss, stats = dqn_loss(
-        out["q"], sample[ACTION], sample[REWARD], sample[TERMINATED], sample[TRUNCATED],
+        out["q"], sample[K.STORED_ACTION], sample[K.NEXT_REWARD], sample[K.NEXT_TERMINATED],
+        sample[K.NEXT_TRUNCATED],
         out["next_q"].detach(), next_q_target, gamma=cfg.gamma, double=cfg.double,
     )
     gradient_step(optimizer, loss, cfg.max_grad_norm)
@@ -223,17 +223,14 @@ def main(cfg: Config) -> dict[str, Any]:
         run.evaluator(QAgent, {"model": model}, agent_info=DictTensor({"epsilon": torch.zeros(1)}))
         agent = run.learner(QAgent(model))
         target = copy.deepcopy(model).requires_grad_(False)
-        fused = run.device.type in ("cpu", "cuda")  # one kernel for all of Adam's updates
-        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, fused=fused)
+        optimizer = adam(model.parameters(), cfg.lr, run.device)
         buffer = ReplayBuffer(cfg.buffer_size, device=run.device, keys=STORED_KEYS)
         run.checkpoint_state(model=model, target=target, optimizer=optimizer)
         n_rows, n_updates, stats = batcher.n_elems(), 0, {}
         # 1. Store each segment and start the next one (the workers collect it meanwhile).
         for traj in run.segments(batcher, agent_info=epsilon(0, n_rows, cfg)):
             buffer.add(traj)
-            with run.monitor.phase("collect"):
-                batcher.update(model.state_dict())
-                batcher.execute(agent_info=epsilon(run.frames, n_rows, cfg))
+            run.publish(batcher, model.state_dict(), agent_info=epsilon(run.frames, n_rows, cfg))
             # 2. Gradient steps on uniform samples of the buffer, on the learner device.
             for _ in range(cfg.updates_per_batch if len(buffer) >= cfg.learning_starts else 0):
                 stats = learn(agent, target, optimizer, buffer.sample(cfg.batch_size), cfg)

@@ -32,21 +32,16 @@ import torch
 import tyro
 from torch import Tensor
 
-from rlstruct import DictTensor, LearnerThread, Trajectories
+from rlstruct import Agent, LearnerThread, Trajectories, replay_agent_stateless
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
 from rlstruct.experiment import LayoutConfig
 from rlstruct.nets import MLPActorCritic
-from rlstruct.optim import gradient_step
+from rlstruct.optim import adam, gradient_step
 from rlstruct.run import Run, RunConfig
-from rlstruct.sampling import ActorAgent
-
-FRAME, NEXT_FRAME = K.OBSERVATION + K.FRAME, K.NEXT_OBSERVATION + K.FRAME
-ACTION, LOGP = K.ACTION + K.ACTION_KEY, K.ACTION + "logp"
-REWARD = K.NEXT_OBSERVATION + K.REWARD
-GREEDY = DictTensor({"greedy": torch.ones(1, dtype=torch.bool)})  # the evaluation's agent_info
+from rlstruct.sampling import ActorAgent, categorical_entropy, categorical_log_prob, greedy_info
 
 
 @dataclass
@@ -90,36 +85,31 @@ ActorCritic = MLPActorCritic  # separate actor and critic MLPs (rlstruct/nets.py
 # --------------------------------------------------------------------------------------- agent
 def BehaviourAgent(model: ActorCritic) -> ActorAgent:  # noqa: N802 - a create_agent factory
     """Samples ``a ~ softmax(logits)`` (the argmax on rows with ``agent_info["greedy"]``) and
-    stores ``action`` and its log-probability ``logp`` under the acting policy."""
-    return ActorAgent(model, store_value=False)
+    stores ``action`` and its log-probability ``logp`` under the acting policy. Replayed on the
+    learner (through ``CheckDevice`` with ``--check-devices``), it returns the differentiable
+    ``logits`` and ``value`` of the stored observations and ``next_value``, V(s') without
+    gradient."""
+    return ActorAgent(model, store_value=False, replay_next_value=True)
 
 
 # --------------------------------------------------------------------------------------- loss
-def vtrace_loss(
-    model: ActorCritic, traj: Trajectories, cfg: Config
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """The IMPALA loss of one segment ``(B, T)``; returns ``(loss, detached stats)``."""
-    steps = traj.trajectories
-    b, t = steps[REWARD].shape
-    logits, value = model(steps[FRAME].flatten(0, 1))
-    logits, value = logits.view(b, t, -1), value.view(b, t)
-    with torch.no_grad():
-        _, next_value = model(steps[NEXT_FRAME].flatten(0, 1))
-    log_probs = logits.log_softmax(-1)
-    logp = log_probs.gather(2, steps[ACTION].unsqueeze(2)).squeeze(2)
-    log_rho = logp.detach() - steps[LOGP]
+def vtrace_loss(agent: Agent, traj: Trajectories, cfg: Config) -> tuple[Tensor, dict[str, Tensor]]:
+    """The IMPALA loss of one segment ``(B, T)`` on the agent's device; returns ``(loss,
+    detached stats)``. The agent (a ``BehaviourAgent``) is replayed in one batched call."""
+    steps, out = traj.trajectories, replay_agent_stateless(agent, traj)
+    logits, value = out["logits"], out[K.VALUE]
+    logp = categorical_log_prob(logits, steps[K.STORED_ACTION])
+    log_rho = logp.detach() - steps[K.STORED_LOGP]
     targets, advantages = F.vtrace(
-        steps[REWARD], value.detach(), next_value.view(b, t),
-        steps[K.NEXT_OBSERVATION + K.TERMINATED], steps[K.NEXT_OBSERVATION + K.TRUNCATED],
-        steps.lengths, log_rho, cfg.gamma, cfg.rho_bar, cfg.c_bar,
+        steps[K.NEXT_REWARD], value.detach(), out["next_value"], steps[K.NEXT_TERMINATED],
+        steps[K.NEXT_TRUNCATED], steps.lengths, log_rho, cfg.gamma, cfg.rho_bar, cfg.c_bar,
     )
     mask = steps.mask()
     if cfg.normalize_advantages:
-        valid = advantages[mask]
-        advantages = (advantages - valid.mean()) / (valid.std(correction=0) + 1e-8)
+        advantages = F.normalize_advantages(advantages, mask)
     policy = F.masked_mean(-logp * advantages, mask)
     values = F.masked_mean(0.5 * (value - targets).square(), mask)
-    entropy = F.masked_mean(-(log_probs.exp() * log_probs).sum(-1), mask)
+    entropy = F.masked_mean(categorical_entropy(logits), mask)
     loss = policy + cfg.vf_coef * values - cfg.ent_coef * entropy
     rho = log_rho.exp()[mask]
     stats = {"policy_loss": policy.detach(), "value_loss": values.detach(),
@@ -130,17 +120,19 @@ def vtrace_loss(
 
 class Learner:
     """What the learner thread runs: a gradient step per segment, then a weights copy that
-    the main thread picks up with :meth:`take_weights`."""
+    the main thread picks up with :meth:`take_weights`. ``agent`` is the learner's
+    ``BehaviourAgent`` from ``run.learner`` (so the loss runs through ``CheckDevice`` with
+    ``--check-devices``)."""
 
-    def __init__(self, model: ActorCritic, cfg: Config, device: torch.device) -> None:
-        self.model, self.cfg, self.device = model, cfg, device
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=1e-5)
+    def __init__(self, agent: Agent, cfg: Config, device: torch.device) -> None:
+        self.agent, self.model, self.cfg, self.device = agent, agent.model, cfg, device
+        self.optimizer = adam(self.model.parameters(), cfg.lr, device, eps=1e-5)
         self._lock = threading.Lock()
         self._weights: dict[str, Tensor] | None = None
         self.thread: LearnerThread | None = None
 
     def __call__(self, traj: Trajectories) -> dict[str, float]:
-        loss, stats = vtrace_loss(self.model, traj.to(self.device), self.cfg)
+        loss, stats = vtrace_loss(self.agent, traj.to(self.device), self.cfg)
         gradient_step(self.optimizer, loss, self.cfg.max_grad_norm)
         weights = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         with self._lock:
@@ -163,9 +155,9 @@ def main(cfg: Config) -> dict[str, Any]:
         model = ActorCritic(run.obs_dim, run.n_actions, cfg.hidden)  # CPU: the batchers copy it
         batcher = run.training_batcher(BehaviourAgent, {"model": model}, GymEnvInf,
                                        cfg.n_timesteps)
-        run.evaluator(BehaviourAgent, {"model": model}, agent_info=GREEDY)
+        run.evaluator(BehaviourAgent, {"model": model}, agent_info=greedy_info())
         latest = {k: v.clone() for k, v in model.state_dict().items()}
-        learner = Learner(run.learner(BehaviourAgent(model)).model, cfg, run.device)
+        learner = Learner(run.learner(BehaviourAgent(model)), cfg, run.device)
         run.checkpoint_state(model=model, optimizer=learner.optimizer)
         with LearnerThread(learner, max_queue=cfg.queue, name="impala-learner") as thread:
             learner.thread = thread
@@ -177,7 +169,7 @@ def main(cfg: Config) -> dict[str, Any]:
                 weights = learner.take_weights()
                 if weights is not None:
                     latest = weights
-                    batcher.update(weights)
+                    run.publish(batcher, weights)  # pipelined: an update, no execute
                 m = thread.metrics()
                 run.end_iteration(latest, lr=cfg.lr, learned=m["batches_learned"],
                                   queue=m["queue_size_mean"], learn_ms=m["learn_ms_mean"],

@@ -38,14 +38,9 @@ from rlstruct import keys as K
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
 from rlstruct.nets import CNNActorCritic, MLPActorCritic
-from rlstruct.optim import gradient_step
+from rlstruct.optim import adam, gradient_step
 from rlstruct.run import Run, RunConfig
-from rlstruct.sampling import ActorAgent
-
-FRAME, NEXT_FRAME = K.OBSERVATION + K.FRAME, K.NEXT_OBSERVATION + K.FRAME
-ACTION, LOGP, VALUE = K.ACTION + K.ACTION_KEY, K.ACTION + "logp", K.ACTION + "value"
-REWARD = K.NEXT_OBSERVATION + K.REWARD
-GREEDY = DictTensor({"greedy": torch.ones(1, dtype=torch.bool)})  # the evaluation's agent_info
+from rlstruct.sampling import ActorAgent, categorical_entropy, categorical_log_prob, greedy_info
 
 
 @dataclass
@@ -89,19 +84,10 @@ ActorCritic = MLPActorCritic  # separate actor and critic MLPs (rlstruct/nets.py
 
 
 # --------------------------------------------------------------------------------------- agent
-class PPOAgent(ActorAgent):
-    """Memoryless: samples ``a ~ softmax(logits)`` (the argmax on rows with
-    ``agent_info["greedy"]``) and returns ``action``, its ``logp`` and ``value``.
-
-    ``call_replay`` (used by ``replay_agent_stateless`` on the learner) samples nothing: it
-    returns the differentiable ``logits`` and ``value`` of the stored observations.
-    """
-
-    def call_replay(
-        self, trajectories: Trajectories, t: int, state: DictTensor
-    ) -> tuple[DictTensor, DictTensor]:
-        logits, value = self.model(trajectories.trajectories[FRAME][:, t])
-        return DictTensor({"logits": logits, "value": value}), state
+# Memoryless (rlstruct/sampling.py): samples a ~ softmax(logits) (the argmax on rows with
+# agent_info["greedy"]) and stores action, logp and value; its call_replay (replay_agent_stateless
+# on the learner) samples nothing and returns the differentiable logits and value.
+PPOAgent = ActorAgent
 
 
 # --------------------------------------------------------------------------------------- loss
@@ -121,11 +107,6 @@ def value_loss(value: Tensor, value_old: Tensor, returns: Tensor, clip: float | 
     return 0.5 * loss
 
 
-def normalize(x: Tensor) -> Tensor:
-    """``(x - mean) / (std + 1e-8)``: the step size no longer depends on the reward scale."""
-    return (x - x.mean()) / (x.std(correction=0) + 1e-8)
-
-
 def gae_advantages(
     model: ActorCritic, traj: Trajectories, gamma: float, lam: float
 ) -> tuple[Tensor, Tensor]:
@@ -133,28 +114,27 @@ def gae_advantages(
     the critic's values of the true next observations (one batched call, no gradient)."""
     steps = traj.trajectories
     with torch.no_grad():
-        next_value = model.value(steps[NEXT_FRAME].flatten(0, 1)).view(steps[REWARD].shape)
+        next_value = model.value(steps[K.NEXT_FRAME].flatten(0, 1)).view(steps[K.NEXT_REWARD].shape)
     return F.gae(
-        steps[REWARD], steps[VALUE], next_value,
-        steps[K.NEXT_OBSERVATION + K.TERMINATED], steps[K.NEXT_OBSERVATION + K.TRUNCATED],
-        steps.lengths, gamma, lam,
+        steps[K.NEXT_REWARD], steps[K.STORED_VALUE], next_value, steps[K.NEXT_TERMINATED],
+        steps[K.NEXT_TRUNCATED], steps.lengths, gamma, lam,
     )
 
 
 def ppo_loss(agent: Agent, minibatch: DictTensor, cfg: Config) -> tuple[Tensor, dict[str, Tensor]]:
     """The PPO loss of a minibatch of transitions; returns ``(loss, detached stats)``."""
     new = replay_agent_stateless(agent, minibatch)
-    log_probs = new["logits"].log_softmax(-1)
-    logp = log_probs.gather(1, minibatch[ACTION].unsqueeze(1)).squeeze(1)
+    logp = categorical_log_prob(new["logits"], minibatch[K.STORED_ACTION])
     advantage = minibatch["advantage"]
     if cfg.adv_norm == "minibatch":
-        advantage = normalize(advantage)
-    policy = clipped_policy_loss(logp, minibatch[LOGP], advantage, cfg.clip_coef)
-    values = value_loss(new["value"], minibatch[VALUE], minibatch["return"], cfg.value_clip)
-    entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
+        advantage = F.normalize_advantages(advantage)
+    policy = clipped_policy_loss(logp, minibatch[K.STORED_LOGP], advantage, cfg.clip_coef)
+    values = value_loss(new["value"], minibatch[K.STORED_VALUE], minibatch["return"],
+                        cfg.value_clip)
+    entropy = categorical_entropy(new["logits"]).mean()
     loss = policy.mean() + cfg.vf_coef * values.mean() - cfg.ent_coef * entropy
     with torch.no_grad():
-        log_ratio = logp - minibatch[LOGP]
+        log_ratio = logp - minibatch[K.STORED_LOGP]
         ratio = log_ratio.exp()
         stats = {
             "policy_loss": policy.mean(), "value_loss": values.mean(), "entropy": entropy.detach(),
@@ -170,11 +150,11 @@ def relabel(agent: Agent, traj: Trajectories) -> Trajectories:
     baseline) must be measured from the policy being improved, or the first epoch already
     starts outside the clip range and the gradient vanishes."""
     with torch.no_grad():
-        logits, value = agent.model(traj.trajectories[FRAME].flatten(0, 1))
-        shape = traj.trajectories[VALUE].shape
-        logp = logits.log_softmax(-1).gather(1, traj.trajectories[ACTION].view(-1, 1))
-    traj.trajectories.set(LOGP, logp.view(shape))
-    traj.trajectories.set(VALUE, value.view(shape))
+        logits, value = agent.model(traj.trajectories[K.OBS_FRAME].flatten(0, 1))
+        shape = traj.trajectories[K.STORED_VALUE].shape
+        logp = categorical_log_prob(logits, traj.trajectories[K.STORED_ACTION].view(-1))
+    traj.trajectories.set(K.STORED_LOGP, logp.view(shape))
+    traj.trajectories.set(K.STORED_VALUE, value.view(shape))
     return traj
 
 
@@ -185,12 +165,12 @@ def learn(
     if cfg.layout.pipeline > 1:  # collected one update ago: clip around the current policy
         traj = relabel(agent, traj)
     advantage, returns = gae_advantages(agent.model, traj, cfg.gamma, cfg.gae_lambda)
-    steps = traj.trajectories.get([FRAME, ACTION, LOGP, VALUE])
+    steps = traj.trajectories.get([K.OBS_FRAME, K.STORED_ACTION, K.STORED_LOGP, K.STORED_VALUE])
     steps.set("advantage", advantage)
     steps.set("return", returns)
     batch = steps.to_transitions()  # the N valid steps, row by row: a minibatch is a row index
     if cfg.adv_norm == "batch":
-        batch["advantage"] = normalize(batch["advantage"])
+        batch["advantage"] = F.normalize_advantages(batch["advantage"])
     for _ in range(cfg.n_epochs):
         totals: dict[str, Tensor] = {}
         order = torch.randperm(batch.n_elems(), device=batch.device())
@@ -209,11 +189,9 @@ def main(cfg: Config) -> dict[str, Any]:
         model = (ActorCritic(run.obs_dim, run.n_actions, cfg.hidden) if cfg.model == "mlp"  # CPU
                  else CNNActorCritic(run.n_actions, in_channels=run.obs_shape[0]))
         batcher = run.training_batcher(PPOAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
-        run.evaluator(PPOAgent, {"model": model}, agent_info=GREEDY)
+        run.evaluator(PPOAgent, {"model": model}, agent_info=greedy_info())
         agent = run.learner(PPOAgent(model))
-        # One fused kernel for all of Adam's per-parameter updates: cheaper for a small net.
-        fused = run.device.type in ("cpu", "cuda")
-        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=1e-5, fused=fused)
+        optimizer = adam(model.parameters(), cfg.lr, run.device, eps=1e-5)
         run.checkpoint_state(model=model, optimizer=optimizer)
         # 1. Each segment the workers collected with the current policy, until the stop test.
         for traj in run.segments(batcher):

@@ -31,13 +31,14 @@ from rlstruct import keys as K
 from rlstruct.batchers import Batcher, SerialBatcher
 from rlstruct.envs import GymEnv
 from rlstruct.nets import mlp
-from rlstruct.optim import gradient_step
+from rlstruct.optim import adam, gradient_step
 from rlstruct.run import Run, RunConfig
-from rlstruct.sampling import CategoricalSampler
-
-FRAME, NEXT_FRAME = K.OBSERVATION + K.FRAME, K.NEXT_OBSERVATION + K.FRAME
-ACTION = K.ACTION + K.ACTION_KEY
-GREEDY = DictTensor({"greedy": torch.ones(1, dtype=torch.bool)})  # the evaluation's agent_info
+from rlstruct.sampling import (
+    CategoricalSampler,
+    categorical_entropy,
+    categorical_log_prob,
+    greedy_info,
+)
 
 
 @dataclass
@@ -95,7 +96,7 @@ class PolicyAgent(Agent):
         return self.model.critic(frame.flatten(1).float()).squeeze(-1)
 
     def __call__(
-        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor, history=None
+        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
     ) -> tuple[DictTensor, DictTensor]:
         action = self.sample(self.logits(observation[K.FRAME]), agent_info)
         return DictTensor({K.ACTION_KEY: action}), state
@@ -104,27 +105,19 @@ class PolicyAgent(Agent):
         self, trajectories: Trajectories, t: int, state: DictTensor
     ) -> tuple[DictTensor, DictTensor]:
         steps = trajectories.trajectories
-        log_probs = self.logits(steps[FRAME][:, t]).log_softmax(-1)
+        logits = self.logits(steps[K.OBS_FRAME][:, t])
         with torch.no_grad():  # V(s') is a target: no gradient flows into it
-            next_value = self.value(steps[NEXT_FRAME][:, t])
+            next_value = self.value(steps[K.NEXT_FRAME][:, t])
         out = {
-            "logp": log_probs.gather(-1, steps[ACTION][:, t, None]).squeeze(-1),
-            "entropy": -(log_probs.exp() * log_probs).sum(-1),
-            "value": self.value(steps[FRAME][:, t]),
+            "logp": categorical_log_prob(logits, steps[K.STORED_ACTION][:, t]),
+            "entropy": categorical_entropy(logits),
+            "value": self.value(steps[K.OBS_FRAME][:, t]),
             "next_value": next_value,
         }
         return DictTensor(out), state
 
 
 # --------------------------------------------------------------------------------------- loss
-def normalize(x: Tensor, mask: Tensor) -> Tensor:
-    """``(x - mean) / (std + 1e-8)`` over the valid steps: the step size no longer depends on the
-    scale of the returns, and subtracting the mean is a second, batch-level baseline."""
-    mean = F.masked_mean(x, mask)
-    std = F.masked_mean((x - mean) ** 2, mask).sqrt()
-    return (x - mean) / (std + 1e-8)
-
-
 def reinforce_loss(
     logp: Tensor,
     entropy: Tensor,
@@ -146,7 +139,8 @@ def reinforce_loss(
         mask: bool, the valid steps.
         vf_coef: weight of the baseline's MSE.
         ent_coef: weight of the entropy bonus.
-        normalize_advantages: normalise ``A = G - V`` over the valid steps.
+        normalize_advantages: normalise ``A = G - V`` over the valid steps (the step size no
+            longer depends on the scale of the returns; the mean is a batch-level baseline).
 
     Returns:
         ``(loss, stats)``: stats holds the floats ``loss``, ``policy_loss``, ``value_loss``,
@@ -154,7 +148,7 @@ def reinforce_loss(
     """
     advantages = (returns - value).detach()
     if normalize_advantages:
-        advantages = normalize(advantages, mask)
+        advantages = F.normalize_advantages(advantages, mask)
     policy_loss = -F.masked_mean(logp * advantages, mask)
     value_loss = F.masked_mean((value - returns) ** 2, mask)
     mean_entropy = F.masked_mean(entropy, mask)
@@ -169,28 +163,23 @@ def episode_returns(traj: Trajectories, next_value: Tensor, gamma: float) -> Ten
     """Discounted returns ``(B, T)``: terminated steps stop the sum; truncated steps and segment
     cuts bootstrap from ``next_value``, V of the TRUE next observation."""
     steps = traj.trajectories
-    return F.discounted_returns(
-        steps[K.NEXT_OBSERVATION + K.REWARD],
-        steps[K.NEXT_OBSERVATION + K.TERMINATED],
-        steps[K.NEXT_OBSERVATION + K.TRUNCATED],
-        traj.lengths,
-        gamma,
-        next_value=next_value,
-    )
+    return F.discounted_returns(steps[K.NEXT_REWARD], steps[K.NEXT_TERMINATED],
+                                steps[K.NEXT_TRUNCATED], traj.lengths, gamma, next_value=next_value)
 
 
 # --------------------------------------------------------------------------------------- main
 def play_episodes(batcher: Batcher | SerialBatcher, run: Run) -> Trajectories:
-    """One episode per env: ``reset``, then ``execute``/``get`` until no env runs (one segment
-    when ``T`` covers whole episodes); every segment is recorded. Returns them concatenated."""
-    batcher.reset()
-    segments, n_running = [], batcher.n_elems()
-    while n_running:
-        batcher.execute()
+    """One episode per env, from the first segment that ``run.publish`` started: ``get``, then
+    ``execute``/``get`` until no env runs (one segment when ``T`` covers whole episodes); every
+    segment is recorded. Returns them concatenated."""
+    segments = []
+    while True:
         traj, n_running = batcher.get()
         run.record(traj)
         segments.append(traj)
-    return Trajectories.cat(segments)
+        if not n_running:
+            return Trajectories.cat(segments)
+        batcher.execute()
 
 
 def main(cfg: Config) -> dict[str, Any]:
@@ -200,15 +189,14 @@ def main(cfg: Config) -> dict[str, Any]:
         n_timesteps = cfg.n_timesteps or gym.spec(cfg.env_id).max_episode_steps or 1000
         batcher = run.training_batcher(PolicyAgent, {"model": model}, GymEnv, n_timesteps,
                                        pipelined=False)
-        run.evaluator(PolicyAgent, {"model": model}, agent_info=GREEDY)
+        run.evaluator(PolicyAgent, {"model": model}, agent_info=greedy_info())
         agent = run.learner(PolicyAgent(model))
-        # One fused kernel for all of Adam's per-parameter updates: cheaper for a small net.
-        optimizer = torch.optim.Adam(
-            model.parameters(), lr=cfg.lr, fused=run.device.type in ("cpu", "cuda")
-        )
+        optimizer = adam(model.parameters(), cfg.lr, run.device)
         run.checkpoint_state(model=model, optimizer=optimizer)
         while not run.done:
-            # 1. Collect B full episodes with the current policy.
+            # 1. Publish the current weights and collect B new episodes with them.
+            batcher.reset()
+            run.publish(batcher, model.state_dict())
             with run.monitor.phase("collect"):
                 traj = play_episodes(batcher, run).to(run.device)
             # 2. One gradient step: replay the agent on the learner device, then the loss.
@@ -220,7 +208,6 @@ def main(cfg: Config) -> dict[str, Any]:
                 normalize_advantages=cfg.normalize_advantages,
             )
             gradient_step(optimizer, loss, cfg.max_grad_norm)
-            batcher.update(model.state_dict())
             run.end_iteration(model.state_dict(), lr=cfg.lr, **stats)
     return run.summary
 

@@ -21,8 +21,10 @@ The experiment layer, which the algorithms of ``algos/`` are written with::
     from rlstruct.logger import RunLogger              # the run directory
     from rlstruct.plotting import plot_runs            # returns.png, comparisons
     from rlstruct.nets import mlp                      # orthogonally initialised MLPs
-    from rlstruct.optim import gradient_step           # one meaning of gradient clipping
-    from rlstruct.sampling import CategoricalSampler   # seeded action sampling in agents
+    from rlstruct.optim import adam, gradient_step     # fused Adam; one meaning of clipping
+    from rlstruct.sampling import CategoricalSampler, ActorAgent, greedy_info
+                                                       # seeded sampling, greedy evaluation,
+    from rlstruct.sampling import categorical_log_prob, categorical_entropy  # policy terms
     from rlstruct.learner_group import LearnerGroup    # data-parallel learner ranks
     from rlstruct.learner_rank import RankContext      # what a rank's learn function gets
     from rlstruct.staging import StagingRing           # shards staged onto rank devices

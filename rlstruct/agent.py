@@ -3,7 +3,7 @@
 Contract of ``__call__`` (one step over a batch of ``n`` environments, all tensors on the agent's
 device, ``agent_info`` on the CPU or empty):
 
-    action, new_state = agent(state, observation, agent_info, history=None)
+    action, new_state = agent(state, observation, agent_info)
 
 - ``state``: DictTensor ``(n, ...)``, the agent's recurrent state (empty for memoryless agents).
   The agent resets the rows where ``observation["initial_state"]`` is true (use
@@ -53,11 +53,7 @@ class Agent:
         return DictTensor(batch_size=n)
 
     def __call__(
-        self,
-        state: DictTensor,
-        observation: DictTensor,
-        agent_info: DictTensor,
-        history: Any = None,
+        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
     ) -> tuple[DictTensor, DictTensor]:
         """One step over ``n`` rows; see the module docstring for the contract.
 
@@ -87,10 +83,6 @@ class Agent:
         observation = trajectories.trajectories.temporal_index(t).truncate_key(K.OBSERVATION)
         agent_info = trajectories.info.truncate_key(K.AGENT_INFO)
         return self(state, observation, agent_info)
-
-    def require_history(self) -> bool:
-        """True if the agent needs the trajectory so far (``history``); default False."""
-        return False
 
     def modules(self) -> dict[str, nn.Module]:
         """The agent's ``torch.nn.Module`` attributes, by name."""

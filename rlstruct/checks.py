@@ -48,7 +48,7 @@ class CheckDevice(Agent):
 
     Same interface, same behaviour, cheap to remove (like gymnasium's ``PassiveEnvChecker``):
     every method and attribute of the wrapped agent is forwarded (``seed``, ``update``,
-    ``close``, ``require_history``, ``to``, ``modules`` and any custom one); setting an attribute
+    ``close``, ``to``, ``modules`` and any custom one); setting an attribute
     sets it on the wrapped agent. Only ``__call__``, ``call_replay`` and ``initial_state`` add
     checks (see the module docstring); other replay methods are forwarded unchecked.
 
@@ -67,7 +67,7 @@ class CheckDevice(Agent):
 
     Examples:
         >>> class Echo(Agent):
-        ...     def __call__(self, state, observation, agent_info, history=None):
+        ...     def __call__(self, state, observation, agent_info):
         ...         return DictTensor({"action": observation["x"]}), state
         >>> agent = CheckDevice(Echo(), "cpu")
         >>> obs = DictTensor({"x": torch.zeros(2, device="meta")})
@@ -84,17 +84,13 @@ class CheckDevice(Agent):
 
     # ------------------------------------------------------------------ checked methods
     def __call__(
-        self,
-        state: DictTensor,
-        observation: DictTensor,
-        agent_info: DictTensor,
-        history: Any = None,
+        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
     ) -> tuple[DictTensor, DictTensor]:
         """Checks the inputs, calls the agent, checks its outputs (see the module docstring)."""
         self._check(state, "state", self._expected)
         self._check(observation, "observation", self._expected)
         self._check(agent_info, "agent_info", _CPU)
-        return self._check_result(self._agent(state, observation, agent_info, history))
+        return self._check_result(self._agent(state, observation, agent_info))
 
     def call_replay(
         self, trajectories: Trajectories, t: int, state: DictTensor
@@ -124,10 +120,6 @@ class CheckDevice(Agent):
         return state
 
     # ------------------------------------------------------------------ forwarded methods
-    def require_history(self) -> bool:
-        """Forwarded to the wrapped agent."""
-        return self._agent.require_history()
-
     def modules(self) -> dict[str, nn.Module]:
         """Forwarded to the wrapped agent."""
         return self._agent.modules()

@@ -66,9 +66,11 @@ class RL_Agent(Agent):  # noqa: N801 - rlstructures' name
 
     Subclasses implement ``__call__(state, input, agent_info=None, history=None) -> (action,
     new_state)`` and, for recurrent agents, ``initial_state(agent_info, B)``; everything else
-    (``update``, ``seed``, ``close``, ``require_history``, ``call_replay``, ``to``) is
-    :class:`~rlstruct.Agent`'s. The batchers always pass ``agent_info`` (a DictTensor on the CPU,
-    possibly empty), so the ``None`` default only matters to direct calls.
+    (``update``, ``seed``, ``close``, ``call_replay``, ``to``) is :class:`~rlstruct.Agent`'s. The
+    batchers always pass ``agent_info`` (a DictTensor on the CPU, possibly empty), so the
+    ``None`` default only matters to direct calls. ``history`` and :meth:`require_history` live
+    here only, for rlstructures' signature: no batcher passes a history (``history`` is always
+    ``None``), and rlstruct's own :class:`~rlstruct.Agent` has neither.
 
     Two defaults differ from rlstructures': ``initial_state`` returns an empty state instead of
     raising, and ``update`` loads a ``state_dict`` into the agent's only ``nn.Module`` attribute
@@ -106,6 +108,11 @@ class RL_Agent(Agent):  # noqa: N801 - rlstructures' name
             ``(action, new_state)``: DictTensors ``(B, ...)``; ``action`` holds ``"action"``.
         """
         raise NotImplementedError(f"{type(self).__name__} must implement __call__")
+
+    def require_history(self) -> bool:
+        """rlstructures' question "does the agent need the trajectory so far?"; always False:
+        the batchers never pass a ``history``."""
+        return False
 
 
 #: rlstructures' ``RL_Agent_CheckDevice(agent, device)``: rlstruct's :class:`~rlstruct.CheckDevice`,

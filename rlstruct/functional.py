@@ -26,6 +26,7 @@ __all__ = [
     "gae",
     "masked_mean",
     "n_step_returns",
+    "normalize_advantages",
     "td_targets",
     "valid_mask",
     "vtrace",
@@ -159,6 +160,38 @@ def masked_mean(
     if dim is None:
         return num.sum() / count.sum().clamp(min=1)
     return num.sum(dim, keepdim=keepdim) / count.sum(dim, keepdim=keepdim).clamp(min=1)
+
+
+def normalize_advantages(x: Tensor, mask: Tensor | None = None, eps: float = 1e-8) -> Tensor:
+    """``(x - mean) / (std + eps)`` over the valid entries: the step size of a policy gradient
+    no longer depends on the scale of the rewards.
+
+    Mean and (population) standard deviation are taken over the entries where ``mask`` is true,
+    or over all of ``x`` without a mask (a minibatch of transitions). Masked-out entries never
+    influence the statistics (even if NaN) and are transformed like the others.
+
+    Args:
+        x: floating tensor, e.g. ``(B, T)`` advantages or ``(N,)`` for transitions.
+        mask: bool tensor broadcastable to ``x.shape`` (e.g. ``valid_mask``), or None.
+        eps: added to the standard deviation (a constant ``x`` comes out as 0).
+
+    Returns:
+        A tensor like ``x``; gradients flow through mean and std.
+
+    Examples:
+        >>> x = torch.tensor([[1.0, 3.0, 1e9]])
+        >>> normalize_advantages(x, torch.tensor([[True, True, False]]))[:, :2].tolist()
+        [[-1.0, 1.0]]
+        >>> normalize_advantages(torch.tensor([2.0, 4.0])).tolist()
+        [-1.0, 1.0]
+    """
+    if eps < 0:
+        raise ConfigError(f"eps must be >= 0, got {eps}")
+    if mask is None:
+        return (x - x.mean()) / (x.std(correction=0) + eps)
+    mean = masked_mean(x, mask)
+    std = masked_mean((x - mean).square(), mask).sqrt()
+    return (x - mean) / (std + eps)
 
 
 def discounted_returns(

@@ -15,6 +15,14 @@
 ``_observation/*`` at an episode end holds the TRUE final observation, never a reset observation.
 ``terminated`` (no bootstrap) and ``truncated`` (bootstrap from the final observation) stay apart;
 ``done`` is their OR.
+
+The full keys that algorithms read from ``trajectories`` are spelt once below (``OBS_FRAME`` is
+``"observation/frame"``, ``NEXT_REWARD`` is ``"_observation/reward"``, ``STORED_LOGP`` is
+``"action/logp"``...): a loss writes ``steps[K.NEXT_REWARD]``, never the concatenation.
+
+Example:
+    >>> STORED_ACTION, NEXT_FRAME
+    ('action/action', '_observation/frame')
 """
 
 from __future__ import annotations
@@ -44,3 +52,17 @@ ENV_STEP = "env_step"
 ACTION_KEY = "action"
 
 ENV_KEYS = (REWARD, TERMINATED, TRUNCATED, DONE, INITIAL_STATE, LAST_ACTION, ENV_STEP)
+# Leaf keys the agents of rlstruct.sampling return besides the action.
+LOGP = "logp"
+VALUE = "value"
+
+# Full keys of the trajectories TemporalDictTensor, as losses read them.
+OBS_FRAME = OBSERVATION + FRAME
+OBS_INITIAL_STATE = OBSERVATION + INITIAL_STATE
+NEXT_FRAME = NEXT_OBSERVATION + FRAME
+NEXT_REWARD = NEXT_OBSERVATION + REWARD
+NEXT_TERMINATED = NEXT_OBSERVATION + TERMINATED
+NEXT_TRUNCATED = NEXT_OBSERVATION + TRUNCATED
+STORED_ACTION = ACTION + ACTION_KEY
+STORED_LOGP = ACTION + LOGP
+STORED_VALUE = ACTION + VALUE

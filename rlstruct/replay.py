@@ -22,7 +22,7 @@ Examples:
     >>> import torch
     >>> from rlstruct.agent import Agent
     >>> class Double(Agent):  # memoryless: action = 2 * x
-    ...     def __call__(self, state, observation, agent_info, history=None):
+    ...     def __call__(self, state, observation, agent_info):
     ...         return DictTensor({"action": observation["x"] * 2}), state
     >>> steps = TemporalDictTensor({"observation/x": torch.arange(6).view(2, 3)},
     ...                            torch.tensor([3, 2]))

@@ -340,17 +340,42 @@ class Run:
             with self.monitor.phase("learn"):
                 yield traj
 
-    def publish(self, batcher: Batcher | SerialBatcher, weights: Any) -> None:
-        """Hands the new weights to the batcher and starts the next segment.
+    def publish(
+        self,
+        batcher: Batcher | SerialBatcher,
+        state_dict: Any,
+        agent_info: DictTensor | None = None,
+    ) -> None:
+        """Hands the new weights to the batcher and starts the next segment: the one place where
+        an algorithm publishes its weights.
 
-        ``update(weights)``, then ``execute()`` for a synchronous batcher; a pipelined one
-        (``layout.pipeline >= 2``) is already collecting the next segment, and the update lets
-        the segment after it start with these weights.
+        ``update(state_dict)``, then ``execute(agent_info)`` for a synchronous batcher; a
+        pipelined one (``layout.pipeline >= 2``) is already collecting the next segment, and
+        the update lets the segment after it start with these weights.
+
+        Args:
+            batcher: the training batcher, after ``get`` (or ``reset``).
+            state_dict: the weights (e.g. ``model.state_dict()``, on any device).
+            agent_info: new per-row ``agent_info`` (1 or B rows, on the CPU) from this segment on,
+                e.g. DQN's epsilon schedule; None keeps the current one.
+
+        Raises:
+            ConfigError: ``agent_info`` given to a pipelined batcher, which never calls
+                ``execute`` again: pass it to ``segments``/``reset`` instead.
         """
+        # SerialBatcher has no ``pipeline`` attribute yet (it is always synchronous).
+        synchronous = getattr(batcher, "pipeline", 1) == 1
+        if agent_info is not None and not synchronous:
+            raise ConfigError(
+                f"publish(agent_info=...) needs a synchronous batcher, got "
+                f"{type(batcher).__name__} with pipeline={batcher.pipeline}: a pipelined batcher "
+                "keeps collecting and never applies a new agent_info; use pipelined=False in "
+                "training_batcher, or pass agent_info to reset"
+            )
         with self.monitor.phase("collect"):  # a synchronous batcher collects in execute()
-            batcher.update(weights)
-            if getattr(batcher, "pipeline", 1) == 1:
-                batcher.execute()
+            batcher.update(state_dict)
+            if synchronous:
+                batcher.execute(agent_info=agent_info)
 
     @property
     def done(self) -> bool:

@@ -3,7 +3,9 @@
 A batcher seeds its agent (``agent.seed(s)``) and then moves it to its device; an agent that
 samples with a generator of its own must therefore create that generator lazily, on the device
 of its first logits. :class:`CategoricalSampler` does exactly that, and takes the argmax on the
-rows that ``agent_info["greedy"]`` marks (how evaluation asks for the greedy policy).
+rows that ``agent_info["greedy"]`` marks (how evaluation asks for the greedy policy:
+:func:`greedy_info`). :func:`categorical_log_prob` and :func:`categorical_entropy` are the two
+quantities of a categorical policy that losses need.
 
 Example:
     >>> import torch
@@ -17,6 +19,10 @@ Example:
     >>> sample.seed(0)
     >>> sample(logits, DictTensor()).equal(first)  # the same seed, the same draws
     True
+    >>> sample(logits, greedy_info()).tolist()  # one row of agent_info serves every row
+    [1, 0]
+    >>> round(categorical_entropy(torch.zeros(2)).item(), 4)  # uniform over 2 actions: log 2
+    0.6931
 """
 
 from __future__ import annotations
@@ -27,8 +33,55 @@ from torch import Tensor
 from rlstruct import keys as K
 from rlstruct.agent import Agent
 from rlstruct.dicttensor import DictTensor
+from rlstruct.trajectories import Trajectories
 
-__all__ = ["CategoricalSampler", "ActorAgent"]
+__all__ = [
+    "CategoricalSampler",
+    "ActorAgent",
+    "GREEDY",
+    "greedy_info",
+    "categorical_log_prob",
+    "categorical_entropy",
+]
+
+GREEDY = "greedy"
+"""The ``agent_info`` key that asks for the argmax action on its rows."""
+
+
+def greedy_info() -> DictTensor:
+    """The ``agent_info`` of greedy evaluation: one row ``{"greedy": True}``, which a batcher
+    broadcasts to all its rows (pass it to ``Run.evaluator`` or ``Evaluator``)."""
+    return DictTensor({GREEDY: torch.ones(1, dtype=torch.bool)})
+
+
+def categorical_log_prob(logits: Tensor, action: Tensor) -> Tensor:
+    """``log softmax(logits)[action]``: the log-probability of the taken actions.
+
+    Args:
+        logits: ``(*batch, A)`` unnormalised log-probabilities (log-probabilities work too).
+        action: ``(*batch,)`` int64 action indices.
+
+    Returns:
+        ``(*batch,)``, with gradients flowing into ``logits``.
+    """
+    return logits.log_softmax(-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
+
+
+def categorical_entropy(logits: Tensor) -> Tensor:
+    """``H = -sum_a p(a) log p(a)`` of ``p = softmax(logits)`` over the last dim.
+
+    Actions with probability 0 (``-inf`` logits, e.g. masked actions) contribute 0, not NaN.
+
+    Args:
+        logits: ``(*batch, A)`` unnormalised log-probabilities (log-probabilities work too:
+            ``log_softmax`` leaves them unchanged).
+
+    Returns:
+        ``(*batch,)``, with gradients flowing into ``logits``.
+    """
+    log_probs = logits.log_softmax(-1)
+    probs = log_probs.exp()
+    return -(probs * log_probs.masked_fill(probs == 0, 0.0)).sum(-1)
 
 
 class CategoricalSampler:
@@ -52,8 +105,8 @@ class CategoricalSampler:
         if self.generator is None or self.generator.device != logits.device:
             self.generator = torch.Generator(logits.device).manual_seed(self._seed)
         action = torch.multinomial(logits.softmax(-1), 1, generator=self.generator).squeeze(1)
-        if "greedy" in agent_info:
-            action = torch.where(agent_info["greedy"].to(logits.device), logits.argmax(-1), action)
+        if GREEDY in agent_info:
+            action = torch.where(agent_info[GREEDY].to(logits.device), logits.argmax(-1), action)
         return action
 
 
@@ -63,14 +116,23 @@ class ActorAgent(Agent):
     ``action``, its log-probability ``logp`` under the acting policy and, with ``store_value``,
     the critic's ``value``. Seeded by :meth:`seed` (a :class:`CategoricalSampler`).
 
+    :meth:`call_replay` (what ``replay_agent_stateless`` calls on the learner) samples nothing:
+    it returns the differentiable ``logits`` and ``value`` of the stored observations, and with
+    ``replay_next_value`` the gradient-free ``next_value``, V of the TRUE next observations.
+
     Args:
         model: the actor-critic (``rlstruct.nets.MLPActorCritic``, ``CNNActorCritic``...).
-        store_value: also return ``value`` (PPO stores it; IMPALA recomputes it).
+        store_value: also return ``value`` when acting (PPO stores it; IMPALA recomputes it).
+        replay_next_value: :meth:`call_replay` also returns ``next_value`` (the replayed
+            trajectories must hold ``_observation/frame``).
     """
 
-    def __init__(self, model: torch.nn.Module, store_value: bool = True) -> None:
+    def __init__(
+        self, model: torch.nn.Module, store_value: bool = True, replay_next_value: bool = False
+    ) -> None:
         self.model = model
         self.store_value = store_value
+        self.replay_next_value = replay_next_value
         self.sample = CategoricalSampler()
 
     def seed(self, seed: int) -> None:
@@ -78,13 +140,25 @@ class ActorAgent(Agent):
         self.sample.seed(seed)
 
     def __call__(
-        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor, history=None
+        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
     ) -> tuple[DictTensor, DictTensor]:
         """One step: ``({"action", "logp"[, "value"]}, state)`` for ``n`` rows."""
         logits, value = self.model(observation[K.FRAME])
         action = self.sample(logits, agent_info)
-        logp = logits.log_softmax(-1).gather(1, action.unsqueeze(1)).squeeze(1)
-        out = {K.ACTION_KEY: action, "logp": logp}
+        out = {K.ACTION_KEY: action, K.LOGP: categorical_log_prob(logits, action)}
         if self.store_value:
-            out["value"] = value
+            out[K.VALUE] = value
+        return DictTensor(out), state
+
+    def call_replay(
+        self, trajectories: Trajectories, t: int, state: DictTensor
+    ) -> tuple[DictTensor, DictTensor]:
+        """``({"logits", "value"[, "next_value"]}, state)`` of step ``t`` of stored
+        trajectories ``(B, T, ...)``: logits and value with gradients, next_value without."""
+        steps = trajectories.trajectories
+        logits, value = self.model(steps[K.OBS_FRAME][:, t])
+        out = {"logits": logits, K.VALUE: value}
+        if self.replay_next_value:
+            with torch.no_grad():  # V(s') is a target: no gradient flows into it
+                out["next_value"] = self.model(steps[K.NEXT_FRAME][:, t])[1]
         return DictTensor(out), state

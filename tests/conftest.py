@@ -1,11 +1,32 @@
-"""Shared fixtures: the devices every container test runs on, and process-leak isolation."""
+"""Shared fixtures: the devices every container test runs on, process-leak isolation, and the
+one registration that sends test code to worker processes and Ray actors by value."""
 
 from __future__ import annotations
 
+from types import ModuleType
+
+import agents
+import batcher_helpers
+import cloudpickle
+import fault_envs
 import psutil
 import pytest
 import torch
 from processes import children
+
+#: Helper modules whose agents, envs and factories workers receive: they are pickled by value,
+#: since a worker process or a Ray actor cannot import ``tests/``.
+HELPERS: tuple[ModuleType, ...] = (agents, batcher_helpers, fault_envs)
+
+
+def send_by_value(module: ModuleType) -> None:
+    """Pickles ``module``'s functions and classes by value (once per module)."""
+    if module.__name__ not in cloudpickle.list_registry_pickle_by_value():
+        cloudpickle.register_pickle_by_value(module)
+
+
+for _helper in HELPERS:
+    send_by_value(_helper)
 
 
 def available_devices() -> list[str]:
@@ -48,6 +69,10 @@ def no_leftover_processes():
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Sends every collected test module by value (agents and envs defined in a test reach the
+    workers), and skips the ``gpu`` tests without CUDA."""
+    for module in {getattr(item, "module", None) for item in items} - {None}:
+        send_by_value(module)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

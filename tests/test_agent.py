@@ -58,7 +58,7 @@ def test_defaults():
     agent = Agent()
     state = agent.initial_state(DictTensor(), 5)
     assert state.empty() and state.n_elems() == 5
-    assert agent.require_history() is False
+    assert not hasattr(agent, "require_history")  # history lives in rlstruct.compat only
     agent.seed(0)
     agent.close()
     with pytest.raises(NotImplementedError, match="Agent must implement __call__"):
@@ -69,7 +69,7 @@ def test_default_call_replay_feeds_step_t_and_agent_info():
     seen = {}
 
     class Spy(Agent):
-        def __call__(self, state, observation, agent_info, history=None):
+        def __call__(self, state, observation, agent_info):
             seen.update(obs=observation, info=agent_info)
             return DictTensor({"action": observation["x"]}), state
 

@@ -3,6 +3,7 @@ run, a learning test, the configuration checks and the GPU layout."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -11,9 +12,12 @@ from algo_runs import check_run_dir, evaluated_rows, run_algo
 from trajectory_builders import collect
 
 from algos import impala
+from rlstruct import CheckDevice
 from rlstruct import functional as F
-from rlstruct.errors import ConfigError
+from rlstruct import keys as K
+from rlstruct.errors import ConfigError, DeviceContractError, LearnerError
 from rlstruct.experiment import LayoutConfig
+from rlstruct.sampling import ActorAgent
 
 
 def segments(n: int = 2) -> tuple[impala.ActorCritic, list]:
@@ -25,17 +29,17 @@ def segments(n: int = 2) -> tuple[impala.ActorCritic, list]:
 def test_loss_matches_vtrace_written_out_and_is_on_policy_when_nothing_changed():
     model, (traj, _) = segments()
     cfg = impala.Config(normalize_advantages=False, ent_coef=0.1)
-    loss, stats = impala.vtrace_loss(model, traj, cfg)
+    loss, stats = impala.vtrace_loss(impala.BehaviourAgent(model), traj, cfg)
     steps = traj.trajectories
     b, t = steps.lengths.shape[0], steps.n_timesteps()
     with torch.no_grad():
-        logits, value = model(steps[impala.FRAME].flatten(0, 1))
-        _, next_value = model(steps[impala.NEXT_FRAME].flatten(0, 1))
+        logits, value = model(steps[K.OBS_FRAME].flatten(0, 1))
+        _, next_value = model(steps[K.NEXT_FRAME].flatten(0, 1))
     log_probs = logits.view(b, t, -1).log_softmax(-1)
-    logp = log_probs.gather(2, steps[impala.ACTION].unsqueeze(2)).squeeze(2)
-    torch.testing.assert_close(logp[steps.mask()], steps[impala.LOGP][steps.mask()])
+    logp = log_probs.gather(2, steps[K.STORED_ACTION].unsqueeze(2)).squeeze(2)
+    torch.testing.assert_close(logp[steps.mask()], steps[K.STORED_LOGP][steps.mask()])
     targets, adv = F.vtrace(
-        steps[impala.REWARD], value.view(b, t), next_value.view(b, t),
+        steps[K.NEXT_REWARD], value.view(b, t), next_value.view(b, t),
         steps["_observation/terminated"], steps["_observation/truncated"], steps.lengths,
         torch.zeros(b, t), cfg.gamma, cfg.rho_bar, cfg.c_bar,
     )
@@ -51,15 +55,15 @@ def test_loss_matches_vtrace_written_out_and_is_on_policy_when_nothing_changed()
 def test_stale_behaviour_policies_are_corrected_by_clipped_importance_weights():
     model, (traj, _) = segments()
     with torch.no_grad():
-        traj.trajectories[impala.LOGP] = traj.trajectories[impala.LOGP] - 1.0  # rho = e
-    _loss, stats = impala.vtrace_loss(model, traj, impala.Config())
+        traj.trajectories[K.STORED_LOGP] = traj.trajectories[K.STORED_LOGP] - 1.0  # rho = e
+    _loss, stats = impala.vtrace_loss(impala.BehaviourAgent(model), traj, impala.Config())
     assert stats["rho_mean"] == pytest.approx(float(torch.e), rel=1e-4)
     assert stats["rho_clipped"] == 1.0
 
 
 def test_the_learner_steps_publishes_copies_and_counts_them():
     model, trajs = segments(3)
-    learner = impala.Learner(model, impala.Config(), torch.device("cpu"))
+    learner = impala.Learner(impala.BehaviourAgent(model), impala.Config(), torch.device("cpu"))
     assert learner.take_weights() is None
     before = {k: v.clone() for k, v in model.state_dict().items()}
     stats = learner(trajs[0])
@@ -69,6 +73,43 @@ def test_the_learner_steps_publishes_copies_and_counts_them():
     for k, v in model.state_dict().items():  # a copy: the next step does not change it
         assert torch.equal(weights[k], v) and weights[k].data_ptr() != v.data_ptr()
     assert {"policy_loss", "value_loss", "entropy", "rho_mean"} <= set(stats)
+
+
+class _MetaReplay(ActorAgent):
+    """Acts correctly, but its replay returns logits and values on the meta device: a planted
+    device mistake in the loss."""
+
+    def call_replay(self, trajectories, t, state):
+        out, state = super().call_replay(trajectories, t, state)
+        return out.to("meta"), state
+
+
+def _meta_behaviour_agent(model):
+    return _MetaReplay(model, store_value=False, replay_next_value=True)
+
+
+CAUGHT_BY_CHECK_DEVICE = r"action\['logits'\] is on meta, expected cpu \(CheckDevice around _Meta"
+
+
+def test_the_loss_replays_the_agent_it_is_given_so_check_device_sees_a_planted_wrong_device():
+    model, (traj,) = segments(1)
+    agent = CheckDevice(_meta_behaviour_agent(model), "cpu")
+    learner = impala.Learner(agent, impala.Config(), torch.device("cpu"))
+    with pytest.raises(DeviceContractError, match=CAUGHT_BY_CHECK_DEVICE):
+        learner(traj)
+    assert learner.take_weights() is None  # no step was taken, nothing published
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_check_devices_catches_a_planted_wrong_device_in_the_loss(tmp_path, monkeypatch):
+    monkeypatch.setattr(impala, "BehaviourAgent", _meta_behaviour_agent)
+    cfg = impala.Config(layout=LayoutConfig(pipeline=2, n_envs=4, check_devices=True),
+                        n_timesteps=16, max_frames=3000, eval_every=0, runs_dir=str(tmp_path))
+    with pytest.raises(LearnerError) as err:  # raised in the learner thread, re-raised by put
+        impala.main(cfg)
+    assert isinstance(err.value.__cause__, DeviceContractError), err.value
+    assert re.search(CAUGHT_BY_CHECK_DEVICE, str(err.value.__cause__)), err.value.__cause__
 
 
 def test_config_refuses_a_synchronous_layout():

@@ -13,6 +13,7 @@ from trajectory_builders import collect, gae_by_loops, steps
 
 from algos import ppo
 from rlstruct import DictTensor, Trajectories, replay_agent_stateless
+from rlstruct import keys as K
 from rlstruct.errors import ConfigError, DeviceContractError
 from rlstruct.experiment import LayoutConfig
 
@@ -168,8 +169,8 @@ def test_check_devices_smoke_run(tmp_path):
 class _MetaAgent(ppo.PPOAgent):
     """Returns its outputs on the meta device: a planted device-contract breach."""
 
-    def __call__(self, state, observation, agent_info, history=None):
-        action, state = super().__call__(state, observation, agent_info, history)
+    def __call__(self, state, observation, agent_info):
+        action, state = super().__call__(state, observation, agent_info)
         return action.to("meta"), state
 
 
@@ -241,11 +242,12 @@ def test_pipelined_batches_are_relabelled_by_the_current_policy():
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.5)  # the learner moved on since the batch was collected
-    stored = traj.trajectories[ppo.LOGP].clone()
+    stored = traj.trajectories[K.STORED_LOGP].clone()
     relabelled = ppo.relabel(ppo.PPOAgent(model), traj).trajectories
     with torch.no_grad():
-        logits, value = model(relabelled[ppo.FRAME].flatten(0, 1))
-    logp = logits.log_softmax(-1).gather(1, relabelled[ppo.ACTION].view(-1, 1)).view(stored.shape)
-    torch.testing.assert_close(relabelled[ppo.LOGP], logp)
-    torch.testing.assert_close(relabelled[ppo.VALUE], value.view(stored.shape))
+        logits, value = model(relabelled[K.OBS_FRAME].flatten(0, 1))
+    logp = logits.log_softmax(-1).gather(1, relabelled[K.STORED_ACTION].view(-1, 1))
+    logp = logp.view(stored.shape)
+    torch.testing.assert_close(relabelled[K.STORED_LOGP], logp)
+    torch.testing.assert_close(relabelled[K.STORED_VALUE], value.view(stored.shape))
     assert not torch.allclose(stored, logp)

@@ -11,7 +11,6 @@ import time
 
 import agents
 import batcher_helpers
-import cloudpickle
 import pytest
 import torch
 from agents import DeterministicAgent, RecurrentAgent
@@ -25,8 +24,6 @@ from rlstruct.errors import BatcherStateError, ConfigError
 from rlstruct.replay import replay_agent
 
 # Test helpers live in tests/, which spawned workers cannot import: send them by value.
-cloudpickle.register_pickle_by_value(agents)
-cloudpickle.register_pickle_by_value(batcher_helpers)
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import agents
-import batcher_helpers
-import cloudpickle
 import pytest
 import torch
 from agents import DeterministicAgent, MLPAgent
@@ -12,9 +9,6 @@ from batcher_helpers import counter_env
 
 from rlstruct.batchers import Batcher, SerialBatcher
 from rlstruct.errors import ConfigError
-
-cloudpickle.register_pickle_by_value(agents)
-cloudpickle.register_pickle_by_value(batcher_helpers)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(180)]
 

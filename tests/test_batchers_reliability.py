@@ -16,9 +16,7 @@ import textwrap
 import time
 from pathlib import Path
 
-import agents
 import batcher_helpers
-import cloudpickle
 import psutil
 import pytest
 import torch
@@ -32,9 +30,6 @@ from rlstruct.batchers.seeding import SEED_BLOCK
 from rlstruct.dicttensor import DictTensor
 from rlstruct.envs.faults import faulty_gym_env
 from rlstruct.errors import BatcherStateError, ConfigError, WorkerError, WorkerTimeoutError
-
-cloudpickle.register_pickle_by_value(agents)
-cloudpickle.register_pickle_by_value(batcher_helpers)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -51,7 +46,6 @@ class CartPoleAgent(Agent):
         return DictTensor({"action": observation["env_step"] % 2}), state
 
 
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def shm_entries() -> set[str]:

@@ -36,9 +36,9 @@ class Recording(RecurrentAgent):
         self.out_device, self.state_device = out_device, state_device
         self.custom_attribute = "forwarded"
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         self.n_calls += 1
-        action, new_state = super().__call__(state, observation, agent_info, history)
+        action, new_state = super().__call__(state, observation, agent_info)
         if self.out_device:
             action = action.to(self.out_device)
         if self.state_device:
@@ -174,7 +174,7 @@ def test_forwards_every_method_and_attribute():
     agent = CheckDevice(inner, "cpu")
     assert isinstance(agent, Agent)
     assert agent.custom_attribute == "forwarded" and agent.custom_method(1) == 2
-    assert agent.k == 4 and agent.require_history() is False
+    assert agent.k == 4
     agent.k = 5  # setting goes to the wrapped agent
     assert inner.k == 5 and "k" not in vars(agent)
     agent.close()

@@ -16,10 +16,9 @@ Against that original, the port needed:
 from __future__ import annotations
 
 import copy
-import sys
+import inspect
 import time
 
-import cloudpickle
 import pytest
 import torch
 import torch.nn as nn
@@ -158,7 +157,6 @@ def get_loss(agent, trajectories, discount_factor):
 
 
 # Spawned workers cannot import tests/: send this module's classes and functions by value.
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def episode_returns(trajectories):
@@ -303,6 +301,22 @@ def test_rl_agent_defaults():
     assert not agent.require_history()
     with pytest.raises(NotImplementedError, match="RL_Agent must implement __call__"):
         agent(DictTensor({}), DictTensor({"frame": torch.zeros(3, 2)}))
+
+
+def test_rl_agent_keeps_rlstructures_history_argument_which_rlstruct_calls_never_pass():
+    seen = []
+
+    class Echo(RL_Agent):
+        def __call__(self, state, input, agent_info=None, history=None):
+            seen.append(history)
+            return DictTensor({"action": input["frame"].argmax(1)}), state
+
+    obs = DictTensor({"frame": torch.eye(3)})
+    for agent in (Echo(), RL_Agent_CheckDevice(Echo(), "cpu")):  # as the batchers call it
+        action, _ = agent(DictTensor(batch_size=3), obs, DictTensor())
+        assert action["action"].tolist() == [0, 1, 2]
+    assert seen == [None, None]
+    assert "history" not in inspect.signature(rlstruct.Agent.__call__).parameters
 
 
 @pytest.mark.timeout(120)

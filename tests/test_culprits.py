@@ -12,15 +12,11 @@
 
 from __future__ import annotations
 
-import sys
 import warnings
 from fractions import Fraction
 from functools import partial
 from typing import Any
 
-import agents
-import batcher_helpers
-import cloudpickle
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -41,9 +37,6 @@ from rlstruct.errors import (
     SpaceError,
     WorkerError,
 )
-
-cloudpickle.register_pickle_by_value(agents)
-cloudpickle.register_pickle_by_value(batcher_helpers)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -148,7 +141,6 @@ class WrongDeviceAgent(Agent):
         return DictTensor({"action": action}), state
 
 
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def step(env: GymEnv, n: int = N_ENVS) -> Any:

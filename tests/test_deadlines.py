@@ -17,7 +17,6 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-import cloudpickle
 import gymnasium as gym
 import psutil
 import pytest
@@ -264,7 +263,6 @@ def helper_env(n_envs: int, seed: int, helper_dir: str) -> GymEnvInf:
     )
 
 
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.mark.slow

@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-import cloudpickle
 import pytest
 import torch
 
@@ -20,8 +19,6 @@ from rlstruct.batchers import Batcher, SerialBatcher
 from rlstruct.envs import GymEnv, GymEnvInf
 from rlstruct.envs.atari import make_atari_env
 from rlstruct.errors import ConfigError
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 HAVE_ATARI = all(importlib.util.find_spec(m) is not None for m in ("ale_py", "cv2"))
 needs_atari = pytest.mark.skipif(

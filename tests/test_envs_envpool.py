@@ -20,7 +20,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import cloudpickle
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -38,8 +37,6 @@ from rlstruct.errors import (
     KeyMismatchError,
     ShapeError,
 )
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 HAVE_ENVPOOL = importlib.util.find_spec("envpool") is not None
 needs_envpool = pytest.mark.skipif(

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -35,8 +34,6 @@ from rlstruct.errors import (
     KeyMismatchError,
     ShapeError,
 )
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 ENVS: dict[str, type[TorchVecEnv]] = {
     "CartPole-v1": CartPole,

@@ -6,10 +6,8 @@ play meanwhile" is a measurable claim; results are checked against the serial re
 
 from __future__ import annotations
 
-import sys
 import time
 
-import cloudpickle
 import pytest
 import torch
 
@@ -18,8 +16,6 @@ from rlstruct.envs import GymEnv
 from rlstruct.episodes import EpisodeTracker
 from rlstruct.errors import DeviceContractError
 from rlstruct.evaluation import Evaluator
-
-cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the worker cannot import tests/
 
 REPEAT = "rlstruct/Repeat-v0"  # 10-step episodes, reward 1 per repeated symbol
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import agents
 import batcher_helpers
-import cloudpickle
 import pytest
 import torch
 import tyro
@@ -15,9 +13,6 @@ from rlstruct.batchers import Batcher, SerialBatcher
 from rlstruct.checks import CheckDevice
 from rlstruct.errors import ConfigError, DeviceContractError
 from rlstruct.experiment import LayoutConfig, make_batcher
-
-cloudpickle.register_pickle_by_value(agents)
-cloudpickle.register_pickle_by_value(batcher_helpers)
 
 
 def build(device, n_processes, **kw):

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import sys
 import time
 
-import cloudpickle
 import pytest
 import torch
 from batcher_helpers import counter_env
@@ -38,7 +36,6 @@ def long_counter(n_envs: int, seed: int) -> GymEnvInf:
     return counter_env(n_envs, seed, auto_reset=True, episode_length=1000, n_actions=3)
 
 
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def learner_weights(i: int) -> dict[str, torch.Tensor]:

@@ -27,10 +27,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import agents
-import batcher_helpers
-import cloudpickle
-import fault_envs
 import numpy as np
 import psutil
 import pytest
@@ -65,9 +61,6 @@ ray = pytest.importorskip("ray", reason="Ray is not installed: pip install rlstr
 from ray.cluster_utils import Cluster  # noqa: E402  (after the skip)
 
 from rlstruct.batchers import RayBatcher  # noqa: E402
-
-cloudpickle.register_pickle_by_value(agents)
-cloudpickle.register_pickle_by_value(batcher_helpers)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -150,8 +143,6 @@ def episode_length(env_id: int, episode: int) -> int:
     return 2 + (env_id + episode) % 4
 
 
-cloudpickle.register_pickle_by_value(fault_envs)
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def faulty(cls, fault: str, worker: int, env: int, at_step: int, **kw):
@@ -675,9 +666,7 @@ LOCAL_SCRIPT = textwrap.dedent(
     import os, sys, time
     import psutil
     sys.path.insert(0, {tests!r})
-    import cloudpickle, agents, batcher_helpers
-    cloudpickle.register_pickle_by_value(agents)
-    cloudpickle.register_pickle_by_value(batcher_helpers)
+    import conftest  # sends the test helpers to the actors by value, as in the test session
     from agents import DeterministicAgent
     from batcher_helpers import counter_env
     from rlstruct.batchers import RayBatcher

@@ -7,9 +7,7 @@ numpy's and Python's GLOBAL generators: nothing of it is seeded by the user.
 from __future__ import annotations
 
 import random
-import sys
 
-import cloudpickle
 import numpy as np
 import pytest
 import torch
@@ -54,7 +52,6 @@ def cartpole(n_envs: int, seed: int) -> GymEnvInf:
     return GymEnvInf("CartPole-v1", n_envs=n_envs, seed=seed)
 
 
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def collect(batcher, n_segments: int = 3) -> list:

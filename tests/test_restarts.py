@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
-import cloudpickle
-import fault_envs
 import pytest
 import torch
 from fault_envs import (
@@ -42,8 +38,6 @@ class WeightAgent(Agent):
         return DictTensor({"action": action, "w": w}), state
 
 
-cloudpickle.register_pickle_by_value(fault_envs)
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def faulty(fault: str, worker: int, env: int, at_step: int, restart: RestartPolicy | None,

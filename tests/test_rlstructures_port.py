@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import copy
 import math
-import sys
 import time
 from typing import Any
 
-import cloudpickle
 import gymnasium as gym
 import pytest
 import torch
@@ -339,7 +337,6 @@ class Reinforce:
 
 
 # Spawned workers cannot import tests/: send this module's classes and functions by value.
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.mark.slow

@@ -34,7 +34,7 @@ class Repeater(Agent):
     def __init__(self, model: torch.nn.Module, wrong: bool = False) -> None:
         self.model, self.wrong = model, wrong
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         action = observation["frame"].argmax(-1)
         return DictTensor({"action": 1 - action if self.wrong else action}), state
 
