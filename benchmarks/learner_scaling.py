@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from algos import ppo
 from benchmarks._common import environment, pin_threads
 from rlstruct import DictTensor
+from rlstruct import keys as K
 from rlstruct.batchers.multiprocess import worker_context
 from rlstruct.learner_group import LearnerGroup, free_port
 from rlstruct.nets import CNNActorCritic, nature_cnn
@@ -56,7 +57,7 @@ def make_model() -> nn.Module:
     return CNNActorCritic(N_ACTIONS, in_channels=4)
 
 
-def make_adam(params) -> torch.optim.Optimizer:
+def make_adam(params, device=None) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=2.5e-4, eps=1e-5)
 
 
@@ -73,10 +74,10 @@ def ppo_update(ctx, batch: DictTensor, minibatch: int) -> dict[str, float]:
 def make_batch(n: int, seed: int) -> DictTensor:
     g = torch.Generator().manual_seed(seed)
     return DictTensor({
-        ppo.FRAME: torch.randint(0, 256, (n, 4, 84, 84), dtype=torch.uint8, generator=g),
-        ppo.ACTION: torch.randint(0, N_ACTIONS, (n,), generator=g),
-        ppo.LOGP: torch.full((n,), -1.79),
-        ppo.VALUE: torch.randn(n, generator=g),
+        K.OBS_FRAME: torch.randint(0, 256, (n, 4, 84, 84), dtype=torch.uint8, generator=g),
+        K.STORED_ACTION: torch.randint(0, N_ACTIONS, (n,), generator=g),
+        K.STORED_LOGP: torch.full((n,), -1.79),
+        K.STORED_VALUE: torch.randn(n, generator=g),
         "advantage": torch.randn(n, generator=g),
         "return": torch.randn(n, generator=g),
     })

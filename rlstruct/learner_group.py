@@ -38,7 +38,7 @@ import math
 import socket
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import wait as wait_ready
 from typing import Any
 
@@ -74,7 +74,8 @@ class LearnerGroup:
 
     Args:
         make_model: builds the model (called once per rank, after ``torch.manual_seed(seed)``).
-        make_optimizer: ``make_optimizer(model.parameters())``.
+        make_optimizer: ``make_optimizer(model.parameters(), device=device)`` (e.g.
+            ``functools.partial(rlstruct.optim.adam, lr=3e-4)``).
         learn: ``learn(ctx, shard, **kwargs) -> Mapping[str, float] | None`` on each rank.
         init_state: the initial weights (e.g. the driver's ``model.state_dict()``): every rank
             loads them, and they fix the keys of :meth:`state_dict`.
@@ -105,7 +106,7 @@ class LearnerGroup:
     def __init__(
         self,
         make_model: Callable[[], nn.Module],
-        make_optimizer: Callable[[Iterable[Tensor]], torch.optim.Optimizer],
+        make_optimizer: Callable[..., torch.optim.Optimizer],
         learn: Callable[..., Mapping[str, float] | None],
         init_state: Mapping[str, Tensor],
         n_learners: int = 1,
@@ -170,6 +171,7 @@ class LearnerGroup:
         self.n_learners, self.devices, self.backend = n_learners, resolved, backend
         self.timeout, self.start_timeout = float(timeout), float(start_timeout)
         self.n_slots = n_slots
+        self._make_model, self._make_optimizer = make_model, make_optimizer
         self._spec = RankSpec(
             factories=cloudpickle.dumps((make_model, make_optimizer, learn)),
             devices=[str(d) for d in resolved], backend=backend,
@@ -289,18 +291,27 @@ class LearnerGroup:
         collected (``batcher.update`` copies them at once)."""
         return self._published[self._latest % len(self._published)]
 
+    @property
+    def optimizer(self) -> _RankZeroOptimizer:
+        """An object whose ``state_dict()`` is :meth:`optimizer_state_dict` (for
+        ``run.checkpoint_state(optimizer=group.optimizer)``)."""
+        return _RankZeroOptimizer(self)
+
     def optimizer_state_dict(self) -> dict[str, Any]:
-        """Rank 0's optimizer state (identical on every rank), for checkpoints. Call it with
-        nothing in flight.
+        """Rank 0's optimizer state (identical on every rank), for checkpoints; before the
+        first batch, a fresh optimizer's. Call it with nothing in flight.
 
         Raises:
-            BatcherStateError: batches are in flight or the group is not started.
+            BatcherStateError: batches are in flight.
         """
         self._check_usable()
-        if self.pending or not self._procs:
+        if self.pending:
             raise BatcherStateError(
-                f"optimizer_state_dict: {self.pending} batches in flight (collect them first)"
-                if self.pending else "optimizer_state_dict: the group has not learned yet")
+                f"optimizer_state_dict: {self.pending} batches in flight (collect them first)")
+        if not self._procs:
+            model = self._make_model()
+            model.load_state_dict(self._published[0])
+            return self._make_optimizer(model.parameters(), device=torch.device("cpu")).state_dict()
         self._optimizer_state = None
         self._conns[0].send(("optimizer_state",))
         self._wait(lambda: self._optimizer_state is not None, self.timeout,
@@ -431,6 +442,19 @@ class LearnerGroup:
             "learn function or env); raise timeout= if learning is legitimately this slow",
             ranks=waiting,
         )
+
+
+class _RankZeroOptimizer:
+    """``state_dict()``: the group's optimizer state, fetched from rank 0 when called."""
+
+    def __init__(self, group: LearnerGroup) -> None:
+        self._group = weakref.ref(group)
+
+    def state_dict(self) -> dict[str, Any]:
+        group = self._group()
+        if group is None:
+            raise BatcherStateError("the learner group of this optimizer is gone")
+        return group.optimizer_state_dict()
 
 
 def _shutdown(procs: list[Any], conns: list[Any], timeout: float) -> None:

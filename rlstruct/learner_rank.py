@@ -22,6 +22,7 @@ hung rank when its deadline passes.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import os
 import queue
@@ -40,7 +41,7 @@ from torch import Tensor, nn
 
 from rlstruct.staging import DeviceStager, unpack
 
-__all__ = ["RankContext"]
+__all__ = ["RankContext", "algorithm_learn"]
 
 #: The phases of the status table (column 1), by code.
 PHASES = ("idle", "learn", "all-reduce", "publish")
@@ -148,6 +149,35 @@ class RankContext:
         row[1], row[2], row[3] = phase, time.time(), self.n_allreduce
 
 
+def algorithm_learn(
+    ctx: RankContext, batch: Any, *, learn: Callable[..., Mapping[str, float]],
+    make_agent: Callable[[nn.Module], Any], cfg: Any, per_rank: tuple[str, ...] = (),
+    lr: float | None = None,
+) -> Mapping[str, float]:
+    """Runs an algorithm's ``learn(agent, optimizer, batch, cfg, step)`` on one rank, with
+    ``step=ctx.step`` (gradients averaged over the ranks); bind the keywords with
+    ``functools.partial`` to get a group's learn function.
+
+    Args:
+        ctx: the rank's context.
+        batch: the rank's rows of the batch, on its device.
+        learn: the algorithm's learn function; every gradient step goes through ``step``.
+        make_agent: ``make_agent(ctx.model)``, the agent the loss replays.
+        cfg: the algorithm's config.
+        per_rank: integer fields of ``cfg`` divided by the number of ranks on each rank (e.g.
+            ``minibatch_size``: the global minibatch keeps its size, and so the step count).
+        lr: the learning rate of this batch (annealing), if it changes.
+    """
+    if lr is not None:
+        for group in ctx.optimizer.param_groups:
+            group["lr"] = lr
+    if per_rank:
+        cfg = copy.copy(cfg)
+        for name in per_rank:
+            setattr(cfg, name, max(1, getattr(cfg, name) // ctx.world_size))
+    return learn(make_agent(ctx.model), ctx.optimizer, batch, cfg, ctx.step)
+
+
 def _buckets(grads: list[Tensor]) -> list[list[Tensor]]:
     """Consecutive gradients of one dtype and device, up to about 25 MB per bucket."""
     out: list[list[Tensor]] = []
@@ -211,7 +241,7 @@ def rank_main(
         torch.manual_seed(spec.seed)
         model = make_model().to(device)
         model.load_state_dict(published[0])  # the initial weights, written by the driver
-        optimizer = make_optimizer(model.parameters())
+        optimizer = make_optimizer(model.parameters(), device=device)
         ctx = RankContext(rank, world, device, model, optimizer, status)
         stager = DeviceStager(device)
         local: queue.Queue = queue.Queue(maxsize=1)  # one staged shard ahead of learn

@@ -12,6 +12,7 @@ from torch import nn
 
 from algos import ppo
 from rlstruct import DictTensor
+from rlstruct import keys as K
 from rlstruct.optim import gradient_step
 
 N_STEPS = 5
@@ -21,7 +22,7 @@ def toy_model() -> nn.Module:
     return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
 
 
-def adam(params) -> torch.optim.Optimizer:
+def adam(params, device=None) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=1e-2)
 
 
@@ -77,10 +78,10 @@ def ppo_batch(n: int = 128, seed: int = 2) -> DictTensor:
     """A fixed batch of PPO transitions (observations, actions, old log-probs, values, ...)."""
     g = torch.Generator().manual_seed(seed)
     return DictTensor({
-        ppo.FRAME: torch.randn(n, 4, generator=g),
-        ppo.ACTION: torch.randint(0, 2, (n,), generator=g),
-        ppo.LOGP: -torch.rand(n, generator=g) - 0.2,
-        ppo.VALUE: torch.randn(n, generator=g),
+        K.OBS_FRAME: torch.randn(n, 4, generator=g),
+        K.STORED_ACTION: torch.randint(0, 2, (n,), generator=g),
+        K.STORED_LOGP: -torch.rand(n, generator=g) - 0.2,
+        K.STORED_VALUE: torch.randn(n, generator=g),
         "advantage": torch.randn(n, generator=g),
         "return": torch.randn(n, generator=g),
     })
