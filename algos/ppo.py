@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 import torch
@@ -159,9 +160,12 @@ def relabel(agent: Agent, traj: Trajectories) -> Trajectories:
 
 
 def learn(
-    agent: Agent, optimizer: torch.optim.Optimizer, traj: Trajectories, cfg: Config
+    agent: Agent, optimizer: torch.optim.Optimizer, traj: Trajectories, cfg: Config,
+    step: Any = gradient_step,
 ) -> dict[str, float]:
-    """``n_epochs`` of minibatch steps over one batch; returns the last epoch's mean stats."""
+    """``n_epochs`` of minibatch steps over one batch; returns the last epoch's mean stats.
+    With ``--n-learners N`` each rank runs it on B/N rows, minibatches of minibatch_size/N,
+    and ``step`` averages the gradients over the ranks."""
     if cfg.layout.pipeline > 1:  # collected one update ago: clip around the current policy
         traj = relabel(agent, traj)
     advantage, returns = gae_advantages(agent.model, traj, cfg.gamma, cfg.gae_lambda)
@@ -176,7 +180,7 @@ def learn(
         order = torch.randperm(batch.n_elems(), device=batch.device())
         for rows in order.split(cfg.minibatch_size):
             loss, stats = ppo_loss(agent, batch.index(rows), cfg)
-            gradient_step(optimizer, loss, cfg.max_grad_norm)
+            step(optimizer, loss, cfg.max_grad_norm)
             totals = {k: totals.get(k, 0.0) + v for k, v in stats.items()}
     n = math.ceil(batch.n_elems() / cfg.minibatch_size)
     return {k: float(v) / n for k, v in totals.items()}
@@ -186,22 +190,30 @@ def learn(
 def main(cfg: Config) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("ppo", cfg) as run:
-        model = (ActorCritic(run.obs_dim, run.n_actions, cfg.hidden) if cfg.model == "mlp"  # CPU
-                 else CNNActorCritic(run.n_actions, in_channels=run.obs_shape[0]))
+        make_model = (partial(ActorCritic, run.obs_dim, run.n_actions, cfg.hidden)
+                      if cfg.model == "mlp" else
+                      partial(CNNActorCritic, run.n_actions, in_channels=run.obs_shape[0]))
+        model = make_model()  # on the CPU: the batchers copy it
         batcher = run.training_batcher(PPOAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(PPOAgent, {"model": model}, agent_info=greedy_info())
         agent = run.learner(PPOAgent(model))
         optimizer = adam(model.parameters(), cfg.lr, run.device, eps=1e-5)
         run.checkpoint_state(model=model, optimizer=optimizer)
+        group = run.learner_group(make_model, model, partial(adam, lr=cfg.lr, eps=1e-5), learn,
+                                  PPOAgent, per_rank=("minibatch_size",))  # --n-learners N
         # 1. Each segment the workers collected with the current policy, until the stop test.
         for traj in run.segments(batcher):
             # 2-3. Advantages and n_epochs of minibatch steps, replaying on the learner device.
             lr = cfg.lr * max(0.0, 1 - run.frames / cfg.max_frames) if cfg.anneal_lr else cfg.lr
             optimizer.param_groups[0]["lr"] = lr
-            stats = learn(agent, optimizer, traj.to(run.device), cfg)
+            if group is None:
+                stats = learn(agent, optimizer, traj.to(run.device), cfg)
+            else:  # each rank on 1/N of the rows, gradients averaged; rank 0 shares the weights
+                stats = group.learn(traj, lr=lr)
+            weights = model.state_dict() if group is None else group.state_dict()
             # 4. Publish the weights; the workers collect the next segment meanwhile.
-            run.publish(batcher, model.state_dict())
-            run.end_iteration(model.state_dict(), lr=lr, **stats)
+            run.publish(batcher, weights)
+            run.end_iteration(weights, lr=lr, **stats)
     return run.summary
 
 

@@ -64,6 +64,22 @@ class LayoutConfig:
     ray_address: str | None = None
     """Ray cluster to join (auto: the one `ray start` set up); None: the configured one, else a
     local cluster on this machine"""
+    n_learners: int = 1
+    """learner ranks (ppo, a2c, impala): each learns on 1/N of every batch's rows and the
+    gradients are averaged (torch.distributed; see docs/guide-learners.md); 1: learn here"""
+    learner_devices: str | None = None
+    """one device per learner rank, comma-separated (cuda:0,cuda:1); None: learner_device's
+    type, cuda:0..N-1 on GPUs"""
+
+    def __post_init__(self) -> None:
+        devices = self.learner_devices.split(",") if self.learner_devices else []
+        problems = [] if self.n_learners >= 1 else [f"n_learners must be >= 1, got "
+                                                    f"{self.n_learners}"]
+        if devices and len(devices) != self.n_learners:
+            problems.append(f"learner_devices names {len(devices)} device(s) ({devices}) for "
+                            f"n_learners={self.n_learners}: give one per rank")
+        if problems:
+            raise ConfigError("; ".join(problems))
 
 
 class _Checked:

@@ -295,6 +295,37 @@ class Run:
         agent.to(self.device)
         return CheckDevice(agent, self.device) if self.cfg.layout.check_devices else agent
 
+    def learner_group(
+        self, make_model: Callable[[], torch.nn.Module], model: torch.nn.Module,
+        make_optimizer: Callable[..., torch.optim.Optimizer], learn: Callable[..., Any],
+        make_agent: Callable[[torch.nn.Module], Agent], per_rank: tuple[str, ...] = (),
+    ) -> Any:
+        """``--n-learners N`` (or ``--learner-devices``): a
+        :class:`~rlstruct.learner_group.LearnerGroup` whose ranks run the algorithm's
+        ``learn(agent, optimizer, batch, cfg, step)`` on 1/N of each batch's rows
+        (:func:`~rlstruct.learner_rank.algorithm_learn`), starting from ``model``'s weights;
+        checkpoints then hold rank 0's model and optimizer. Closed with the run. None with
+        one learner (the algorithm learns in this process)."""
+        layout = self.cfg.layout
+        if layout.n_learners == 1 and layout.learner_devices is None:
+            return None
+        from functools import partial
+
+        from rlstruct.learner_group import LearnerGroup
+        from rlstruct.learner_rank import algorithm_learn
+
+        devices = (layout.learner_devices.split(",") if layout.learner_devices
+                   else ["cpu"] * layout.n_learners if self.device.type == "cpu" else None)
+        group = self._stack.enter_context(LearnerGroup(
+            make_model, make_optimizer, partial(algorithm_learn, learn=learn,
+                                                make_agent=make_agent, cfg=self.cfg,
+                                                per_rank=per_rank),
+            model.state_dict(), n_learners=layout.n_learners, devices=devices,
+            seed=self.cfg.seed, n_threads=self.cfg.n_threads,
+        ))
+        self.checkpoint_state(model=group, optimizer=group.optimizer)
+        return group
+
     def checkpoint_state(self, **objects: Any) -> None:
         """What checkpoints hold: ``name -> obj.state_dict()`` for each object given (model,
         optimizer, ...), plus the config, ``frames`` and ``iteration``."""
