@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -189,18 +190,10 @@ def next_values(model: nn.Module, traj: Trajectories, out: TemporalDictTensor) -
 def a2c_loss(
     logits: Tensor, value: Tensor, next_value: Tensor, traj: Trajectories, cfg: Config
 ) -> tuple[Tensor, dict[str, float]]:
-    """The A2C loss over ``(B, T)`` steps; padding is ignored.
-
-    Args:
-        logits: ``(B, T, A)`` policy logits of the stored observations (with gradients).
-        value: ``(B, T)`` V(s_t) (with gradients).
-        next_value: ``(B, T)`` V of the true next observations (no gradient).
-        traj: the segment (actions, rewards, terminated/truncated flags, lengths).
-        cfg: gamma, gae_lambda, normalize_advantages, vf_coef, ent_coef.
-
-    Returns:
-        ``(loss, stats)`` with stats ``loss``, ``policy_loss``, ``value_loss``, ``entropy``.
-    """
+    """The A2C loss over ``(B, T)`` steps (padding ignored) from ``logits (B, T, A)`` and
+    ``value (B, T)`` of the stored observations (with gradients) and ``next_value (B, T)`` of the
+    true next ones (none); ``(loss, stats)``: ``loss``, ``policy_loss``, ``value_loss``,
+    ``entropy``."""
     steps, mask = traj.trajectories, traj.trajectories.mask()
     advantage, returns = F.gae(
         steps[K.NEXT_REWARD], value.detach(), next_value, steps[K.NEXT_TERMINATED],
@@ -217,28 +210,38 @@ def a2c_loss(
     return loss, {k: float(v.detach()) for k, v in stats.items()}
 
 
+def learn(agent: A2CAgent, optimizer: torch.optim.Optimizer, traj: Trajectories, cfg: Config,
+          step: Any = gradient_step) -> dict[str, float]:
+    """Replay, the loss, one gradient step (``step`` averages it over --n-learners ranks)."""
+    out = replay(agent, traj)
+    loss, stats = a2c_loss(out["logits"], out["value"], next_values(agent.model, traj, out),
+                           traj, cfg)
+    step(optimizer, loss, cfg.max_grad_norm)
+    return stats
+
+
 # --------------------------------------------------------------------------------------- main
 def main(cfg: Config) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("a2c", cfg) as run:
         net = GRUActorCritic if cfg.recurrent else MLPActorCritic
-        model = net(run.obs_dim, run.n_actions, cfg.hidden)  # on the CPU: the batchers copy it
+        make_model = partial(net, run.obs_dim, run.n_actions, cfg.hidden)
+        model = make_model()  # on the CPU: the batchers copy it
         batcher = run.training_batcher(A2CAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(A2CAgent, {"model": model}, agent_info=greedy_info())
         agent = run.learner(A2CAgent(model))
         optimizer = adam(model.parameters(), cfg.lr, run.device)
         run.checkpoint_state(model=model, optimizer=optimizer)
+        group = run.learner_group(make_model, model, partial(adam, lr=cfg.lr), learn, A2CAgent)
         # 1. Each segment the workers collected with the current policy, until the stop test.
         for traj in run.segments(batcher):
-            # 2-3. Replay on the learner device, one gradient step.
-            traj = traj.to(run.device)
-            out = replay(agent, traj)
-            loss, stats = a2c_loss(out["logits"], out["value"], next_values(model, traj, out),
-                                   traj, cfg)
-            gradient_step(optimizer, loss, cfg.max_grad_norm)
+            # 2-3. Replay on the learner device, one gradient step (--n-learners: on N ranks).
+            stats = (learn(agent, optimizer, traj.to(run.device), cfg) if group is None
+                     else group.learn(traj))
+            weights = model.state_dict() if group is None else group.state_dict()
             # 4. Publish the weights; the workers collect the next segment meanwhile.
-            run.publish(batcher, model.state_dict())
-            run.end_iteration(model.state_dict(), lr=cfg.lr, **stats)
+            run.publish(batcher, weights)
+            run.end_iteration(weights, lr=cfg.lr, **stats)
     return run.summary
 
 
