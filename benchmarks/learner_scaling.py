@@ -103,9 +103,9 @@ def bench_group(n_ranks: int, args: argparse.Namespace) -> dict[str, float]:
             rows.append(group.collect())
         elapsed = time.perf_counter() - start
     mean = {key: sum(r[key] for r in rows) / len(rows)
-            for key in ("load_wait_ms", "learn_ms", "allreduce_ms")}
+            for key in ("load_wait_ms", "rank_learn_ms", "allreduce_ms")}
     return {"ranks": n_ranks, "samples_per_s": args.batch * args.updates / elapsed, **mean,
-            "load_wait_fraction": mean["load_wait_ms"] / mean["learn_ms"]}
+            "load_wait_fraction": mean["load_wait_ms"] / mean["rank_learn_ms"]}
 
 
 def _ddp_rank(rank: int, world: int, port: int, args: argparse.Namespace, out) -> None:
@@ -182,7 +182,8 @@ def main() -> None:
     for n in ranks:
         g, d = group[n], ddp.get(n, {}).get("samples_per_s", float("nan"))
         print(f"{n:>5} {g['samples_per_s']:>16.1f} {d:>14.1f} {g['samples_per_s'] / d:>10.2f} "
-              f"{g['load_wait_ms']:>13.1f} {g['learn_ms']:>9.1f} {g['allreduce_ms']:>14.1f}")
+              f"{g['load_wait_ms']:>13.1f} {g['rank_learn_ms']:>9.1f} "
+              f"{g['allreduce_ms']:>14.1f}")
     if len(ranks) == 2:
         result["group_ratio_2v1"] = group[2]["samples_per_s"] / group[1]["samples_per_s"]
         print(f"2 ranks / 1 rank: group {result['group_ratio_2v1']:.2f}x", end="")

@@ -13,8 +13,9 @@ weights into shared memory, where :meth:`LearnerGroup.state_dict` finds them for
 - Staging (:mod:`rlstruct.staging`): :meth:`~LearnerGroup.submit` writes batch ``k + 1`` into
   shared memory and returns while the ranks still learn on batch ``k``; each rank's loader thread
   copies it onto the rank's device meanwhile. :meth:`~LearnerGroup.collect` returns batch ``k``'s
-  metrics: the learn function's (averaged over the ranks) and ``load_wait_ms``, ``learn_ms``,
-  ``allreduce_ms`` (slowest rank), ``queue_size`` (batches in flight at submit).
+  metrics: the learn function's (averaged over the ranks) and ``load_wait_ms``,
+  ``rank_learn_ms``, ``allreduce_ms`` (slowest rank), ``learner_queue`` (batches in flight at
+  submit).
 - Failures: a rank that raises or dies surfaces as :class:`~rlstruct.errors.LearnerError` naming
   the rank (the first culprit: a rank whose error came from a collective is a victim), with its
   traceback; a rank that hangs makes the driver's wait end at its deadline with
@@ -57,7 +58,7 @@ from rlstruct.trajectories import Trajectories
 __all__ = ["LearnerGroup", "free_port"]
 
 _GRACE_S = 1.0  # after a failure, how long to listen for the others (to name the first culprit)
-_TIMINGS = ("load_wait_ms", "learn_ms", "allreduce_ms")
+_TIMINGS = ("load_wait_ms", "rank_learn_ms", "allreduce_ms")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -253,7 +254,7 @@ class LearnerGroup:
     def collect(self, timeout: float | None = None) -> dict[str, float]:
         """Waits until every rank has learned the oldest submitted batch; returns its metrics:
         the learn function's, averaged over the ranks, and the slowest rank's ``load_wait_ms``,
-        ``learn_ms``, ``allreduce_ms``, with ``n_allreduce`` and ``queue_size``.
+        ``rank_learn_ms``, ``allreduce_ms``, with ``n_allreduce`` and ``learner_queue``.
 
         Raises:
             BatcherStateError: nothing was submitted.
@@ -277,7 +278,7 @@ class LearnerGroup:
         for key in _TIMINGS:
             metrics[key] = max(a[1][key] for a in answers.values())
         metrics["n_allreduce"] = answers[0][1]["n_allreduce"]
-        metrics["queue_size"] = float(self._queue_sizes.pop(index))
+        metrics["learner_queue"] = float(self._queue_sizes.pop(index))
         return metrics
 
     def learn(self, batch: DictTensor | Trajectories, **kwargs: Any) -> dict[str, float]:

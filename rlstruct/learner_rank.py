@@ -277,7 +277,7 @@ def rank_main(
                 state = model.state_dict()
                 torch._foreach_copy_([dst[k] for k in dst], [state[k] for k in dst])
             ctx._set_status(_IDLE)
-            timings = {"load_wait_ms": wait_ms, "learn_ms": learn_ms,
+            timings = {"load_wait_ms": wait_ms, "rank_learn_ms": learn_ms,
                        "allreduce_ms": ctx.allreduce_ms, "n_allreduce": float(ctx.n_allreduce)}
             send(("done", rank, index, metrics, timings))
             index = None
