@@ -315,7 +315,8 @@ class Run:
         from rlstruct.learner_rank import algorithm_learn
 
         devices = (layout.learner_devices.split(",") if layout.learner_devices
-                   else ["cpu"] * layout.n_learners if self.device.type == "cpu" else None)
+                   else [str(torch.device(self.device.type, k)) for k in range(layout.n_learners)]
+                   if self.device.type == "cuda" else [str(self.device)] * layout.n_learners)
         group = self._stack.enter_context(LearnerGroup(
             make_model, make_optimizer, partial(algorithm_learn, learn=learn,
                                                 make_agent=make_agent, cfg=self.cfg,

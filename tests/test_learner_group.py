@@ -249,3 +249,27 @@ def test_staging_copies_on_a_cuda_side_stream():
     stager.ready(staged, event)  # the learner's stream waits for the side stream's copy
     assert float(staged["x"].sum()) == 3.0 * 1024 * 256
     assert stager._stream != torch.cuda.current_stream(device)
+
+
+# ----------------------------------------------------------------------------- algorithms
+def test_layout_refuses_a_device_list_of_the_wrong_length():
+    from rlstruct.experiment import LayoutConfig
+
+    with pytest.raises(ConfigError, match=r"n_learners must be >= 1.*names 2 device\(s\)"):
+        LayoutConfig(n_learners=0, learner_devices="cpu,cpu")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_ppo_with_two_learner_ranks_solves_cartpole(tmp_path):
+    from algos import ppo
+    from rlstruct.experiment import LayoutConfig
+
+    cfg = ppo.Config(layout=LayoutConfig(learner_device="cpu", n_learners=2), eval_every=0,
+                     max_frames=200_000, time_budget=840, runs_dir=str(tmp_path))
+    summary = ppo.main(cfg)
+    assert summary["solved"], summary  # the target return, 475 over 20 episodes
+    rows = (tmp_path / summary["run_dir"]).joinpath("progress.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    for column in ("load_wait_ms", "rank_learn_ms", "allreduce_ms", "learner_queue"):
+        assert column in header, column
