@@ -260,6 +260,21 @@ def test_layout_refuses_a_device_list_of_the_wrong_length():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("algo", ["a2c", "impala"])
+def test_a2c_and_impala_run_with_two_learner_ranks_from_the_command_line(algo, tmp_path):
+    from algo_runs import check_run_dir, run_algo
+
+    run_dir, _ = run_algo(algo, ["--n-learners", "2", "--max-frames", "1500", "--eval-every",
+                                 "0", "--n-processes", "2", "--n-envs", "2"], cwd=tmp_path)
+    rows = check_run_dir(run_dir)  # checkpoints hold rank 0's model and optimizer
+    learned = [r for r in rows if r.get("n_allreduce") not in (None, "", "nan")]
+    assert learned and all(float(r["n_allreduce"]) == 1 for r in learned)  # one step per batch
+    assert all(float(r["allreduce_ms"]) > 0 for r in learned)
+    state = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=False)
+    assert state["optimizer"]["state"][0]["step"] >= 1
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_ppo_with_two_learner_ranks_solves_cartpole(tmp_path):
     from algos import ppo
