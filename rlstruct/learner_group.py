@@ -91,6 +91,8 @@ class LearnerGroup:
         seed: the ranks' ``torch.manual_seed``.
         n_threads: torch threads per rank.
         n_slots: batches in flight per rank (shared-memory staging slots), >= 1.
+        bucket_mb: megabytes of gradients per all-reduce bucket (> 0; like DDP's
+            ``bucket_cap_mb``): buckets are reduced while backward still runs.
 
     Raises:
         ConfigError: every problem of the arguments, listed at once.
@@ -121,6 +123,7 @@ class LearnerGroup:
         seed: int = 0,
         n_threads: int = 1,
         n_slots: int = 2,
+        bucket_mb: float = 25.0,
     ) -> None:
         problems = [f"{name} must be callable, got {type(fn).__name__}"
                     for name, fn in (("make_model", make_model), ("make_optimizer", make_optimizer),
@@ -129,9 +132,10 @@ class LearnerGroup:
                                  ("n_slots", n_slots, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 problems.append(f"{name} must be an integer >= {low}, got {value!r}")
-        for name, value in (("timeout", timeout), ("start_timeout", start_timeout)):
+        for name, value in (("timeout", timeout), ("start_timeout", start_timeout),
+                            ("bucket_mb", bucket_mb)):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                problems.append(f"{name} must be a finite number of seconds > 0, got {value!r}")
+                problems.append(f"{name} must be a finite number > 0, got {value!r}")
         if not (isinstance(init_state, Mapping) and init_state
                 and all(isinstance(v, Tensor) for v in init_state.values())):
             problems.append("init_state must be a non-empty state_dict (str -> Tensor)")
@@ -177,7 +181,7 @@ class LearnerGroup:
             factories=cloudpickle.dumps((make_model, make_optimizer, learn)),
             devices=[str(d) for d in resolved], backend=backend,
             init_method=f"tcp://{addr}:{port}", seed=seed, n_threads=n_threads,
-            pg_timeout=max(self.timeout, 30.0),
+            pg_timeout=max(self.timeout, 30.0), bucket_bytes=max(1, int(bucket_mb * 2**20)),
         )
         self.address = (addr, port)
         # Rank 0 writes the weights after batch k into slot k % 3 (the driver reads a slot while

@@ -61,6 +61,7 @@ class RankSpec:
         seed: ``torch.manual_seed`` of every rank before the model is built.
         n_threads: torch threads per rank.
         pg_timeout: seconds a collective may wait for a peer before it fails.
+        bucket_bytes: gradient bytes per all-reduce bucket.
     """
 
     factories: bytes
@@ -70,6 +71,7 @@ class RankSpec:
     seed: int
     n_threads: int
     pg_timeout: float
+    bucket_bytes: int = _BUCKET_BYTES
 
 
 class RankContext:
@@ -86,10 +88,13 @@ class RankContext:
     def __init__(
         self, rank: int, world_size: int, device: torch.device, model: nn.Module,
         optimizer: torch.optim.Optimizer, status: Tensor | None = None,
+        bucket_bytes: int = _BUCKET_BYTES,
     ) -> None:
         self.rank, self.world_size, self.device = rank, world_size, device
         self.model, self.optimizer = model, optimizer
         self._status = status
+        self._reducer = (_Reducer(list(model.parameters()), bucket_bytes) if world_size > 1
+                         else None)
         self.allreduce_ms = 0.0
         self.n_allreduce = 0
         self.in_collective = False
@@ -105,6 +110,8 @@ class RankContext:
             The global norm of the averaged gradient before clipping, or None without clipping.
         """
         optimizer.zero_grad(set_to_none=True)
+        if self._reducer is not None:
+            self._reducer.arm()  # buckets are all-reduced as backward fills them
         loss.backward()
         self.average_gradients()
         norm = None
@@ -115,24 +122,20 @@ class RankContext:
         return norm
 
     def average_gradients(self) -> None:
-        """Replaces every gradient of ``model`` by its mean over the ranks (in buckets of
-        flattened gradients; nothing at all with one rank, which keeps it bitwise equal to a
-        single learner)."""
-        if self.world_size == 1:
+        """Replaces every gradient of ``model`` by its mean over the ranks; nothing at all with
+        one rank, which keeps it bitwise equal to a single learner.
+
+        Inside :meth:`step` the buckets (consecutive gradients, last layers first, up to about
+        25 MB, flattened) were already all-reduced asynchronously as backward filled them, like
+        DDP; this waits for them (and reduces what backward left, after a plain ``backward``).
+        ``allreduce_ms`` counts the time spent here: the communication backward did not hide.
+        """
+        if self._reducer is None:
             return
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         start = time.perf_counter()
         self._set_status(_COLLECTIVE)
         self.in_collective = True
-        work = []
-        for bucket in _buckets(grads):
-            flat = torch.cat([g.reshape(-1) for g in bucket])
-            work.append((bucket, flat, dist.all_reduce(flat, async_op=True)))
-        for bucket, flat, handle in work:
-            handle.wait()
-            flat.div_(self.world_size)
-            views = flat.split([g.numel() for g in bucket])
-            torch._foreach_copy_(bucket, [v.view_as(g) for v, g in zip(views, bucket)])
+        self._reducer.finish(self.world_size)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # honest all-reduce timings
         self.in_collective = False
@@ -178,19 +181,72 @@ def algorithm_learn(
     return learn(make_agent(ctx.model), ctx.optimizer, batch, cfg, ctx.step)
 
 
-def _buckets(grads: list[Tensor]) -> list[list[Tensor]]:
-    """Consecutive gradients of one dtype and device, up to about 25 MB per bucket."""
-    out: list[list[Tensor]] = []
-    size = 0
-    for g in grads:
-        nbytes = g.numel() * g.element_size()
-        if (not out or size + nbytes > _BUCKET_BYTES or g.dtype != out[-1][0].dtype
-                or g.device != out[-1][0].device):
-            out.append([])
-            size = 0
-        out[-1].append(g)
-        size += nbytes
-    return out
+class _Reducer:
+    """Bucketed, overlapped gradient all-reduce (a small DDP reducer).
+
+    Parameters are grouped into buckets in reverse order (backward produces the last layers'
+    gradients first), up to about 25 MB of one dtype and device each. While armed, a
+    post-accumulate-grad hook counts each bucket's gradients; buckets are launched strictly in
+    index order (so every rank issues the same collectives in the same order) as soon as they
+    and every bucket before them are complete. :meth:`finish` launches what is left, with the
+    gradients that exist (the same set on every rank: same model, same loss), waits, divides
+    by the number of ranks and writes the means back.
+    """
+
+    def __init__(self, params: list[nn.Parameter], bucket_bytes: int = _BUCKET_BYTES) -> None:
+        self.buckets: list[list[nn.Parameter]] = []
+        size = 0
+        for p in reversed([p for p in params if p.requires_grad]):
+            nbytes = p.numel() * p.element_size()
+            last = self.buckets[-1][0] if self.buckets else None
+            if (last is None or size + nbytes > bucket_bytes or p.dtype != last.dtype
+                    or p.device != last.device):
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(p)
+            size += nbytes
+        self._bucket_of = {id(p): k for k, bucket in enumerate(self.buckets) for p in bucket}
+        self._armed = False
+        self._missing: list[int] = []
+        self._next = 0
+        self._work: list[tuple[list[nn.Parameter], Tensor, Any]] = []
+        for bucket in self.buckets:
+            for p in bucket:
+                p.register_post_accumulate_grad_hook(self._ready)
+
+    def arm(self) -> None:
+        """Starts counting gradients for one backward."""
+        self._armed, self._next, self._work = True, 0, []
+        self._missing = [len(bucket) for bucket in self.buckets]
+
+    def _ready(self, p: nn.Parameter) -> None:
+        if not self._armed:
+            return
+        self._missing[self._bucket_of[id(p)]] -= 1
+        while self._next < len(self.buckets) and self._missing[self._next] == 0:
+            self._launch(self.buckets[self._next])
+            self._next += 1
+
+    def _launch(self, bucket: list[nn.Parameter]) -> None:
+        params = [p for p in bucket if p.grad is not None]
+        if params:
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            self._work.append((params, flat, dist.all_reduce(flat, async_op=True)))
+
+    def finish(self, world_size: int) -> None:
+        """Launches the buckets backward left, waits for all, writes the means back."""
+        if not self._armed:
+            self._next, self._work = 0, []
+        for bucket in self.buckets[self._next:]:
+            self._launch(bucket)
+        self._armed, self._next = False, len(self.buckets)
+        for params, flat, handle in self._work:
+            handle.wait()
+            flat.div_(world_size)
+            views = flat.split([p.numel() for p in params])
+            torch._foreach_copy_([p.grad for p in params],
+                                 [v.view_as(p) for v, p in zip(views, params)])
+        self._work = []
 
 
 def _loader(conn: Any, send: Callable[[tuple], None], stager: DeviceStager, rank: int,
@@ -242,7 +298,7 @@ def rank_main(
         model = make_model().to(device)
         model.load_state_dict(published[0])  # the initial weights, written by the driver
         optimizer = make_optimizer(model.parameters(), device=device)
-        ctx = RankContext(rank, world, device, model, optimizer, status)
+        ctx = RankContext(rank, world, device, model, optimizer, status, spec.bucket_bytes)
         stager = DeviceStager(device)
         local: queue.Queue = queue.Queue(maxsize=1)  # one staged shard ahead of learn
         threading.Thread(target=_loader, args=(conn, send, stager, rank, slots, local),

@@ -125,6 +125,8 @@ def _max_diff(a: dict, b: dict) -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["toy", "ppo"])
 def test_two_ranks_on_half_rows_equal_one_learner_on_all(kind):
+    # PPO with tiny buckets: several all-reduces launched from the backward hooks, in order.
+    bucket_mb = 25.0 if kind == "toy" else 1e-3
     make, learn, reference, batch = {
         "toy": (toy_model, learner_fns.toy_learn, learner_fns.toy_reference, toy_batch()),
         "ppo": (learner_fns.ppo_model, learner_fns.ppo_learn, learner_fns.ppo_reference,
@@ -133,7 +135,7 @@ def test_two_ranks_on_half_rows_equal_one_learner_on_all(kind):
     torch.manual_seed(0)
     model = make()
     before = _snapshot()
-    g = group(learn, make, n_learners=2, model=model, timeout=60)
+    g = group(learn, make, n_learners=2, model=model, timeout=60, bucket_mb=bucket_mb)
     with g:
         metrics = g.learn(batch)
         weights = {k: v.clone() for k, v in g.state_dict().items()}
@@ -288,3 +290,34 @@ def test_ppo_with_two_learner_ranks_solves_cartpole(tmp_path):
     header = rows[0].split(",")
     for column in ("load_wait_ms", "rank_learn_ms", "allreduce_ms", "learner_queue"):
         assert column in header, column
+
+
+def test_reducer_reduces_buckets_during_backward_in_order(monkeypatch):
+    from rlstruct import learner_rank
+
+    launched: list[int] = []
+
+    class Done:
+        def wait(self) -> None:
+            pass
+
+    def fake_all_reduce(flat, async_op):  # a world of 2 whose peer sent the same gradients
+        launched.append(flat.numel())
+        flat.mul_(2)
+        return Done()
+
+    monkeypatch.setattr(learner_rank.dist, "all_reduce", fake_all_reduce)
+    torch.manual_seed(0)
+    model, batch = toy_model(), toy_batch()
+    reference = toy_model()
+    reference.load_state_dict(model.state_dict())
+    ctx = RankContext(0, 2, torch.device("cpu"), model, learner_fns.adam(model.parameters()),
+                      bucket_bytes=1)  # one parameter per bucket
+    ctx._reducer.arm()
+    learner_fns.toy_loss(model, batch).backward()
+    assert launched == [1, 16, 16, 16 * 8]  # during backward, last layer first, in order
+    ctx.average_gradients()
+    learner_fns.toy_loss(reference, batch).backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0)  # (2 g) / 2 == g
+    assert ctx.n_allreduce == 1 and launched == [1, 16, 16, 16 * 8]
