@@ -292,8 +292,8 @@ class LearnerGroup:
 
     def state_dict(self) -> dict[str, Tensor]:
         """The weights after the last collected batch (the initial ones before): CPU tensors in
-        shared memory written by rank 0. Read-only; valid until ``n_slots`` more batches are
-        collected (``batcher.update`` copies them at once)."""
+        shared memory written by rank 0. Read-only; valid until the next :meth:`collect`
+        (``batcher.update`` copies them at once; clone them to keep them longer)."""
         return self._published[self._latest % len(self._published)]
 
     @property
