@@ -170,6 +170,22 @@ def test_one_rank_group_is_bitwise_a_single_learner_and_pipelines_batches():
         with pytest.raises(ShapeError, match="shard is"):
             g.submit(toy_batch(n=32))
         assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
+    with pytest.raises(BatcherStateError, match="closed"):
+        g.submit(batches[0])
+
+
+@pytest.mark.slow
+def test_a_dropped_group_ends_its_ranks():
+    import gc
+
+    g = group(n_learners=1, timeout=60)
+    g.learn(toy_batch())
+    pids = [p.pid for p in g._procs]
+    del g
+    gc.collect()  # the finalizer stops, then terminates, the ranks
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
+                   for pid in pids)
+    assert children() == []
 
 
 
