@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -307,6 +308,10 @@ class Run:
         checkpoints then hold rank 0's model and optimizer. Closed with the run. None with
         one learner (the algorithm learns in this process)."""
         layout = self.cfg.layout
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: each process would train
+            raise ConfigError(
+                f"{self.algo} runs under torchrun (WORLD_SIZE={os.environ['WORLD_SIZE']}): not "
+                "supported; start one process with --n-learners N instead (it starts its ranks)")
         if layout.n_learners == 1 and layout.learner_devices is None:
             return None
         from functools import partial

@@ -111,3 +111,12 @@ def hanging_learn(ctx, batch: DictTensor) -> dict[str, float]:
         time.sleep(600)  # a hung env or learn function
     ctx.step(ctx.optimizer, toy_loss(ctx.model, batch), 1.0)
     return {}
+
+
+def failing_model() -> nn.Module:
+    """Rank 1's factory fails (a typo in a layer size, a missing file...)."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise RuntimeError("no checkpoint at weights.pt")
+    return toy_model()

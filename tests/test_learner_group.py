@@ -219,6 +219,15 @@ def test_a_rank_that_raises_is_named_with_its_traceback():
 
 
 @pytest.mark.slow
+def test_a_rank_failing_at_start_is_named():
+    with group(make_model=learner_fns.failing_model, timeout=60) as g, pytest.raises(
+            LearnerError, match=r"rank 1 raised RuntimeError: no checkpoint at weights\.pt while "
+                                "starting") as err:
+        g.submit(toy_batch())
+    assert err.value.rank == 1 and "failing_model" in err.value.learner_traceback
+
+
+@pytest.mark.slow
 def test_a_hung_rank_hits_the_deadline_and_is_named_first():
     before = _snapshot()
     g = group(learner_fns.hanging_learn, timeout=3)
@@ -337,3 +346,14 @@ def test_reducer_reduces_buckets_during_backward_in_order(monkeypatch):
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0)  # (2 g) / 2 == g
     assert ctx.n_allreduce == 1 and launched == [1, 16, 16, 16 * 8]
+
+
+def test_torchrun_is_refused_with_a_clear_message(monkeypatch, tmp_path):
+    from algos import ppo
+    from rlstruct.experiment import LayoutConfig
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg = ppo.Config(layout=LayoutConfig(learner_device="cpu", n_processes=1, n_envs=2),
+                     eval_every=0, runs_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match=r"torchrun \(WORLD_SIZE=2\).*--n-learners N"):
+        ppo.main(cfg)
