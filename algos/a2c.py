@@ -13,12 +13,10 @@ One iteration:
    segment is restored exactly); ``replay_agent_stateless`` (one batched call) otherwise.
 3. **One gradient step** on ``-logp(a) A + vf_coef (V - R)^2 - ent_coef H`` with GAE(lambda)
    advantages ``A`` and returns ``R``. ``V'`` of the TRUE next observations
-   (``_observation/frame``) comes from one batched, gradient-free call (for the GRU policy from
-   the state after each step): terminated steps do not bootstrap, truncated steps and segment
-   cuts bootstrap from ``V'``.
-4. **Publish**: ``run.publish`` (``batcher.update(state_dict)``, then ``execute()``). With
-   ``--pipeline 2`` the workers already collect the next segment while the learner learns on
-   this one (one update of policy lag).
+   (``_observation/frame``) comes from one gradient-free call (for the GRU from the state after
+   each step): terminated steps do not bootstrap, truncated steps and segment cuts do.
+4. **Publish**: ``run.publish``. With ``--pipeline 2`` the workers already collect the next
+   segment while the learner learns on this one (one update of policy lag).
 
 Run: ``python -m algos.a2c --help``; ``python -m algos.a2c --recurrent``.
 """
@@ -27,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -174,8 +173,7 @@ class A2CAgent(Agent):
 
 # --------------------------------------------------------------------------------------- loss
 def replay(agent: Agent, traj: Trajectories) -> TemporalDictTensor:
-    """The agent's outputs ``(B, T, ...)`` over a segment, with gradients: step by step from
-    the stored ``agent_state`` for a recurrent agent, in one batched call otherwise."""
+    """The agent's outputs ``(B, T, ...)`` with gradients (a recurrent one from agent_state)."""
     return (replay_agent if agent.recurrent else replay_agent_stateless)(agent, traj)
 
 
@@ -193,17 +191,10 @@ def a2c_loss(
     head: ActionHead, params: Tensor, value: Tensor, next_value: Tensor, traj: Trajectories,
     cfg: Config,
 ) -> tuple[Tensor, dict[str, float]]:
-    """The A2C loss over ``(B, T)`` steps (padding ignored): ``(loss, stats)``, stats ``loss``,
-    ``policy_loss``, ``value_loss`` and ``entropy``.
-
-    Args:
-        head: the policy head (``model.head``).
-        params: ``(B, T, P)`` head params of the stored observations (with gradients).
-        value: ``(B, T)`` V(s_t) (with gradients).
-        next_value: ``(B, T)`` V of the true next observations (no gradient).
-        traj: the segment (the head's samples, rewards, terminated/truncated flags, lengths).
-        cfg: gamma, gae_lambda, normalize_advantages, vf_coef, ent_coef.
-    """
+    """The A2C loss over ``(B, T)`` steps (padding ignored) from the policy ``head``, its
+    ``params (B, T, P)`` and ``value (B, T)`` of the stored observations (with gradients) and
+    ``next_value (B, T)`` of the true next ones (none); ``(loss, stats)``: ``loss``,
+    ``policy_loss``, ``value_loss``, ``entropy``."""
     steps, mask = traj.trajectories, traj.trajectories.mask()
     advantage, returns = F.gae(
         steps[K.NEXT_REWARD], value.detach(), next_value, steps[K.NEXT_TERMINATED],
@@ -220,28 +211,38 @@ def a2c_loss(
     return loss, {k: float(v.detach()) for k, v in stats.items()}
 
 
+def learn(agent: A2CAgent, optimizer: torch.optim.Optimizer, traj: Trajectories, cfg: Config,
+          step: Any = gradient_step) -> dict[str, float]:
+    """Replay, the loss, one gradient step (``step`` averages it over --n-learners ranks)."""
+    out = replay(agent, traj)
+    loss, stats = a2c_loss(agent.model.head, out["params"], out[K.VALUE],
+                           next_values(agent.model, traj, out), traj, cfg)
+    step(optimizer, loss, cfg.max_grad_norm)
+    return stats
+
+
 # --------------------------------------------------------------------------------------- main
 def main(cfg: Config) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("a2c", cfg) as run:
         net = GRUActorCritic if cfg.recurrent else MLPActorCritic
-        model = run.model(net, run.obs_dim, space_spec(run.action_space), cfg.hidden)  # on the CPU
+        make_model = partial(net, run.obs_dim, space_spec(run.action_space), cfg.hidden)
+        model = run.model(make_model)  # on the CPU: the batchers copy it
         batcher = run.training_batcher(A2CAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(A2CAgent, {"model": model}, agent_info=greedy_info())
         agent = run.learner(A2CAgent(model))
         optimizer = adam(model.parameters(), cfg.lr, run.device)
         run.checkpoint_state(model=model, optimizer=optimizer)
+        group = run.learner_group(make_model, model, partial(adam, lr=cfg.lr), learn, A2CAgent)
         # 1. Each segment the workers collected with the current policy, until the stop test.
         for traj in run.segments(batcher):
-            # 2-3. Replay on the learner device, one gradient step.
-            traj = traj.to(run.device)
-            out = replay(agent, traj)
-            loss, stats = a2c_loss(model.head, out["params"], out[K.VALUE],
-                                   next_values(model, traj, out), traj, cfg)
-            gradient_step(optimizer, loss, cfg.max_grad_norm)
+            # 2-3. Replay on the learner device, one gradient step (--n-learners: on N ranks).
+            stats = (learn(agent, optimizer, traj.to(run.device), cfg) if group is None
+                     else group.learn(traj))
+            weights = model.state_dict() if group is None else group.state_dict()
             # 4. Publish the weights; the workers collect the next segment meanwhile.
-            run.publish(batcher, model.state_dict())
-            run.end_iteration(model.state_dict(), lr=cfg.lr, **stats)
+            run.publish(batcher, weights)
+            run.end_iteration(weights, lr=cfg.lr, **stats)
     return run.summary
 
 

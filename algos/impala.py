@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Annotated, Any
 
 import torch
@@ -119,6 +120,14 @@ def vtrace_loss(agent: Agent, traj: Trajectories, cfg: Config) -> tuple[Tensor, 
     return loss, stats
 
 
+def learn(agent: Agent, optimizer: torch.optim.Optimizer, traj: Trajectories, cfg: Config,
+          step: Any = gradient_step) -> dict[str, float]:
+    """One gradient step on a segment (``step`` averages it over --n-learners ranks)."""
+    loss, stats = vtrace_loss(agent, traj, cfg)
+    step(optimizer, loss, cfg.max_grad_norm)
+    return {k: float(v) for k, v in stats.items()}
+
+
 class Learner:
     """What the learner thread runs: a gradient step per segment, then a weights copy that
     the main thread picks up with :meth:`take_weights`. ``agent`` is the learner's
@@ -131,16 +140,21 @@ class Learner:
         self._lock = threading.Lock()
         self._weights: dict[str, Tensor] | None = None
         self.thread: LearnerThread | None = None
+        self.group: Any = None  # --n-learners N: a LearnerGroup learns instead
 
     def __call__(self, traj: Trajectories) -> dict[str, float]:
-        loss, stats = vtrace_loss(self.agent, traj.to(self.device), self.cfg)
-        gradient_step(self.optimizer, loss, self.cfg.max_grad_norm)
-        weights = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        if self.group is None:
+            stats = learn(self.agent, self.optimizer, traj.to(self.device), self.cfg)
+            weights = {k: v.detach().to("cpu", copy=True)
+                       for k, v in self.model.state_dict().items()}
+        else:  # each rank on 1/N of the rows, gradients averaged; rank 0's weights copied here
+            stats = self.group.learn(traj)
+            weights = {k: v.clone() for k, v in self.group.state_dict().items()}
         with self._lock:
             self._weights = weights
         if self.thread is not None:
             self.thread.count_publication()
-        return {k: float(v) for k, v in stats.items()}
+        return stats
 
     def take_weights(self) -> dict[str, Tensor] | None:
         """The weights published since the last call (None if none)."""
@@ -153,13 +167,16 @@ class Learner:
 def main(cfg: Config) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("impala", cfg) as run:
-        model = run.model(ActorCritic, run.obs_dim, run.n_actions, cfg.hidden)  # CPU
+        make_model = partial(ActorCritic, run.obs_dim, run.n_actions, cfg.hidden)
+        model = run.model(ActorCritic, run.obs_dim, run.n_actions, cfg.hidden)  # on the CPU
         batcher = run.training_batcher(BehaviourAgent, {"model": model}, GymEnvInf,
                                        cfg.n_timesteps)
         run.evaluator(BehaviourAgent, {"model": model}, agent_info=greedy_info())
         latest = {k: v.clone() for k, v in model.state_dict().items()}
         learner = Learner(run.learner(BehaviourAgent(model)), cfg, run.device)
         run.checkpoint_state(model=model, optimizer=learner.optimizer)
+        learner.group = run.learner_group(make_model, model, partial(adam, lr=cfg.lr, eps=1e-5),
+                                          learn, BehaviourAgent)  # --n-learners N
         with LearnerThread(learner, max_queue=cfg.queue, name="impala-learner") as thread:
             learner.thread = thread
             # 1. The workers stream segments; the loop ends when the stop test fires.

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 import torch
@@ -88,14 +89,14 @@ class Config(RunConfig):
 
 
 # --------------------------------------------------------------------------------------- model
-def make_model(run: Run, cfg: Config) -> HeadActorCritic | CNNActorCritic:
+def model_factory(run: Run, cfg: Config) -> partial[HeadActorCritic | CNNActorCritic]:
     """Separate actor and critic MLPs, the actor ending in the policy head of the action space
     (categorical for Discrete, Gaussian for Box: rlstruct/nets.py, rlstruct/distributions.py);
-    or the Nature CNN (Discrete actions)."""
+    or the Nature CNN (Discrete actions). Built from plain values, so checkpoints record it."""
     if cfg.model == "cnn":
-        return run.model(CNNActorCritic, run.n_actions, in_channels=run.obs_shape[0])
-    return run.model(head_actor_critic, run.obs_dim, space_spec(run.action_space), cfg.hidden,
-                     cfg.log_std_init, cfg.normalize_obs)
+        return partial(CNNActorCritic, run.n_actions, in_channels=run.obs_shape[0])
+    return partial(head_actor_critic, run.obs_dim, space_spec(run.action_space), cfg.hidden,
+                   cfg.log_std_init, cfg.normalize_obs)
 
 
 # --------------------------------------------------------------------------------------- agent
@@ -177,10 +178,12 @@ def relabel(agent: Agent, traj: Trajectories) -> Trajectories:
 
 def learn(
     agent: Agent, optimizer: torch.optim.Optimizer, traj: Trajectories, cfg: Config,
-    out_of_time: Callable[[], bool] = lambda: False,
+    step: Any = gradient_step, out_of_time: Callable[[], bool] = lambda: False,
 ) -> dict[str, float]:
     """``n_epochs`` of minibatch steps over one batch, stopping early once ``out_of_time()``
-    (checked between minibatches); returns the last epoch's mean stats."""
+    (checked between minibatches); returns the last epoch's mean stats. With ``--n-learners N``
+    each rank runs it on B/N rows, minibatches of minibatch_size/N, and ``step`` averages the
+    gradients over the ranks."""
     if cfg.layout.pipeline > 1:  # collected one update ago: clip around the current policy
         traj = relabel(agent, traj)
     advantage, returns = gae_advantages(agent.model, traj, cfg.gamma, cfg.gae_lambda)
@@ -195,7 +198,7 @@ def learn(
         order = torch.randperm(batch.n_elems(), device=batch.device())
         for n, rows in enumerate(order.split(cfg.minibatch_size), 1):
             loss, stats = ppo_loss(agent, batch.index(rows), cfg)
-            gradient_step(optimizer, loss, cfg.max_grad_norm)
+            step(optimizer, loss, cfg.max_grad_norm)
             totals = {k: totals.get(k, 0.0) + v for k, v in stats.items()}
             if out_of_time():  # the time budget holds within a long learn phase too
                 return {k: float(v) / n for k, v in totals.items()}
@@ -208,21 +211,29 @@ def learn(
 def main(cfg: Config) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("ppo", cfg) as run:
-        model = make_model(run, cfg)  # on the CPU: the batchers copy it
+        make_model = model_factory(run, cfg)  # picklable: the learner ranks build theirs
+        model = run.model(make_model)  # on the CPU: the batchers copy it
         batcher = run.training_batcher(PPOAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(PPOAgent, {"model": model}, agent_info=greedy_info())
         agent = run.learner(PPOAgent(model))
         optimizer = adam(model.parameters(), cfg.lr, run.device, eps=1e-5)
         run.checkpoint_state(model=model, optimizer=optimizer)
+        group = run.learner_group(make_model, model, partial(adam, lr=cfg.lr, eps=1e-5), learn,
+                                  PPOAgent, per_rank=("minibatch_size",))  # --n-learners N
         # 1. Each segment the workers collected with the current policy, until the stop test.
         for traj in run.segments(batcher):
             # 2-3. Advantages and n_epochs of minibatch steps, replaying on the learner device.
             lr = cfg.lr * max(0.0, 1 - run.frames / cfg.max_frames) if cfg.anneal_lr else cfg.lr
             optimizer.param_groups[0]["lr"] = lr
-            stats = learn(agent, optimizer, traj.to(run.device), cfg, run.out_of_time)
+            if group is None:
+                stats = learn(agent, optimizer, traj.to(run.device), cfg,
+                              out_of_time=run.out_of_time)
+            else:  # each rank on 1/N of the rows, gradients averaged; rank 0 shares the weights
+                stats = group.learn(traj, lr=lr)
+            weights = model.state_dict() if group is None else group.state_dict()
             # 4. Publish the weights; the workers collect the next segment meanwhile.
-            run.publish(batcher, model.state_dict())
-            run.end_iteration(model.state_dict(), lr=lr, **stats)
+            run.publish(batcher, weights)
+            run.end_iteration(weights, lr=lr, **stats)
     return run.summary
 
 

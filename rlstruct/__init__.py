@@ -30,6 +30,9 @@ The experiment layer, which the algorithms of ``algos/`` are written with::
     from rlstruct.optim import adam, gradient_step     # fused Adam; one meaning of clipping
     from rlstruct.sampling import CategoricalSampler, ActorAgent, PolicyAgent, greedy_info
                                                        # seeded sampling, greedy evaluation
+    from rlstruct.learner_group import LearnerGroup    # data-parallel learner ranks
+    from rlstruct.learner_rank import RankContext      # what a rank's learn function gets
+    from rlstruct.staging import StagingRing           # shards staged onto rank devices
 
 ``rlstruct.compat`` keeps rlstructures' names for a port. ``python -m rlstruct plot runs/``
 plots run directories (see :mod:`rlstruct.plotting`); ``python -m rlstruct evaluate RUN_DIR``

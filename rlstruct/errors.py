@@ -145,7 +145,8 @@ class WorkerTimeoutError(WorkerError, TimeoutError):
 
 
 class LearnerError(RLStructError, RuntimeError):
-    """``learn`` raised in the learner thread (or the thread is gone).
+    """``learn`` raised in the learner thread (or the thread is gone), or a rank of a
+    :class:`~rlstruct.learner_group.LearnerGroup` raised or died.
 
     Raised ``from`` the original exception: ``err.__cause__`` is it, with its traceback from the
     learner thread (which keeps the frames of ``learn``, and so the batch, alive while referenced).
@@ -153,7 +154,10 @@ class LearnerError(RLStructError, RuntimeError):
     Attributes:
         batch: index of the batch ``learn`` failed on, counting from 0 in put order, if known.
         exc_type: the name of the original exception type, if any.
-        learner_traceback: the original traceback, formatted in the learner thread, if any.
+        learner_traceback: the original traceback, formatted in the learner thread (or rank),
+            if any.
+        rank: the learner group's rank that failed first, if any.
+        exitcode: that rank's exit code if it died.
     """
 
     def __init__(
@@ -163,13 +167,32 @@ class LearnerError(RLStructError, RuntimeError):
         batch: int | None = None,
         exc_type: str | None = None,
         learner_traceback: str | None = None,
+        rank: int | None = None,
+        exitcode: int | None = None,
     ) -> None:
         super().__init__(message)
         self.batch = batch
         self.exc_type = exc_type
         self.learner_traceback = learner_traceback
+        self.rank = rank
+        self.exitcode = exitcode
+
+    def __str__(self) -> str:
+        text = str(self.args[0]) if self.args else ""
+        if self.rank is not None and self.learner_traceback:
+            text += f"\n\nTraceback in rank {self.rank}:\n" + self.learner_traceback.rstrip()
+        return text
 
 
 class LearnerTimeoutError(RLStructError, TimeoutError):
     """``put`` found no free queue slot before its deadline, ``wait_idle`` ran out of time, or
-    ``stop`` could not join a thread still inside ``learn``."""
+    ``stop`` could not join a thread still inside ``learn``; or ranks of a learner group did not
+    answer before their deadline.
+
+    Attributes:
+        ranks: the learner group's ranks that did not answer (the likely culprits first), if any.
+    """
+
+    def __init__(self, message: str, *, ranks: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.ranks = ranks

@@ -79,6 +79,12 @@ class LayoutConfig:
     ray_resources: dict[str, float] = field(default_factory=dict)
     """custom Ray resources each actor needs (--backend ray), e.g. `--ray-resources rollout 1`
     places the actors only on nodes started with `ray start --resources '{"rollout": 8}'`"""
+    n_learners: int = 1
+    """learner ranks (ppo, a2c, impala): each learns on 1/N of every batch's rows and the
+    gradients are averaged (torch.distributed; see docs/guide-learners.md); 1: learn here"""
+    learner_devices: str | None = None
+    """one device per learner rank, comma-separated (cuda:0,cuda:1); None: learner_device's
+    type, cuda:0..N-1 on GPUs"""
 
     def batcher_options(self) -> dict[str, Any]:
         """The keyword arguments of :func:`make_batcher` that come from this layout besides the
@@ -96,6 +102,12 @@ class LayoutConfig:
         """Every problem of the layout (empty: none), for :class:`~rlstruct.run.RunConfig` to
         list with its own before anything starts."""
         problems = []
+        if self.n_learners < 1:
+            problems.append(f"n_learners must be >= 1, got {self.n_learners}")
+        devices = self.learner_devices.split(",") if self.learner_devices else []
+        if devices and len(devices) != self.n_learners:
+            problems.append(f"learner_devices names {len(devices)} device(s) ({devices}) for "
+                            f"n_learners={self.n_learners}: give one per rank")
         if self.n_envs < 1:
             problems.append(f"n_envs must be >= 1, got {self.n_envs}")
         if self.n_processes < 0:

@@ -37,7 +37,9 @@ the curve of ``returns.png`` and the summary's entry of the same name.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
+import os
 import signal
 import sys
 import threading
@@ -358,7 +360,10 @@ class Run:
     def model(self, cls: Callable[..., torch.nn.Module], *args: Any, **kwargs: Any) -> Any:
         """``cls(*args, **kwargs)``, the call recorded in the checkpoints (``constructors``) so
         that ``python -m rlstruct evaluate`` rebuilds the model without reading the algorithm's
-        code. The arguments must be plain values (numbers, strings, lists, dicts)."""
+        code. The arguments must be plain values (numbers, strings, lists, dicts); ``cls`` may be a
+        ``functools.partial`` of such a call."""
+        if isinstance(cls, functools.partial):  # a factory that the learner ranks also use
+            args, kwargs, cls = (*cls.args, *args), {**cls.keywords, **kwargs}, cls.func
         module = cls(*args, **kwargs)
         self._constructors.append(
             (module, {"class": object_path(cls), "args": list(args), "kwargs": dict(kwargs)}))
@@ -368,6 +373,42 @@ class Run:
         """``agent`` moved to the learner device, wrapped in CheckDevice with ``check_devices``."""
         agent.to(self.device)
         return CheckDevice(agent, self.device) if self.cfg.layout.check_devices else agent
+
+    def learner_group(
+        self, make_model: Callable[[], torch.nn.Module], model: torch.nn.Module,
+        make_optimizer: Callable[..., torch.optim.Optimizer], learn: Callable[..., Any],
+        make_agent: Callable[[torch.nn.Module], Agent], per_rank: tuple[str, ...] = (),
+    ) -> Any:
+        """``--n-learners N`` (or ``--learner-devices``): a
+        :class:`~rlstruct.learner_group.LearnerGroup` whose ranks run the algorithm's
+        ``learn(agent, optimizer, batch, cfg, step)`` on 1/N of each batch's rows
+        (:func:`~rlstruct.learner_rank.algorithm_learn`), starting from ``model``'s weights;
+        checkpoints then hold rank 0's model and optimizer. Closed with the run. None with
+        one learner (the algorithm learns in this process)."""
+        layout = self.cfg.layout
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: each process would train
+            raise ConfigError(
+                f"{self.algo} runs under torchrun (WORLD_SIZE={os.environ['WORLD_SIZE']}): not "
+                "supported; start one process with --n-learners N instead (it starts its ranks)")
+        if layout.n_learners == 1 and layout.learner_devices is None:
+            return None
+        from functools import partial
+
+        from rlstruct.learner_group import LearnerGroup
+        from rlstruct.learner_rank import algorithm_learn
+
+        devices = (layout.learner_devices.split(",") if layout.learner_devices
+                   else [str(torch.device(self.device.type, k)) for k in range(layout.n_learners)]
+                   if self.device.type == "cuda" else [str(self.device)] * layout.n_learners)
+        group = self._stack.enter_context(LearnerGroup(
+            make_model, make_optimizer, partial(algorithm_learn, learn=learn,
+                                                make_agent=make_agent, cfg=self.cfg,
+                                                per_rank=per_rank),
+            model.state_dict(), n_learners=layout.n_learners, devices=devices,
+            seed=self.cfg.seed, n_threads=self.cfg.n_threads,
+        ))
+        self.checkpoint_state(model=group, optimizer=group.optimizer)
+        return group
 
     def checkpoint_state(self, **objects: Any) -> None:
         """What checkpoints hold: ``name -> obj.state_dict()`` for each object given (model,
