@@ -77,7 +77,7 @@ class RunConfig:
     changes its default and keeps its help."""
 
     env_id: str = "CartPole-v1"
-    """gymnasium id of the environment (discrete actions)"""
+    """gymnasium id of the environment (Discrete actions; ppo, a2c and trpo also take Box ones)"""
     seed: int = 0
     """run seed: the learner's model, the training batcher (seed), the evaluation (seed + 1000)"""
     max_frames: int = 1_000_000
