@@ -242,3 +242,16 @@ def test_unbounded_dimensions_are_neither_rescaled_nor_clipped():
     head = GaussianHead(5, space)
     action = head.to_env(torch.tensor([[0.0, 1e6], [-5.0, -7.0]]))
     torch.testing.assert_close(action, torch.tensor([[1.0, 1e6], [-1.0, -7.0]]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("squash", [False, True])
+def test_heads_act_on_the_gpu_inside_the_box(squash):
+    head = make_head(BOX, 5, squash=squash).to("cuda")
+    params = head(torch.randn(256, 5, device="cuda")) * 10
+    g = torch.Generator("cuda").manual_seed(0)
+    sample, action = head.act(params, g, torch.zeros(256, dtype=torch.bool))
+    assert action.device.type == "cuda" and sample.device.type == "cuda"
+    low, high = torch.as_tensor(BOX.low, device="cuda"), torch.as_tensor(BOX.high, device="cuda")
+    assert bool(((action >= low) & (action <= high)).all())
+    assert torch.isfinite(head.log_prob(params, sample)).all()
