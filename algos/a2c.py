@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from rlstruct import Agent, DictTensor, TemporalDictTensor, Trajectories, masked_dicttensor
 from rlstruct import functional as F
 from rlstruct import keys as K
-from rlstruct.distributions import ActionHead, make_head
+from rlstruct.distributions import ActionHead, make_head, space_from_spec, space_spec
 from rlstruct.envs import GymEnvInf
 from rlstruct.nets import HeadActorCritic, linear
 from rlstruct.optim import adam, gradient_step
@@ -70,8 +70,8 @@ class MLPActorCritic(HeadActorCritic):
     """Memoryless, separate actor and critic, the actor ending in the action space's policy head
     (rlstruct/nets.py): ``forward(frame, None) -> (params, value, None)``."""
 
-    def __init__(self, obs_dim: int, action_space: Space, hidden: int) -> None:
-        super().__init__(obs_dim, make_head(action_space, hidden), hidden)
+    def __init__(self, obs_dim: int, action_space: Space | dict, hidden: int) -> None:
+        super().__init__(obs_dim, make_head(space_from_spec(action_space), hidden), hidden)
 
     def forward(self, frame: Tensor, h: Tensor | None) -> tuple[Tensor, Tensor, None]:
         return (*super().forward(frame), None)
@@ -98,10 +98,10 @@ class GRUActorCritic(nn.Module):
     both memories side by side (a shared torso would let the value loss's gradients drown the
     policy's). ``forward(frame, h (n, 2 hidden)) -> (params (n, P), value (n,), h')``."""
 
-    def __init__(self, obs_dim: int, action_space: Space, hidden: int) -> None:
+    def __init__(self, obs_dim: int, action_space: Space | dict, hidden: int) -> None:
         super().__init__()
         self.state_size = 2 * hidden
-        self.actor = GRUNet(obs_dim, hidden, make_head(action_space, 2 * hidden))
+        self.actor = GRUNet(obs_dim, hidden, make_head(space_from_spec(action_space), 2 * hidden))
         self.critic = GRUNet(obs_dim, hidden, linear(2 * hidden, 1, 1.0))
 
     @property
@@ -225,7 +225,7 @@ def main(cfg: Config) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("a2c", cfg) as run:
         net = GRUActorCritic if cfg.recurrent else MLPActorCritic
-        model = net(run.obs_dim, run.action_space, cfg.hidden)  # CPU: the batchers copy it
+        model = run.model(net, run.obs_dim, space_spec(run.action_space), cfg.hidden)  # on the CPU
         batcher = run.training_batcher(A2CAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(A2CAgent, {"model": model}, agent_info=greedy_info())
         agent = run.learner(A2CAgent(model))

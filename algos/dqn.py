@@ -216,7 +216,7 @@ def learn(
 def main(cfg: Config) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("dqn", cfg) as run:
-        model = QNetwork(run.obs_dim, run.n_actions, cfg.hidden, cfg.dueling)  # CPU, copied
+        model = run.model(QNetwork, run.obs_dim, run.n_actions, cfg.hidden, cfg.dueling)
         explore = DictTensor({"epsilon": torch.ones(1)})  # the schedule sets it per row
         batcher = run.training_batcher(QAgent, {"model": model}, GymEnvInf, cfg.n_timesteps,
                                        agent_info=explore, pipelined=False)
@@ -233,6 +233,8 @@ def main(cfg: Config) -> dict[str, Any]:
             run.publish(batcher, model.state_dict(), agent_info=epsilon(run.frames, n_rows, cfg))
             # 2. Gradient steps on uniform samples of the buffer, on the learner device.
             for _ in range(cfg.updates_per_batch if len(buffer) >= cfg.learning_starts else 0):
+                if run.out_of_time():  # the time budget holds within long learn phases too
+                    break
                 stats = learn(agent, target, optimizer, buffer.sample(cfg.batch_size), cfg)
                 n_updates += 1
                 if n_updates % cfg.target_update_every == 0:

@@ -41,16 +41,13 @@ from rlstruct.experiment import LayoutConfig
 from rlstruct.nets import MLPActorCritic
 from rlstruct.optim import adam, gradient_step
 from rlstruct.run import Run, RunConfig
-from rlstruct.sampling import ActorAgent, categorical_entropy, categorical_log_prob, greedy_info
+from rlstruct.sampling import ActorAgent, greedy_info
 
 
 @dataclass
 class Config(RunConfig):
     """IMPALA with V-trace on a pipelined batcher (see algos/impala.py); tuned for CartPole-v1."""
 
-    lr: float = 2e-3
-    eval_every: int = 50
-    checkpoint_every: int = 200
     vf_coef: float = 0.5
     """weight of the value loss"""
     ent_coef: float = 0.0
@@ -64,6 +61,10 @@ class Config(RunConfig):
     """normalise the V-trace advantages over the batch's valid steps"""
     queue: int = 1
     """segments the learner may fall behind before collection waits for it"""
+    # RunConfig's fields whose defaults IMPALA changes
+    lr: float = 2e-3
+    eval_every: int = 50
+    checkpoint_every: int = 200
     layout: Annotated[LayoutConfig, tyro.conf.OmitArgPrefixes] = field(
         default_factory=lambda: LayoutConfig(pipeline=2)
     )
@@ -98,7 +99,7 @@ def vtrace_loss(agent: Agent, traj: Trajectories, cfg: Config) -> tuple[Tensor, 
     detached stats)``. The agent (a ``BehaviourAgent``) is replayed in one batched call."""
     steps, out = traj.trajectories, replay_agent_stateless(agent, traj)
     logits, value = out["logits"], out[K.VALUE]
-    logp = categorical_log_prob(logits, steps[K.STORED_ACTION])
+    logp = F.categorical_log_prob(logits, steps[K.STORED_ACTION])
     log_rho = logp.detach() - steps[K.STORED_LOGP]
     targets, advantages = F.vtrace(
         steps[K.NEXT_REWARD], value.detach(), out["next_value"], steps[K.NEXT_TERMINATED],
@@ -109,7 +110,7 @@ def vtrace_loss(agent: Agent, traj: Trajectories, cfg: Config) -> tuple[Tensor, 
         advantages = F.normalize_advantages(advantages, mask)
     policy = F.masked_mean(-logp * advantages, mask)
     values = F.masked_mean(0.5 * (value - targets).square(), mask)
-    entropy = F.masked_mean(categorical_entropy(logits), mask)
+    entropy = F.masked_mean(F.categorical_entropy(logits), mask)
     loss = policy + cfg.vf_coef * values - cfg.ent_coef * entropy
     rho = log_rho.exp()[mask]
     stats = {"policy_loss": policy.detach(), "value_loss": values.detach(),
@@ -152,7 +153,7 @@ class Learner:
 def main(cfg: Config) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("impala", cfg) as run:
-        model = ActorCritic(run.obs_dim, run.n_actions, cfg.hidden)  # CPU: the batchers copy it
+        model = run.model(ActorCritic, run.obs_dim, run.n_actions, cfg.hidden)  # CPU
         batcher = run.training_batcher(BehaviourAgent, {"model": model}, GymEnvInf,
                                        cfg.n_timesteps)
         run.evaluator(BehaviourAgent, {"model": model}, agent_info=greedy_info())

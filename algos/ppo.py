@@ -27,7 +27,7 @@ Run: ``python -m algos.ppo --help``; ``python -m algos.ppo --seed 1``.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -38,10 +38,10 @@ from torch import Tensor
 from rlstruct import Agent, DictTensor, Trajectories, replay_agent_stateless
 from rlstruct import functional as F
 from rlstruct import keys as K
-from rlstruct.distributions import make_head
+from rlstruct.distributions import space_spec
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
-from rlstruct.nets import CNNActorCritic, HeadActorCritic
+from rlstruct.nets import CNNActorCritic, HeadActorCritic, head_actor_critic
 from rlstruct.optim import adam, gradient_step
 from rlstruct.run import Run, RunConfig
 from rlstruct.sampling import PolicyAgent, greedy_info
@@ -93,9 +93,9 @@ def make_model(run: Run, cfg: Config) -> HeadActorCritic | CNNActorCritic:
     (categorical for Discrete, Gaussian for Box: rlstruct/nets.py, rlstruct/distributions.py);
     or the Nature CNN (Discrete actions)."""
     if cfg.model == "cnn":
-        return CNNActorCritic(run.n_actions, in_channels=run.obs_shape[0])
-    head = make_head(run.action_space, cfg.hidden, log_std_init=cfg.log_std_init)
-    return HeadActorCritic(run.obs_dim, head, cfg.hidden, cfg.normalize_obs)
+        return run.model(CNNActorCritic, run.n_actions, in_channels=run.obs_shape[0])
+    return run.model(head_actor_critic, run.obs_dim, space_spec(run.action_space), cfg.hidden,
+                     cfg.log_std_init, cfg.normalize_obs)
 
 
 # --------------------------------------------------------------------------------------- agent
@@ -176,9 +176,11 @@ def relabel(agent: Agent, traj: Trajectories) -> Trajectories:
 
 
 def learn(
-    agent: Agent, optimizer: torch.optim.Optimizer, traj: Trajectories, cfg: Config
+    agent: Agent, optimizer: torch.optim.Optimizer, traj: Trajectories, cfg: Config,
+    out_of_time: Callable[[], bool] = lambda: False,
 ) -> dict[str, float]:
-    """``n_epochs`` of minibatch steps over one batch; returns the last epoch's mean stats."""
+    """``n_epochs`` of minibatch steps over one batch, stopping early once ``out_of_time()``
+    (checked between minibatches); returns the last epoch's mean stats."""
     if cfg.layout.pipeline > 1:  # collected one update ago: clip around the current policy
         traj = relabel(agent, traj)
     advantage, returns = gae_advantages(agent.model, traj, cfg.gamma, cfg.gae_lambda)
@@ -191,13 +193,14 @@ def learn(
     for _ in range(cfg.n_epochs):
         totals: dict[str, Tensor] = {}
         order = torch.randperm(batch.n_elems(), device=batch.device())
-        for rows in order.split(cfg.minibatch_size):
+        for n, rows in enumerate(order.split(cfg.minibatch_size), 1):
             loss, stats = ppo_loss(agent, batch.index(rows), cfg)
             gradient_step(optimizer, loss, cfg.max_grad_norm)
             totals = {k: totals.get(k, 0.0) + v for k, v in stats.items()}
+            if out_of_time():  # the time budget holds within a long learn phase too
+                return {k: float(v) / n for k, v in totals.items()}
     if isinstance(agent.model, HeadActorCritic):  # the statistics the next batch is taken with
         agent.model.observe(batch[K.OBS_FRAME])
-    n = math.ceil(batch.n_elems() / cfg.minibatch_size)
     return {k: float(v) / n for k, v in totals.items()}
 
 
@@ -216,7 +219,7 @@ def main(cfg: Config) -> dict[str, Any]:
             # 2-3. Advantages and n_epochs of minibatch steps, replaying on the learner device.
             lr = cfg.lr * max(0.0, 1 - run.frames / cfg.max_frames) if cfg.anneal_lr else cfg.lr
             optimizer.param_groups[0]["lr"] = lr
-            stats = learn(agent, optimizer, traj.to(run.device), cfg)
+            stats = learn(agent, optimizer, traj.to(run.device), cfg, run.out_of_time)
             # 4. Publish the weights; the workers collect the next segment meanwhile.
             run.publish(batcher, model.state_dict())
             run.end_iteration(model.state_dict(), lr=lr, **stats)

@@ -33,12 +33,7 @@ from rlstruct.envs import GymEnv
 from rlstruct.nets import mlp
 from rlstruct.optim import adam, gradient_step
 from rlstruct.run import Run, RunConfig
-from rlstruct.sampling import (
-    CategoricalSampler,
-    categorical_entropy,
-    categorical_log_prob,
-    greedy_info,
-)
+from rlstruct.sampling import CategoricalSampler, greedy_info
 
 
 @dataclass
@@ -109,8 +104,8 @@ class PolicyAgent(Agent):
         with torch.no_grad():  # V(s') is a target: no gradient flows into it
             next_value = self.value(steps[K.NEXT_FRAME][:, t])
         out = {
-            "logp": categorical_log_prob(logits, steps[K.STORED_ACTION][:, t]),
-            "entropy": categorical_entropy(logits),
+            "logp": F.categorical_log_prob(logits, steps[K.STORED_ACTION][:, t]),
+            "entropy": F.categorical_entropy(logits),
             "value": self.value(steps[K.OBS_FRAME][:, t]),
             "next_value": next_value,
         }
@@ -185,7 +180,7 @@ def play_episodes(batcher: Batcher | SerialBatcher, run: Run) -> Trajectories:
 def main(cfg: Config) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("reinforce", cfg) as run:
-        model = actor_critic(run.obs_dim, run.n_actions, cfg.hidden)  # CPU: the batchers copy it
+        model = run.model(actor_critic, run.obs_dim, run.n_actions, cfg.hidden)  # CPU
         n_timesteps = cfg.n_timesteps or gym.spec(cfg.env_id).max_episode_steps or 1000
         batcher = run.training_batcher(PolicyAgent, {"model": model}, GymEnv, n_timesteps,
                                        pipelined=False)

@@ -96,7 +96,7 @@ class RandomAtariAgent(Agent):
     def __init__(self, n_actions: int = 6) -> None:
         self.n_actions = n_actions
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         n = observation["frame"].shape[0]
         return DictTensor({"action": torch.randint(0, self.n_actions, (n,))}), state
 

@@ -1,6 +1,10 @@
-"""Time to solve CartPole-v1: rlstruct's algorithms vs stable-baselines3 with default settings.
+"""Time to solve CartPole-v1 and Pendulum-v1, and HalfCheetah-v5 at a frame budget: rlstruct's
+algorithms vs stable-baselines3 (and sb3-contrib) with default settings.
 
-*Solved* means: the mean return of the last 20 finished **training** episodes reaches 475.
+*Solved* means: the mean return of the last 20 finished **training** episodes reaches the task's
+target (CartPole 475; Pendulum -200 for SAC, -250 for TRPO and PPO, within 300k frames).
+HalfCheetah-v5 has no target: every run plays 100k frames and the rows compare the mean return
+of the last 20 episodes and the launch->exit time (``pip install rlstruct[mujoco]``).
 Rows (all measured in the same run, over the same seeds):
 
 * rlstruct ``algos/reinforce.py``, ``algos/a2c.py``, ``algos/ppo.py``, ``algos/dqn.py`` with
@@ -10,7 +14,12 @@ Rows (all measured in the same run, over the same seeds):
   ``PPO("MlpPolicy", "CartPole-v1", seed=s, device="cpu")`` etc.; a callback reads the finished
   episodes (``infos[i]["episode"]["r"]``, from the Monitor wrapper SB3 puts around the env) and
   stops ``learn()`` once the 20-episode mean reaches 475, or at the wall-clock cap. A row says
-  "not installed" when stable-baselines3 is missing.
+  "not installed" when stable-baselines3 is missing;
+* continuous control (``sac_pendulum``, ``trpo_pendulum``, ``ppo_pendulum``,
+  ``sac_halfcheetah``, ``ppo_halfcheetah``): ``algos/sac.py``, ``algos/trpo.py`` and
+  ``algos/ppo.py`` with their defaults on the task's env (except PPO: its Box settings, and
+  HalfCheetah SAC: 256-wide nets; see ``VARIANTS``) beside SB3's ``SAC``/``PPO`` and
+  sb3-contrib's ``TRPO`` with their defaults.
 
 Method:
 
@@ -34,15 +43,21 @@ Method:
 * the 1-minute load average is sampled every 2 s for the whole benchmark and reported (other
   people's jobs may share the machine); each run also records its process tree's CPU seconds.
 
-Targets (the issue): rlstruct PPO and A2C median launch->solve <= 0.5x SB3's PPO resp. A2C in the
-same run; REINFORCE and DQN solve on 3 of 3 seeds (at least 3 seeds), each within 120 s.
+Targets (the issues): rlstruct PPO and A2C median launch->solve <= 0.5x SB3's PPO resp. A2C in
+the same run; REINFORCE and DQN solve on 3 of 3 seeds (at least 3 seeds), each within 120 s.
+Pendulum: SAC (-200) and TRPO (-250) solve 3 of 3 seeds with a median launch->solve <= 0.5x
+SB3 SAC's resp. sb3-contrib TRPO's; PPO solves 3 of 3. HalfCheetah: rlstruct SAC's and PPO's
+median return >= SB3's, and their median launch->exit <= SB3's.
+
+The rows (tasks, settings, peers) and the verdicts live in ``_learning_targets.py``.
 
 Usage::
 
     python benchmarks/learning.py                        # 3 seeds, every algorithm + SB3 peers
     python benchmarks/learning.py --algos ppo a2c --seeds 0 1 2 3 4 --json out.json
     python benchmarks/learning.py --quick --algos ppo --no-peers   # plumbing check (~20 s)
-    python benchmarks/learning.py --peers ppo            # every algorithm, SB3 PPO only (~6 min)
+    python benchmarks/learning.py --peers ppo            # every algorithm, SB3 PPO only
+    python benchmarks/learning.py --algos sac_pendulum   # SAC vs SB3 SAC on Pendulum, 3 seeds
 """
 
 from __future__ import annotations
@@ -70,25 +85,27 @@ from pathlib import Path
 from typing import Any
 
 import _common
+from _learning_targets import (
+    ALGOS,
+    ENV_ID,
+    PEER_PACKAGES,
+    SB3_PEERS,
+    TARGET_RETURN,
+    TASKS,
+    VARIANTS,
+    WINDOW,
+    Task,
+    finish_row,
+    peer_key,
+    print_table,
+    row_spec,
+    targets,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_DIR = Path(__file__).resolve().parent
-ENV_ID = "CartPole-v1"
-TARGET_RETURN = 475.0
-WINDOW = 20  # finished training episodes averaged
-ALGOS = ("reinforce", "a2c", "ppo", "ppo_pipelined", "ppo_torch_env", "dqn", "impala")
-#: Benchmark rows that run an algorithm otherwise: name -> (module, layout fields, config fields).
-VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
-    "ppo_pipelined": ("ppo", {"pipeline": 2}, {}),
-    # torch-native CartPole in a SerialBatcher on the learner's device (the CPU here)
-    "ppo_torch_env": ("ppo", {"n_processes": 1, "n_envs": 16}, {"env_backend": "torch"}),
-}
-IMPALA_MAX_RATIO = 0.6  # IMPALA / rlstruct PPO median launch->solve
-IMPALA_MIN_CORES = 1.8  # cores busy during an IMPALA run
-SB3_PEERS = {"ppo": "PPO", "a2c": "A2C", "dqn": "DQN"}  # rlstruct algo -> SB3 class
-MAX_RATIO = 0.5  # rlstruct PPO / A2C median launch->solve vs SB3's
-SOLVE_WITHIN_S = 120.0  # REINFORCE and DQN: every seed within this
 GRACE_S = 90.0  # beyond a run's budget before the parent kills it (start-up + teardown)
+
 
 # ============================================================================ child processes
 def run_rlstruct(name: str, seed: int, budget: float, out_root: str) -> dict[str, Any]:
@@ -100,12 +117,15 @@ def run_rlstruct(name: str, seed: int, budget: float, out_root: str) -> dict[str
     """
     import torch  # the algo imports it anyway
 
-    module, layout_fields, config_fields = VARIANTS.get(name, (name, {}, {}))
+    module, task_name, layout_fields, config_fields = row_spec(name)
+    task = TASKS[task_name]
     mod = importlib.import_module(f"algos.{module}")
     overrides: dict[str, Any] = {
         "seed": seed, "time_budget": float(budget), "runs_dir": out_root,
-        "target_return": TARGET_RETURN, "target_window": WINDOW,
+        "target_return": task.target, "target_window": WINDOW, "env_id": task.env_id,
     }
+    if task.frames is not None:
+        overrides["max_frames"] = task.frames
     if layout_fields:
         import dataclasses
 
@@ -122,11 +142,15 @@ def run_rlstruct(name: str, seed: int, budget: float, out_root: str) -> dict[str
     }
 
 
-def run_sb3(algo: str, seed: int, budget: float, max_steps: int, threads: int) -> dict[str, Any]:
-    """Trains SB3's ``algo`` with defaults until solved, ``budget`` seconds or ``max_steps``."""
+def run_sb3(algo: str, seed: int, budget: float, max_steps: int, threads: int,
+            task: Task) -> dict[str, Any]:
+    """Trains SB3's (or sb3-contrib's) ``algo`` with defaults on ``task``: until solved (no
+    test when ``task.target`` is None), ``budget`` seconds or ``max_steps``."""
     import stable_baselines3 as sb3
     import torch
     from stable_baselines3.common.callbacks import BaseCallback
+
+    package = importlib.import_module(PEER_PACKAGES.get(algo, "stable_baselines3"))
 
     if threads > 0:
         torch.set_num_threads(threads)
@@ -145,7 +169,8 @@ def run_sb3(algo: str, seed: int, budget: float, max_steps: int, threads: int) -
                 if "episode" in info:
                     self.returns.append(float(info["episode"]["r"]))
             last = self.returns[-WINDOW:]
-            if len(last) == WINDOW and sum(last) / WINDOW >= TARGET_RETURN:
+            if (task.target is not None and len(last) == WINDOW
+                    and sum(last) / WINDOW >= task.target):
                 self.solved = (self.num_timesteps, time.perf_counter() - self.start, time.time())
                 return False
             if time.perf_counter() - self.start >= budget:
@@ -154,7 +179,7 @@ def run_sb3(algo: str, seed: int, budget: float, max_steps: int, threads: int) -
             return True
 
     start = time.perf_counter()
-    model = getattr(sb3, algo)("MlpPolicy", ENV_ID, seed=seed, device="cpu", verbose=0)
+    model = getattr(package, algo)("MlpPolicy", task.env_id, seed=seed, device="cpu", verbose=0)
     callback = StopWhenSolved(start)
     model.learn(total_timesteps=max_steps, callback=callback)
     last = callback.returns[-WINDOW:]
@@ -173,6 +198,7 @@ def run_sb3(algo: str, seed: int, budget: float, max_steps: int, threads: int) -
         },
         "torch_threads": torch.get_num_threads(),
         "sb3_version": sb3.__version__,
+        "peer_package": f"{package.__name__} {package.__version__}",
     }
 
 
@@ -187,12 +213,15 @@ def runner(argv: list[str]) -> int:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out-root", default=".")
     p.add_argument("--result", required=True)
+    p.add_argument("--task", choices=tuple(TASKS), default="cartpole")
     a = p.parse_args(argv)
     try:
         if a.kind == "rlstruct":
             res = run_rlstruct(a.algo, a.seed, a.budget, a.out_root)
         else:
-            res = run_sb3(a.algo, a.seed, a.budget, a.max_steps, a.threads)
+            task = TASKS[a.task]
+            steps = task.frames if task.frames is not None else a.max_steps
+            res = run_sb3(a.algo, a.seed, a.budget, steps, a.threads, task)
         res["status"] = "ok"
     except BaseException as e:  # reported in the row, never fatal to the benchmark
         res = {"status": "error", "error": f"{type(e).__name__}: {e}",
@@ -267,7 +296,7 @@ def _monitor_cores(run_dir: Path) -> float | None:
 
 
 def launch(kind: str, algo: str, seed: int, budget: float, args: argparse.Namespace,
-           workdir: Path) -> dict[str, Any]:
+           workdir: Path, task: str = "cartpole") -> dict[str, Any]:
     """Runs one child to completion; returns the run's record (times from the launch)."""
     workdir.mkdir(parents=True)
     result = workdir / "result.json"
@@ -276,11 +305,11 @@ def launch(kind: str, algo: str, seed: int, budget: float, args: argparse.Namesp
         "import sys, learning; sys.exit(learning.runner(sys.argv[1:]))",
         "--kind", kind, "--algo", algo, "--seed", str(seed), "--budget", str(budget),
         "--max-steps", str(args.sb3_max_steps), "--threads", str(args.sb3_threads),
-        "--out-root", str(workdir / "runs"), "--result", str(result),
+        "--out-root", str(workdir / "runs"), "--result", str(result), "--task", task,
     ]
     load0 = os.getloadavg()[0]
     cpu0 = _children_cpu()
-    algo_file = ROOT / "algos" / f"{algo}.py"
+    algo_file = ROOT / "algos" / f"{row_spec(algo)[0]}.py"
     sha = (hashlib.sha256(algo_file.read_bytes()).hexdigest()[:16]
            if kind == "rlstruct" and algo_file.exists() else None)
     with open(workdir / "stdout.txt", "wb") as out, open(workdir / "stderr.txt", "wb") as err:
@@ -319,7 +348,7 @@ def launch(kind: str, algo: str, seed: int, budget: float, args: argparse.Namesp
     rec["frames"] = s.get("frames")
     rec["train_return"] = s.get(f"train_return_mean{WINDOW}", s.get("train_return"))
     rec["wall_time"] = s.get("wall_time", s.get("seconds"))
-    for key in ("overrides", "call", "sb3_version"):
+    for key in ("overrides", "call", "sb3_version", "peer_package"):
         if key in res:
             rec[key] = res[key]
     if "stopped_by" in s:
@@ -342,150 +371,6 @@ def launch(kind: str, algo: str, seed: int, budget: float, args: argparse.Namesp
     else:
         rec["launch_to_solve"] = None
     return rec
-
-
-def _censored(values: list[float | None]) -> list[float]:
-    return [math.inf if v is None else float(v) for v in values]
-
-
-def _stats(values: list[float | None]) -> dict[str, Any] | None:
-    """min / median / max with unsolved runs as +inf (None when there is no run)."""
-    if not values:
-        return None
-    v = _censored(values)
-    return {"min": min(v), "median": statistics.median(v), "max": max(v), "n": len(v)}
-
-
-def finish_row(row: dict[str, Any]) -> None:
-    runs = row["runs"]
-    if not runs:
-        return
-    ok = [r for r in runs if r["status"] == "ok"]
-    row["status"] = "ok" if len(ok) == len(runs) else "error" if not ok else "partial"
-    row["n_runs"], row["n_solved"] = len(runs), sum(bool(r["solved"]) for r in runs)
-    for key in ("launch_to_solve", "time_to_solve", "frames_to_solve"):
-        row[key] = _stats([r.get(key) for r in runs])
-
-
-def _fmt_s(x: float | None) -> str:
-    return "unsolved" if x is None or math.isinf(x) else f"{x:.1f}"
-
-
-def _fmt_stats(s: dict[str, Any] | None, steps: bool = False) -> str:
-    if s is None:
-        return "-"
-    if steps:
-        m = s["median"]
-        return "unsolved" if m is None or math.isinf(m) else f"{m:,.0f}"
-    if s["n"] == 1:
-        return _fmt_s(s["median"])
-    return f"{_fmt_s(s['median'])} ({_fmt_s(s['min'])}-{_fmt_s(s['max'])})"
-
-
-def targets(rows: dict[str, dict[str, Any]], seeds: list[int]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for algo in ("ppo", "a2c"):
-        mine, peer = rows.get(f"rlstruct/{algo}"), rows.get(f"sb3/{SB3_PEERS[algo]}")
-        if mine is None:
-            continue
-        t: dict[str, Any] = {"name": f"rlstruct {algo.upper()} / SB3 {SB3_PEERS[algo]}",
-                             "threshold": f"<= {MAX_RATIO}", "metric": "median launch->solve"}
-        if mine.get("launch_to_solve") is None:
-            t["verdict"] = "n/a (rlstruct: " + mine.get("status", "not run") + ")"
-        elif peer is None or peer.get("launch_to_solve") is None:
-            t["verdict"] = "n/a (SB3: " + (peer or {}).get("status", "not run") + ")"
-        else:
-            a, b = mine["launch_to_solve"]["median"], peer["launch_to_solve"]["median"]
-            if math.isinf(a):
-                t["ratio"], t["verdict"] = None, "MISS (rlstruct unsolved)"
-            elif math.isinf(b):  # SB3 did not solve within its cap: the ratio is below a/cap
-                t["ratio"], t["ratio_upper_bound"] = None, a / peer["budget_s"]
-                t["verdict"] = f"PASS (SB3 unsolved within its {peer['budget_s']:g} s cap)"
-            else:
-                t["ratio"] = a / b
-                t["verdict"] = "PASS" if a / b <= MAX_RATIO else "MISS"
-            ra = (mine.get("time_to_solve") or {}).get("median", math.inf)
-            rb = (peer.get("time_to_solve") or {}).get("median", math.inf)
-            if math.isfinite(ra) and math.isfinite(rb):
-                t["ratio_algo_reported"] = ra / rb
-        out.append(t)
-    impala, ppo = rows.get("rlstruct/impala"), rows.get("rlstruct/ppo")
-    if impala is not None:
-        t = {"name": "rlstruct IMPALA / rlstruct PPO",
-             "threshold": f"<= {IMPALA_MAX_RATIO}, {len(seeds)}/{len(seeds)} solved, "
-                          f">= {IMPALA_MIN_CORES} cores busy", "metric": "median launch->solve"}
-        cores = [r["cores_busy"] for r in impala["runs"] if r.get("cores_busy") is not None]
-        t["cores_median"] = sorted(cores)[len(cores) // 2] if cores else None
-        if None in (impala.get("launch_to_solve"), (ppo or {}).get("launch_to_solve")):
-            t["verdict"] = "n/a (needs both IMPALA and PPO)"
-        else:
-            a, b = impala["launch_to_solve"]["median"], ppo["launch_to_solve"]["median"]
-            t["ratio"] = a / b if math.isfinite(a) and math.isfinite(b) else None
-            ok = (t["ratio"] is not None and t["ratio"] <= IMPALA_MAX_RATIO
-                  and impala["n_solved"] == len(seeds)
-                  and (t["cores_median"] or 0) >= IMPALA_MIN_CORES)
-            t["verdict"] = "PASS" if ok else "MISS"
-        out.append(t)
-    for algo in ("reinforce", "dqn"):
-        mine = rows.get(f"rlstruct/{algo}")
-        if mine is None:
-            continue
-        t = {"name": f"rlstruct {algo.upper()} solves every seed",
-             "threshold": f"{len(seeds)}/{len(seeds)} seeds (>= 3), each <= {SOLVE_WITHIN_S:g} s",
-             "metric": "launch->solve"}
-        if not mine["runs"]:
-            t["verdict"] = "n/a (" + mine.get("status", "not run") + ")"
-        else:
-            within = [r for r in mine["runs"] if r.get("launch_to_solve") is not None
-                      and r["launch_to_solve"] <= SOLVE_WITHIN_S]
-            t["n_within"] = len(within)
-            if len(seeds) < 3:
-                t["verdict"] = (f"n/a (needs >= 3 seeds; {len(within)}/{len(mine['runs'])} "
-                                f"within {SOLVE_WITHIN_S:g} s)")
-            elif len(within) == len(mine["runs"]) == len(seeds):
-                t["verdict"] = "PASS"
-            else:
-                t["verdict"] = "MISS"
-        out.append(t)
-    return out
-
-
-def print_table(rows: dict[str, dict[str, Any]], tgts: list[dict[str, Any]],
-                load: dict[str, Any]) -> None:
-    head = (f"{'algorithm':<10} {'implementation':<28} {'solved':>7}  "
-            f"{'launch->solve s, median (min-max)':<36} {'algo-reported s':<28} "
-            f"{'steps to solve (median)':>24}")
-    print("\nCartPole-v1, time until the mean of the last 20 training episodes >= 475")
-    print(head)
-    print("-" * len(head))
-    for algo in ALGOS:
-        for key in (f"rlstruct/{algo}", f"sb3/{SB3_PEERS.get(algo, '')}"):
-            row = rows.get(key)
-            if row is None:
-                continue
-            if not row["runs"]:
-                print(f"{algo.upper():<10} {row['label']:<28} {row['status']}")
-                continue
-            solved = f"{row['n_solved']}/{row['n_runs']}"
-            note = "" if row["status"] == "ok" else f"  [{row['status']}]"
-            if row.get("cli_help_ok") is False:
-                note += f"  [python -m algos.{algo} --help failed]"
-            print(f"{algo.upper():<10} {row['label']:<28} {solved:>7}  "
-                  f"{_fmt_stats(row['launch_to_solve']):<36} "
-                  f"{_fmt_stats(row['time_to_solve']):<28} "
-                  f"{_fmt_stats(row['frames_to_solve'], steps=True):>24}{note}")
-    print("\nTargets")
-    for t in tgts:
-        ratio = f"ratio {t['ratio']:.2f}  " if t.get("ratio") is not None else ""
-        if t.get("ratio_upper_bound") is not None:
-            ratio = f"ratio < {t['ratio_upper_bound']:.2f}  "
-        extra = (f"  (algo-reported ratio {t['ratio_algo_reported']:.2f})"
-                 if t.get("ratio_algo_reported") is not None else "")
-        if t.get("cores_median") is not None:
-            extra += f"  (cores busy, median {t['cores_median']:.2f})"
-        print(f"  {t['name']:<42} {ratio}target {t['threshold']}: {t['verdict']}{extra}")
-    print(f"\nload average (1 min) during the run: median {load['median']:.2f}, "
-          f"min {load['min']:.2f}, max {load['max']:.2f} on {os.cpu_count()} cores")
 
 
 def _sanitize(x: Any) -> Any:
@@ -512,10 +397,14 @@ def cli_ok(algo: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS))
+    p.add_argument("--algos", nargs="+", choices=ALGOS,
+                   default=[a for a in ALGOS if row_spec(a)[1] != "halfcheetah"],
+                   help="rows to run (default: all but the HalfCheetah ones, which take an hour "
+                        "per seed with SB3's SAC; name them to run them)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--time-budget", type=float, default=None,
-                   help="seconds per rlstruct run and SB3 PPO/A2C cap (default 120; --quick 15)")
+                   help="seconds per run, rlstruct and SB3 (default: the task's, CartPole 120, "
+                        "Pendulum 400, HalfCheetah 3600; --quick 15)")
     p.add_argument("--sb3-dqn-budget", type=float, default=None,
                    help="SB3 DQN cap in seconds (default 60: with defaults it does not solve)")
     p.add_argument("--sb3-max-steps", type=int, default=1_000_000,
@@ -533,17 +422,20 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.seeds = args.seeds[:1]
-    budget = args.time_budget or (15.0 if args.quick else SOLVE_WITHIN_S)
+    budget = args.time_budget or (15.0 if args.quick else None)  # None: the task's own
     dqn_budget = args.sb3_dqn_budget or (15.0 if args.quick else 60.0)
 
     sb3_installed = importlib.util.find_spec("stable_baselines3") is not None
     rows: dict[str, dict[str, Any]] = {}
     for algo in args.algos:
-        path = ROOT / "algos" / f"{VARIANTS.get(algo, (algo,))[0]}.py"
+        module, task_name, _, _ = row_spec(algo)
+        task = TASKS[task_name]
+        path = ROOT / "algos" / f"{module}.py"
+        task_budget = budget or task.budget_s
         rows[f"rlstruct/{algo}"] = {
-            "key": f"rlstruct/{algo}", "algo": algo, "impl": "rlstruct",
-            "label": f"rlstruct algos/{algo}.py", "budget_s": budget, "runs": [],
-            "status": "pending" if path.exists() else f"missing (algos/{algo}.py does not exist)",
+            "key": f"rlstruct/{algo}", "algo": algo, "impl": "rlstruct", "task": task_name,
+            "label": f"rlstruct algos/{module}.py", "budget_s": task_budget, "runs": [],
+            "status": "pending" if path.exists() else f"missing (algos/{module}.py does not exist)",
             "cli_help_ok": cli_ok(algo) if path.exists() else None,
             # Which version of the file was measured (the algos change while being tuned).
             "file_sha256": hashlib.sha256(path.read_bytes()).hexdigest()[:16]
@@ -551,24 +443,30 @@ def main(argv: list[str] | None = None) -> int:
         }
         if algo in SB3_PEERS and not args.no_peers and algo in (args.peers or SB3_PEERS):
             cls = SB3_PEERS[algo]
-            rows[f"sb3/{cls}"] = {
-                "key": f"sb3/{cls}", "algo": algo, "impl": "sb3",
-                "label": f"SB3 {cls} (defaults)", "runs": [],
-                "budget_s": dqn_budget if cls == "DQN" else budget,
-                "status": "pending" if sb3_installed else "not installed",
+            package = PEER_PACKAGES.get(cls, "stable_baselines3")
+            installed = sb3_installed and importlib.util.find_spec(package) is not None
+            rows[peer_key(algo)] = {
+                "key": peer_key(algo), "algo": algo, "impl": "sb3", "task": task_name,
+                "label": f"{'sb3-contrib' if package == 'sb3_contrib' else 'SB3'} {cls} "
+                         "(defaults)", "runs": [],
+                "budget_s": dqn_budget if cls == "DQN" else task_budget,
+                "status": "pending" if installed else f"not installed ({package})",
             }
     todo = [k for k, r in rows.items() if r["status"] == "pending"]
 
     env = _common.environment(
         benchmark="learning", env_id=ENV_ID, target_return=TARGET_RETURN, window=WINDOW,
-        seeds=args.seeds, quick=args.quick, time_budget_s=budget, sb3_dqn_budget_s=dqn_budget,
+        tasks={k: vars(t) for k, t in TASKS.items()},
+        seeds=args.seeds, quick=args.quick, time_budget_s=budget or "per task",
+        sb3_dqn_budget_s=dqn_budget,
         sb3_max_steps=args.sb3_max_steps, sb3_threads=args.sb3_threads or "torch default",
         child_threads="OMP/MKL_NUM_THREADS unset; rlstruct: the algo's own setting; "
                       "SB3: --sb3-threads (default 1)",
         sb3_installed=sb3_installed,
     )
     print(f"learning benchmark: {', '.join(todo) or 'nothing to run'}; seeds {args.seeds}; "
-          f"budget {budget:g} s (SB3 DQN {dqn_budget:g} s); load {os.getloadavg()}")
+          f"budget {f'{budget:g} s' if budget else 'per task'} (SB3 DQN {dqn_budget:g} s); "
+          f"load {os.getloadavg()}")
     tmp = Path(tempfile.mkdtemp(prefix="rlstruct-learning-"))
     t_start = time.perf_counter()
     with LoadSampler() as sampler:
@@ -579,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
                 kind = row["impl"]
                 name = row["algo"] if kind == "rlstruct" else SB3_PEERS[row["algo"]]
                 rec = launch(kind, name, seed, row["budget_s"], args,
-                             tmp / f"{key.replace('/', '_')}_seed{seed}")
+                             tmp / f"{key.replace('/', '_')}_seed{seed}", row["task"])
                 row["runs"].append(rec)
                 print(f"  {row['label']:<26} seed {seed}: {rec['status']}, "
                       f"{'solved' if rec['solved'] else 'not solved'}"

@@ -62,7 +62,7 @@ class BigModelAgent(Agent):
         with torch.random.fork_rng(devices=[]):
             self.model = nn.Sequential(nn.Linear(width, width), nn.Linear(width, width))
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         n = observation["frame"].shape[0]
         return DictTensor({"action": torch.randint(2, (n,))}), state
 

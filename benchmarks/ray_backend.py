@@ -81,7 +81,7 @@ class BigModelAgent(Agent):
         with torch.random.fork_rng(devices=[]):
             self.model = nn.Sequential(nn.Linear(width, width), nn.Linear(width, width))
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         n = observation["frame"].shape[0]
         return DictTensor({"action": torch.randint(2, (n,))}), state
 
@@ -89,7 +89,7 @@ class BigModelAgent(Agent):
 class AlternatingAgent(Agent):
     """Actions 0/1 by env step (cheap: the restart measurement times the restart)."""
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         return DictTensor({"action": observation["env_step"] % 2}), state
 
 

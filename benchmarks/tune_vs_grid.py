@@ -1,9 +1,12 @@
 """The layout tuner against the exhaustive grid, in one run, on the same candidates.
 
 Workload: PPO's model and agent (``algos/ppo.py``: ``ActorCritic`` 4->64->64->2 twice,
-``PPOAgent``) collecting CartPole-v1 with ``GymEnvInf``; the model's ``state_dict`` is published
-with ``update`` after every batch, as PPO does; the fake learner takes ``--learn-s`` seconds per
-batch (default 0: pure collection). One torch thread per process.
+``PPOAgent``, handed over by ``algos/tuning.py``) collecting CartPole-v1 with ``GymEnvInf``; the
+model's ``state_dict`` is published with ``update`` after every batch, as PPO does. After every
+batch, ``--learner`` runs PPO's own learn step on it (steps/s is then the speed of training);
+otherwise the fake learner takes ``--learn-s`` seconds per batch (default 0: pure collection).
+``--batch-size N`` keeps ``P * n_envs * T`` at N steps while the layout varies (the grid is
+then smaller). One torch thread per process.
 
 Candidates (36 on any machine): SerialBatcher or a Batcher with 2 workers; 8, 16, 32 or 64
 envs per process; T = 16, 32 or 64; pipeline 1 or 2 (workers only). ``--quick``: 2 x 2 x 2
@@ -27,6 +30,7 @@ Usage::
     python benchmarks/tune_vs_grid.py            # about 2 minutes on 2 cores
     python benchmarks/tune_vs_grid.py --quick    # about 15 s
     python benchmarks/tune_vs_grid.py --json out.json --learn-s 0.01
+    python benchmarks/tune_vs_grid.py --learner --batch-size 2048   # under PPO's learner
 """
 
 from __future__ import annotations
@@ -44,9 +48,7 @@ from pathlib import Path
 
 import torch
 
-from algos.ppo import ActorCritic, PPOAgent
-from rlstruct.envs import GymEnvInf
-from rlstruct.run import env_dims
+from algos import tuning
 from rlstruct.tune import BatcherMeasure, candidate_grid, grid_search, search
 
 QUALITY_TARGET = 0.9
@@ -60,32 +62,44 @@ def main() -> int:
     parser.add_argument("--budget-frac", type=float, default=0.22,
                         help="the tuner's budget as a fraction of the grid's time")
     parser.add_argument("--learn-s", type=float, default=0.0, help="fake learner s per batch")
+    parser.add_argument("--learner", action="store_true",
+                        help="run PPO's learn step on every batch (instead of --learn-s)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="keep P x n_envs x T at this many steps (default: any)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of the tuner's finals")
     parser.add_argument("--objective", default="steps_per_s",
                         choices=("steps_per_s", "steps_per_cpu_s"))
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
+    if args.learner and args.learn_s:
+        parser.error("--learner and --learn-s exclude each other")
     if args.quick:
-        candidates = candidate_grid((1, 2), (8, 32), (16, 32), (1, 2), devices=())
+        candidates = candidate_grid((1, 2), (8, 32), (16, 32), (1, 2), devices=(),
+                                    batch_size=args.batch_size)
         args.grid_s = min(args.grid_s, 0.3)
     else:
-        candidates = candidate_grid((1, 2), (8, 16, 32, 64), (16, 32, 64), (1, 2), devices=())
-    obs_dim, n_actions = env_dims("CartPole-v1")
-    model = ActorCritic(obs_dim, n_actions, 64)
-    measure = BatcherMeasure(PPOAgent, {"model": model}, GymEnvInf, {"env": "CartPole-v1"},
-                             learn_s=args.learn_s, weights=model.state_dict())
+        candidates = candidate_grid((1, 2), (8, 16, 32, 64), (16, 32, 64), (1, 2), devices=(),
+                                    batch_size=args.batch_size)
+    setup = tuning.ppo(hidden=64)
+    measure = BatcherMeasure(setup.create_agent, setup.agent_args, setup.create_env,
+                             setup.env_args, learn_s=args.learn_s, weights=setup.weights,
+                             learn=setup.learn if args.learner else None)
     measure.warm_up()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    learner = "PPO's learn step" if args.learner else f"fake learner {args.learn_s} s"
     print(f"{len(candidates)} candidates, {os.cpu_count()} cores, load {load:.1f}; grid: "
-          f"{args.grid_s} s each; objective {args.objective}; fake learner {args.learn_s} s")
+          f"{args.grid_s} s each; objective {args.objective}; {learner}; batch "
+          f"{args.batch_size or 'any'}")
 
     t0 = time.perf_counter()
     grid = grid_search(candidates, measure, seconds=args.grid_s, objective=args.objective)
     grid_wall = time.perf_counter() - t0
     budget = args.budget_frac * grid_wall
     t0 = time.perf_counter()
-    tuned = search(candidates, measure, budget_s=budget, objective=args.objective)
+    tuned = search(candidates, measure, budget_s=budget, objective=args.objective,
+                   n_rounds=args.rounds)
     tune_wall = time.perf_counter() - t0
 
     print(f"\ngrid ({grid_wall:.1f} s, {grid.n_measurements} measurements), best 10:")
@@ -108,6 +122,7 @@ def main() -> int:
     if args.json is not None:
         args.json.write_text(json.dumps({
             "n_candidates": len(candidates), "grid_s": args.grid_s, "learn_s": args.learn_s,
+            "learner": args.learner, "batch_size": args.batch_size, "rounds": args.rounds,
             "objective": args.objective, "grid_wall_s": grid_wall, "tune_wall_s": tune_wall,
             "budget_s": budget, "grid_best": grid.best.label, "tuner_pick": tuned.best.label,
             "tuner_rank": rank, "quality_ratio": quality, "time_ratio": time_ratio,

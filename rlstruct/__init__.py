@@ -15,11 +15,15 @@ The public surface (everything else is internal). The core::
 The experiment layer, which the algorithms of ``algos/`` are written with::
 
     from rlstruct.run import Run, RunConfig            # the run scaffold and shared config
+    from rlstruct.env_registry import EnvModules, env_id_problems  # custom envs, id checks
+    from rlstruct.checkpoint import save_checkpoint, load_checkpoint  # safe checkpoint files
+    from rlstruct.evaluate import evaluate             # replay a saved policy greedily
     from rlstruct.experiment import LayoutConfig, make_batcher   # device layouts
     from rlstruct.evaluation import Evaluator          # evaluation in a worker process
     from rlstruct.episodes import EpisodeTracker       # episode returns, keyed by env_id
     from rlstruct.logger import RunLogger              # the run directory
     from rlstruct.plotting import plot_runs            # returns.png, comparisons
+    from rlstruct.run_folder import read_run           # a run folder read back
     from rlstruct.nets import mlp                      # orthogonally initialised MLPs
     from rlstruct.distributions import make_head       # policy heads for any action space
     from rlstruct.normalization import RunningNorm     # observation statistics in the weights
@@ -29,7 +33,9 @@ The experiment layer, which the algorithms of ``algos/`` are written with::
     from rlstruct.sampling import categorical_log_prob, categorical_entropy  # policy terms
 
 ``rlstruct.compat`` keeps rlstructures' names for a port. ``python -m rlstruct plot runs/``
-plots run directories (see :mod:`rlstruct.plotting`).
+plots run directories (see :mod:`rlstruct.plotting`); ``python -m rlstruct evaluate RUN_DIR``
+plays a saved policy (see :mod:`rlstruct.evaluate`); ``python -m rlstruct --help`` lists every
+command.
 """
 from rlstruct import functional, keys
 from rlstruct.agent import Agent

@@ -10,6 +10,9 @@ Commands:
         and trial graphs (see ``python -m rlstruct sweep --help`` and rlstruct/sweep.py).
     tune [options]   measure candidate batcher layouts within a time budget and write the best
         to a JSON file that ``--layout`` accepts (see ``python -m rlstruct tune --help``).
+    evaluate RUN_DIR [--checkpoint best|latest] [--episodes N] [--device D] [--video DIR]
+        play the saved policy greedily and print the mean ± std return (see
+        :mod:`rlstruct.evaluate`).
 """
 
 from __future__ import annotations
@@ -43,8 +46,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     plot.add_argument("-o", "--out", type=Path, default=None,
                       help="output PNG (default: RUN/returns.png for one run, "
                            "FOLDER/compare.png for one folder of runs, ./compare.png otherwise)")
+    # sweep and tune parse their own flags (dispatched above); listed here for --help
+    commands.add_parser("sweep", add_help=False,
+                        help="run an algorithm over seeds and config variants in parallel")
+    commands.add_parser("tune", add_help=False,
+                        help="measure batcher layouts and write the best to a --layout file")
+    evaluate = commands.add_parser(
+        "evaluate", help="play a saved policy greedily and print its mean ± std return")
+    evaluate.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory")
+    evaluate.add_argument("--checkpoint", choices=("latest", "best"), default="latest",
+                          help="which checkpoint (default: latest)")
+    evaluate.add_argument("--episodes", type=int, default=10,
+                          help="episodes to play, one env each (default: 10)")
+    evaluate.add_argument("--device", default="cpu", help="where the agent runs (default: cpu)")
+    evaluate.add_argument("--seed", type=int, default=None,
+                          help="the envs' seed (default: the run's seed + 2000)")
+    evaluate.add_argument("--video", type=Path, default=None, metavar="DIR",
+                          help="record the first episode into DIR (needs moviepy)")
     args = parser.parse_args(argv)
+    if args.command == "evaluate":
+        return _evaluate(parser, args)
     return _plot(parser, args)
+
+
+def _evaluate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from rlstruct.errors import CheckpointError, ConfigError
+    from rlstruct.evaluate import describe, evaluate
+
+    if args.episodes < 1:
+        parser.error(f"--episodes must be >= 1, got {args.episodes}")
+    try:
+        returns, state = evaluate(args.run_dir, args.checkpoint, args.episodes, args.device,
+                                  args.seed, args.video)
+    except (CheckpointError, ConfigError, TimeoutError) as err:
+        print(f"python -m rlstruct evaluate: error: {err}", file=sys.stderr)
+        return 1
+    print(describe(returns, state, args.checkpoint))
+    return 0
 
 
 def _plot(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

@@ -46,7 +46,10 @@ from torch import Tensor, nn
 
 from rlstruct.errors import ConfigError, SpaceError
 
-__all__ = ["ActionHead", "CategoricalHead", "GaussianHead", "TanhGaussianHead", "make_head"]
+__all__ = [
+    "ActionHead", "CategoricalHead", "GaussianHead", "TanhGaussianHead", "make_head", "space_spec",
+    "space_from_spec",
+]
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 _LOG2 = math.log(2.0)
@@ -332,3 +335,36 @@ def make_head(
         f"no policy head for the action space {space!r}: heads exist for Discrete and for a "
         "float Box of shape (D,)"
     )
+
+
+def space_spec(space: spaces.Space) -> dict[str, object]:
+    """An action space as plain values (what a checkpoint's recorded constructor call may hold):
+    ``{"n": n, "start": start}`` for ``Discrete``, ``{"low": [...], "high": [...], "dtype": ...}``
+    for a ``Box``; :func:`space_from_spec` rebuilds it.
+
+    Raises:
+        SpaceError: another kind of space.
+
+    Examples:
+        >>> space_from_spec(space_spec(spaces.Discrete(3)))
+        Discrete(3)
+        >>> space_from_spec(space_spec(spaces.Box(-2.0, 2.0, (1,), np.float32)))
+        Box(-2.0, 2.0, (1,), float32)
+    """
+    if isinstance(space, spaces.Discrete):
+        return {"n": int(space.n), "start": int(space.start)}
+    if isinstance(space, spaces.Box):
+        return {"low": np.asarray(space.low).tolist(), "high": np.asarray(space.high).tolist(),
+                "dtype": str(space.dtype)}
+    raise SpaceError(f"no plain description of the action space {space!r} (Discrete or Box)")
+
+
+def space_from_spec(spec: dict[str, object] | spaces.Space) -> spaces.Space:
+    """The action space :func:`space_spec` described (a space given as it is is returned)."""
+    if isinstance(spec, spaces.Space):
+        return spec
+    if "n" in spec:
+        return spaces.Discrete(int(spec["n"]), start=int(spec.get("start", 0)))  # type: ignore[arg-type]
+    dtype = np.dtype(str(spec.get("dtype", "float32")))
+    low, high = np.asarray(spec["low"], dtype=dtype), np.asarray(spec["high"], dtype=dtype)
+    return spaces.Box(low, high, dtype=dtype)

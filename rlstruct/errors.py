@@ -16,6 +16,8 @@ __all__ = [
     "ActionError",
     "RewardError",
     "ConfigError",
+    "NonFiniteError",
+    "CheckpointError",
     "BatcherStateError",
     "WorkerError",
     "WorkerTimeoutError",
@@ -84,6 +86,16 @@ class RewardError(RLStructError, TypeError):
 
 class ConfigError(RLStructError, ValueError):
     """A bad configuration (sizes, seeds, devices, factories), raised before anything starts."""
+
+
+class NonFiniteError(RLStructError, ValueError):
+    """A tensor that must be finite holds NaN or an infinity (e.g. weights handed to a batcher's
+    ``update``); the message names its key."""
+
+
+class CheckpointError(RLStructError, OSError):
+    """A checkpoint could not be written or read (disk full, permissions, a missing file); the
+    message names the file and the cause, and a failed write keeps the last good checkpoint."""
 
 
 class BatcherStateError(RLStructError, RuntimeError):

@@ -19,17 +19,17 @@ before it returns, and training waits for them.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-import gymnasium as gym
 import torch
 
 from rlstruct.agent import Agent
 from rlstruct.batchers import Batcher, SerialBatcher
 from rlstruct.devices import is_accelerator, resolve_device
 from rlstruct.dicttensor import DeviceLike, DictTensor
+from rlstruct.env_registry import EnvModules, env_spec, import_env_modules
 from rlstruct.envs import GymEnv
 from rlstruct.episodes import EpisodeTracker
 from rlstruct.experiment import checked_agent_factory
@@ -55,6 +55,8 @@ class Evaluator:
         check_devices: wrap the evaluation agent in :class:`~rlstruct.CheckDevice`.
         n_timesteps: steps per segment (default: the env's ``max_episode_steps``, else 1000);
             longer episodes take several segments.
+        env_modules: modules that register ``env_id`` with gymnasium, imported here and in the
+            evaluation worker before it builds its envs (``env_id`` may also be ``pkg.mod:Id``).
     """
 
     def __init__(
@@ -69,15 +71,17 @@ class Evaluator:
         agent_info: DictTensor | None = None,
         check_devices: bool = False,
         n_timesteps: int | None = None,
+        env_modules: Sequence[str] = (),
     ) -> None:
         device = resolve_device(device)
+        import_env_modules(env_modules)
         if check_devices:
             create_agent = checked_agent_factory(create_agent, device)
         args: dict[str, Any] = dict(
-            n_timesteps=n_timesteps or gym.spec(env_id).max_episode_steps or 1000,
+            n_timesteps=n_timesteps or env_spec(env_id).max_episode_steps or 1000,
             create_agent=create_agent,
             agent_args=_cpu_snapshot(agent_args),
-            create_env=GymEnv,
+            create_env=EnvModules(GymEnv, env_modules) if env_modules else GymEnv,
             env_args={"env": env_id, "n_envs": n_envs},
             seeds=seed,
             agent_info=agent_info,

@@ -15,18 +15,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from rlstruct.agent import Agent
 from rlstruct.batchers import Batcher, SerialBatcher
+from rlstruct.batchers.base import BatcherBase
+from rlstruct.batchers.restart import RestartPolicy
 from rlstruct.checks import CheckDevice
 from rlstruct.devices import is_accelerator, resolve_device
 from rlstruct.dicttensor import DeviceLike, DictTensor
 from rlstruct.envs.base import VecEnv
 from rlstruct.errors import ConfigError
+
+if TYPE_CHECKING:  # imported for the annotation only: importing it needs the ray extra
+    from rlstruct.batchers.ray import RayBatcher
 
 __all__ = ["LayoutConfig", "make_batcher", "checked_agent_factory", "default_processes"]
 
@@ -64,6 +69,47 @@ class LayoutConfig:
     ray_address: str | None = None
     """Ray cluster to join (auto: the one `ray start` set up); None: the configured one, else a
     local cluster on this machine"""
+    max_restarts: int = 0
+    """worker faults absorbed by replacing the worker, over the whole run (a process or Ray actor
+    that dies, a node lost, an env or agent that raises; 0: the first fault ends the run)"""
+    ray_num_cpus: float = 1.0
+    """CPUs Ray reserves for each actor (--backend ray; fractions allowed)"""
+    ray_num_gpus: float = 0.0
+    """GPUs Ray reserves for each actor (--backend ray; 0.25: four actors share a GPU)"""
+    ray_resources: dict[str, float] = field(default_factory=dict)
+    """custom Ray resources each actor needs (--backend ray), e.g. `--ray-resources rollout 1`
+    places the actors only on nodes started with `ray start --resources '{"rollout": 8}'`"""
+
+    def batcher_options(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`make_batcher` that come from this layout besides the
+        devices and sizes: the restart budget and the Ray actors' resources."""
+        return {
+            "max_restarts": self.max_restarts,
+            "ray_actor": {
+                "num_cpus_per_actor": self.ray_num_cpus,
+                "num_gpus_per_actor": self.ray_num_gpus,
+                "resources": dict(self.ray_resources),
+            },
+        }
+
+    def problems(self) -> list[str]:
+        """Every problem of the layout (empty: none), for :class:`~rlstruct.run.RunConfig` to
+        list with its own before anything starts."""
+        problems = []
+        if self.n_envs < 1:
+            problems.append(f"n_envs must be >= 1, got {self.n_envs}")
+        if self.n_processes < 0:
+            problems.append(f"n_processes must be >= 0 (0: one per core), got {self.n_processes}")
+        if self.pipeline < 1:
+            problems.append(f"pipeline must be >= 1, got {self.pipeline}")
+        for name in ("learner_device", "batcher_device", "eval_device"):
+            value = getattr(self, name)
+            if value != "auto":
+                try:
+                    torch.device(value)
+                except (RuntimeError, TypeError) as err:
+                    problems.append(f"{name} {value!r} is not a device: {err}")
+        return problems
 
 
 class _Checked:
@@ -99,7 +145,9 @@ def make_batcher(
     pipeline: int = 1,
     backend: str = "local",
     ray_address: str | None = None,
-) -> Batcher | SerialBatcher:
+    max_restarts: int = 0,
+    ray_actor: Mapping[str, Any] | None = None,
+) -> Batcher | SerialBatcher | RayBatcher:
     """The batcher a device layout calls for.
 
     Args:
@@ -119,13 +167,20 @@ def make_batcher(
         backend: ``"local"`` (worker processes of this machine) or ``"ray"`` (a
             :class:`~rlstruct.batchers.ray.RayBatcher`, one actor per worker).
         ray_address: the Ray cluster to join (``backend="ray"`` only).
+        max_restarts: worker faults absorbed by a restart
+            (:class:`~rlstruct.batchers.restart.RestartPolicy`); 0: fail fast. A SerialBatcher
+            has no workers to restart: there it is ignored.
+        ray_actor: ``num_cpus_per_actor``, ``num_gpus_per_actor`` and ``resources`` (custom
+            Ray resources) of the actors (``backend="ray"`` only;
+            :meth:`LayoutConfig.batcher_options` gives them).
 
     Returns:
         A SerialBatcher on ``device`` for an accelerator (or one CPU process), else a Batcher
         (or a RayBatcher with ``backend="ray"``).
 
     Raises:
-        ConfigError: a pipeline without worker processes, or on Ray; an unknown backend.
+        ConfigError: a bad pipeline (the batchers' one check), a pipeline without worker
+            processes, or on Ray; an unknown backend.
     """
     device = resolve_device(device)
     if check_devices:
@@ -141,12 +196,23 @@ def make_batcher(
         env_info=env_info,
     )
     n_processes = n_processes or default_processes()
+    problems = BatcherBase._validate_pipeline(pipeline, supported=backend != "ray")
+    if problems:
+        raise ConfigError("; ".join(problems))
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ConfigError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+    restart = RestartPolicy(max_restarts=max_restarts) if max_restarts else None
     if backend == "ray":
-        if pipeline > 1:
-            raise ConfigError(f"pipeline={pipeline}: RayBatcher collects synchronously for now")
         from rlstruct.batchers import RayBatcher
 
-        return RayBatcher(**common, n_processes=n_processes, address=ray_address)
+        actor = dict(ray_actor or {})
+        resources = actor.pop("resources", None)
+        return RayBatcher(
+            **common, n_processes=n_processes, address=ray_address, restart=restart,
+            num_cpus_per_actor=actor.pop("num_cpus_per_actor", 1),
+            num_gpus_per_actor=actor.pop("num_gpus_per_actor", 0),
+            actor_options={"resources": dict(resources), **actor} if resources else actor or None,
+        )  # fmt: skip
     if backend != "local":
         raise ConfigError(f"backend must be 'local' or 'ray', got {backend!r}")
     if is_accelerator(device) or n_processes == 1:
@@ -156,4 +222,4 @@ def make_batcher(
                 "n_processes >= 2 (a SerialBatcher collects in the learner's process)"
             )
         return SerialBatcher(**common, device=device)
-    return Batcher(**common, n_processes=n_processes, pipeline=pipeline)
+    return Batcher(**common, n_processes=n_processes, pipeline=pipeline, restart=restart)

@@ -1,4 +1,5 @@
-"""Return, target and advantage estimators over (B, T) trajectory segments.
+"""Return, target and advantage estimators over (B, T) trajectory segments, and the terms of
+the policy losses (advantage normalisation, a categorical policy's log-probability and entropy).
 
 Conventions: batch first, time second. ``lengths`` (B,) says how many leading steps of each row
 are valid; steps ``t >= lengths[b]`` are padding, never influence a result and come out as 0 (even
@@ -25,6 +26,8 @@ from rlstruct.errors import ConfigError, ShapeError
 
 __all__ = [
     "VTrace",
+    "categorical_entropy",
+    "categorical_log_prob",
     "conjugate_gradient",
     "discounted_returns",
     "gae",
@@ -196,6 +199,44 @@ def normalize_advantages(x: Tensor, mask: Tensor | None = None, eps: float = 1e-
     mean = masked_mean(x, mask)
     std = masked_mean((x - mean).square(), mask).sqrt()
     return (x - mean) / (std + eps)
+
+
+def categorical_log_prob(logits: Tensor, action: Tensor) -> Tensor:
+    """``log softmax(logits)[action]``: the log-probability of the taken actions.
+
+    Args:
+        logits: ``(*batch, A)`` unnormalised log-probabilities (log-probabilities work too).
+        action: ``(*batch,)`` int64 action indices.
+
+    Returns:
+        ``(*batch,)``, with gradients flowing into ``logits``.
+
+    Examples:
+        >>> categorical_log_prob(torch.zeros(2, 4), torch.tensor([0, 3])).exp()
+        tensor([0.2500, 0.2500])
+    """
+    return logits.log_softmax(-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
+
+
+def categorical_entropy(logits: Tensor) -> Tensor:
+    """``H = -sum_a p(a) log p(a)`` of ``p = softmax(logits)`` over the last dim.
+
+    Actions with probability 0 (``-inf`` logits, e.g. masked actions) contribute 0, not NaN.
+
+    Args:
+        logits: ``(*batch, A)`` unnormalised log-probabilities (log-probabilities work too:
+            ``log_softmax`` leaves them unchanged).
+
+    Returns:
+        ``(*batch,)``, with gradients flowing into ``logits``.
+
+    Examples:
+        >>> categorical_entropy(torch.tensor([[0.0, 0.0], [0.0, -float("inf")]]))  # log 2, 0
+        tensor([0.6931, 0.0000])
+    """
+    log_probs = logits.log_softmax(-1)
+    probs = log_probs.exp()
+    return -(probs * log_probs.masked_fill(probs == 0, 0.0)).sum(-1)
 
 
 def discounted_returns(

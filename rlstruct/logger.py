@@ -10,8 +10,11 @@
                       finished episodes, ``N = window``), then the given metrics
 ``episodes.csv``      one row per finished episode: frames_at_record, return, length
 ``checkpoints/``      ``latest.pt`` and ``best.pt`` (best score so far)
+``summary.json``      the outcome, written by :meth:`RunLogger.write_summary` (``Run`` writes
+                      it on every exit, ``status`` ``failed`` included)
 ``returns.png``       written by :meth:`RunLogger.close` (needs matplotlib; see
                       :mod:`rlstruct.plotting`)
+``resources.png``     cores, memory and GPU use per iteration, when the rows hold them
 ``events.out.*``      TensorBoard scalars, when ``tensorboard`` is installed
 ===================== ========================================================================
 
@@ -44,7 +47,6 @@ import math
 import os
 import platform
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -57,7 +59,8 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from rlstruct.errors import ShapeError
+from rlstruct.checkpoint import copy_checkpoint, save_checkpoint
+from rlstruct.errors import ConfigError, ShapeError
 
 __all__ = ["RunLogger", "config_to_dict", "git_commit"]
 
@@ -82,6 +85,14 @@ class RunLogger:
         progress_interval: seconds between two plain progress lines when stderr is no terminal.
         code_dir: a folder of the code that runs (the algorithm's); config.json records the git
             commit of the repository that tracks it. Default: the rlstruct package.
+        resume_dir: continue this run directory instead of creating one: the rows of
+            ``progress.csv`` and ``episodes.csv`` up to ``resume_frames`` are kept (later ones,
+            written after the checkpoint being resumed, are dropped), new rows are appended,
+            ``wall_time`` goes on from ``resume_wall_time`` and config.json's ``resumes`` list
+            records the resume.
+        resume_frames: the frame count of the checkpoint being resumed.
+        resume_wall_time: the run's wall time at that checkpoint.
+        best_score: the best checkpoint score so far (resume).
 
     Attributes:
         dir: the run directory (created at construction).
@@ -103,12 +114,16 @@ class RunLogger:
         window: int = 20,
         progress_interval: float = 5.0,
         code_dir: str | Path | None = None,
+        resume_dir: str | Path | None = None,
+        resume_frames: int = 0,
+        resume_wall_time: float = 0.0,
+        best_score: float | None = None,
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         self.algo, self.env, self.window, self.total_frames = algo, env, window, total_frames
         self.train_column = f"train_return_mean{window}"
-        self.best_score: float | None = None
+        self.best_score = best_score
         self.frames = 0
         self._returns: list[float] = []
         self._rows: list[dict[str, Any]] = []
@@ -118,26 +133,29 @@ class RunLogger:
         self._last_frames, self._last_time = 0, self._start
         self._last_eval = math.nan
         started = datetime.datetime.now().astimezone()
-        self.dir = _make_run_dir(Path(root), f"{_sanitise(algo)}_{_sanitise(env)}", started)
-
-        meta = {
-            "algo": algo,
-            "env": env,
-            "start_time": started.isoformat(timespec="seconds"),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "git_commit": git_commit(code_dir if code_dir is not None else _PACKAGE_DIR),
-            "argv": list(sys.argv),
-            "config": config_to_dict(config),
-        }
-        (self.dir / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
-
-        self._episodes_file: IO[str] = open(self.dir / "episodes.csv", "w", newline="")  # noqa: SIM115
-        self._episodes_csv = csv.writer(self._episodes_file)
-        self._episodes_csv.writerow(_EPISODE_FIELDS)
-        self._episodes_file.flush()
         self._progress_file: IO[str] | None = None
         self._progress_csv: csv.DictWriter | None = None
+        if resume_dir is not None:
+            self.dir = Path(resume_dir)
+            meta = self._resume(int(resume_frames), started)
+            self._start -= resume_wall_time
+        else:
+            self.dir = _make_run_dir(Path(root), f"{_sanitise(algo)}_{_sanitise(env)}", started)
+            meta = {
+                "algo": algo,
+                "env": env,
+                "start_time": started.isoformat(timespec="seconds"),
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "git_commit": git_commit(code_dir if code_dir is not None else _PACKAGE_DIR),
+                "argv": list(sys.argv),
+                "config": config_to_dict(config),
+            }
+            (self.dir / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
+            with open(self.dir / "episodes.csv", "w", newline="") as f:
+                csv.writer(f).writerow(_EPISODE_FIELDS)
+        self._episodes_file: IO[str] = open(self.dir / "episodes.csv", "a", newline="")  # noqa: SIM115
+        self._episodes_csv = csv.writer(self._episodes_file)
 
         self._tb: Any = None
         if tensorboard:
@@ -255,24 +273,35 @@ class RunLogger:
     def checkpoint(self, state: dict[str, Any], score: float | None = None) -> None:
         """Save ``state`` to ``checkpoints/latest.pt``, and to ``best.pt`` when ``score`` is best.
 
-        Writes go through a temporary file and an atomic rename, so an interrupt never leaves a
-        truncated checkpoint. A ``None`` or nan score never counts as best.
+        Writes go through a temporary file and an atomic rename
+        (:func:`~rlstruct.checkpoint.save_checkpoint`), so an interrupt or a full disk never
+        leaves a truncated checkpoint nor a ``.tmp``. A ``None`` or nan score never counts as
+        best.
+
+        Raises:
+            CheckpointError: a write failed (the file and the cause are named; the previous
+                checkpoint is kept).
         """
         self._check_open("checkpoint")
         folder = self.dir / "checkpoints"
         folder.mkdir(exist_ok=True)
         latest = folder / "latest.pt"
-        tmp = folder / "latest.pt.tmp"
-        torch.save(state, tmp)
-        os.replace(tmp, latest)
+        save_checkpoint(state, latest)
         if score is None:
             return
         score = float(score)
         if math.isnan(score) or (self.best_score is not None and score <= self.best_score):
             return
-        shutil.copyfile(latest, folder / "best.pt.tmp")
-        os.replace(folder / "best.pt.tmp", folder / "best.pt")
+        copy_checkpoint(latest, folder / "best.pt")
         self.best_score = score
+
+    def write_summary(self, summary: Mapping[str, Any]) -> Path:
+        """Writes ``summary.json`` (atomically); returns its path."""
+        path = self.dir / "summary.json"
+        tmp = self.dir / "summary.json.tmp"
+        tmp.write_text(json.dumps(_jsonable(dict(summary)), indent=2) + "\n")
+        os.replace(tmp, path)
+        return path
 
     # ------------------------------------------------------------------ closing
 
@@ -318,23 +347,59 @@ class RunLogger:
         if self._progress_csv is None or new_keys:
             # First row, or a metric seen for the first time: (re)write with the union header.
             self._header += new_keys
-            if self._progress_file is not None:
-                self._progress_file.close()
-            path = self.dir / "progress.csv"
-            tmp = self.dir / "progress.csv.tmp"
-            with open(tmp, "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=self._header, restval="nan")
-                writer.writeheader()
-                writer.writerows(self._rows)
-            os.replace(tmp, path)
-            self._progress_file = open(path, "a", newline="")  # noqa: SIM115
-            self._progress_csv = csv.DictWriter(
-                self._progress_file, fieldnames=self._header, restval="nan"
-            )
+            self._rewrite_progress()
         else:
             self._progress_csv.writerow(row)
         assert self._progress_file is not None
         self._progress_file.flush()
+
+    def _rewrite_progress(self) -> None:
+        """Writes every row under the current header (atomically), then appends from there."""
+        if self._progress_file is not None:
+            self._progress_file.close()
+        path, tmp = self.dir / "progress.csv", self.dir / "progress.csv.tmp"
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=self._header, restval="nan")
+            writer.writeheader()
+            writer.writerows(self._rows)
+        os.replace(tmp, path)
+        self._progress_file = open(path, "a", newline="")  # noqa: SIM115
+        self._progress_csv = csv.DictWriter(
+            self._progress_file, fieldnames=self._header, restval="nan"
+        )
+
+    def _resume(self, frames: int, started: datetime.datetime) -> dict[str, Any]:
+        """Takes up the run directory ``self.dir`` at ``frames`` (see ``resume_dir``)."""
+        try:
+            meta = json.loads((self.dir / "config.json").read_text())
+            with open(self.dir / "episodes.csv", newline="") as f:
+                episodes = [r for r in csv.DictReader(f) if int(r["frames_at_record"]) <= frames]
+            progress: list[dict[str, Any]] = []
+            if (self.dir / "progress.csv").is_file():
+                with open(self.dir / "progress.csv", newline="") as f:
+                    reader = csv.DictReader(f)
+                    progress = [{k: _number(v) for k, v in r.items()} for r in reader
+                                if int(r["frames"]) <= frames]
+                    self._header = list(reader.fieldnames or [])
+        except (OSError, ValueError, KeyError) as err:
+            raise ConfigError(f"cannot resume {self.dir}: {type(err).__name__}: {err}") from err
+        tmp = self.dir / "episodes.csv.tmp"
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=_EPISODE_FIELDS)
+            writer.writeheader()
+            writer.writerows(episodes)
+        os.replace(tmp, self.dir / "episodes.csv")
+        self._returns = [float(r["return"]) for r in episodes]
+        if progress:
+            self._rows = progress
+            self._rewrite_progress()
+        self.frames = self._last_frames = frames
+        meta.setdefault("resumes", []).append({
+            "time": started.isoformat(timespec="seconds"), "frames": frames,
+            "argv": list(sys.argv),
+        })
+        (self.dir / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
+        return meta
 
     def _render(self, row: dict[str, Any], now: float) -> None:
         assert self._stream is not None
@@ -489,6 +554,15 @@ def _make_run_dir(root: Path, stem: str, started: datetime.datetime) -> Path:
             continue
         return path
     raise FileExistsError(f"no free run directory name for {root / base}")
+
+
+def _number(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def _floats(values: torch.Tensor | Sequence[float] | float) -> list[float]:

@@ -13,7 +13,9 @@ for ``progress.csv`` covering the interval since the previous sample:
 - ``cores_busy``: CPU seconds of the whole process tree (this process and every descendant:
   batcher workers, forkserver, evaluator) per wall second; 1.0 is one core fully busy.
 - ``cores_main``, ``cores_workers``: the parts of ``cores_busy`` used by this process (all its
-  threads) and by every other process of the tree.
+  threads) and by every other process of the tree; batcher workers that run outside the tree
+  (Ray actors of another machine or cluster) count too, with the CPU time each reports with
+  its segments (:func:`rlstruct.batchers.pool.external_cpu_seconds`).
 - ``steps_per_cpu_s``: frames per CPU second of the tree (the efficiency of a layout).
 - ``rss_mb``: resident memory of the tree in MiB (pages shared by forked workers are counted
   once per process, so this over-counts).
@@ -43,7 +45,6 @@ shorter than that reads a noisy ``cores_busy``; its mean over rows is exact.
 from __future__ import annotations
 
 import contextlib
-import csv
 import math
 import os
 import time
@@ -53,6 +54,9 @@ from types import ModuleType
 from typing import Any
 
 import psutil
+
+from rlstruct.batchers.pool import external_cpu_seconds
+from rlstruct.run_folder import RunFolder, read_rows
 
 __all__ = ["ResourceMonitor", "resources_figure"]
 
@@ -191,6 +195,14 @@ class ResourceMonitor:
         row.update(self._gpu_columns())
         return row
 
+    def tree_cpu_s(self) -> float:
+        """Cumulative CPU seconds (user + system) of the whole tree now, reaped children
+        included; the process list is re-read first. The difference of two readings is the
+        CPU the tree used in between (the tuner's meter); :meth:`sample` is not disturbed.
+        """
+        self._scan(time.monotonic())
+        return self._cpu()[1]
+
     @property
     def n_processes(self) -> int:
         """How many processes of the tree are currently tracked (the root included)."""
@@ -246,7 +258,8 @@ class ResourceMonitor:
         if gone and retries > 0:  # its reaped time now sits in its parent's children_* counters
             self._scan(time.monotonic())
             return self._cpu(retries - 1)
-        return main, tree
+        # Batcher workers outside this tree (Ray actors elsewhere) report their own CPU time.
+        return main, tree + external_cpu_seconds()
 
     def _rss(self) -> int:
         total = 0
@@ -334,53 +347,26 @@ def resources_figure(progress_csv: str | Path, out_png: str | Path) -> Path:
         FileNotFoundError: ``progress_csv`` does not exist.
         ImportError: matplotlib is not installed.
     """
+    from rlstruct.plotting import finish_figure, new_figure
+
     progress_csv = Path(progress_csv)
-    with open(progress_csv, newline="") as f:
-        rows = list(csv.DictReader(f))
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as err:
-        raise ImportError(
-            f"plotting needs matplotlib ({err}); install it with: pip install 'rlstruct[plot]'"
-        ) from err
-    fig = Figure(figsize=(9, 6), dpi=100)
-    FigureCanvasAgg(fig)
+    if not progress_csv.is_file():
+        raise FileNotFoundError(f"no progress.csv at {progress_csv}")
+    run = RunFolder(progress_csv.parent, read_rows(progress_csv))
+    fig = new_figure(9, 6)
     top, bottom = fig.subplots(2, 1, sharex=True)
     for column, style in (("cores_busy", "-"), ("cores_main", "--"), ("cores_workers", ":")):
-        points = _points(rows, column)
+        points = run.series(column)
         if points:
             top.plot(*zip(*points), ls=style, lw=2 if column == "cores_busy" else 1.2,
                      label=column)
     top.set_ylabel("cores busy")
     top.set_ylim(bottom=0)
-    speed = _points(rows, "steps_per_s")
+    speed = run.series("steps_per_s")
     if speed:
         bottom.plot(*zip(*speed), color="tab:green", lw=1.5, label="steps_per_s")
     bottom.set_ylabel("steps / s")
     bottom.set_xlabel("frames")
     bottom.set_ylim(bottom=0)
     top.set_title(progress_csv.parent.name or "resources")
-    for ax in (top, bottom):
-        ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(loc="best", fontsize="small")
-        else:
-            ax.text(0.5, 0.5, "no values recorded", ha="center", va="center",
-                    transform=ax.transAxes)
-    out = Path(out_png)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
-    return out
-
-
-def _points(rows: list[dict[str, str]], column: str) -> list[tuple[float, float]]:
-    out = []
-    for row in rows:
-        try:
-            x, y = float(row.get("frames") or "nan"), float(row.get(column) or "nan")
-        except ValueError:
-            continue
-        if not (math.isnan(x) or math.isnan(y)):
-            out.append((x, y))
-    return out
+    return finish_figure(fig, out_png, "no values recorded")

@@ -24,13 +24,15 @@ from __future__ import annotations
 import math
 
 import torch  # noqa: F401 - the doctests use it
+from gymnasium.spaces import Space
 from torch import Tensor, nn
 
-from rlstruct.distributions import ActionHead, CategoricalHead
+from rlstruct.distributions import ActionHead, CategoricalHead, make_head, space_from_spec
 from rlstruct.normalization import RunningNorm
 
 __all__ = [
-    "linear", "mlp", "MLPActorCritic", "HeadActorCritic", "conv", "nature_cnn", "CNNActorCritic",
+    "linear", "mlp", "MLPActorCritic", "HeadActorCritic", "head_actor_critic", "conv", "nature_cnn",
+    "CNNActorCritic",
 ]
 
 
@@ -137,6 +139,26 @@ class HeadActorCritic(nn.Module):
     def forward(self, frame: Tensor) -> tuple[Tensor, Tensor]:
         x = self.features(frame)
         return self.actor(x), self.critic(x).squeeze(-1)
+
+
+
+def head_actor_critic(
+    obs_dim: int, action_space: dict[str, object] | Space, hidden: int, log_std_init: float = 0.0,
+    normalize_obs: bool = False,
+) -> HeadActorCritic:
+    """A :class:`HeadActorCritic` built from plain values only (``action_space`` is
+    :func:`~rlstruct.distributions.space_spec` of the env's action space), so a checkpoint can
+    record the call and ``python -m rlstruct evaluate`` can repeat it.
+
+    Examples:
+        >>> from gymnasium import spaces
+        >>> from rlstruct.distributions import space_spec
+        >>> model = head_actor_critic(4, space_spec(spaces.Discrete(2)), 64)
+        >>> model(torch.zeros(3, 4))[0].shape
+        torch.Size([3, 2])
+    """
+    head = make_head(space_from_spec(action_space), hidden, log_std_init=log_std_init)
+    return HeadActorCritic(obs_dim, head, hidden, normalize_obs)
 
 
 def conv(c_in: int, c_out: int, kernel: int, stride: int, gain: float = math.sqrt(2)) -> nn.Conv2d:

@@ -38,8 +38,11 @@ from __future__ import annotations
 
 import contextlib
 import math
+import signal
 import sys
+import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,21 +55,49 @@ import tyro
 
 from rlstruct.agent import Agent
 from rlstruct.batchers import Batcher, SerialBatcher
+from rlstruct.checkpoint import (
+    agent_spec,
+    config_changes,
+    load_checkpoint,
+    object_path,
+    rng_state,
+    set_rng_state,
+)
 from rlstruct.checks import CheckDevice
 from rlstruct.devices import resolve_device
 from rlstruct.dicttensor import DictTensor
+from rlstruct.env_registry import (
+    EnvModules,
+    env_dims,
+    env_id_problems,
+    env_module_problems,
+    env_shape,
+    env_spaces,
+)
 from rlstruct.envs.base import VecEnv
 from rlstruct.envs.gym import GymEnvInf
 from rlstruct.envs.torch import make_torch_env
 from rlstruct.episodes import EpisodeTracker
-from rlstruct.errors import ConfigError
+from rlstruct.errors import CheckpointError, ConfigError
 from rlstruct.evaluation import Evaluator
 from rlstruct.experiment import LayoutConfig, make_batcher
 from rlstruct.logger import RunLogger, config_to_dict
 from rlstruct.monitor import ResourceMonitor
 from rlstruct.trajectories import Trajectories
 
-__all__ = ["RunConfig", "Run", "env_dims", "env_shape", "env_spaces"]
+__all__ = ["RunConfig", "Run", "Terminated", "env_dims", "env_shape", "env_spaces"]
+
+#: RunConfig fields a resumed run may set differently from the run it continues.
+RESUMABLE = ("resume", "max_frames", "time_budget", "target_return", "eval_every", "eval_envs",
+             "checkpoint_every", "n_threads", "runs_dir", "layout", "layout_file", "env_module")
+#: ``summary["status"]`` for each ``stopped_by``; an exception other than Ctrl-C is ``failed``.
+STATUS = {"target_return": "solved", "max_frames": "budget", "time_budget": "budget",
+          "interrupted": "interrupted", "loop_end": "ended"}
+
+
+class Terminated(KeyboardInterrupt):
+    """Raised in the main thread by the SIGTERM handler a :class:`Run` installs: the run then
+    ends as on Ctrl-C (last row, checkpoint, summary with status ``interrupted``)."""
 
 
 @dataclass
@@ -77,7 +108,14 @@ class RunConfig:
     changes its default and keeps its help."""
 
     env_id: str = "CartPole-v1"
-    """gymnasium id of the environment (Discrete actions; ppo, a2c and trpo also take Box ones)"""
+    """gymnasium id of the environment (Discrete actions; ppo, a2c and trpo also take Box ones,
+    sac only Box ones); pkg.mod:Id imports pkg.mod first"""
+    env_module: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """a module that registers env_id with gymnasium, imported wherever envs are built (the
+    workers, the evaluation, Ray actors); repeatable"""
+    resume: str | None = None
+    """a run directory to continue from its checkpoints/latest.pt: model, optimizer, frame and
+    episode counters, RNG states, clock; progress.csv and episodes.csv are appended"""
     seed: int = 0
     """run seed: the learner's model, the training batcher (seed), the evaluation (seed + 1000)"""
     max_frames: int = 1_000_000
@@ -122,73 +160,47 @@ class RunConfig:
     """where each part runs"""
 
     def __post_init__(self) -> None:
-        positive = ("target_window", "eval_envs", "checkpoint_every", "n_threads", "hidden")
+        """Applies ``layout_file``, then checks everything (:meth:`problems`).
+
+        Raises:
+            ConfigError: listing every problem at once (the command line exits with code 2).
+        """
+        if self.layout_file is not None:
+            from rlstruct.tune.layout_file import apply_layout
+
+            apply_layout(self, self.layout_file)
+        problems = self.problems()
+        if problems:
+            raise ConfigError(f"{len(problems)} problem(s) in the config:\n- "
+                              + "\n- ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Every problem of the config, before anything starts: sizes, rates, budgets, the
+        layout, the env modules and the env id (with close matches), the run to resume. An
+        algorithm's config may extend it (``super().problems() + [...]``)."""
+        positive = ("target_window", "eval_envs", "checkpoint_every", "n_threads", "hidden",
+                    "n_timesteps", "max_frames")
         problems = [f"{name} must be >= 1, got {getattr(self, name)}"
                     for name in positive if getattr(self, name) < 1]
         if self.eval_every < 0:
             problems.append(f"eval_every must be >= 0 (0: never), got {self.eval_every}")
-        if self.max_grad_norm < 0:
+        if not self.max_grad_norm >= 0:
             problems.append(f"max_grad_norm must be >= 0 (0: no clipping), got "
                             f"{self.max_grad_norm}")
-        if problems:
-            raise ConfigError("; ".join(problems))
-        if self.layout_file is not None:
-            from rlstruct.tune import apply_layout
-
-            apply_layout(self, self.layout_file)
-
-
-def env_dims(env_id: str) -> tuple[int, int]:
-    """``(observation size, number of actions)`` of a gymnasium env with discrete actions.
-
-    Raises:
-        ConfigError: the action space is not ``Discrete``.
-    """
-    shape, n_actions = env_shape(env_id)
-    return math.prod(shape), n_actions
-
-
-def env_spaces(env_id: str, backend: str = "gymnasium") -> tuple[tuple[int, ...], gym.Space]:
-    """``(observation shape, action space)`` of ``env_id`` as the training envs of ``backend``
-    produce it (``"atari"``: the preprocessed frames; ``"torch"``: the torch-native env's).
-
-    Raises:
-        ConfigError: ``backend`` is ``"torch"`` and ``env_id`` has no torch-native version.
-    """
-    if backend == "torch":
-        from rlstruct.envs.torch import BY_GYM_ID
-
-        if env_id not in BY_GYM_ID:
-            raise ConfigError(
-                f"no torch-native version of {env_id!r}; there are {sorted(BY_GYM_ID)} (use the "
-                "gymnasium env backend for the others)"
-            )
-        cls = BY_GYM_ID[env_id]
-        return tuple(cls.observation_space.shape or (1,)), cls.action_space
-    if backend == "atari":
-        from rlstruct.envs.atari import make_atari_gym_env
-
-        probe = make_atari_gym_env(env_id)
-    else:
-        probe = gym.make(env_id)
-    try:
-        obs, actions = probe.observation_space, probe.action_space
-    finally:
-        probe.close()
-    return tuple(obs.shape or (1,)), actions
-
-
-def env_shape(env_id: str, backend: str = "gymnasium") -> tuple[tuple[int, ...], int]:
-    """``(observation shape, number of actions)`` of an env with discrete actions, as the
-    training envs of ``backend`` produce it (``"atari"``: the preprocessed frames).
-
-    Raises:
-        ConfigError: the action space is not ``Discrete``.
-    """
-    shape, actions = env_spaces(env_id, backend)
-    if not isinstance(actions, gym.spaces.Discrete):
-        raise ConfigError(f"{env_id} has actions {actions}; these algorithms need Discrete ones")
-    return shape, int(actions.n)
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            problems.append(f"lr must be a finite number > 0, got {self.lr}")
+        if not self.time_budget > 0:
+            problems.append(f"time_budget must be > 0 seconds, got {self.time_budget}")
+        if not 0 < self.gamma <= 1:
+            problems.append(f"gamma must be in (0, 1], got {self.gamma}")
+        problems += self.layout.problems()
+        module_problems = env_module_problems(self.env_module)
+        problems += module_problems
+        if not module_problems:
+            problems += env_id_problems(self.env_id, self.env_backend)
+        if self.resume is not None:
+            problems += config_changes(self.resume, config_to_dict(self), RESUMABLE)
+        return problems
 
 
 class Run:
@@ -226,22 +238,46 @@ class Run:
         self.device = resolve_device(cfg.layout.learner_device)
         self.obs_shape, self.action_space = env_spaces(cfg.env_id, cfg.env_backend)
         self.obs_dim = math.prod(self.obs_shape)
-        self.frames, self.iteration = 0, 0
+        self._resumed: dict[str, Any] = {}
+        if cfg.resume is not None:
+            self._resumed = load_checkpoint(Path(cfg.resume) / "checkpoints" / "latest.pt")
+            if self._resumed.get("algo", algo) != algo:
+                raise ConfigError(f"resume: {cfg.resume} is a {self._resumed['algo']} run, "
+                                  f"not {algo}")
+        r = self._resumed
+        self.start -= r.get("wall_time", 0.0)  # the clock and the time budget go on
+        self.frames, self.iteration = r.get("frames", 0), r.get("iteration", 0)
+        #: How many times this run was resumed (0: a fresh run).
+        self.n_resumes: int = r.get("resumes", -1) + 1
         self.stopped_by: str | None = None
-        self.eval_return = math.nan
+        self.eval_return = r.get("eval_return", math.nan)
         self.summary: dict[str, Any] = {}
-        self._solved_at: tuple[int, float] | None = None
+        solved = r.get("solved_at")
+        self._solved_at: tuple[int, float] | None = None if solved is None else tuple(solved)
         self._tracker = EpisodeTracker()
         self._evaluator: Evaluator | None = None
         self._saved: dict[str, Any] = {}
+        self._constructors: list[tuple[Any, dict[str, Any]]] = []
+        self._eval_agent: tuple[Any, dict[str, Any], DictTensor | None] | None = None
         self._stack = contextlib.ExitStack()
         self.logger = RunLogger(
             algo, cfg.env_id, cfg, cfg.runs_dir, total_frames=cfg.max_frames,
             window=cfg.target_window, code_dir=_code_dir(cfg),
+            resume_dir=cfg.resume, resume_frames=self.frames,
+            resume_wall_time=r.get("wall_time", 0.0), best_score=r.get("best_score"),
         )
         #: Per iteration: seconds collecting/learning/waiting, cores busy, memory, GPU use.
         self.monitor = ResourceMonitor()
         self._stack.callback(self.monitor.close)
+        self._terminated = False
+        self._old_sigterm: Any = None
+        if threading.current_thread() is threading.main_thread():
+            self._old_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if not self._terminated:  # a second SIGTERM during the teardown is ignored
+            self._terminated = True
+            raise Terminated(f"signal {signal.Signals(signum).name}")
 
     # ------------------------------------------------------------------ set-up
     def training_batcher(
@@ -267,6 +303,7 @@ class Run:
         """
         layout = self.cfg.layout
         env_args: dict[str, Any] = {"env": self.cfg.env_id, "n_envs": layout.n_envs}
+
         if self.cfg.env_backend != "gymnasium":
             if create_env is not GymEnvInf:
                 raise ConfigError(
@@ -286,11 +323,15 @@ class Run:
                 f"{self.algo} collects synchronously; --pipeline {layout.pipeline} is for "
                 "algorithms that learn from one segment while the next is collected (ppo, a2c)"
             )
+        if self.cfg.env_module:  # every process that builds an env imports them first
+            create_env = EnvModules(create_env, self.cfg.env_module)
+        self._eval_agent = self._eval_agent or (create_agent, dict(agent_args), None)
         batcher = make_batcher(
             device=layout.batcher_device, n_processes=layout.n_processes,
             n_timesteps=n_timesteps, create_agent=create_agent, agent_args=agent_args,
             create_env=create_env, env_args=env_args,
-            seeds=self.cfg.seed, agent_info=agent_info, check_devices=layout.check_devices,
+            seeds=self.cfg.seed + 10_007 * self.n_resumes,  # fresh env seeds after a resume
+            agent_info=agent_info, check_devices=layout.check_devices,
             pipeline=layout.pipeline, backend=layout.backend, ray_address=layout.ray_address,
         )
         return self._stack.enter_context(batcher)
@@ -304,14 +345,25 @@ class Run:
         """Sets up the :class:`~rlstruct.evaluation.Evaluator` (``eval_envs`` episodes on
         ``eval_device``, seed ``seed + 1000``) that :meth:`end_iteration` drives; ``None`` when
         ``eval_every`` is 0. Call it while the model is still on the CPU."""
+        self._eval_agent = (create_agent, dict(agent_args), agent_info)  # for the checkpoints
         if self.cfg.eval_every == 0 or self.cfg.env_backend == "atari":
             return None  # Atari: an evaluation episode is thousands of 4x84x84 frames
         self._evaluator = self._stack.enter_context(Evaluator(
             create_agent, agent_args, self.cfg.env_id, self.cfg.eval_envs,
             seed=self.cfg.seed + 1000, device=self.cfg.layout.eval_device,
             agent_info=agent_info, check_devices=self.cfg.layout.check_devices,
+            env_modules=self.cfg.env_module,
         ))
         return self._evaluator
+
+    def model(self, cls: Callable[..., torch.nn.Module], *args: Any, **kwargs: Any) -> Any:
+        """``cls(*args, **kwargs)``, the call recorded in the checkpoints (``constructors``) so
+        that ``python -m rlstruct evaluate`` rebuilds the model without reading the algorithm's
+        code. The arguments must be plain values (numbers, strings, lists, dicts)."""
+        module = cls(*args, **kwargs)
+        self._constructors.append(
+            (module, {"class": object_path(cls), "args": list(args), "kwargs": dict(kwargs)}))
+        return module
 
     def learner(self, agent: Agent) -> Agent:
         """``agent`` moved to the learner device, wrapped in CheckDevice with ``check_devices``."""
@@ -320,8 +372,27 @@ class Run:
 
     def checkpoint_state(self, **objects: Any) -> None:
         """What checkpoints hold: ``name -> obj.state_dict()`` for each object given (model,
-        optimizer, ...), plus the config, ``frames`` and ``iteration``."""
+        optimizer, ...), plus the config, the counters, the RNG states and the clock (see
+        :meth:`checkpoint`). A resumed run (``--resume``) loads each object's state from the
+        checkpoint here, and the RNG states.
+
+        Raises:
+            CheckpointError: the checkpoint being resumed holds no state for one of them.
+        """
         self._saved.update(objects)
+        if not self._resumed:
+            return
+        for name, obj in objects.items():
+            if name not in self._resumed:
+                raise CheckpointError(f"resume: {self.cfg.resume} has no state for {name!r} "
+                                      f"(it holds {sorted(self._resumed)})")
+            obj.load_state_dict(self._resumed[name])
+        set_rng_state(self._resumed["rng"])
+
+    def out_of_time(self) -> bool:
+        """True once the time budget is spent: a cheap check (one clock read) for learn loops
+        to call between minibatches; the run then stops before collecting again."""
+        return time.monotonic() - self.start >= self.cfg.time_budget
 
     # ------------------------------------------------------------------ the loop
     def record(self, traj: Trajectories) -> None:
@@ -355,6 +426,9 @@ class Run:
         batcher.reset(agent_info=agent_info)
         batcher.execute()
         while True:
+            if self.iteration and self.out_of_time():  # e.g. a learn phase that ran long
+                self.stopped_by = "time_budget"
+                return
             with self.monitor.phase("collect"):
                 traj, _ = batcher.get()
             self.record(traj)
@@ -438,9 +512,26 @@ class Run:
             self.checkpoint()
 
     def checkpoint(self) -> None:
-        """Saves ``checkpoints/latest.pt`` (and ``best.pt`` by the train return)."""
+        """Saves ``checkpoints/latest.pt`` (and ``best.pt`` by the train return): the
+        :meth:`checkpoint_state` objects' states, ``algo``, the whole ``config``, ``frames``,
+        ``iteration``, ``episodes``, ``resumes``, ``wall_time``, ``eval_return``,
+        ``solved_at``, ``best_score``, the ``rng`` states, the ``constructors`` of the models
+        built by :meth:`model` and the evaluation ``agent`` (class, arguments, agent_info).
+
+        Raises:
+            CheckpointError: the write failed (e.g. a full disk; the last good one is kept).
+        """
         state = {name: obj.state_dict() for name, obj in self._saved.items()}
-        state.update(config=config_to_dict(self.cfg), frames=self.frames, iteration=self.iteration)
+        state.update(
+            algo=self.algo, config=config_to_dict(self.cfg), frames=self.frames,
+            iteration=self.iteration, episodes=self.logger.episodes, resumes=self.n_resumes,
+            wall_time=time.monotonic() - self.start, eval_return=self.eval_return,
+            solved_at=None if self._solved_at is None else list(self._solved_at),
+            best_score=self.logger.best_score, rng=rng_state(),
+            constructors={name: spec for name, obj in self._saved.items()
+                          for built, spec in self._constructors if obj is built},
+            agent=None if self._eval_agent is None else agent_spec(*self._eval_agent, self._saved),
+        )
         self.logger.checkpoint(state, score=self.logger.train_return())
 
     # ------------------------------------------------------------------ teardown
@@ -453,8 +544,10 @@ class Run:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        """Writes the last progress row and checkpoint (also on Ctrl-C), closes the batchers,
-        the evaluator and the logger (which plots), then sets and prints :attr:`summary`."""
+        """Writes the last progress row and checkpoint (also on Ctrl-C and SIGTERM), closes the
+        batchers, the evaluator and the logger (which plots), then sets and prints
+        :attr:`summary` and writes it to ``summary.json``. Any other exception still leaves a
+        ``summary.json`` with status ``failed`` and the error."""
         finish = exc_type is None or issubclass(exc_type, KeyboardInterrupt)
         try:
             if finish:
@@ -468,11 +561,28 @@ class Run:
             try:
                 self._stack.close()
             finally:
-                self.logger.close()
+                try:
+                    self.logger.close()
+                finally:
+                    if self._old_sigterm is not None:
+                        signal.signal(signal.SIGTERM, self._old_sigterm)
+                    self._write_summary(finish, exc)
         if finish:
-            self.summary = self._summary()
             print(_describe(self.algo, self.summary, self.logger.train_column))
             print(f"outputs in {self.logger.dir}", flush=True)
+
+    def _write_summary(self, finish: bool, exc: BaseException | None) -> None:
+        summary = self._summary()
+        summary["status"] = STATUS.get(self.stopped_by or "", "ended") if finish else "failed"
+        if exc is not None:
+            summary["error"] = f"{type(exc).__name__}: {exc}"
+        if finish:
+            self.summary = summary
+        try:
+            self.logger.write_summary(summary)
+        except OSError as err:  # e.g. a full disk: never hide the run's own outcome
+            warnings.warn(f"could not write {self.logger.dir / 'summary.json'}: {err}",
+                          stacklevel=2)
 
     def _summary(self) -> dict[str, Any]:
         solved = self._solved_at
@@ -489,6 +599,7 @@ class Run:
             "wall_time": time.monotonic() - self.start,
             "frames_to_solve": None if solved is None else solved[0],
             "time_to_solve": None if solved is None else solved[1],
+            "resumes": self.n_resumes,
         }
 
 

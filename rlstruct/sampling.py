@@ -4,8 +4,8 @@ A batcher seeds its agent (``agent.seed(s)``) and then moves it to its device; a
 samples with a generator of its own must therefore create that generator lazily, on the device
 of its first logits. :class:`CategoricalSampler` does exactly that, and takes the argmax on the
 rows that ``agent_info["greedy"]`` marks (how evaluation asks for the greedy policy:
-:func:`greedy_info`). :func:`categorical_log_prob` and :func:`categorical_entropy` are the two
-quantities of a categorical policy that losses need.
+:func:`greedy_info`). The log-probability and entropy that losses need are in
+:mod:`rlstruct.functional` (``categorical_log_prob``, ``categorical_entropy``).
 
 Example:
     >>> import torch
@@ -21,8 +21,6 @@ Example:
     True
     >>> sample(logits, greedy_info()).tolist()  # one row of agent_info serves every row
     [1, 0]
-    >>> round(categorical_entropy(torch.zeros(2)).item(), 4)  # uniform over 2 actions: log 2
-    0.6931
 """
 
 from __future__ import annotations
@@ -34,6 +32,7 @@ from rlstruct import keys as K
 from rlstruct.agent import Agent
 from rlstruct.dicttensor import DictTensor
 from rlstruct.distributions import ActionHead
+from rlstruct.functional import categorical_log_prob
 from rlstruct.trajectories import Trajectories
 
 __all__ = [
@@ -43,8 +42,6 @@ __all__ = [
     "PolicyAgent",
     "GREEDY",
     "greedy_info",
-    "categorical_log_prob",
-    "categorical_entropy",
 ]
 
 GREEDY = "greedy"
@@ -55,36 +52,6 @@ def greedy_info() -> DictTensor:
     """The ``agent_info`` of greedy evaluation: one row ``{"greedy": True}``, which a batcher
     broadcasts to all its rows (pass it to ``Run.evaluator`` or ``Evaluator``)."""
     return DictTensor({GREEDY: torch.ones(1, dtype=torch.bool)})
-
-
-def categorical_log_prob(logits: Tensor, action: Tensor) -> Tensor:
-    """``log softmax(logits)[action]``: the log-probability of the taken actions.
-
-    Args:
-        logits: ``(*batch, A)`` unnormalised log-probabilities (log-probabilities work too).
-        action: ``(*batch,)`` int64 action indices.
-
-    Returns:
-        ``(*batch,)``, with gradients flowing into ``logits``.
-    """
-    return logits.log_softmax(-1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
-
-
-def categorical_entropy(logits: Tensor) -> Tensor:
-    """``H = -sum_a p(a) log p(a)`` of ``p = softmax(logits)`` over the last dim.
-
-    Actions with probability 0 (``-inf`` logits, e.g. masked actions) contribute 0, not NaN.
-
-    Args:
-        logits: ``(*batch, A)`` unnormalised log-probabilities (log-probabilities work too:
-            ``log_softmax`` leaves them unchanged).
-
-    Returns:
-        ``(*batch,)``, with gradients flowing into ``logits``.
-    """
-    log_probs = logits.log_softmax(-1)
-    probs = log_probs.exp()
-    return -(probs * log_probs.masked_fill(probs == 0, 0.0)).sum(-1)
 
 
 class CategoricalSampler:

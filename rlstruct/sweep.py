@@ -6,8 +6,9 @@ overrides, e.g. ``{"lr": 3e-4}``); a *session* is one seed of a trial. Layout of
 
     OUT/
       summary.csv                  one row per session (see SUMMARY_COLUMNS)
-      trial0.png                   mean train return vs frames across the sessions of trial 0,
-                                   min-max band, moving average twin
+      trial0.png                   mean train return vs frames across the sessions of trial 0
+                                   (over the longest session; mean and min-max band over the
+                                   sessions still running), moving average (--ma-window)
       trial0/session0/             --runs-dir of the session: its run folder, stdout.log,
                                    stderr.log
       ...
@@ -42,17 +43,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from rlstruct.devices import session_device
 from rlstruct.errors import ConfigError
+from rlstruct.plotting import MA_WINDOW, trial_figure
+from rlstruct.run_folder import read_run, to_float
 
 __all__ = [
     "SessionResult", "SUMMARY_COLUMNS", "sweep", "main", "override_flags", "session_outcome",
-    "trial_curves", "trial_figure",
 ]
 
-_TRAIN_COLUMN = re.compile(r"^train_return_mean\d+$")
 _OUTPUTS = re.compile(r"^outputs in (.+)$", re.M)
 _BOX = "│─╭╮╰╯┃━┏┓┗┛|"
 
@@ -151,6 +150,7 @@ def sweep(
     module: str | None = None,
     poll_s: float = 0.2,
     quiet: bool = False,
+    ma_window: int = MA_WINDOW,
 ) -> list[SessionResult]:
     """Run ``algo`` over ``seeds`` x ``trials`` and write the summary and trial graphs.
 
@@ -170,22 +170,20 @@ def sweep(
         module: the module to run (default ``algos.<algo>``).
         poll_s: how often the running sessions are polled.
         quiet: print nothing.
+        ma_window: width, in grid points, of the trial graphs' moving average.
 
     Returns:
         One :class:`SessionResult` per session, ordered by trial then session.
 
     Raises:
-        ConfigError: no seeds, duplicate seeds, bad counts.
+        ConfigError: no seeds, duplicate seeds, bad counts, or ``gpus`` more than this
+            machine's CUDA devices (none without CUDA); every problem at once, before any
+            folder or session exists.
         KeyboardInterrupt: re-raised after every running session was killed (the summary of
             the sessions that finished is written first).
     """
     seeds = [int(s) for s in seeds]
-    if not seeds:
-        raise ConfigError("sweep: give at least one seed")
-    if len(set(seeds)) != len(seeds):
-        raise ConfigError(f"sweep: seeds must be distinct, got {seeds}")
-    if gpus < 0 or cores_per_session < 1 or (max_parallel is not None and max_parallel < 1):
-        raise ConfigError("sweep: need gpus >= 0, cores_per_session >= 1, max_parallel >= 1")
+    _check_arguments(seeds, gpus, cores_per_session, max_parallel, ma_window)
     if cuda_offset is None:
         cuda_offset = int(os.environ.get("CUDA_OFFSET", "0") or 0)
     trial_list = [dict(t) for t in trials] if trials else [{}]
@@ -253,8 +251,37 @@ def sweep(
             job.result.error = "not run: sweep interrupted"
         _write_outputs(out, jobs, len(trial_list), quiet=True)
         raise
-    results = _write_outputs(out, jobs, len(trial_list), quiet)
+    results = _write_outputs(out, jobs, len(trial_list), quiet, ma_window)
     return results
+
+
+def _check_arguments(seeds: list[int], gpus: int, cores_per_session: int,
+                     max_parallel: int | None, ma_window: int) -> None:
+    """Every problem with the sweep's arguments at once, as one ConfigError."""
+    problems = []
+    if not seeds:
+        problems.append("give at least one seed")
+    if len(set(seeds)) != len(seeds):
+        problems.append(f"seeds must be distinct, got {seeds}")
+    if gpus < 0:
+        problems.append(f"gpus must be >= 0, got {gpus}")
+    if cores_per_session < 1:
+        problems.append(f"cores_per_session must be >= 1, got {cores_per_session}")
+    if max_parallel is not None and max_parallel < 1:
+        problems.append(f"max_parallel must be >= 1, got {max_parallel}")
+    if ma_window < 1:
+        problems.append(f"ma_window must be >= 1, got {ma_window}")
+    if gpus > 0:
+        import torch
+
+        found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if found < gpus:
+            where = (f"this machine has {found} CUDA device{'s' if found != 1 else ''}"
+                     if found else "CUDA is not available on this machine")
+            problems.append(f"gpus={gpus} (--gpus) asks for {gpus} GPUs but {where}; give at "
+                            f"most {found}, or run the sweep where the GPUs are")
+    if problems:
+        raise ConfigError("sweep: " + "; ".join(problems))
 
 
 # ------------------------------------------------------------------------------ subprocesses
@@ -341,20 +368,6 @@ def _run_dir(folder: Path, stdout: str) -> Path | None:
 
 
 # ------------------------------------------------------------------------------ outcomes
-def _read_rows(path: Path) -> list[dict[str, str]]:
-    if not path.is_file():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def _num(text: str | None) -> float:
-    try:
-        return float(text) if text not in (None, "") else math.nan
-    except ValueError:
-        return math.nan
-
-
 def session_outcome(run_dir: str | Path) -> dict[str, Any]:
     """Solved, frames and time to solve, last frames, wall time and train return of a run.
 
@@ -366,120 +379,31 @@ def session_outcome(run_dir: str | Path) -> dict[str, Any]:
         ``{"solved", "frames_to_solve", "time_to_solve", "frames", "wall_time",
         "final_train_return"}`` (nan where unknown).
     """
-    run_dir = Path(run_dir)
-    rows = _read_rows(run_dir / "progress.csv")
+    run = read_run(run_dir)
+    rows = run.progress
     out: dict[str, Any] = {"solved": False, "frames_to_solve": math.nan,
                            "time_to_solve": math.nan, "frames": math.nan,
                            "wall_time": math.nan, "final_train_return": math.nan}
     if not rows:
         return out
-    column = next((c for c in rows[0] if _TRAIN_COLUMN.match(c)), "train_return")
+    column = run.train_column
     last = rows[-1]
-    out.update(frames=_num(last.get("frames")), wall_time=_num(last.get("wall_time")),
-               final_train_return=_num(last.get(column)))
-    try:
-        config = json.loads((run_dir / "config.json").read_text()).get("config", {})
-    except (OSError, ValueError):
-        config = {}
-    target, window = config.get("target_return"), config.get("target_window", 0)
+    out.update(frames=to_float(last.get("frames")), wall_time=to_float(last.get("wall_time")),
+               final_train_return=to_float(last.get(column)))
+    target, window = run.config.get("target_return"), run.config.get("target_window", 0)
     if isinstance(target, (int, float)) and not isinstance(target, bool):
         for row in rows:
-            value = _num(row.get(column))
-            if not math.isnan(value) and value >= target and _num(row.get("episodes")) >= window:
-                out.update(solved=True, frames_to_solve=_num(row.get("frames")),
-                           time_to_solve=_num(row.get("wall_time")))
+            value = to_float(row.get(column))
+            if (not math.isnan(value) and value >= target
+                    and to_float(row.get("episodes")) >= window):
+                out.update(solved=True, frames_to_solve=to_float(row.get("frames")),
+                           time_to_solve=to_float(row.get("wall_time")))
                 break
     return out
 
 
-def trial_curves(
-    run_dirs: Sequence[str | Path], points: int = 200, ma_window: int = 10
-) -> dict[str, np.ndarray]:
-    """The trial graph's curves: the sessions' train return on a common frames grid.
-
-    Each session's ``train_return_mean<N>`` column (rows with a value) is interpolated
-    linearly on ``points`` frames spanning the range every session covers (from the latest
-    first value to the earliest last one); runs without a value are left out.
-
-    Args:
-        run_dirs: the sessions' run folders.
-        points: grid size.
-        ma_window: width, in grid points, of the trailing moving average of the mean.
-
-    Returns:
-        ``{"frames", "mean", "min", "max", "ma"}`` (each of shape ``(points,)``) and
-        ``"n_sessions"`` (a 0-d array); empty arrays when no session has a value.
-    """
-    series = []
-    for run in run_dirs:
-        rows = _read_rows(Path(run) / "progress.csv")
-        if not rows:
-            continue
-        column = next((c for c in rows[0] if _TRAIN_COLUMN.match(c)), "train_return")
-        xy = [(_num(r.get("frames")), _num(r.get(column))) for r in rows]
-        xy = [(x, y) for x, y in xy if not (math.isnan(x) or math.isnan(y))]
-        if xy:
-            x, y = np.array(xy, dtype=np.float64).T
-            order = np.argsort(x, kind="stable")
-            series.append((x[order], y[order]))
-    empty = np.zeros(0)
-    if not series:
-        return {"frames": empty, "mean": empty, "min": empty, "max": empty, "ma": empty,
-                "n_sessions": np.array(0)}
-    lo = max(x[0] for x, _ in series)
-    hi = min(x[-1] for x, _ in series)
-    if hi < lo:  # no frame range common to all: cover the union, holding end values
-        lo, hi = min(x[0] for x, _ in series), max(x[-1] for x, _ in series)
-    grid = np.linspace(lo, hi, points) if hi > lo else np.array([lo])
-    values = np.stack([np.interp(grid, x, y) for x, y in series])
-    mean = values.mean(axis=0)
-    w = max(1, int(ma_window))
-    csum = np.concatenate([[0.0], np.cumsum(mean)])
-    idx = np.arange(1, len(mean) + 1)
-    start = np.maximum(0, idx - w)
-    ma = (csum[idx] - csum[start]) / (idx - start)
-    return {"frames": grid, "mean": mean, "min": values.min(axis=0),
-            "max": values.max(axis=0), "ma": ma, "n_sessions": np.array(len(series))}
-
-
-def trial_figure(
-    run_dirs: Sequence[str | Path], out_png: str | Path, title: str = "trial"
-) -> Path:
-    """Draw a trial graph: mean train return vs frames across sessions, min-max band, and its
-    moving average (SLM-Lab's trial graph and its ``_ma`` twin on one figure).
-
-    Raises:
-        ImportError: matplotlib is not installed.
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    curves = trial_curves(run_dirs)
-    fig = Figure(figsize=(9, 5), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    n = int(curves["n_sessions"])
-    if n:
-        x = curves["frames"]
-        ax.fill_between(x, curves["min"], curves["max"], color="tab:blue", alpha=0.2,
-                        label=f"min-max of {n} sessions")
-        ax.plot(x, curves["mean"], color="tab:blue", lw=1.5, label="mean train return")
-        ax.plot(x, curves["ma"], color="tab:orange", lw=2, label="moving average")
-        ax.legend(loc="best", fontsize="small")
-    else:
-        ax.text(0.5, 0.5, "no session recorded a return", ha="center", va="center",
-                transform=ax.transAxes)
-    ax.set_xlabel("frames")
-    ax.set_ylabel("train return")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    out = Path(out_png)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
-    return out
-
-
-def _write_outputs(out: Path, jobs: list[_Job], n_trials: int, quiet: bool) -> list[SessionResult]:
+def _write_outputs(out: Path, jobs: list[_Job], n_trials: int, quiet: bool,
+                   ma_window: int = MA_WINDOW) -> list[SessionResult]:
     results = [job.result for job in jobs]
     with open(out / "summary.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=SUMMARY_COLUMNS)
@@ -489,7 +413,8 @@ def _write_outputs(out: Path, jobs: list[_Job], n_trials: int, quiet: bool) -> l
     for t in range(n_trials):
         runs = [r.run_dir for r in results if r.trial == t and r.ok and r.run_dir]
         try:
-            trial_figure(runs, out / f"trial{t}.png", title=f"{out.name} trial {t}")
+            trial_figure(runs, out / f"trial{t}.png", title=f"{out.name} trial {t}",
+                         ma_window=ma_window)
         except ImportError:
             if not quiet:
                 print("sweep: matplotlib is not installed: no trial graphs", file=sys.stderr)
@@ -532,6 +457,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="sweep folder (default: sweeps/ALGO_<time>)")
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds per session before it is killed (default: none)")
+    parser.add_argument("--ma-window", type=int, default=MA_WINDOW,
+                        help=f"width, in points of the trial graphs' 200-point frames grid, "
+                             f"of their moving average (default: {MA_WINDOW})")
     args = parser.parse_args(argv)
     trials = None
     if args.trials is not None:
@@ -545,7 +473,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = sweep(args.algo, seeds=args.seeds, trials=trials, out=args.out,
                         algo_args=algo_args, max_parallel=args.max_parallel,
                         cores_per_session=args.cores_per_session, gpus=args.gpus,
-                        cuda_offset=args.cuda_offset, timeout=args.timeout)
+                        cuda_offset=args.cuda_offset, timeout=args.timeout,
+                        ma_window=args.ma_window)
     except ConfigError as err:
         parser.error(str(err))
     except KeyboardInterrupt:

@@ -70,7 +70,6 @@ class DeterministicAgent(Agent):
         state: DictTensor,
         observation: DictTensor,
         agent_info: DictTensor,
-        history: Any = None,
     ) -> tuple[DictTensor, DictTensor]:
         self.n_calls += 1
         action = _flat_frame(observation, self.key).sum(-1).long() % self.n_actions
@@ -118,7 +117,6 @@ class RecurrentAgent(Agent):
         state: DictTensor,
         observation: DictTensor,
         agent_info: DictTensor,
-        history: Any = None,
     ) -> tuple[DictTensor, DictTensor]:
         n = observation.n_elems()
         reset = observation[K.INITIAL_STATE]
@@ -201,7 +199,6 @@ class MLPAgent(Agent):
         state: DictTensor,
         observation: DictTensor,
         agent_info: DictTensor,
-        history: Any = None,
     ) -> tuple[DictTensor, DictTensor]:
         logits = self.model(_flat_frame(observation, K.FRAME).float())
         probs = torch.softmax(logits.detach(), -1)

@@ -36,7 +36,6 @@ class InfoAgent(Agent):
         state: DictTensor,
         observation: DictTensor,
         agent_info: DictTensor,
-        history: Any = None,
     ) -> tuple[DictTensor, DictTensor]:
         frame = observation["frame"]
         n = frame.shape[0]
@@ -60,7 +59,6 @@ class GreedyMLPAgent(Agent):
         state: DictTensor,
         observation: DictTensor,
         agent_info: DictTensor,
-        history: Any = None,
     ) -> tuple[DictTensor, DictTensor]:
         logits = self.model(observation["frame"].float())
         return DictTensor({"action": logits.argmax(-1), "logits": logits}), state
@@ -84,7 +82,6 @@ class DriftingAgent(Agent):
         state: DictTensor,
         observation: DictTensor,
         agent_info: DictTensor,
-        history: Any = None,
     ) -> tuple[DictTensor, DictTensor]:
         n = observation["frame"].shape[0]
         action = {"action": torch.zeros(n, dtype=torch.long), "extra": torch.zeros(n)}
@@ -110,7 +107,6 @@ class MetaActionAgent(Agent):
         state: DictTensor,
         observation: DictTensor,
         agent_info: DictTensor,
-        history: Any = None,
     ) -> tuple[DictTensor, DictTensor]:
         n = observation["frame"].shape[0]
         return DictTensor({"action": torch.zeros(n, dtype=torch.long, device="meta")}), state
@@ -127,7 +123,6 @@ class SleepyAgent(Agent):
         state: DictTensor,
         observation: DictTensor,
         agent_info: DictTensor,
-        history: Any = None,
     ) -> tuple[DictTensor, DictTensor]:
         import time
 

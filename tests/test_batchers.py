@@ -455,6 +455,6 @@ def test_n_running_property_and_agent_info_hint():
 
 
 class InfoAgentNeedsEpsilon(InfoAgent):
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         agent_info["epsilon"]  # reading it is the point
-        return super().__call__(state, observation, agent_info, history)
+        return super().__call__(state, observation, agent_info)

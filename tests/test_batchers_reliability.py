@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 class CartPoleAgent(Agent):
     """Alternates actions 0/1 by env step: deterministic and keeps CartPole alive a while."""
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         from rlstruct.dicttensor import DictTensor
 
         return DictTensor({"action": observation["env_step"] % 2}), state
@@ -104,7 +104,7 @@ def test_r01_env_exception_names_worker_env_step():
 
 def test_r01_agent_exception():
     class Boom(Agent):
-        def __call__(self, state, observation, agent_info, history=None):
+        def __call__(self, state, observation, agent_info):
             from rlstruct.dicttensor import DictTensor
 
             if int(observation["env_step"].max()) >= 3:
@@ -193,7 +193,7 @@ class BrokenStrAgent(Agent):
     def __init__(self) -> None:
         self.calls = 0
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         self.calls += 1
         if self.calls > 1:
             raise BrokenStrError()

@@ -30,3 +30,18 @@ def test_pipeline_benchmark_quick(tmp_path: Path) -> None:
         "sync", "pipelined", "sync_cpu_learner", "pipelined_cpu_learner"
     }
     assert "pipelined / sync" in res.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_throughput_runs_the_pipeline_section_as_a_child_program() -> None:
+    """throughput.py no longer imports pipeline.py (which imports it): it runs it as a child
+    and bounds it in time; a child past its deadline is reported, not waited for."""
+    code = ("import sys; sys.path.insert(0, 'benchmarks'); import throughput; "
+            "print(throughput.run_pipeline_section(timeout_s=0.01)); "
+            "print('imported pipeline:', 'pipeline' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=100, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    assert "error: pipeline.py ran past 0 s" in res.stdout
+    assert "imported pipeline: False" in res.stdout

@@ -19,12 +19,13 @@ from pathlib import Path
 import pytest
 import tyro
 
-from algos import a2c, dqn, ppo, reinforce, trpo
+from algos import a2c, dqn, impala, ppo, reinforce, sac, trpo
 from rlstruct.experiment import LayoutConfig
 from rlstruct.logger import config_to_dict
 from rlstruct.run import RunConfig
 
-ALGOS = {"ppo": ppo, "a2c": a2c, "dqn": dqn, "reinforce": reinforce, "trpo": trpo}
+ALGOS = {"ppo": ppo, "a2c": a2c, "dqn": dqn, "reinforce": reinforce, "impala": impala,
+         "trpo": trpo, "sac": sac}
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs"))
 from gen_api import field_docs  # noqa: E402
 
@@ -84,7 +85,8 @@ def test_bad_command_lines_exit_2_and_say_why(args, message, capsys):
 @pytest.mark.parametrize("name", ALGOS)
 def test_the_whole_config_is_saved_and_comes_back_equal(name):
     cls = ALGOS[name].Config
-    cfg = cls(seed=5, layout=LayoutConfig(n_envs=3, eval_device="cuda:1"))
+    pipeline = cls().layout.pipeline  # 2 for IMPALA, which refuses a synchronous layout
+    cfg = cls(seed=5, layout=LayoutConfig(n_envs=3, eval_device="cuda:1", pipeline=pipeline))
     saved = json.loads(json.dumps(config_to_dict(cfg)))
     assert saved["layout"]["n_envs"] == 3 and saved["seed"] == 5
     assert cls(**{**saved, "layout": LayoutConfig(**saved["layout"])}) == cfg
@@ -93,11 +95,17 @@ def test_the_whole_config_is_saved_and_comes_back_equal(name):
 def test_the_algorithms_share_the_defaults_of_the_run_config():
     for name, module in ALGOS.items():
         cfg = module.Config()
-        assert cfg.layout == LayoutConfig() and cfg.layout.n_processes == 2
+        # SAC collects its 4 envs in the learner's process: beside a gradient step per frame,
+        # collection costs little and workers would mostly add their start-up; 4 envs end
+        # episodes often enough for the 20-episode stop test (16 end them in waves of 16).
+        layout = (LayoutConfig(n_processes=1, n_envs=4) if name == "sac"
+                  else LayoutConfig(pipeline=2 if name == "impala" else 1))  # IMPALA: async
+        assert cfg.layout == layout
         assert cfg.target_window == 20
-        # The CartPole algorithms stop at 475; TRPO's defaults are Pendulum's (-250).
-        target = -250.0 if name == "trpo" else 475.0
-        assert cfg.target_return == target and (cfg.env_id == "Pendulum-v1") == (name == "trpo")
+        # The CartPole algorithms stop at 475; TRPO's and SAC's defaults are Pendulum's.
+        target = {"trpo": -250.0, "sac": -200.0}.get(name, 475.0)
+        pendulum = name in ("trpo", "sac")
+        assert cfg.target_return == target and (cfg.env_id == "Pendulum-v1") == pendulum
 
 
 @pytest.mark.slow

@@ -116,7 +116,7 @@ def scripted_env(
 class ZeroAgent(Agent):
     """Action 0 for every row."""
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         n = observation.n_elems()
         return DictTensor({"action": torch.zeros(n, dtype=torch.long)}), state
 
@@ -129,7 +129,7 @@ class WrongDeviceAgent(Agent):
     def __init__(self, min_env: int = 0, at_t: int = 2, mixed: bool = False) -> None:
         self.min_env, self.at_t, self.mixed = min_env, at_t, mixed
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         frame = observation["frame"]
         n = frame.shape[0]
         action = torch.zeros(n, dtype=torch.long)
@@ -346,7 +346,7 @@ def test_agent_new_state_on_the_wrong_device_names_the_agent() -> None:
         def initial_state(self, agent_info, n):
             return DictTensor({"h": torch.zeros(n, 2)})
 
-        def __call__(self, state, observation, agent_info, history=None):
+        def __call__(self, state, observation, agent_info):
             action, _ = super().__call__(state, observation, agent_info)
             return action, DictTensor({"h": torch.zeros(observation.n_elems(), 2, device="meta")})
 

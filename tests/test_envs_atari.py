@@ -34,7 +34,7 @@ def act(values: torch.Tensor | list[int]) -> DictTensor:
 class RandomAgent(Agent):
     """Uniform random Atari actions (from the batcher's own streams)."""
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         frame = observation["frame"]
         assert frame.dtype == torch.uint8  # never float on the way to the agent
         return DictTensor({"action": torch.randint(0, 6, (frame.shape[0],))}), state

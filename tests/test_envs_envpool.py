@@ -301,7 +301,7 @@ class RandomAgent(Agent):
     def __init__(self, n_actions: int = 2) -> None:
         self.n_actions = n_actions
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         n = observation["frame"].shape[0]
         return DictTensor({"action": torch.randint(0, self.n_actions, (n,))}), state
 
@@ -309,7 +309,7 @@ class RandomAgent(Agent):
 class Balance(Agent):
     """Deterministic CartPole controller: the data depend on the env seeds only."""
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         return DictTensor({"action": balance(observation["frame"])}), state
 
 

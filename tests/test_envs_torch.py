@@ -430,7 +430,7 @@ def test_call_order_and_config_errors() -> None:
 class Balance(Agent):
     """Deterministic CartPole controller (push towards the pole's lean); counts its calls."""
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         frame = observation["frame"]
         action = (frame[:, 2] + 0.3 * frame[:, 3] > 0).long()
         return DictTensor({"action": action}), state

@@ -122,7 +122,7 @@ class RandomAgent(Agent):
     def seed(self, seed: int) -> None:
         self.generator.manual_seed(seed)
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         n = observation["frame"].shape[0]
         return DictTensor({"action": torch.randint(2, (n,), generator=self.generator)}), state
 

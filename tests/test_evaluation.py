@@ -28,7 +28,7 @@ class Scaled(Agent):
     def __init__(self, model: torch.nn.Module, delay: float = 0.0) -> None:
         self.model, self.delay = model, delay
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         time.sleep(self.delay)
         symbol = observation["frame"].argmax(-1)
         good = bool(self.model.weight.flatten()[0] > 0)
@@ -41,7 +41,7 @@ class Lean(Agent):
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         return DictTensor({"action": (observation["frame"][:, 2] > 0).long()}), state
 
 
@@ -127,8 +127,8 @@ def test_close_while_the_worker_starts_and_twice():
 class MetaAction(Scaled):
     """Returns its action on the meta device: a device-contract breach."""
 
-    def __call__(self, state, observation, agent_info, history=None):
-        action, state = super().__call__(state, observation, agent_info, history)
+    def __call__(self, state, observation, agent_info):
+        action, state = super().__call__(state, observation, agent_info)
         return action.to("meta"), state
 
 

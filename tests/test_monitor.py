@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from rlstruct import monitor as monitor_module
 from rlstruct.monitor import ResourceMonitor, resources_figure
+from rlstruct.run_folder import RunFolder
 
 CTX = mp.get_context("fork") if sys.platform.startswith("linux") else mp.get_context("spawn")
 
@@ -279,4 +279,21 @@ def test_resources_figure(tmp_path: Path):
     bare = tmp_path / "bare.csv"
     bare.write_text("frames,steps_per_s\n100,5\n")
     assert resources_figure(bare, tmp_path / "bare.png").is_file()
-    assert monitor_module._points([{"frames": "1", "x": ""}], "x") == []
+    assert RunFolder(tmp_path, [{"frames": "1", "x": ""}]).series("x") == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_tree_cpu_s_counts_a_child_that_has_exited(tmp_path: Path):
+    """The tuner's meter: a child's CPU time still counts once it has exited and been reaped
+    (it moves into this process's children_* counters)."""
+    import subprocess
+
+    monitor = ResourceMonitor(gpu=False)
+    before = monitor.tree_cpu_s()
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\n"
+    subprocess.run([sys.executable, "-c", burn], timeout=30, check=True)
+    used = monitor.tree_cpu_s() - before
+    assert used >= 0.35, used
+    monitor.sample()  # the per-row sampling is not disturbed
+    monitor.close()

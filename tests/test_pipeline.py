@@ -25,7 +25,7 @@ class SamplingAgent(Agent):
     def __init__(self) -> None:
         self.model = nn.Linear(3, 3)
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         logits = self.model(observation["frame"].float() / 10)
         action = torch.distributions.Categorical(logits=logits).sample()
         w0 = self.model.weight[0, 0].expand(len(action))

@@ -11,7 +11,7 @@ import pytest
 
 from rlstruct.__main__ import main as cli_main
 from rlstruct.logger import RunLogger
-from rlstruct.plotting import find_runs, is_run_dir, plot_runs, run_curves
+from rlstruct.plotting import find_runs, is_run_dir, plot_runs, run_curves, select_runs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -106,3 +106,41 @@ def test_python_m_rlstruct_plot_runs_folder(tmp_path):
                           capture_output=True, text=True, timeout=100)
     assert done.returncode == 0, done.stderr
     assert is_png(runs / "compare.png") and "compare.png" in done.stdout
+
+
+def test_runs_without_episodes_are_skipped_and_failures_labelled(tmp_path):
+    runs = tmp_path / "runs"
+    good = [write_run(runs, 6, offset) for offset in (0.0, 10.0)]
+    failed = write_run(runs, 6, 20.0)
+    (failed / "summary.json").write_text('{"status": "failed", "frames": 60}')
+    solved = write_run(runs, 6, 30.0)
+    (solved / "summary.json").write_text('{"status": "solved"}')
+    # Runs that died before an episode finished: an empty episodes.csv, or only config.json
+    # and a summary (status failed), or a summary.json that is not JSON.
+    with RunLogger("ppo", "CartPole-v1", None, runs, progress=False) as early:
+        pass
+    (early.dir / "summary.json").write_text('{"status": "failed"}')
+    bare = runs / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text('{"config": {}}')
+    (bare / "summary.json").write_text("{not json")
+    selection = select_runs([runs])
+    assert [r.path for r in selection.drawn] == sorted([*good, failed, solved])
+    assert sorted(r.path for r in selection.skipped) == sorted([early.dir, bare])
+    assert selection.title == "4 runs (1 failed; 2 skipped: no episodes)"
+    labels = {r.path: selection.label(r) for r in selection.drawn}
+    assert labels[failed] == f"{failed.name} (failed)" and labels[solved] == solved.name
+    assert is_png(plot_runs([runs], tmp_path / "cmp.png"))
+    # One run: its own name (and status) is the title, even with nothing to draw.
+    assert select_runs([early.dir]).title == f"{early.dir.name} (failed)"
+    assert is_png(plot_runs([early.dir], tmp_path / "one.png"))
+
+
+def test_the_title_counts_what_was_drawn(tmp_path):
+    runs = tmp_path / "runs"
+    for offset in (0.0, 10.0, 20.0):
+        write_run(runs, 4, offset)
+    assert select_runs([runs]).title == "3 runs"
+    interrupted = write_run(runs, 4, 5.0)
+    (interrupted / "summary.json").write_text('{"status": "interrupted"}')
+    assert select_runs([runs]).title == "4 runs (1 interrupted)"

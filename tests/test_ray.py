@@ -87,7 +87,7 @@ class GlobalRNGAgent(Agent):
     def __init__(self) -> None:
         self.model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2))
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         logits = self.model(observation["frame"])
         action = torch.distributions.Categorical(logits=logits).sample()
         n = action.shape[0]
@@ -117,7 +117,7 @@ class WeightAgent(Agent):
         else:
             super().update(info)
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         n = observation["reward"].shape[0]
         action = observation["env_step"] % 2
         w = self.model.weight[0, 0].expand(n)
@@ -130,7 +130,7 @@ class SlowAgent(Agent):
     def __init__(self, seconds: float = 0.05) -> None:
         self.seconds = seconds
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         time.sleep(self.seconds)
         return DictTensor({"action": observation["env_step"] % 2}), state
 
@@ -388,6 +388,24 @@ def test_equals_batcher_bitwise_for_an_agent_sampling_from_global_generators(clu
         assert not torch.equal(noise[:2], noise[2:])  # each actor samples its own stream
 
 
+def test_get_on_a_device_is_the_batchers_get(cluster):
+    """get(device=...) as Batcher's: the same batch, on that device (``meta`` stands in for a
+    GPU: the batch lands there)."""
+    r = counter_batchers(RayBatcher, DeterministicAgent, True)
+    with r, counter_batchers(Batcher, DeterministicAgent, True) as b:
+        assert r.pipeline == b.pipeline == 1
+        r.reset()
+        b.reset()
+        r.execute()
+        b.execute()
+        (x, nx), (y, ny) = r.get(device="cpu"), b.get(device="cpu")
+        assert nx == ny
+        assert_same(x, y)
+        r.execute()
+        batch, _ = r.get(device="meta")
+        assert batch.trajectories.device().type == "meta"
+
+
 # ------------------------------------------------------------------------------ API
 def test_update_is_one_put_and_every_batch_carries_its_policy_version(cluster, monkeypatch):
     puts = []
@@ -601,6 +619,30 @@ def test_random_step_failures_corrupt_no_row(cluster):
         assert rows == n_batches * 2 - len(b.faults)  # exactly the faulty actors' rows
 
 
+def test_every_actor_reports_its_cpu_time_and_the_monitor_counts_it(cluster, monkeypatch):
+    """Issue 18: under Ray the monitor saw only the driver. Each actor now reports its process
+    CPU time with every segment; actors outside the driver's process tree (here: made to look
+    remote) are added to the monitor's workers."""
+    import rlstruct.batchers.pool as pool
+    from rlstruct.monitor import ResourceMonitor
+
+    monkeypatch.setattr(pool.socket, "gethostname", lambda: "another-machine")
+    monitor = ResourceMonitor(gpu=False)
+    before = pool.external_cpu_seconds()
+    with RayBatcher(16, GlobalRNGAgent, {}, cartpole, {"n_envs": 4}, n_processes=2) as b:
+        assert b.worker_cpu_seconds == 0.0
+        b.reset()
+        for _ in range(4):
+            b.execute()
+            b.get()
+        used = b.worker_cpu_seconds
+        assert used > 0
+        assert pool.external_cpu_seconds() - before == pytest.approx(used)
+        row = monitor.sample()
+    assert row["cores_workers"] > 0
+    assert pool.external_cpu_seconds() - before == pytest.approx(used)  # kept after close
+
+
 # ------------------------------------------------------------------------------ two nodes
 @pytest.mark.slow
 @pytest.mark.parametrize("restart", [True, False], ids=["restarts", "fail-fast"])
@@ -648,6 +690,50 @@ def test_a_lost_node(cluster, restart):
         kept = [0, 1] if lost == 1 else [2, 3]
         assert batch.info["env_id"].tolist() == kept and n_running == 4
         assert [f.worker for f in b.faults] == [lost]
+        assert b.nodes == [head, head]
+        for _ in range(2):
+            b.execute()
+            batch, _ = b.get()
+            assert batch.info["env_id"].tolist() == [0, 1, 2, 3]
+    finally:
+        if b is not None:
+            b.close()
+        if node is not None:
+            cluster.remove_node(node)
+
+
+@pytest.mark.slow
+def test_a_node_lost_during_a_batch_costs_restarts_and_never_ends_the_run(cluster):
+    """The other order (issue 18): the node is killed while a batch is being collected, and
+    the batcher goes on at once, before Ray declares the node dead. Every loss (the actor of
+    the batch, and any replacement placed on the dying node) costs one restart, and the run
+    goes on while the budget lasts."""
+    node = cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+    policy = RestartPolicy(max_restarts=4)
+    b = None
+    try:
+        cluster.wait_for_nodes()
+        head = cluster.head_node.node_id
+        b = RayBatcher(
+            10,
+            SlowAgent,
+            {"seconds": 0.05},
+            cartpole,
+            {"n_envs": 2},
+            n_processes=2,
+            seeds=RUN_SEED,
+            restart=policy,
+            actor_options={"scheduling_strategy": "SPREAD"},
+        )
+        lost = b.nodes.index(node.node_id)
+        b.reset()
+        b.execute()
+        cluster.remove_node(node, allow_graceful=False)  # during the batch
+        node = None
+        batch, _ = b.get()  # no wait for Ray to declare the node dead
+        assert 0 < len(b.faults) <= policy.max_restarts
+        assert {f.worker for f in b.faults} == {lost}
+        assert [f.restart for f in b.faults] == list(range(1, len(b.faults) + 1))
         assert b.nodes == [head, head]
         for _ in range(2):
             b.execute()

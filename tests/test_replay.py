@@ -55,7 +55,7 @@ def test_stateless_flattens_rows_then_steps_and_repeats_info():
     seen = {}
 
     class Spy(Agent):
-        def __call__(self, state, observation, agent_info, history=None):
+        def __call__(self, state, observation, agent_info):
             seen.update(state=state, obs=observation, info=agent_info)
             return DictTensor({"action": observation["x"]}), state
 
@@ -129,7 +129,7 @@ class WrongRows(DeterministicAgent):
 
     bad_t = 2
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         action, state = super().__call__(state, observation, agent_info)
         if self.n_calls - 1 == self.bad_t or observation.n_elems() > 4:
             action = action.slice(1, observation.n_elems())
@@ -146,7 +146,7 @@ def test_wrong_batch_size_names_t_and_key():
 
 def test_outputs_on_another_device_raise():
     class Elsewhere(DeterministicAgent):
-        def __call__(self, state, observation, agent_info, history=None):
+        def __call__(self, state, observation, agent_info):
             action, state = super().__call__(state, observation, agent_info)
             return action.to("meta"), state
 
@@ -219,7 +219,7 @@ def test_transitions_errors_name_the_culprit():
         replay_agent_stateless(WrongRows(), transitions)
 
     class Elsewhere(DeterministicAgent):
-        def __call__(self, state, observation, agent_info, history=None):
+        def __call__(self, state, observation, agent_info):
             action, state = super().__call__(state, observation, agent_info)
             return action.to("meta"), state
 

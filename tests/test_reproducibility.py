@@ -27,7 +27,7 @@ class GlobalRNGAgent(Agent):
     def __init__(self) -> None:
         self.model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2))
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         logits = self.model(observation["frame"])
         action = torch.distributions.Categorical(logits=logits).sample()
         n = action.shape[0]

@@ -31,7 +31,7 @@ class WeightAgent(Agent):
     def __init__(self) -> None:
         self.model = nn.Linear(1, 1)
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         n = observation["reward"].shape[0]
         action = observation["env_step"] % 2
         w = self.model.weight[0, 0].expand(n)

@@ -57,16 +57,18 @@ def config(tmp_path: Path, **kw) -> Cfg:
 def train(cfg: Cfg, fail_at: int | None = None, error: type[BaseException] = KeyboardInterrupt):
     """A loop as the algorithms write it; ``fail_at`` raises ``error`` in that iteration."""
     with Run("test", cfg) as run:
-        model = torch.nn.Linear(2, 2)
+        model = run.model(torch.nn.Linear, 2, 2)
         batcher = run.training_batcher(Repeater, {"model": model, "wrong": cfg.wrong},
                                        GymEnvInf, cfg.n_timesteps)
-        run.evaluator(Repeater, {"model": model})
+        run.evaluator(Repeater, {"model": model, "wrong": cfg.wrong})
         run.learner(Repeater(model))
         run.checkpoint_state(model=model)
         for traj in run.segments(batcher):
             assert traj.n_elems() == 2 and traj.trajectories.n_timesteps() == 5
             if run.iteration == fail_at:
                 raise error
+            with torch.no_grad():  # "learning": the bias counts the iterations
+                model.bias += 1.0
             batcher.update(model.state_dict())
             batcher.execute()
             run.end_iteration(model.state_dict(), loss=float(run.iteration + 1))
@@ -137,7 +139,7 @@ def test_frame_budget_stop_and_the_window_names_the_column(tmp_path):
 
 
 def test_time_budget_stop(tmp_path):
-    run = train(config(tmp_path, time_budget=0.0))
+    run = train(config(tmp_path, time_budget=1e-9))
     assert run.summary["stopped_by"] == "time_budget" and run.summary["frames"] == 10
 
 
@@ -149,7 +151,7 @@ def test_no_target_runs_to_the_frame_budget(tmp_path):
 def test_checkpoints_hold_the_registered_state_and_the_whole_config(tmp_path):
     run = train(config(tmp_path, target_return=None, max_frames=40, checkpoint_every=1))
     ckpt = torch.load(run.logger.dir / "checkpoints" / "latest.pt")
-    assert set(ckpt) == {"model", "config", "frames", "iteration"}
+    assert {"model", "config", "frames", "iteration", "rng", "wall_time", "agent"} <= set(ckpt)
     assert ckpt["frames"] == 40 and ckpt["iteration"] == 3
     assert ckpt["config"]["layout"]["n_envs"] == 2 and ckpt["config"]["wrong"] is False
     meta = json.loads((run.logger.dir / "config.json").read_text())
@@ -183,6 +185,40 @@ def test_other_errors_propagate_and_close_everything(tmp_path, capsys):
     assert (run_dir / "returns.png").is_file()  # the logger closed (and plotted)
     assert not (run_dir / "checkpoints").exists()
     assert "outputs in" not in capsys.readouterr().out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"].startswith("ZeroDivisionError")
+
+
+@pytest.mark.parametrize(("kw", "status"), [
+    ({"target_return": 10.0, "target_window": 4}, "solved"),
+    ({"target_return": None, "max_frames": 20}, "budget"),
+])
+def test_summary_json_says_how_the_run_ended(tmp_path, kw, status):
+    run = train(config(tmp_path, **kw))
+    saved = json.loads((run.logger.dir / "summary.json").read_text())
+    assert saved["status"] == run.summary["status"] == status
+    assert saved["frames"] == run.summary["frames"] and saved["resumes"] == 0
+
+
+def test_ctrl_c_status_is_interrupted(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        train(config(tmp_path, target_return=None, max_frames=1000), fail_at=1)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
+
+
+def test_out_of_time_stops_the_run_before_it_collects_again(tmp_path):
+    cfg = config(tmp_path, target_return=None, time_budget=0.3)
+    with Run("test", cfg) as run:
+        batcher = run.training_batcher(Repeater, {"model": torch.nn.Linear(2, 2)}, GymEnvInf, 5)
+        for _ in run.segments(batcher):
+            checks = 0
+            while not run.out_of_time():  # a learn phase far longer than the budget
+                checks += 1
+            batcher.execute()
+            run.end_iteration({})
+    assert run.summary["stopped_by"] == "time_budget" and run.iteration == 1
+    assert checks > 0 and run.frames == 10  # the segment started after it was not collected
 
 
 def test_the_loop_must_start_the_next_segment(tmp_path):
@@ -240,6 +276,72 @@ def test_eval_return_is_written_only_on_the_rows_where_an_evaluation_finished(
     assert [int(r["iteration"]) for r in evaluated_rows(rows)] == [5, 8]
     assert [float(r["eval_return"]) for r in evaluated_rows(rows)] == [3.0, 6.0]
     assert len(rows) == 10 and run.summary["eval_return"] == 6.0
+
+
+# ----------------------------------------------------------------------------- resume
+def test_resume_continues_counters_weights_rng_and_the_files(tmp_path):
+    first = train(config(tmp_path, target_return=None, max_frames=40))
+    run_dir = first.logger.dir
+    saved = torch.load(run_dir / "checkpoints" / "latest.pt")
+    assert saved["frames"] == 40 and saved["iteration"] == 3
+    bias_before = saved["model"]["bias"].clone()
+    torch.manual_seed(123)  # the resumed run restores the saved RNG state instead
+    second = train(config(tmp_path, target_return=None, max_frames=80, resume=str(run_dir)))
+    s = second.summary
+    assert s["run_dir"] == str(run_dir) and s["resumes"] == 1
+    assert s["frames"] == 80 and s["iterations"] == 6 and s["status"] == "budget"
+    rows = read_rows(run_dir / "progress.csv")  # the last row of each session: where it stopped
+    assert [int(r["frames"]) for r in rows] == [10, 20, 30, 40, 50, 60, 70, 80]
+    assert [int(r["iteration"]) for r in rows] == [1, 2, 3, 3, 4, 5, 6, 6]
+    times = [float(r["wall_time"]) for r in rows]
+    assert times == sorted(times)  # the clock goes on
+    after = torch.load(run_dir / "checkpoints" / "latest.pt")
+    assert torch.equal(after["model"]["bias"], bias_before + 3.0)  # learning carried on
+    assert len(read_rows(run_dir / "episodes.csv")) == s["episodes"] == 8
+    meta = json.loads((run_dir / "config.json").read_text())
+    assert [r["frames"] for r in meta["resumes"]] == [40]
+    assert len(list((tmp_path / "runs").iterdir())) == 1  # no second folder
+
+
+def test_resume_drops_rows_written_after_the_checkpoint(tmp_path):
+    first = train(config(tmp_path, target_return=None, max_frames=50, checkpoint_every=2))
+    run_dir = first.logger.dir
+    ckpt = run_dir / "checkpoints" / "latest.pt"
+    state = torch.load(ckpt)
+    state["frames"], state["iteration"] = 20, 2  # as if killed after the checkpoint at 20
+    torch.save(state, ckpt)
+    train(config(tmp_path, target_return=None, max_frames=30, resume=str(run_dir),
+                 checkpoint_every=2))
+    rows = read_rows(run_dir / "progress.csv")
+    assert [int(r["frames"]) for r in rows] == [10, 20, 30]  # 30, 40, 50 were dropped
+    assert [int(r["frames_at_record"]) for r in read_rows(run_dir / "episodes.csv")] == [20, 20]
+
+
+def test_resume_refuses_a_changed_model_or_env_and_a_missing_checkpoint(tmp_path):
+    first = train(config(tmp_path, target_return=None, max_frames=20))
+    with pytest.raises(ConfigError) as info:
+        config(tmp_path, resume=str(first.logger.dir), hidden=32, gamma=0.5, max_frames=99)
+    message = str(info.value)
+    assert "hidden is 32 here but 64" in message and "gamma is 0.5 here but 0.99" in message
+    assert "max_frames" not in message  # budgets may change
+    with pytest.raises(ConfigError, match=r"holds no checkpoints/latest\.pt"):
+        config(tmp_path, resume=str(tmp_path))
+
+
+def test_evaluate_rebuilds_the_policy_from_the_checkpoint_alone(tmp_path, capsys):
+    from rlstruct.__main__ import main
+
+    run = train(config(tmp_path, target_return=None, max_frames=20))
+    ckpt = torch.load(run.logger.dir / "checkpoints" / "latest.pt")
+    assert ckpt["constructors"]["model"] == {"class": "torch.nn.modules.linear:Linear",
+                                             "args": [2, 2], "kwargs": {}}
+    assert ckpt["agent"]["class"] == "test_run:Repeater"
+    assert main(["evaluate", str(run.logger.dir), "--episodes", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "3 greedy episodes, return 10.00 ± 0.00" in out and "latest.pt at 20 frames" in out
+    wrong = train(config(tmp_path, target_return=None, max_frames=20, wrong=True))
+    assert main(["evaluate", str(wrong.logger.dir), "--checkpoint", "latest"]) == 0
+    assert "return 0.00 ± 0.00" in capsys.readouterr().out
 
 
 def test_no_evaluator_without_eval_every_and_a_loop_that_ends_on_its_own(tmp_path):

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 
 from rlstruct.errors import ConfigError
+from rlstruct.plotting import trial_curves
 from rlstruct.sweep import (
     SUMMARY_COLUMNS,
     main,
     override_flags,
     session_outcome,
     sweep,
-    trial_curves,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,19 +97,20 @@ def write_run(folder: Path, rows: list[tuple[float, float]], target=None, window
     return folder
 
 
-def test_trial_curves_mean_band_and_common_grid(tmp_path):
+def test_trial_curves_span_the_longest_session_over_the_sessions_still_running(tmp_path):
     a = write_run(tmp_path / "a", [(0, 0.0), (100, 10.0), (200, 20.0)])
     b = write_run(tmp_path / "b", [(50, 5.0), (150, 35.0), (300, 50.0)])
     c = write_run(tmp_path / "c", [(0, math.nan), (100, math.nan)])  # no value: left out
     curves = trial_curves([a, b, c], points=5, ma_window=2)
     assert int(curves["n_sessions"]) == 2
-    # The common range is [50, 200]: the latest first value to the earliest last one.
-    np.testing.assert_allclose(curves["frames"], [50, 87.5, 125, 162.5, 200])
-    ya = np.interp(curves["frames"], [0, 100, 200], [0, 10, 20])
-    yb = np.interp(curves["frames"], [50, 150, 300], [5, 35, 50])
-    np.testing.assert_allclose(curves["mean"], (ya + yb) / 2)
-    np.testing.assert_allclose(curves["min"], np.minimum(ya, yb))
-    np.testing.assert_allclose(curves["max"], np.maximum(ya, yb))
+    # From the earliest first value to the latest last one: b's 300 frames, not a's 200.
+    np.testing.assert_allclose(curves["frames"], [0, 75, 150, 225, 300])
+    np.testing.assert_array_equal(curves["n_running"], [1, 2, 2, 1, 1])
+    np.testing.assert_allclose(curves["ends"], [200, 300])
+    # 0: only a has started; 75 and 150: both; 225 and 300: a has stopped, b runs on.
+    np.testing.assert_allclose(curves["mean"], [0.0, (7.5 + 12.5) / 2, (15 + 35) / 2, 42.5, 50])
+    np.testing.assert_allclose(curves["min"], [0.0, 7.5, 15, 42.5, 50])
+    np.testing.assert_allclose(curves["max"], [0.0, 12.5, 35, 42.5, 50])
     mean = curves["mean"]
     expected_ma = [mean[0], *[(mean[i - 1] + mean[i]) / 2 for i in range(1, 5)]]
     np.testing.assert_allclose(curves["ma"], expected_ma)
@@ -122,12 +123,26 @@ def test_trial_curves_without_values(tmp_path):
     assert int(curves["n_sessions"]) == 0 and curves["frames"].size == 0
 
 
-def test_trial_curves_disjoint_ranges_use_the_union(tmp_path):
+def test_trial_curves_leave_a_gap_where_no_session_runs(tmp_path):
     a = write_run(tmp_path / "a", [(0, 1.0), (100, 1.0)])
     b = write_run(tmp_path / "b", [(200, 3.0), (300, 3.0)])
-    curves = trial_curves([a, b], points=3)
+    curves = trial_curves([a, b], points=3, ma_window=3)
     np.testing.assert_allclose(curves["frames"], [0, 150, 300])
-    np.testing.assert_allclose(curves["mean"], [2.0, 2.0, 2.0])
+    np.testing.assert_allclose(curves["mean"], [1.0, math.nan, 3.0])
+    np.testing.assert_array_equal(curves["n_running"], [1, 0, 1])
+    np.testing.assert_allclose(curves["ma"], [1.0, math.nan, 2.0])  # the gap is skipped
+    with pytest.raises(ConfigError, match="ma_window >= 1"):
+        trial_curves([a], ma_window=0)
+
+
+def test_trial_figure_draws_the_longest_session(tmp_path):
+    pytest.importorskip("matplotlib")
+    from rlstruct.plotting import trial_figure
+
+    a = write_run(tmp_path / "a", [(0, 0.0), (100, 10.0)])
+    b = write_run(tmp_path / "b", [(0, 0.0), (400, 40.0)])
+    out = trial_figure([a, b], tmp_path / "t.png", ma_window=3)
+    assert out.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_session_outcome(tmp_path):
@@ -142,6 +157,36 @@ def test_session_outcome(tmp_path):
     assert not_solved["final_train_return"] == 10.0
     no_target = session_outcome(write_run(tmp_path / "t", [(100, 1e9)], target=None))
     assert not no_target["solved"]
+
+
+@pytest.mark.parametrize("n_cuda", [0, 1])
+def test_gpus_beyond_the_machine_are_refused_before_anything_starts(tmp_path, monkeypatch,
+                                                                    n_cuda):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: n_cuda > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: n_cuda)
+    out = tmp_path / "sweep"
+    with pytest.raises(ConfigError) as info:
+        sweep("ppo", seeds=[1, 1], out=out, gpus=2, ma_window=0, module="no_such_module")
+    message = str(info.value)
+    assert "gpus=2" in message and ("CUDA is not available" if n_cuda == 0 else
+                                    "has 1 CUDA device") in message
+    assert "distinct" in message and "ma_window" in message  # every problem at once
+    assert not out.exists()  # nothing was written, no session started
+    with pytest.raises(SystemExit) as exc:
+        main(["ppo", "--gpus", "2", "--out", str(out)])
+    assert exc.value.code == 2 and not out.exists()
+
+
+def test_ma_window_flag_reaches_the_sweep(monkeypatch):
+    import rlstruct.sweep as sweep_module
+
+    seen = {}
+    monkeypatch.setattr(sweep_module, "sweep", lambda *a, **kw: seen.update(kw) or [])
+    assert main(["ppo", "--ma-window", "25"]) == 0
+    assert seen["ma_window"] == 25
+    assert main(["ppo"]) == 0 and seen["ma_window"] == 10  # the default, as before
 
 
 def test_bad_arguments():
@@ -182,14 +227,12 @@ def test_sweep_with_a_failing_trial(fake_algo, tmp_path):
     assert json.loads((out / "sweep.json").read_text())["seeds"] == [0, 1]
 
 
-def test_sweep_rotates_gpus_without_touching_cuda(fake_algo, tmp_path, monkeypatch):
+def test_sweep_rotates_gpus(fake_algo, tmp_path, monkeypatch):
     import torch
 
-    def boom(*args, **kwargs):
-        raise AssertionError("CUDA call")
-
-    monkeypatch.setattr(torch.cuda, "is_available", boom)
-    monkeypatch.setattr(torch.cuda, "device_count", boom)
+    # A machine with 2 GPUs, as far as the sweep's up-front check can tell; no other CUDA call.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setenv("CUDA_OFFSET", "1")
     results = sweep("fake", seeds=[0, 1, 2], trials=[{}, {"scale": 2.0}], out=tmp_path / "s",
                     module=fake_algo, gpus=2, quiet=True, poll_s=0.05, max_parallel=2)

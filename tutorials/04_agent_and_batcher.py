@@ -42,7 +42,7 @@ class EpsilonGreedy(Agent):
     def initial_state(self, agent_info: DictTensor, n: int) -> DictTensor:
         return DictTensor({"steps": torch.zeros(n, dtype=torch.long)})
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         n = observation.n_elems()
         # Rows that start an episode get a fresh state: the agent owns its resets.
         fresh = observation["initial_state"]

@@ -54,7 +54,7 @@ class Policy(Agent):
     def seed(self, seed: int) -> None:
         self._seed, self.generator = seed, None
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         logits = self.model(observation["frame"])
         if self.generator is None or self.generator.device != logits.device:
             self.generator = torch.Generator(logits.device).manual_seed(self._seed)
@@ -148,7 +148,7 @@ def main() -> None:
     wrong = torch.device("cpu" if BATCHER.type == "cuda" else "meta")
 
     class Sloppy(Policy):
-        def __call__(self, state, observation, agent_info, history=None):
+        def __call__(self, state, observation, agent_info):
             output, state = super().__call__(state, observation, agent_info)
             return DictTensor({"action": output["action"].to(wrong)}), state
 

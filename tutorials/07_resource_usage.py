@@ -6,7 +6,7 @@ agent call per step for all of them), the segment length T, and whether the work
 next segment while the learner learns (pipeline 2). The best layout depends on the machine, on
 what else runs on it, on the env and on the model, so rlstruct measures it instead of guessing:
 
-    python -m rlstruct tune --algo ppo --budget 60 --out tune.json   # from the shell
+    python -m rlstruct tune --algo algos.tuning:ppo --budget 60 --out tune.json   # shell
     rlstruct.tune.tune(create_agent, agent_args, create_env, env_args, budget_s=60)  # Python
 
 The tuner builds each candidate batcher, collects for a moment and reports steps/s, the cores
@@ -46,7 +46,7 @@ class Policy(Agent):
     def seed(self, seed: int) -> None:
         self.generator.manual_seed(seed)
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         probs = self.model(observation["frame"]).softmax(1)
         action = torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
         return DictTensor({"action": action}), state

@@ -34,7 +34,7 @@ class Policy(Agent):
     def seed(self, seed: int) -> None:
         self.generator.manual_seed(seed)
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         logits = self.model(observation["frame"])
         action = torch.multinomial(logits.softmax(1), 1, generator=self.generator).squeeze(1)
         if "greedy" in agent_info:

@@ -37,7 +37,7 @@ class Policy(Agent):
     def __init__(self) -> None:
         self.model = nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 2))
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         logits = self.model(observation["frame"])
         action = torch.distributions.Categorical(logits=logits).sample()
         return DictTensor({"action": action}), state

@@ -93,7 +93,7 @@ class Policy(Agent):
         self.model = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(),
                                          torch.nn.Linear(64, 2))
 
-    def __call__(self, state, observation, agent_info, history=None):
+    def __call__(self, state, observation, agent_info):
         logits = self.model(observation["frame"])
         action = torch.distributions.Categorical(logits=logits).sample()
         return DictTensor({"action": action}), state

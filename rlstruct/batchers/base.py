@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import enum
+import functools
+import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from rlstruct.agent import Agent
 from rlstruct.batchers.buffer import Specs
@@ -17,7 +19,22 @@ from rlstruct.envs.base import VecEnv
 from rlstruct.errors import BatcherStateError, ConfigError, ShapeError
 from rlstruct.trajectories import Trajectories
 
-__all__ = ["BatcherBase", "Phase"]
+__all__ = ["BatcherBase", "Phase", "serialized"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def serialized(method: _F) -> _F:
+    """Runs ``method`` under the batcher's lock: ``update`` may be called from any thread, and
+    calls from several threads take turns (each one whole), so versions are counted exactly and
+    no two calls ever talk to the workers at once."""
+
+    @functools.wraps(method)
+    def locked(self: BatcherBase, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return locked  # type: ignore[return-value]
 
 
 class Phase(enum.Enum):
@@ -42,6 +59,15 @@ class BatcherBase:
 
     _phase: Phase = Phase.NEW
     _failure: str | None = None
+    _lock: threading.RLock
+    #: Segment slots: 1 for synchronous collection (execute, then get), ``K >= 2`` for
+    #: pipelined collection (see ``Batcher``).
+    pipeline: int = 1
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> BatcherBase:
+        self = super().__new__(cls)
+        self._lock = threading.RLock()  # see serialized()
+        return self
 
     def _validate_common(
         self,
@@ -106,6 +132,22 @@ class BatcherBase:
         if not _positive(timeout) or not _positive(start_timeout):
             problems.append(f"timeouts must be > 0, got {timeout!r} and {start_timeout!r}")
         return problems
+
+    @staticmethod
+    def _validate_pipeline(pipeline: Any, supported: bool = True) -> list[str]:
+        """The problems of a ``pipeline`` argument (the one check of every batcher that takes
+        one); ``supported=False`` for a backend that collects synchronously only."""
+        if isinstance(pipeline, bool) or not isinstance(pipeline, int) or pipeline < 1:
+            return [
+                f"pipeline must be an int >= 1 (1: synchronous, K >= 2: K segment slots), "
+                f"got {pipeline!r}"
+            ]
+        if pipeline > 1 and not supported:
+            return [
+                f"pipeline={pipeline!r}: pipelined collection is not supported by RayBatcher yet "
+                "(use pipeline=1, or Batcher(pipeline=K) on one machine)"
+            ]
+        return []
 
     def _probe(
         self,
@@ -175,6 +217,15 @@ class BatcherBase:
                 "execute(): no env is running (every episode ended in an earlier segment); "
                 "call reset() to start new episodes"
             )
+
+    def _begin_execute(self, agent_info: DictTensor | None) -> DictTensor | None:
+        """The checks of every ``execute``: call order, running envs, and ``agent_info``
+        (returned broadcast to all rows and checked; None when not given)."""
+        self._require("execute", Phase.READY)
+        self._require_running_envs()
+        if agent_info is None:
+            return None
+        return self._rows_info(agent_info, self._agent_info, self._agent_info_specs, "agent_info")
 
     def _rows_info(
         self, given: DictTensor | None, default: DictTensor, specs: Specs, name: str

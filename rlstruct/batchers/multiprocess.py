@@ -6,17 +6,16 @@ and tiny replies travel over one pipe per worker. Every wait has a deadline: sen
 go through :mod:`rlstruct.batchers.transport`, and waits watch pipes and process sentinels, so a
 dead, hung or frozen worker becomes a typed error, never a hang.
 
-Workers are forked from a forkserver process that has torch and rlstruct imported already
-(multiprocessing's ``forkserver`` start method with a preload list): the first Batcher of a
-program pays for those imports once, later ones start in a fraction of a second. The forkserver
-is a fresh single-threaded process, so no CUDA context or thread of the caller is ever forked.
+What every multi-worker backend decides alike (checks, seeds, restarts, errors, weights) is the
+:class:`~rlstruct.batchers.pool.WorkerPool`'s; each worker serves a
+:class:`~rlstruct.batchers.core.WorkerCore` (:mod:`rlstruct.batchers.worker`); workers start
+from a forkserver with torch and rlstruct preloaded (:mod:`rlstruct.batchers.processes`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import multiprocessing.forkserver
 import time
 import weakref
 from collections import deque
@@ -24,89 +23,37 @@ from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-import cloudpickle
 import torch
 import torch.multiprocessing as tmp
 
 from rlstruct.agent import Agent
 from rlstruct.batchers import transport
-from rlstruct.batchers.base import BatcherBase, Phase
+from rlstruct.batchers.base import Phase, serialized
 from rlstruct.batchers.buffer import SlotBuffer
-from rlstruct.batchers.restart import Fault, RestartPolicy, exhausted, restart_env_seed
-from rlstruct.batchers.seeding import env_seed_bases
-from rlstruct.batchers.validation import check_picklable, find_non_cpu
-from rlstruct.batchers.weights import SharedWeights, is_state_dict
+from rlstruct.batchers.pool import WorkerPool, worker_error
+from rlstruct.batchers.processes import (
+    FORKSERVER_MAX_FDS,
+    send_close,
+    shutdown,
+    worker_context,
+)
+from rlstruct.batchers.restart import RestartPolicy
+from rlstruct.batchers.weights import SharedWeights
 from rlstruct.batchers.worker import Command, Reply, WorkerSpec, worker_main
 from rlstruct.dicttensor import DeviceLike, DictTensor
 from rlstruct.envs.base import VecEnv
-from rlstruct.errors import WorkerError, WorkerTimeoutError
+from rlstruct.errors import WorkerError
 from rlstruct.trajectories import Trajectories
 
 __all__ = ["Batcher", "worker_context"]
 
-#: Seconds ``close`` gives workers to leave by themselves (after CLOSE, then after SIGTERM)
-#: before the next, harder step.
-CLOSE_GRACE_S = 1.0
+#: What a tensor or module not on the CPU in the arguments is told.
+_NON_CPU = (
+    "Batcher workers are CPU-only; pass CPU tensors/models (the batcher copies them) or use "
+    "SerialBatcher(device=...) for a GPU"
+)
 
-#: The forkserver hands at most 256 descriptors to a new process (multiprocessing's limit);
-#: a buffer with more shared tensors starts its workers with ``spawn`` instead.
-FORKSERVER_MAX_FDS = 240
-
-#: Modules the forkserver imports once, so that workers forked from it start without importing.
-PRELOAD = ["rlstruct.batchers.worker", "rlstruct.envs"]
-
-
-def worker_context(start: bool = False) -> multiprocessing.context.BaseContext:
-    """The multiprocessing context workers start from: a forkserver with torch and rlstruct
-    preloaded where the platform has one (Linux, macOS), ``spawn`` elsewhere.
-
-    Args:
-        start: start the forkserver now if it is not running (it imports its preload list in
-            the background while the caller goes on; the first worker start waits for it).
-    """
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        ctx = tmp.get_context("forkserver")
-        ctx.set_forkserver_preload(PRELOAD)
-        if start:
-            multiprocessing.forkserver.ensure_running()
-        return ctx
-    return tmp.get_context("spawn")
-
-
-def _send_close(conns: list[Connection], skip: Sequence[int] = ()) -> None:
-    """Asks every worker to leave; never waits more than a few milliseconds in all."""
-    deadline = time.monotonic() + 0.05
-    for w, conn in enumerate(conns):
-        if w not in skip:
-            with contextlib.suppress(Exception):  # dead or full pipe: escalation handles it
-                transport.send(conn, (Command.CLOSE, None), deadline)
-
-
-def _shutdown(procs: list[Any], conns: list[Connection], grace: float = CLOSE_GRACE_S) -> None:
-    """Stops every worker within about ``3 * grace`` seconds: CLOSE (envs closed), SIGTERM
-    (envs closed too, for a worker busy in a segment), then SIGKILL; releases the processes."""
-    _send_close(conns)
-    deadline = time.monotonic() + grace
-    for proc in procs:
-        proc.join(max(0.0, deadline - time.monotonic()))
-    for signal_fn in ("terminate", "kill"):
-        alive = [p for p in procs if p.is_alive()]
-        for proc in alive:
-            getattr(proc, signal_fn)()
-        deadline = time.monotonic() + grace
-        for proc in alive:
-            proc.join(max(0.0, deadline - time.monotonic()))
-    for proc in procs:
-        if not proc.is_alive():
-            proc.close()
-    for conn in conns:
-        conn.close()
-    # The Process objects hold the worker specs, which hold the shared buffer.
-    procs.clear()
-    conns.clear()
-
-
-class Batcher(BatcherBase):
+class Batcher(WorkerPool):
     """Collects trajectories with ``n_processes`` CPU worker processes.
 
     Args:
@@ -187,61 +134,20 @@ class Batcher(BatcherBase):
     ) -> None:
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
-        problems = self._validate_common(
-            n_timesteps,
-            create_agent,
-            agent_args,
-            create_env,
-            env_args,
-            seeds,
-            agent_info,
-            env_info,
-        )
-        problems += self._validate_workers(
-            n_processes, seeds, agent_seeds, n_threads, restart, timeout, start_timeout
-        )
+        problems = []
         if torch.device(device).type != "cpu":
             problems.append(
                 f"device={device!r}: Batcher workers are CPU-only; use SerialBatcher(device=...) "
                 "to collect on a GPU (one process, DeviceEnv)"
             )
-        for name, value in (
-            ("agent_args", agent_args),
-            ("env_args", env_args),
-            ("agent_info", agent_info),
-            ("env_info", env_info),
-        ):
-            for where in find_non_cpu(value, name):
-                problems.append(
-                    f"{where}: Batcher workers are CPU-only; pass CPU tensors/models (the "
-                    "batcher copies them) or use SerialBatcher(device=...) for a GPU"
-                )
-        if isinstance(pipeline, bool) or not isinstance(pipeline, int) or pipeline < 1:
-            problems.append(
-                f"pipeline must be an int >= 1 (1: synchronous, K >= 2: K segment slots), "
-                f"got {pipeline!r}"
-            )
-        self._raise_problems(problems)
-        agent_args, env_args = dict(agent_args or {}), dict(env_args or {})
-        check_picklable(
-            create_env=create_env,
-            env_args=env_args,
-            create_agent=create_agent,
-            agent_args=agent_args,
-        )
-        self.n_timesteps, self.n_processes, self.timeout = n_timesteps, n_processes, timeout
-        self.pipeline = pipeline
-
+        contexts: list[multiprocessing.context.BaseContext] = []
         # The forkserver imports torch and rlstruct while the probe runs.
-        ctx = worker_context(start=True)
-        n, step_specs, info_specs = self._probe(
-            create_env, env_args, create_agent, agent_args, agent_info, env_info, n_processes
-        )
-        env_bases, default_agent_seeds = env_seed_bases(seeds, n_processes, n)
-        agent_seeds = list(agent_seeds) if agent_seeds is not None else default_agent_seeds
-        self._n_envs, self._n_rows = n, n * n_processes
-        self._agent_info_specs = self._agent_info.specs()
-        self._env_info_specs = self._env_info.specs()
+        step_specs, info_specs = self._setup(
+            n_timesteps, (create_agent, agent_args), (create_env, env_args), (agent_info, env_info),
+            n_processes, seeds, agent_seeds, (n_threads, timeout, start_timeout, pipeline, restart),
+            problems, _NON_CPU, before_probe=lambda: contexts.append(worker_context(start=True)),
+        )  # fmt: skip
+        ctx = contexts[0]
         self.buffers = [
             SlotBuffer(self._n_rows, n_timesteps, step_specs, info_specs, shared=True)
             for _ in range(pipeline)
@@ -250,21 +156,17 @@ class Batcher(BatcherBase):
         self._agent_info_in = {k: v.clone().share_memory_() for k, v in self._agent_info.items()}
         self._env_info_in = {k: v.clone().share_memory_() for k, v in self._env_info.items()}
 
-        factories = cloudpickle.dumps((create_env, env_args, create_agent, agent_args))
         n_shared = sum(len(b.steps) + len(b.info) + 1 for b in self.buffers)
         n_shared += len(self._agent_info_in) + len(self._env_info_in)
         if n_shared > FORKSERVER_MAX_FDS:  # one descriptor per shared tensor travels at start
             ctx = tmp.get_context("spawn")
-        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns)
-        self._ctx, self._factories, self._n_threads = ctx, factories, n_threads
-        self._env_bases, self._agent_seeds = env_bases, agent_seeds
-        self._start_timeout = start_timeout
+        self._finalizer = weakref.finalize(self, shutdown, self._procs, self._conns)
+        self._ctx = ctx
         started = time.monotonic()
         for p in range(n_processes):
-            proc, conn = self._start_worker(p, env_bases[p])
+            proc, conn = self._start_worker(p, self._env_bases[p])
             self._procs.append(proc)
             self._conns.append(conn)
-        self._version = 0
         self._weights: SharedWeights | None = None
         self._shared_version: int | None = None
         self._requested: list[int | None] = [None] * n_processes  # last load asked of each
@@ -277,12 +179,6 @@ class Batcher(BatcherBase):
         self._waiting: set[int] = set(range(n_processes))  # READY / RESET_DONE expected
         self._reset_results: dict[int, int] = {}
         self._last_progress = started
-        self.restart = restart
-        #: Every worker fault a restart absorbed, oldest first.
-        self.faults: list[Fault] = []
-        self._restarts = [0] * n_processes  # per worker: seeds of its next replacement
-        self._consecutive_faults = 0
-        self._spoiled: set[int] = set()  # segments that lost a worker's rows
         self._last_blob: tuple[int, bytes] | None = None
         try:
             self._pump(lambda: not self._waiting, lambda: started + start_timeout, "start")
@@ -296,15 +192,7 @@ class Batcher(BatcherBase):
 
     def _start_worker(self, p: int, env_seed: int) -> tuple[Any, Connection]:
         spec = WorkerSpec(
-            index=p,
-            factories=self._factories,
-            env_seed=env_seed,
-            build_seed=self._agent_seeds[0],
-            agent_seed=self._agent_seeds[p],
-            n_envs=self._n_envs,
-            offset=p * self._n_envs,
-            n_timesteps=self.n_timesteps,
-            n_threads=self._n_threads,
+            **self._core_fields(p, env_seed, "cpu"),
             buffers=self.buffers,
             agent_info_in=self._agent_info_in,
             env_info_in=self._env_info_in,
@@ -318,57 +206,27 @@ class Batcher(BatcherBase):
         return proc, parent_conn
 
     # ------------------------------------------------------------------ waiting
-    def _fail(self, error: WorkerError, hung: Sequence[int] = ()) -> WorkerError:
-        """Marks the batcher failed and starts stopping the workers without waiting for them:
-        CLOSE to the healthy ones (they close their envs), SIGTERM to the ``hung`` ones.
-        ``close()`` (or garbage collection) waits for them, bounded."""
-        self._phase = Phase.FAILED
-        self._failure = str(error).split("\n", 1)[0]
-        _send_close(self._conns, skip=hung)
+    def _stop_hung(self, hung: Sequence[int]) -> None:
+        """CLOSE to the healthy workers (they close their envs), SIGTERM to the ``hung`` ones."""
+        send_close(self._conns, skip=hung)
         for w in hung:
             with contextlib.suppress(Exception):
                 self._procs[w].terminate()
-        return error
 
     def _busy(self) -> list[int]:
         """Workers the batcher expects an answer from."""
         return sorted(w for w in range(len(self._procs)) if self._inflight[w] or w in self._waiting)
 
-    def _timeout(self, workers: Sequence[int], what: str) -> WorkerTimeoutError:
-        silent = sorted(workers)
-        return self._fail(
-            WorkerTimeoutError(
-                f"workers {silent} did not answer {what} within the timeout "
-                f"({self.timeout:g} s; hung env or agent, or a stopped process?); they are "
-                "being stopped",
-                worker=silent[0],
-            ),
-            hung=silent,
-        )
-
     def _handle(self, w: int, message: tuple[Reply, Any]) -> None:
         kind, payload = message
         if kind is Reply.ERROR:
-            where = [f"worker {payload.get('worker', w)}"]
-            if payload.get("env") is not None:
-                where.append(f"env {payload['env']}")
-            if payload.get("step") is not None:
-                where.append(f"step {payload['step']}")
-            phase = f" during {payload['phase']}" if payload.get("phase") else ""
-            error = WorkerError(
-                f"{', '.join(where)}{phase}: {payload['type']}: {payload['message']}",
-                worker=payload.get("worker", w),
-                env=payload.get("env"),
-                step=payload.get("step"),
-                exc_type=payload["type"],
-                remote_traceback=payload["traceback"],
-            )
-            final = self._absorb(w, error)
+            final = self._absorb(w, worker_error(payload, w), self._owed(w))
             if final is not None:
                 raise self._fail(final)
             return
         if kind is Reply.DONE:
-            slot, n_running = payload
+            slot, n_running, cpu_s = payload
+            self._worker_cpu[w] = cpu_s
             segment, _load = self._inflight[w].popleft()
             assert segment % self.pipeline == slot, (segment, slot)
             self._done.setdefault(segment, {})[w] = n_running
@@ -378,46 +236,21 @@ class Batcher(BatcherBase):
             if kind is Reply.RESET_DONE:
                 self._reset_results[w] = payload
 
-    def _absorb(self, w: int, error: WorkerError) -> WorkerError | None:
-        """Replaces worker ``w`` after ``error`` if the restart policy allows it (None), else
-        returns the error to raise (saying so when the budget is spent)."""
-        policy = self.restart
-        if policy is None or not getattr(self, "_started", False):
-            return error
-        final = exhausted(policy, error, sum(self._restarts), self._consecutive_faults)
-        if final is not None:
-            return final
-        self._replace(w, error)
-        return None
+    def _owed(self, w: int) -> list[int]:
+        """The segments worker ``w`` was asked for and has not delivered."""
+        return [segment for segment, _load in self._inflight[w]]
 
-    def _replace(self, w: int, error: WorkerError) -> None:
-        """Stops worker ``w``, drops its rows from the segments it owed, starts a fresh one
-        (new env seeds, current weights, envs reset) in its place."""
-        assert self.restart is not None
-        segments = [segment for segment, _load in self._inflight[w]]
-        _shutdown([self._procs[w]], [self._conns[w]], grace=0.5)
-        self._restarts[w] += 1
-        self._consecutive_faults += 1
-        self.faults.append(
-            Fault(
-                worker=w,
-                env=error.env,
-                step=error.step,
-                segment=segments[0] if segments else None,
-                exc_type=error.exc_type,
-                message=str(error.args[0]).split("\n", 1)[0],
-                exitcode=error.exitcode,
-                restart=sum(self._restarts),
-            )
-        )
-        rows = slice(w * self._n_envs, (w + 1) * self._n_envs)
-        for segment in segments:  # never handed to the learner as if valid
-            self.buffers[segment % self.pipeline].lengths[rows] = 0
-            self._spoiled.add(segment)
-        if self.restart.delay_s:
-            time.sleep(self.restart.delay_s)
-        seed = restart_env_seed(self._env_bases[w], self._restarts[w])
-        self._procs[w], self._conns[w] = self._start_worker(w, seed)
+    def _stop_worker(self, w: int) -> None:
+        shutdown([self._procs[w]], [self._conns[w]], grace=0.5)
+
+    def _slot_buffer(self, segment: int) -> SlotBuffer:
+        return self.buffers[segment % self.pipeline]
+
+    def _buffers(self) -> list[SlotBuffer]:
+        return self.buffers
+
+    def _start_replacement(self, w: int, env_seed: int, segments: list[int]) -> None:
+        self._procs[w], self._conns[w] = self._start_worker(w, env_seed)
         self._inflight[w], self._requested[w] = deque(), None
         self._await_ready(w)
         if self._weights is not None:
@@ -433,7 +266,6 @@ class Batcher(BatcherBase):
             n_running = self._n_envs
         for segment in segments:
             self._done.setdefault(segment, {})[w] = n_running
-        self._last_progress = time.monotonic()
 
     def _await_ready(self, w: int) -> None:
         """Waits for a replacement worker's READY (bounded by ``start_timeout``)."""
@@ -514,7 +346,7 @@ class Batcher(BatcherBase):
                         worker=w,
                         exitcode=proc.exitcode,
                     )
-                    final = self._absorb(w, error)
+                    final = self._absorb(w, error, self._owed(w))
                     if final is not None:
                         raise self._fail(final)
             if done():
@@ -550,6 +382,7 @@ class Batcher(BatcherBase):
         self._released += 1
 
     # ------------------------------------------------------------------ API
+    @serialized
     def reset(
         self, agent_info: DictTensor | None = None, env_info: DictTensor | None = None
     ) -> None:
@@ -585,6 +418,7 @@ class Batcher(BatcherBase):
         self._n_running = sum(self._reset_results.values())
         self._phase = Phase.READY
 
+    @serialized
     def execute(self, agent_info: DictTensor | None = None) -> None:
         """Starts collecting: one segment (synchronous), or the stream (``pipeline >= 2``).
 
@@ -597,10 +431,8 @@ class Batcher(BatcherBase):
         Raises:
             BatcherStateError: not after ``reset``/``get`` (e.g. a second ``execute``).
         """
-        self._require("execute", Phase.READY)
-        self._require_running_envs()
-        if agent_info is not None:
-            ai = self._rows_info(agent_info, self._agent_info, self._agent_info_specs, "agent_info")
+        ai = self._begin_execute(agent_info)
+        if ai is not None:
             for k, v in ai.items():
                 self._agent_info_in[k].copy_(v)
         for i in range(self.pipeline):
@@ -612,6 +444,7 @@ class Batcher(BatcherBase):
         started = self._release_times.get(self._next_get, time.monotonic())
         return max(started, self._last_progress) + self.timeout
 
+    @serialized
     def get(
         self, blocking: bool = True, device: DeviceLike | None = None
     ) -> tuple[Trajectories | None, int | None]:
@@ -643,15 +476,8 @@ class Batcher(BatcherBase):
             return None, None
         n_running = sum(self._done.pop(segment).values())
         del self._release_times[segment]
-        if segment in self._spoiled:
-            self._spoiled.discard(segment)
-        else:
-            self._consecutive_faults = 0  # a complete batch
-        target = None if device is None else torch.device(device)
-        if target is not None and target.type == "cuda":
-            for buffer in self.buffers:
-                buffer.pin()
-        batch = self.buffers[segment % self.pipeline].read(device=target)
+        self._complete(segment)
+        batch = self._read(segment, device)
         self._next_get += 1
         self._n_running = n_running
         if self._phase is Phase.STREAMING:
@@ -660,57 +486,39 @@ class Batcher(BatcherBase):
             self._phase = Phase.READY
         return batch, n_running
 
-    def update(self, info: Any) -> None:
-        """Hands ``info`` (e.g. a model's ``state_dict``, on any device) to every worker's agent.
-
-        A state_dict (a mapping of str to tensors) is copied once into shared memory (a ring of
-        versioned copies allocated at the first call; later calls must have the same keys,
-        shapes and dtypes) and the call returns without waiting for the workers: each loads the
-        newest version at the start of its next segment, never in the middle of one. Anything
-        else is pickled to every worker and applied between segments, in order. Every batch
-        records in ``info['policy_version']`` the number of updates its rows were collected
-        with. A worker's failure to load surfaces at the next ``get``.
-
-        Raises:
-            KeyMismatchError: a state_dict with other keys than the first one (named).
-            ShapeError: a state_dict entry with another shape or dtype than the first one.
-        """
-        self._require("update", Phase.NEW, Phase.READY, Phase.RUNNING, Phase.STREAMING)
-        if is_state_dict(info):
-            if self._weights is None:
-                self._weights = SharedWeights(info, max(2, self.pipeline + 1))
-                for w in range(len(self._procs)):
-                    self._send(w, (Command.WEIGHTS, (self._weights, None)), "update")
-            else:
-                self._weights.check(info)
-            version = self._version + 1
-            ring = self._weights.n_slots
-            # Never overwrite a version that a queued segment has yet to load.
-            self._pump(
-                lambda: not any(
-                    load is not None and load % ring == version % ring
-                    for q in self._inflight
-                    for _seg, load in q
-                ),
-                lambda: self._last_progress + self.timeout,
-                "execute (update)",
-            )
-            self._weights.write(version, info)
-            self._version = self._shared_version = version
-        else:
-            self._version += 1
-            blob = transport.to_cpu_bytes(info)
-            self._last_blob = (self._version, blob)
+    def _publish_weights(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Copies ``state_dict`` once into the shared ring of versioned copies (allocated at the
+        first call and sent to every worker); each worker loads the newest version at the start
+        of its next segment."""
+        if self._weights is None:
+            self._weights = SharedWeights(state_dict, max(2, self.pipeline + 1))
             for w in range(len(self._procs)):
-                self._send(w, (Command.UPDATE, (self._version, blob)), "update")
+                self._send(w, (Command.WEIGHTS, (self._weights, None)), "update")
+        ring = self._weights.n_slots
+        # Never overwrite a version that a queued segment has yet to load.
+        self._pump(
+            lambda: not any(
+                load is not None and load % ring == version % ring
+                for q in self._inflight
+                for _seg, load in q
+            ),
+            lambda: self._last_progress + self.timeout,
+            "execute (update)",
+        )
+        self._weights.write(version, state_dict)
+        self._shared_version = version
+
+    def _publish_info(self, version: int, info: Any) -> None:
+        """Pickles ``info`` once and sends it to every worker, applied between segments."""
+        blob = transport.to_cpu_bytes(info)
+        self._last_blob = (version, blob)
+        for w in range(len(self._procs)):
+            self._send(w, (Command.UPDATE, (version, blob)), "update")
+
+    def _after_update(self) -> None:
         if self._release_owed:
             self._release()
             self._release_owed = False
-
-    @property
-    def version(self) -> int:
-        """How many times ``update`` was called."""
-        return self._version
 
     def close(self) -> None:
         """Stops every worker and frees the shared memory: idempotent, bounded (about 3 s).
@@ -722,6 +530,7 @@ class Batcher(BatcherBase):
         """
         if self._phase is not Phase.FAILED:
             self._phase = Phase.CLOSED
+        self._close_accounting()
         if hasattr(self, "_finalizer"):
             self._finalizer()
         for buffer in getattr(self, "buffers", []):

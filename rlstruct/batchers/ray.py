@@ -1,8 +1,9 @@
 """``RayBatcher``: the ``Batcher`` API on Ray actors, from one machine to a cluster.
 
 One Ray actor per worker index owns its VecEnv, its copy of the agent and a local (non-shared)
-:class:`~rlstruct.batchers.buffer.SlotBuffer` of its ``n`` rows, and runs the same
-:class:`~rlstruct.batchers.rollout.Rollout` as a ``Batcher`` worker. At the end of a segment it
+:class:`~rlstruct.batchers.buffer.SlotBuffer` of its ``n`` rows, and wraps the same
+:class:`~rlstruct.batchers.core.WorkerCore` as a ``Batcher`` worker
+(:mod:`rlstruct.batchers.ray_actor`). At the end of a segment it
 returns its rows as numpy arrays (its rows' info, lengths, and the steps up to its longest row);
 the driver copies them into its own buffer of all ``B`` rows, in worker order, and reads the batch
 from there exactly as ``Batcher`` reads its shared buffer, so both return the same Trajectories.
@@ -13,9 +14,14 @@ a deadline (``ray.wait`` with timeouts), an actor's exception comes back as a pa
 env, step and traceback (never a bare ``RayTaskError``), a dead actor is a :class:`WorkerError`
 naming its worker, and ``close`` kills every actor.
 
-This module imports Ray; nothing else in rlstruct does (``from rlstruct.batchers import
-RayBatcher`` imports it on demand). Without Ray installed the module still imports, and
-``RayBatcher(...)`` raises an ImportError that says ``pip install rlstruct[ray]``.
+This module holds what needs Ray: the connection (a local cluster or a running one), the actor
+class, and the driver, the transport of a :class:`~rlstruct.batchers.pool.WorkerPool` (start,
+call, wait, kill). The wire format (:mod:`~rlstruct.batchers.ray_wire`), the actor's body
+(:mod:`~rlstruct.batchers.ray_actor`) and the option checks (:mod:`~rlstruct.batchers.ray_options`)
+live in modules of their own. This module imports Ray; nothing else in rlstruct does
+(``from rlstruct.batchers import RayBatcher`` imports it on demand). Without Ray installed the
+module still imports, and ``RayBatcher(...)`` raises an ImportError that says
+``pip install rlstruct[ray]``.
 """
 
 from __future__ import annotations
@@ -24,36 +30,25 @@ import contextlib
 import math
 import os
 import time
-import warnings
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import cloudpickle
-import numpy as np
 import torch
 
 from rlstruct.agent import Agent
-from rlstruct.batchers.base import BatcherBase, Phase
-from rlstruct.batchers.buffer import SlotBuffer, Specs
-from rlstruct.batchers.restart import Fault, RestartPolicy, exhausted, restart_env_seed
-from rlstruct.batchers.rollout import Rollout, StepContext
-from rlstruct.batchers.seeding import env_seed_bases, seed_global_rngs
-from rlstruct.batchers.serial import make_env_on
-from rlstruct.batchers.transport import from_cpu_bytes, to_cpu_bytes
-from rlstruct.batchers.validation import check_picklable, find_non_cpu
-from rlstruct.batchers.weights import is_state_dict
-from rlstruct.batchers.worker import _error_payload
+from rlstruct.batchers.base import Phase, serialized
+from rlstruct.batchers.buffer import SlotBuffer
+from rlstruct.batchers.pool import CLOSE_GRACE_S, WorkerPool, worker_error
+from rlstruct.batchers.ray_actor import ActorBody, ActorSpec, Op
+from rlstruct.batchers.ray_options import check_ray_options
+from rlstruct.batchers.ray_session import RaySession
+from rlstruct.batchers.ray_wire import from_wire, readonly_ok, to_wire
+from rlstruct.batchers.restart import RestartPolicy
+from rlstruct.batchers.transport import to_cpu_bytes
 from rlstruct.dicttensor import DeviceLike, DictTensor
 from rlstruct.envs.base import VecEnv
-from rlstruct.errors import (
-    ConfigError,
-    KeyMismatchError,
-    ShapeError,
-    WorkerError,
-    WorkerTimeoutError,
-)
+from rlstruct.errors import WorkerError
 from rlstruct.trajectories import Trajectories
 
 try:
@@ -67,19 +62,11 @@ else:
 
 __all__ = ["RayBatcher", "INSTALL_HINT"]
 
+#: What a tensor or module not on the CPU in the arguments is told.
+_NON_CPU = "pass CPU tensors/models (each actor builds its own copy, and moves it to its device)"
+
 #: What the ImportError says when Ray is missing.
 INSTALL_HINT = "RayBatcher needs Ray, an optional extra: pip install rlstruct[ray]"
-
-#: Seconds ``close`` gives actors to close their envs and agent before they are killed.
-CLOSE_GRACE_S = 1.0
-
-#: Actor options that RayBatcher sets itself (``num_cpus_per_actor``, ...); refused in
-#: ``actor_options``.
-_RESERVED_OPTIONS = ("num_cpus", "num_gpus", "max_restarts", "max_task_retries", "max_concurrency")
-
-#: Environment variables set while RayBatcher starts a local cluster: no usage statistics, and
-#: Ray's "local only" mode, in which every Ray process binds to the loopback address.
-_LOCAL_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 def _require_ray() -> None:
@@ -87,302 +74,29 @@ def _require_ray() -> None:
         raise ImportError(f"{INSTALL_HINT} ({RAY_IMPORT_ERROR})") from RAY_IMPORT_ERROR
 
 
-# ------------------------------------------------------------------------------ the connection
-#: The Ray connection RayBatchers opened themselves: how many live batchers use it, and whether
-#: it is a local cluster they started (1) or a connection to a running cluster (0).
-_SESSION = {"users": 0, "local": 0}
-
-
-def _init_local(num_cpus: int) -> None:
-    """Starts a local Ray cluster bound to the loopback address, without dashboard or usage
-    statistics (the environment is restored afterwards; the cluster keeps its settings)."""
-    saved_env = {k: os.environ.get(k) for k in _LOCAL_ENV}
-    os.environ.update(_LOCAL_ENV)
-    # The Ray processes started below read the variables; this process read them when it
-    # imported ray, so its flag is switched too (Ray resolves 127.0.0.1 to the machine's
-    # address unless it runs in local-only mode).
-    constants: Any = None
+def _ray_constants() -> Any:
+    """``ray._private.ray_constants``, where this Ray version has it."""
     with contextlib.suppress(ImportError):
-        from ray._private import ray_constants as constants
-    flag = getattr(constants, "ENABLE_RAY_CLUSTER", None)
-    try:
-        if flag is not None:
-            constants.ENABLE_RAY_CLUSTER = False
-        ray.init(
-            address="local",
-            num_cpus=num_cpus,
-            include_dashboard=False,
-            _node_ip_address="127.0.0.1",
-            log_to_driver=True,
-        )
-    finally:
-        if flag is not None:
-            constants.ENABLE_RAY_CLUSTER = flag
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        from ray._private import ray_constants
+
+        return ray_constants
+    return None
 
 
-def _acquire(address: str | None, num_cpus: int) -> bool:
-    """Makes sure this process is connected to Ray; True when a RayBatcher owns the connection
-    (then the last RayBatcher to close calls ``ray.shutdown``)."""
-    if ray.is_initialized():
-        if _SESSION["users"] > 0:  # opened by another RayBatcher that is still alive
-            _SESSION["users"] += 1
-            return True
-        return False  # the caller's own Ray session: never shut down
-    _SESSION["users"] = 0
-    if address is None:
-        address = os.environ.get("RAY_ADDRESS") or "local"
-    if address == "local":
-        _init_local(num_cpus)
-    else:
-        ray.init(address=address)
-    _SESSION["users"], _SESSION["local"] = 1, int(address == "local")
-    return True
+#: The Ray connection RayBatchers opened themselves (None without Ray).
+_SESSION = RaySession(ray, _ray_constants) if ray is not None else None
 
 
-def _check_room(n_actors: int, num_cpus: float, num_gpus: float) -> None:
-    """On a local cluster a RayBatcher started (it cannot grow), actors that could never be
-    placed are a ConfigError now rather than a start timeout later."""
-    if not _SESSION["local"]:
-        return
-    total = ray.cluster_resources()
-    short = [
-        f"{need:g} {kind} ({n_actors} x {each:g}), the local cluster has {total.get(kind, 0):g}"
-        for kind, each in (("CPU", num_cpus), ("GPU", num_gpus))
-        if (need := n_actors * each) > total.get(kind, 0) + 1e-9
-    ]
-    if short:
-        raise ConfigError(
-            "the actors cannot be placed: they need " + "; ".join(short) + " (for GPUs, "
-            "start Ray on a machine that has them, or connect to a cluster with address=...)"
-        )
+# ------------------------------------------------------------------------------ the actor
+class RayBatcherWorker(ActorBody):
+    """A RayBatcher actor (wrapped with ``ray.remote`` by the batcher): the Ray-free
+    :class:`~rlstruct.batchers.ray_actor.ActorBody`, plus the two calls that need Ray."""
 
+    def _fetch(self, refs: list[Any]) -> list[Any]:
+        return ray.get(refs, timeout=self.spec.timeout)
 
-def _release() -> None:
-    """One RayBatcher that owned the connection is done; the last one shuts Ray down (a local
-    cluster it started stops; a connection to a running cluster is closed, the cluster runs on)."""
-    if _SESSION["users"] <= 0:
-        return
-    _SESSION["users"] -= 1
-    if _SESSION["users"] == 0 and ray is not None and ray.is_initialized():
-        with contextlib.suppress(Exception):
-            ray.shutdown()
-
-
-def _kill(actors: list[Any], grace: float) -> None:
-    """Asks every actor to close its envs and agent (up to ``grace`` seconds), then kills it."""
-    if ray is None or not ray.is_initialized():
-        actors.clear()
-        return
-    refs = []
-    if grace > 0:
-        for actor in actors:
-            with contextlib.suppress(Exception):
-                refs.append(actor.close.remote())
-    if refs:
-        with contextlib.suppress(Exception):
-            ray.wait(refs, num_returns=len(refs), timeout=grace)
-    for actor in actors:
-        with contextlib.suppress(Exception):
-            ray.kill(actor, no_restart=True)
-    actors.clear()
-
-
-def _finalize(actors: list[Any], owns: bool) -> None:
-    """Run by ``close`` or when the batcher is garbage collected: kills what is left, releases
-    the connection it owned."""
-    with contextlib.suppress(Exception):
-        _kill(actors, grace=0.0)
-    if owns:
-        _release()
-
-
-# ------------------------------------------------------------------------------ wire format
-def _to_wire(t: torch.Tensor) -> Any:
-    """A CPU numpy array for Ray's zero-copy serialisation (a CPU tensor for dtypes numpy lacks,
-    such as bfloat16)."""
-    t = t.detach().cpu()
-    try:
-        return t.numpy()
-    except TypeError:
-        return t.clone()
-
-
-@contextlib.contextmanager
-def _readonly_ok() -> Iterator[None]:
-    """Arrays read from Ray's object store are read-only views; they are only ever copied."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*not writable.*")
-        yield
-
-
-def _from_wire(x: Any) -> torch.Tensor:
-    """The tensor view of what :func:`_to_wire` sent (call under :func:`_readonly_ok`)."""
-    return torch.from_numpy(x) if isinstance(x, np.ndarray) else x
-
-
-# ------------------------------------------------------------------------------ the actor side
-@dataclass
-class _ActorSpec:
-    """Everything one actor needs (sent once, when the actor is created)."""
-
-    index: int
-    factories: bytes  # cloudpickle of (create_env, env_args, create_agent, agent_args)
-    env_seed: int
-    build_seed: int  # the global generators' seed while env and agent are built
-    agent_seed: int  # then: this worker's own stream
-    n_envs: int
-    offset: int  # global index of env 0 (the actor's buffer rows are 0..n)
-    n_timesteps: int
-    n_threads: int
-    step_specs: Specs
-    info_specs: Specs
-    device: str
-    timeout: float
-
-
-Reply = tuple[str, Any]  # ("ok", value) or ("error", payload)
-
-
-class RayBatcherWorker:
-    """The body of one RayBatcher actor (wrapped with ``ray.remote`` by the batcher).
-
-    Every method answers ``("ok", value)`` or ``("error", payload)`` where ``payload`` is the
-    ``Batcher`` worker's error report (type, message, traceback, worker, global env, step,
-    phase): an exception never leaves the actor, so Ray never wraps it.
-
-    Random numbers follow the ``Batcher`` worker's rule: the process's global generators are
-    seeded with the build seed (``agent_seeds[0]``, the same in every actor) before the env and
-    the agent are built, then with the actor's own agent seed.
-    """
-
-    def __init__(self, spec: _ActorSpec) -> None:
-        self.spec = spec
-        self.env: VecEnv | None = None
-        self.agent: Agent | None = None
-        self.rollout: Rollout | None = None
-        self.buffer: SlotBuffer | None = None
-        self.staging: dict[str, torch.Tensor] = {}
-
-    def _error(self, exc: BaseException) -> Reply:
-        payload = _error_payload(exc, self.spec.index, self.rollout)
-        if self.rollout is not None and payload.get("env") is not None:
-            payload["env"] += self.spec.offset  # the rollout counts envs from 0
-        return "error", payload
-
-    def start(self) -> Reply:
-        """Builds env, agent, buffer and rollout; answers where the actor runs."""
-        spec = self.spec
-        try:
-            torch.set_num_threads(spec.n_threads)
-            device = torch.device(spec.device)
-            seed_global_rngs(spec.build_seed, device)
-            try:
-                create_env, env_args, create_agent, agent_args = cloudpickle.loads(spec.factories)
-                self.env = make_env_on(create_env, env_args, spec.env_seed, device)
-            except Exception as e:
-                e.rlstruct_context = StepContext("env factory", None, None)  # type: ignore[attr-defined]
-                raise
-            if self.env.n_envs() != spec.n_envs:
-                raise ValueError(
-                    f"worker {spec.index}: create_env built {self.env.n_envs()} envs, expected "
-                    f"{spec.n_envs} like the first one (every worker must own the same number)"
-                )
-            try:
-                self.agent = create_agent(**agent_args)
-                if device.type != "cpu":
-                    self.agent = self.agent.to(device)
-                self.agent.seed(spec.agent_seed)
-            except Exception as e:
-                e.rlstruct_context = StepContext("agent factory", None, None)  # type: ignore[attr-defined]
-                raise
-            seed_global_rngs(spec.agent_seed, device)
-            self.buffer = SlotBuffer(
-                spec.n_envs, spec.n_timesteps, spec.step_specs, spec.info_specs, device
-            )
-            rollout = Rollout(self.env, self.agent, self.buffer, 0, worker=spec.index)
-            # Rows 0..n of the local buffer hold the envs of global index offset..offset+n.
-            rollout._env_ids = torch.arange(spec.offset, spec.offset + spec.n_envs, device=device)
-            self.rollout = rollout
-            node = ray.get_runtime_context().get_node_id()
-            return "ok", {"node": node, "pid": os.getpid()}
-        except BaseException as e:
-            return self._error(e)
-
-    def _apply(self, ops: Sequence[tuple[str, int, Any]]) -> None:
-        """Loads the updates queued since the last call, oldest first."""
-        if not ops:
-            return
-        values = ray.get([ref for _kind, _version, ref in ops], timeout=self.spec.timeout)
-        for (kind, _version, _ref), value in zip(ops, values):
-            try:
-                if kind == "weights":
-                    self.agent.update(self._stage(value))  # type: ignore[union-attr]
-                else:
-                    self.agent.update(from_cpu_bytes(value))  # type: ignore[union-attr]
-            except Exception as e:
-                e.rlstruct_context = StepContext("agent update", None, None)  # type: ignore[attr-defined]
-                raise
-
-    def _stage(self, arrays: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-        """The weights copied out of the object store into this actor's own tensors (the
-        store's views are shared by every actor of the node and read-only)."""
-        with _readonly_ok():
-            for key, value in arrays.items():
-                src = _from_wire(value)
-                dst = self.staging.get(key)
-                if dst is None or dst.shape != src.shape or dst.dtype != src.dtype:
-                    dst = self.staging[key] = torch.empty_like(src)
-                dst.copy_(src)
-        return {key: self.staging[key] for key in arrays}
-
-    def reset(
-        self, ops: Sequence[tuple[str, int, Any]], agent_info: DictTensor, env_info: DictTensor
-    ) -> Reply:
-        """Loads queued updates, resets every env and agent state; answers ``n_running``."""
-        try:
-            self._apply(ops)
-            self.rollout.reset(agent_info, env_info)  # type: ignore[union-attr]
-            return "ok", self.rollout.n_running  # type: ignore[union-attr]
-        except BaseException as e:
-            return self._error(e)
-
-    def execute(
-        self, ops: Sequence[tuple[str, int, Any]], version: int, agent_info: DictTensor | None
-    ) -> Reply:
-        """Loads queued updates, collects one segment; answers its rows (numpy arrays)."""
-        try:
-            self._apply(ops)
-            rollout, buffer = self.rollout, self.buffer
-            rollout.version = version  # type: ignore[union-attr]
-            if agent_info is not None:
-                rollout.set_agent_info(agent_info)  # type: ignore[union-attr]
-            n_running = rollout.run(self.spec.n_timesteps)  # type: ignore[union-attr]
-            lengths = buffer.lengths  # type: ignore[union-attr]
-            t = int(lengths.max()) if lengths.numel() else 0
-            # Everything this segment wrote lies in steps [0, t): the driver's copy of these
-            # rows stays equal to this buffer (padding included).
-            return "ok", {
-                "n_running": n_running,
-                "t": t,
-                "lengths": _to_wire(lengths),
-                "steps": {k: _to_wire(v[:t]) for k, v in buffer.steps.items()},  # type: ignore[union-attr]
-                "info": {k: _to_wire(v) for k, v in buffer.info.items()},  # type: ignore[union-attr]
-            }
-        except BaseException as e:
-            return self._error(e)
-
-    def close(self) -> None:
-        """Closes the envs and the agent (the batcher kills the actor afterwards)."""
-        for obj in (self.env, self.agent):
-            with contextlib.suppress(Exception):
-                if obj is not None:
-                    obj.close()
-        self.env = self.agent = self.rollout = None
+    def _where(self) -> dict[str, Any]:
+        return {"node": ray.get_runtime_context().get_node_id(), **self.core.where()}
 
 
 _ACTOR_CLASS: list[Any] = []
@@ -394,26 +108,8 @@ def _actor_class() -> Any:
     return _ACTOR_CLASS[0]
 
 
-def _payload_error(payload: Mapping[str, Any], w: int, prefix: str = "") -> WorkerError:
-    """The WorkerError of an actor's error payload (the ``Batcher``'s wording)."""
-    where = [f"worker {payload.get('worker', w)}"]
-    if payload.get("env") is not None:
-        where.append(f"env {payload['env']}")
-    if payload.get("step") is not None:
-        where.append(f"step {payload['step']}")
-    phase = f" during {payload['phase']}" if payload.get("phase") else ""
-    return WorkerError(
-        f"{prefix}{', '.join(where)}{phase}: {payload['type']}: {payload['message']}",
-        worker=payload.get("worker", w),
-        env=payload.get("env"),
-        step=payload.get("step"),
-        exc_type=payload["type"],
-        remote_traceback=payload["traceback"],
-    )
-
-
 # ------------------------------------------------------------------------------ the driver
-class RayBatcher(BatcherBase):
+class RayBatcher(WorkerPool):
     """Collects trajectories with ``n_processes`` Ray actors: the ``Batcher`` API on a cluster.
 
     Same arguments, methods, call order and Trajectories as :class:`~rlstruct.Batcher`
@@ -424,14 +120,15 @@ class RayBatcher(BatcherBase):
 
     Args:
         n_timesteps: ``T``, the maximum number of steps of a segment.
-        create_agent: ``create_agent(**agent_args) -> Agent`` (lambdas and closures are fine).
+        create_agent: as for ``Batcher``; so are ``agent_args``, ``create_env``, ``env_args``,
+            ``seeds``, ``agent_info``, ``env_info`` and ``agent_seeds`` (one per actor).
         agent_args: keyword arguments of ``create_agent``; CPU tensors and modules only.
-        create_env: ``create_env(**env_args, seed=s) -> VecEnv`` whose env ``k`` uses ``s + k``.
+        create_env: ``create_env(**env_args, seed=s) -> VecEnv``.
         env_args: keyword arguments of ``create_env`` (no ``seed``).
         n_processes: ``P``, the number of actors; each owns ``n`` envs, so ``B = P * n``.
-        seeds: the run seed (env ``g`` gets ``seeds * 2**20 + g``) or one int per actor.
-        agent_info: example DictTensor (1 or B rows) of agent_info; the default at ``reset``.
-        env_info: same for env_info (passed to the envs at reset).
+        seeds: the run seed, or one int per actor.
+        agent_info: example DictTensor of agent_info; the default at ``reset``.
+        env_info: example DictTensor of env_info.
         agent_seeds: one agent seed per actor; derived from ``seeds`` when None.
         device: where each actor runs its agent and buffer: ``"cpu"``, or ``"cuda"`` with
             ``num_gpus_per_actor > 0`` (the GPU Ray assigned to the actor; its envs run on the
@@ -441,7 +138,8 @@ class RayBatcher(BatcherBase):
             as hung (:class:`WorkerTimeoutError`).
         start_timeout: seconds the actors may take to start (scheduling included: an actor
             that the cluster has no room for times out with the cluster's free resources).
-        pipeline: must be 1: pipelined collection is not supported by RayBatcher yet.
+        pipeline: must be 1: pipelined collection is not supported by RayBatcher yet (the
+            attribute is 1).
         restart: ``None`` (default): fail fast. A :class:`RestartPolicy`: an actor that dies
             (process killed, node lost) or whose env/agent raises is replaced by a fresh actor
             with the same index, env seeds ``restart_env_seed(base, restart_count)``, the current
@@ -483,6 +181,8 @@ class RayBatcher(BatcherBase):
         WorkerTimeoutError: the actors did not start within ``start_timeout``.
     """
 
+    _PIPELINED = False
+
     def __init__(
         self,
         n_timesteps: int,
@@ -510,101 +210,43 @@ class RayBatcher(BatcherBase):
         _require_ray()
         begun = time.monotonic()
         self._actors: list[Any] = []
-        problems = self._validate_common(
-            n_timesteps,
-            create_agent,
-            agent_args,
-            create_env,
-            env_args,
-            seeds,
-            agent_info,
-            env_info,
+        problems = check_ray_options(
+            device, address, num_cpus_per_actor, num_gpus_per_actor, actor_options
         )
-        problems += _check_ray_options(
-            n_processes,
-            seeds,
-            agent_seeds,
-            device,
-            n_threads,
-            timeout,
-            start_timeout,
-            pipeline,
-            restart,
-            address,
-            num_cpus_per_actor,
-            num_gpus_per_actor,
-            actor_options,
-        )
-        for name, value in (
-            ("agent_args", agent_args),
-            ("env_args", env_args),
-            ("agent_info", agent_info),
-            ("env_info", env_info),
-        ):
-            for where in find_non_cpu(value, name):
-                problems.append(
-                    f"{where}: pass CPU tensors/models (each actor builds its own copy, and "
-                    "moves it to its device)"
-                )
-        self._raise_problems(problems)
-        agent_args, env_args = dict(agent_args or {}), dict(env_args or {})
-        check_picklable(
-            create_env=create_env,
-            env_args=env_args,
-            create_agent=create_agent,
-            agent_args=agent_args,
-        )
-        self.n_timesteps, self.n_processes, self.timeout = n_timesteps, n_processes, timeout
-        self.pipeline = 1
-        self.restart = restart
+        step_specs, info_specs = self._setup(
+            n_timesteps, (create_agent, agent_args), (create_env, env_args), (agent_info, env_info),
+            n_processes, seeds, agent_seeds, (n_threads, timeout, start_timeout, pipeline, restart),
+            problems, _NON_CPU,
+        )  # fmt: skip
         self._device = torch.device(device)
-        self._start_timeout = start_timeout
-        self._n_threads = n_threads
         self._num_cpus, self._num_gpus = num_cpus_per_actor, num_gpus_per_actor
         self._actor_options = dict(actor_options or {})
-
-        n, step_specs, info_specs = self._probe(
-            create_env, env_args, create_agent, agent_args, agent_info, env_info, n_processes
-        )
-        env_bases, default_agent_seeds = env_seed_bases(seeds, n_processes, n)
-        self._env_bases = env_bases
-        self._agent_seeds = list(agent_seeds) if agent_seeds is not None else default_agent_seeds
-        self._n_envs, self._n_rows = n, n * n_processes
-        self._agent_info_specs = self._agent_info.specs()
-        self._env_info_specs = self._env_info.specs()
         self._step_specs, self._info_specs = step_specs, info_specs
         #: The driver's copy of every actor's rows, read like a Batcher's shared buffer.
         self.buffer = SlotBuffer(self._n_rows, n_timesteps, step_specs, info_specs)
         self._agent_info_rows, self._env_info_rows = self._agent_info, self._env_info
-        self._factories = cloudpickle.dumps((create_env, env_args, create_agent, agent_args))
-
-        self._version = 0
-        self._weight_specs: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None
-        self._last_weights: tuple[str, int, Any] | None = None
-        self._last_info: tuple[str, int, Any] | None = None
-        self._pending: list[list[tuple[str, int, Any]]] = [[] for _ in range(n_processes)]
+        self._last_weights: Op | None = None
+        self._last_info: Op | None = None
+        self._pending: list[list[Op]] = [[] for _ in range(n_processes)]
         self._outstanding: dict[int, Any] = {}  # worker -> ObjectRef of its current call
         self._running: dict[int, int] = {}  # worker -> n_running after its last call
         self._segment = -1
-        self._spoiled = False
         self._started_at = self._last_progress = time.monotonic()
-        self.faults: list[Fault] = []
         self.nodes: list[str | None] = [None] * n_processes
-        self._restarts = [0] * n_processes
-        self._consecutive_faults = 0
-        self._started = False
 
-        owns = _acquire(
+        session = _SESSION
+        assert session is not None  # _require_ray() passed
+        owns = session.acquire(
             address, max(os.cpu_count() or 1, math.ceil(n_processes * num_cpus_per_actor))
         )
         self._owns_ray = owns
-        self._finalizer = weakref.finalize(self, _finalize, self._actors, owns)
+        self._finalizer = weakref.finalize(self, session.finalize, self._actors, owns)
         try:
             if owns:
-                _check_room(n_processes, num_cpus_per_actor, num_gpus_per_actor)
+                session.check_room(n_processes, num_cpus_per_actor, num_gpus_per_actor)
             started = time.monotonic()
             for p in range(n_processes):
-                actor, ref = self._spawn(p, env_bases[p])
+                actor, ref = self._spawn(p, self._env_bases[p])
                 self._actors.append(actor)
                 self._outstanding[p] = ref
             self._started_at = self._last_progress = started
@@ -620,19 +262,10 @@ class RayBatcher(BatcherBase):
     # ------------------------------------------------------------------ actors
     def _spawn(self, p: int, env_seed: int) -> tuple[Any, Any]:
         """Creates actor ``p`` and asks it to start; returns the actor and the start's ref."""
-        spec = _ActorSpec(
-            index=p,
-            factories=self._factories,
-            env_seed=env_seed,
-            build_seed=self._agent_seeds[0],
-            agent_seed=self._agent_seeds[p],
-            n_envs=self._n_envs,
-            offset=p * self._n_envs,
-            n_timesteps=self.n_timesteps,
-            n_threads=self._n_threads,
+        spec = ActorSpec(
+            **self._core_fields(p, env_seed, str(self._device)),
             step_specs=self._step_specs,
             info_specs=self._info_specs,
-            device=str(self._device),
             timeout=self.timeout,
         )
         actor = (
@@ -648,10 +281,7 @@ class RayBatcher(BatcherBase):
         )
         return actor, actor.start.remote()
 
-    def _rows(self, w: int) -> slice:
-        return slice(w * self._n_envs, (w + 1) * self._n_envs)
-
-    def _take_ops(self, w: int) -> list[tuple[str, int, Any]]:
+    def _take_ops(self, w: int) -> list[Op]:
         """The updates worker ``w`` has not received yet; a state_dict followed by a newer one
         (with nothing in between) is skipped, as the ``Batcher``'s ring skips it."""
         ops, self._pending[w] = self._pending[w], []
@@ -661,7 +291,7 @@ class RayBatcher(BatcherBase):
             if not (op[0] == "weights" and i + 1 < len(ops) and ops[i + 1][0] == "weights")
         ]
 
-    def _catch_up(self) -> list[tuple[str, int, Any]]:
+    def _catch_up(self) -> list[Op]:
         """What a replacement actor loads before it collects: the newest weights, and the newest
         non-tensor update when it came after them."""
         ops = [op for op in (self._last_weights, self._last_info) if op is not None]
@@ -671,34 +301,21 @@ class RayBatcher(BatcherBase):
         return ops
 
     # ------------------------------------------------------------------ waiting
-    def _fail(self, error: WorkerError, hung: Sequence[int] = ()) -> WorkerError:
-        """Marks the batcher failed and kills the ``hung`` actors now (``close`` does the rest)."""
-        self._phase = Phase.FAILED
-        self._failure = str(error).split("\n", 1)[0]
+    def _stop_hung(self, hung: Sequence[int]) -> None:
+        """Kills the ``hung`` actors now (``close`` does the rest)."""
         for w in hung:
             with contextlib.suppress(Exception):
                 ray.kill(self._actors[w], no_restart=True)
-        return error
 
-    def _timeout(self, workers: Sequence[int], what: str) -> WorkerTimeoutError:
-        silent = sorted(workers)
-        limit = self._start_timeout if what in ("start", "restart") else self.timeout
-        hint = "hung env or agent, or a stopped process?"
-        if what in ("start", "restart"):
-            free: Any = "unknown"
-            with contextlib.suppress(Exception):
-                free = {k: v for k, v in ray.available_resources().items() if "memory" not in k}
-            hint = (
-                f"an actor Ray cannot place? each asks {self._num_cpus} CPU and {self._num_gpus} "
-                f"GPU (plus actor_options {self._actor_options}); free now: {free}"
-            )
-        return self._fail(
-            WorkerTimeoutError(
-                f"workers {silent} did not answer {what} within the timeout ({limit:g} s; "
-                f"{hint}); they are being stopped",
-                worker=silent[0],
-            ),
-            hung=silent,
+    def _timeout_hint(self, what: str) -> str:
+        if what not in ("start", "restart"):
+            return super()._timeout_hint(what)
+        free: Any = "unknown"
+        with contextlib.suppress(Exception):
+            free = {k: v for k, v in ray.available_resources().items() if "memory" not in k}
+        return (
+            f"an actor Ray cannot place? each asks {self._num_cpus} CPU and {self._num_gpus} "
+            f"GPU (plus actor_options {self._actor_options}); free now: {free}"
         )
 
     def _result(self, w: int, ref: Any, what: str) -> Any:
@@ -715,6 +332,8 @@ class RayBatcher(BatcherBase):
                 worker=w,
                 remote_traceback=str(e),
             )
+            if what == "restart":  # e.g. placed on a node that was lost, not yet declared dead
+                return self._absorb_or_fail(w, error, [])
         except ray.exceptions.RayError as e:
             error = WorkerError(
                 f"worker {w} failed during {what}: {type(e).__name__}",
@@ -726,30 +345,36 @@ class RayBatcher(BatcherBase):
             if status == "ok":
                 return payload
             prefix = "the replacement of " if what == "restart" else ""
-            error = _payload_error(payload, w, prefix)
-        if what == "restart":  # a replacement that cannot even start is not replaced again
+            error = worker_error(payload, w, prefix)
+        if what == "restart":  # a replacement whose factories raise is not replaced again
             raise self._fail(error)
-        final = self._absorb(w, error, spoil=what == "execute")
+        return self._absorb_or_fail(w, error, [self._segment] if what == "execute" else [])
+
+    def _absorb_or_fail(self, w: int, error: WorkerError, segments: list[int]) -> None:
+        """None once a restart absorbed ``error``; raises it when the policy does not allow one.
+        A lost actor costs one restart whenever it is lost, a replacement's start included."""
+        final = self._absorb(w, error, segments)
         if final is not None:
             raise self._fail(final)
-        return None
 
     def _accept(self, w: int, value: Any, what: str) -> None:
         """Stores a successful answer of worker ``w``."""
         if what == "start":
             self.nodes[w] = value["node"]
+            self._locate(w, value["host"], value["pid"])
         elif what == "reset":
             self._running[w] = value
         else:
             self._running[w] = value["n_running"]
+            self._worker_cpu[w] = value["cpu_s"]
             rows, t = self._rows(w), value["t"]
             buffer = self.buffer
-            with _readonly_ok():
+            with readonly_ok():
                 for k, v in value["steps"].items():
-                    buffer.steps[k][:t, rows].copy_(_from_wire(v))
+                    buffer.steps[k][:t, rows].copy_(from_wire(v))
                 for k, v in value["info"].items():
-                    buffer.info[k][rows].copy_(_from_wire(v))
-                buffer.lengths[rows].copy_(_from_wire(value["lengths"]))
+                    buffer.info[k][rows].copy_(from_wire(v))
+                buffer.lengths[rows].copy_(from_wire(value["lengths"]))
 
     def _pump(self, what: str, deadline: Callable[[], float], blocking: bool = True) -> bool:
         """Handles the answers of the outstanding calls until none is left (True), or until
@@ -789,49 +414,25 @@ class RayBatcher(BatcherBase):
                 raise self._timeout([w], what)
 
     # ------------------------------------------------------------------ restarts
-    def _absorb(self, w: int, error: WorkerError, spoil: bool) -> WorkerError | None:
-        """Replaces actor ``w`` after ``error`` if the restart policy allows it (None), else
-        returns the error to raise (saying so when the budget is spent)."""
-        policy = self.restart
-        if policy is None or not self._started:
-            return error
-        final = exhausted(policy, error, sum(self._restarts), self._consecutive_faults)
-        if final is not None:
-            return final
-        self._replace(w, error, spoil)
-        return None
-
-    def _replace(self, w: int, error: WorkerError, spoil: bool) -> None:
-        """Kills actor ``w``, leaves its rows out of the current segment (when ``spoil``), and
-        starts a fresh actor in its place: new env seeds, current weights, envs reset."""
-        assert self.restart is not None
+    def _stop_worker(self, w: int) -> None:
         with contextlib.suppress(Exception):
             ray.kill(self._actors[w], no_restart=True)
         self._outstanding.pop(w, None)
-        self._restarts[w] += 1
-        self._consecutive_faults += 1
-        self.faults.append(
-            Fault(
-                worker=w,
-                env=error.env,
-                step=error.step,
-                segment=self._segment if spoil else None,
-                exc_type=error.exc_type,
-                message=str(error.args[0]).split("\n", 1)[0],
-                exitcode=error.exitcode,
-                restart=sum(self._restarts),
-            )
-        )
-        if spoil:  # never handed to the learner as if valid
-            self.buffer.lengths[self._rows(w)] = 0
-            self._spoiled = True
-        if self.restart.delay_s:
-            time.sleep(self.restart.delay_s)
-        seed = restart_env_seed(self._env_bases[w], self._restarts[w])
-        self._actors[w], ref = self._spawn(w, seed)
+
+    def _slot_buffer(self, segment: int) -> SlotBuffer:
+        return self.buffer
+
+    def _buffers(self) -> list[SlotBuffer]:
+        return [self.buffer]
+
+    def _start_replacement(self, w: int, env_seed: int, segments: list[int]) -> None:
+        self._actors[w], ref = self._spawn(w, env_seed)
         self._pending[w] = []
         value = self._wait_one(w, ref, "restart", time.monotonic() + self._start_timeout)
+        if value is None:
+            return  # lost while starting: a further restart replaced it
         self.nodes[w] = value["node"]
+        self._locate(w, value["host"], value["pid"])
         rows = self._rows(w)
         ref = self._actors[w].reset.remote(
             self._catch_up(),
@@ -841,9 +442,9 @@ class RayBatcher(BatcherBase):
         n_running = self._wait_one(w, ref, "reset", time.monotonic() + self.timeout)
         if n_running is not None:  # else: the reset failed and a further restart did it
             self._running[w] = n_running
-        self._last_progress = time.monotonic()
 
     # ------------------------------------------------------------------ API
+    @serialized
     def reset(
         self, agent_info: DictTensor | None = None, env_info: DictTensor | None = None
     ) -> None:
@@ -873,23 +474,18 @@ class RayBatcher(BatcherBase):
         self._n_running = sum(self._running.values())
         self._phase = Phase.READY
 
+    @serialized
     def execute(self, agent_info: DictTensor | None = None) -> None:
-        """Starts collecting one segment in every actor; returns at once.
-
-        Args:
-            agent_info: new per-row agent_info (1 or B rows) used from now on by running rows.
+        """Starts collecting one segment in every actor; returns at once (``agent_info``: new
+        per-row agent_info, 1 or B rows, used from now on by running rows).
 
         Raises:
             BatcherStateError: not after ``reset``/``get`` (e.g. a second ``execute``).
         """
-        self._require("execute", Phase.READY)
-        self._require_running_envs()
-        if agent_info is not None:
-            self._agent_info_rows = self._rows_info(
-                agent_info, self._agent_info, self._agent_info_specs, "agent_info"
-            )
+        ai = self._begin_execute(agent_info)
+        if ai is not None:
+            self._agent_info_rows = ai
         self._segment += 1
-        self._spoiled = False
         for w, actor in enumerate(self._actors):
             rows = self._rows(w)
             info = None
@@ -903,8 +499,11 @@ class RayBatcher(BatcherBase):
         """A segment is overdue once its actors were silent for ``timeout`` seconds."""
         return max(self._started_at, self._last_progress) + self.timeout
 
-    def get(self, blocking: bool = True) -> tuple[Trajectories | None, int | None]:
-        """The segment started by ``execute``: ``(Trajectories, n_still_running)`` on the CPU.
+    @serialized
+    def get(
+        self, blocking: bool = True, device: DeviceLike | None = None
+    ) -> tuple[Trajectories | None, int | None]:
+        """The segment started by ``execute``: ``(Trajectories, n_still_running)``.
 
         Rows with no valid step are left out (rows whose env ended earlier, and the rows of an
         actor whose segment failed and was restarted); ``T`` is the longest row's length.
@@ -912,6 +511,10 @@ class RayBatcher(BatcherBase):
         Args:
             blocking: wait for the segment; when False, return ``(None, None)`` while it is
                 still being collected.
+            device: where the batch should live (default: the CPU). For a GPU learner, pass its
+                device: the driver's buffer is page-locked once and full segments are copied
+                straight to the GPU (one copy); otherwise through one CPU copy, then
+                ``to(device)``, as ``Batcher.get`` does.
 
         Raises:
             WorkerError: an actor raised (with worker, env, step and remote traceback) or died,
@@ -921,80 +524,38 @@ class RayBatcher(BatcherBase):
         self._require("get", Phase.RUNNING)
         if not self._pump("execute", self._segment_deadline, blocking):
             return None, None
-        if not self._spoiled:
-            self._consecutive_faults = 0  # a complete batch
+        self._complete(self._segment)
         n_running = sum(self._running.values())
-        batch = self.buffer.read()
+        batch = self._read(self._segment, device)
         self._n_running = n_running
         self._phase = Phase.READY
         return batch, n_running
 
-    def update(self, info: Any) -> None:
-        """Hands ``info`` (e.g. a model's ``state_dict``, on any device) to every actor's agent.
+    def _publish_weights(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Copies the state_dict to the CPU and puts it ONCE in Ray's object store; every actor
+        reads that one object (zero-copy on its node) at the start of its next call."""
+        # Let go of the versions this one supersedes before putting it: the object store
+        # then reuses their memory (several times faster than fresh pages for 200 MB).
+        for pending in self._pending:
+            while pending and pending[-1][0] == "weights":
+                pending.pop()
+        previous, self._last_weights = self._last_weights, None
+        try:
+            ref = ray.put({k: to_wire(v.detach().contiguous()) for k, v in state_dict.items()})
+        except BaseException:
+            self._last_weights = previous
+            raise
+        del previous
+        self._last_weights = self._queue(("weights", version, ref))
 
-        A state_dict (a mapping of str to tensors) is copied to the CPU and put ONCE in Ray's
-        object store; every actor reads that one object (zero-copy on its node) at the start of
-        its next segment and loads it, never in the middle of one; later calls must have the
-        same keys, shapes and dtypes. Anything else is serialised once the same way and applied
-        in order. Returns without waiting for the actors; a failure to load surfaces at the next
-        ``get`` (phase ``agent update``). Every batch records in ``info['policy_version']`` the
-        number of updates its rows were collected with.
+    def _publish_info(self, version: int, info: Any) -> None:
+        """Serialises ``info`` once into Ray's object store; applied in order."""
+        self._last_info = self._queue(("info", version, ray.put(to_cpu_bytes(info))))
 
-        Raises:
-            KeyMismatchError: a state_dict with other keys than the first one (named).
-            ShapeError: a state_dict entry with another shape or dtype than the first one.
-        """
-        self._require("update", Phase.NEW, Phase.READY, Phase.RUNNING)
-        if is_state_dict(info):
-            self._check_weights(info)
-            # Let go of the versions this one supersedes before putting it: the object store
-            # then reuses their memory (several times faster than fresh pages for 200 MB).
-            for pending in self._pending:
-                while pending and pending[-1][0] == "weights":
-                    pending.pop()
-            previous, self._last_weights = self._last_weights, None
-            try:
-                ref = ray.put({k: _to_wire(v.detach().contiguous()) for k, v in info.items()})
-            except BaseException:
-                self._last_weights = previous
-                raise
-            del previous
-            kind = "weights"
-        else:
-            ref = ray.put(to_cpu_bytes(info))
-            kind = "info"
-        self._version += 1
-        op = (kind, self._version, ref)
+    def _queue(self, op: Op) -> Op:
         for pending in self._pending:
             pending.append(op)
-        if kind == "weights":
-            self._last_weights = op
-        else:
-            self._last_info = op
-
-    def _check_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        specs = {k: (tuple(v.shape), v.dtype) for k, v in state_dict.items()}
-        if self._weight_specs is None:
-            self._weight_specs = specs
-            return
-        missing = [k for k in self._weight_specs if k not in specs]
-        extra = [k for k in specs if k not in self._weight_specs]
-        if missing or extra:
-            raise KeyMismatchError(
-                f"update(): the state_dict has other keys than the first one: missing "
-                f"{missing}, unexpected {extra}"
-            )
-        for k, (shape, dtype) in specs.items():
-            if (shape, dtype) != self._weight_specs[k]:
-                raise ShapeError(
-                    f"update(): state_dict[{k!r}] is {shape} {dtype}, but the first update had "
-                    f"{self._weight_specs[k][0]} {self._weight_specs[k][1]}"
-                )
-
-    @property
-    def version(self) -> int:
-        """How many times ``update`` was called."""
-        return self._version
+        return op
 
     def actors(self) -> list[Any]:
         """The Ray actor handles, by worker index (replacements included)."""
@@ -1005,70 +566,10 @@ class RayBatcher(BatcherBase):
         Ray down only if this batcher started it (or opened the connection). Idempotent."""
         if self._phase is not Phase.FAILED:
             self._phase = Phase.CLOSED
+        self._close_accounting()
         if not hasattr(self, "_finalizer"):
             return
-        if self._finalizer.alive:
-            _kill(self._actors, grace=CLOSE_GRACE_S)
+        if self._finalizer.alive and _SESSION is not None:
+            _SESSION.kill(self._actors, grace=CLOSE_GRACE_S)
         self._finalizer()
         self._outstanding.clear()
-
-
-def _check_ray_options(
-    n_processes: Any,
-    seeds: Any,
-    agent_seeds: Any,
-    device: Any,
-    n_threads: Any,
-    timeout: Any,
-    start_timeout: Any,
-    pipeline: Any,
-    restart: Any,
-    address: Any,
-    num_cpus: Any,
-    num_gpus: Any,
-    actor_options: Any,
-) -> list[str]:
-    """The problems of RayBatcher's own arguments (on top of the common ones)."""
-    problems = BatcherBase._validate_workers(
-        n_processes, seeds, agent_seeds, n_threads, restart, timeout, start_timeout
-    )
-    if isinstance(pipeline, bool) or pipeline != 1:
-        problems.append(
-            f"pipeline={pipeline!r}: pipelined collection is not supported by RayBatcher yet "
-            "(use pipeline=1, or Batcher(pipeline=K) on one machine)"
-        )
-    if address is not None and (not isinstance(address, str) or not address):
-        problems.append(f"address must be None or a non-empty str, got {address!r}")
-    for name, value in (("num_cpus_per_actor", num_cpus), ("num_gpus_per_actor", num_gpus)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            problems.append(f"{name} must be a number >= 0, got {value!r}")
-        elif value > 1 and value != int(value):
-            problems.append(f"{name}={value}: above 1, Ray wants a whole number")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        problems.append(f"device={device!r} is not a device: {e}")
-    else:
-        if dev.type not in ("cpu", "cuda"):
-            problems.append(f"device={device!r}: RayBatcher actors run on 'cpu' or 'cuda'")
-        elif dev.type == "cuda" and not (isinstance(num_gpus, (int, float)) and num_gpus > 0):
-            problems.append(
-                f"device={device!r} needs num_gpus_per_actor > 0 (Ray then gives each actor "
-                "its share of a GPU, as 'cuda')"
-            )
-        elif dev.type == "cuda" and dev.index not in (None, 0):
-            problems.append(
-                f"device={device!r}: each actor sees only the GPU(s) Ray assigned it, from "
-                "cuda:0 on; pass device='cuda'"
-            )
-    if actor_options is not None:
-        if not isinstance(actor_options, Mapping):
-            problems.append(f"actor_options must be a dict, got {type(actor_options).__name__}")
-        else:
-            reserved = sorted(k for k in actor_options if k in _RESERVED_OPTIONS)
-            if reserved:
-                problems.append(
-                    f"actor_options must not set {reserved}: RayBatcher sets them "
-                    "(num_cpus_per_actor, num_gpus_per_actor; restarts: restart=RestartPolicy)"
-                )
-    return problems

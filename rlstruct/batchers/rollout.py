@@ -195,24 +195,34 @@ class Rollout:
         env: the VecEnv (``n`` envs), already on the batcher's device (e.g. via DeviceEnv).
         agent: the agent, on the batcher's device.
         buffer: the slot buffer; this rollout writes rows ``[offset, offset + n)``.
-        offset: the first buffer row, which is also the global id of env 0.
+        offset: the first buffer row.
         worker: the worker index (for error messages).
+        first_env: the global id of env 0 (default: ``offset``; a worker that fills a buffer
+            of its own rows only, such as a Ray actor, writes rows from 0 but names its envs
+            from its place in the whole batch).
     """
 
     def __init__(
-        self, env: VecEnv, agent: Agent, buffer: SlotBuffer, offset: int, worker: int = 0
+        self,
+        env: VecEnv,
+        agent: Agent,
+        buffer: SlotBuffer,
+        offset: int,
+        worker: int = 0,
+        first_env: int | None = None,
     ) -> None:
         self.env = env
         self.agent = agent
         self.buffer = buffer
         self.n = env.n_envs()
         self.offset = offset
+        self.first_env = offset if first_env is None else first_env
         self.worker = worker
         self.version = 0
         device = buffer.lengths.device
         self._device = device
         self._all_rows = slice(offset, offset + self.n)
-        self._env_ids = torch.arange(offset, offset + self.n, device=device)
+        self._env_ids = torch.arange(self.first_env, self.first_env + self.n, device=device)
         self._running: Tensor | None = None
         self._obs: DictTensor | None = None
         self._state: DictTensor | None = None
@@ -238,7 +248,7 @@ class Rollout:
             obs, running = self.env.reset(None if env_info.empty() else env_info)
         except Exception as e:
             env = getattr(e, "env_index", None)
-            _annotate(e, "env reset", None, None if env is None else env + self.offset)
+            _annotate(e, "env reset", None, None if env is None else env + self.first_env)
             raise
         self._obs = obs
         self._running = running.to(self.buffer.lengths.device)
@@ -308,7 +318,7 @@ class Rollout:
                     (obs_t1, _was_running), (obs_next, still_running) = self.env.step(action)
                 except Exception as e:
                     env = getattr(e, "env_index", None)
-                    _annotate(e, "env step", t, None if env is None else env + offset)
+                    _annotate(e, "env step", t, None if env is None else env + self.first_env)
                     raise
                 try:
                     buffer.write_steps((obs, action, obs_t1), rows, n_run, t, where)

@@ -14,12 +14,14 @@ from typing import Any
 import torch
 
 from rlstruct.agent import Agent
-from rlstruct.batchers.base import BatcherBase, Phase
+from rlstruct.batchers.base import BatcherBase, Phase, serialized
 from rlstruct.batchers.buffer import SlotBuffer
 from rlstruct.batchers.rollout import Rollout, infer_specs
 from rlstruct.batchers.rows import broadcast_rows
 from rlstruct.batchers.seeding import RNGStreams, env_seed_bases, isolated_rngs
 from rlstruct.batchers.transport import cpu_copy
+from rlstruct.batchers.weights import check_finite as check_finite_weights
+from rlstruct.batchers.weights import is_state_dict
 from rlstruct.dicttensor import DeviceLike, DictTensor, _same_device
 from rlstruct.envs.base import VecEnv
 from rlstruct.errors import ConfigError
@@ -140,6 +142,7 @@ class SerialBatcher(BatcherBase):
         self._n_running: int | None = None
         self._phase = Phase.NEW
 
+    @serialized
     def reset(
         self, agent_info: DictTensor | None = None, env_info: DictTensor | None = None
     ) -> None:
@@ -157,16 +160,15 @@ class SerialBatcher(BatcherBase):
         self._n_running = self._rollout.n_running
         self._phase = Phase.READY
 
+    @serialized
     def execute(self, agent_info: DictTensor | None = None) -> None:
         """Collects one segment of at most ``n_timesteps`` steps (synchronously).
 
         Args:
             agent_info: new per-row agent_info (1 or B rows) used from now on by running rows.
         """
-        self._require("execute", Phase.READY)
-        self._require_running_envs()
-        if agent_info is not None:
-            ai = self._rows_info(agent_info, self._agent_info, self._agent_info_specs, "agent_info")
+        ai = self._begin_execute(agent_info)
+        if ai is not None:
             self._rollout.set_agent_info(ai)
         self._phase = Phase.RUNNING
         try:
@@ -176,6 +178,7 @@ class SerialBatcher(BatcherBase):
             self._phase = Phase.READY
             raise
 
+    @serialized
     def get(
         self, blocking: bool = True, device: DeviceLike | None = None
     ) -> tuple[Trajectories | None, int | None]:
@@ -193,10 +196,22 @@ class SerialBatcher(BatcherBase):
         target = None if device is None else torch.device(device)
         return self.buffer.read(device=target), self._n_running
 
-    def update(self, info: Any) -> None:
+    @serialized
+    def update(self, info: Any, check_finite: bool = True) -> None:
         """Passes ``info`` (e.g. a ``state_dict``) to the agent's ``update``; tensors are
-        copied via the CPU so that nothing new is allocated on another GPU."""
+        copied via the CPU so that nothing new is allocated on another GPU. Safe from any
+        thread (calls take turns, see ``Batcher.update``).
+
+        Args:
+            info: a state_dict, or anything the agent's ``update`` takes.
+            check_finite: refuse a state_dict holding NaN or an infinity (False skips it).
+
+        Raises:
+            NonFiniteError: a state_dict with NaN or an infinity (the keys named).
+        """
         self._require("update", Phase.NEW, Phase.READY, Phase.RUNNING)
+        if check_finite and is_state_dict(info):
+            check_finite_weights(info)
         info = cpu_copy(info)
         with self._rngs.active():
             self.agent.update(info)

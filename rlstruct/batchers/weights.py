@@ -3,7 +3,8 @@
 ``Batcher.update(state_dict)`` writes the tensors into one slot of the ring (one ``copy_`` per
 tensor, no pickling, no per-worker copy) and returns; a worker loads a given version from its
 slot at the start of a segment, never in the middle of one. The ring is allocated once, at the
-first update, from that state_dict's keys, shapes and dtypes; a later state_dict must match.
+first update, from that state_dict's keys, shapes and dtypes; a later state_dict must match
+(:class:`WeightSpecs`, checked by the batcher before it writes).
 
 Slot ``v % n_slots`` holds version ``v``. Each slot carries a tag: the version it holds, or -1
 while it is being written. The batcher never overwrites a slot that a released, unfinished
@@ -19,9 +20,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlstruct.errors import KeyMismatchError, ShapeError
+from rlstruct.errors import KeyMismatchError, NonFiniteError, ShapeError
 
-__all__ = ["SharedWeights", "is_state_dict"]
+__all__ = ["SharedWeights", "WeightSpecs", "is_state_dict", "check_finite"]
 
 
 def is_state_dict(info: Any) -> bool:
@@ -33,7 +34,72 @@ def is_state_dict(info: Any) -> bool:
     )
 
 
-class SharedWeights:
+def check_finite(state_dict: Mapping[str, Tensor]) -> None:
+    """Raises unless every floating-point tensor of ``state_dict`` is finite.
+
+    Fast path: one sum per tensor (a single pass, no temporary the size of the weights; NaN and
+    infinities propagate into it) and one host sync per device. Only when a sum is not finite
+    are those tensors checked element by element (a sum can also overflow), which names the
+    keys.
+
+    Raises:
+        NonFiniteError: naming every key that holds NaN or an infinity.
+    """
+    by_device: dict[torch.device, list[tuple[str, Tensor]]] = {}
+    for k, v in state_dict.items():
+        if (v.is_floating_point() or v.is_complex()) and v.numel():
+            by_device.setdefault(v.device, []).append((k, v))
+    bad: list[str] = []
+    for items in by_device.values():
+        sums = torch.stack([v.detach().sum() for _k, v in items])
+        if bool(torch.isfinite(sums).all()):
+            continue
+        for (k, v), total in zip(items, sums.tolist()):
+            if not torch.isfinite(torch.tensor(total)) and not bool(torch.isfinite(v).all()):
+                bad.append(k)
+    if bad:
+        raise NonFiniteError(
+            f"update(): NaN or an infinity in the state_dict at key(s) {bad}; the workers would "
+            "act with a broken model (check the loss and the learning rate; "
+            "update(..., check_finite=False) skips this check)"
+        )
+
+
+class WeightSpecs:
+    """The keys, shapes and dtypes of the first state_dict a batcher was given; every later one
+    must match (the workers' copies were made from it).
+
+    Args:
+        example: the first state_dict (any device).
+    """
+
+    def __init__(self, example: Mapping[str, Tensor]) -> None:
+        self.specs = {k: (tuple(v.shape), v.dtype) for k, v in example.items()}
+
+    def check(self, state_dict: Mapping[str, Tensor]) -> None:
+        """Raises unless ``state_dict`` has exactly the first one's keys, shapes and dtypes.
+
+        Raises:
+            KeyMismatchError: a missing or extra key (named).
+            ShapeError: a key with another shape or dtype (named, with both).
+        """
+        missing = [k for k in self.specs if k not in state_dict]
+        extra = [k for k in state_dict if k not in self.specs]
+        if missing or extra:
+            raise KeyMismatchError(
+                f"update(): the state_dict has other keys than the first one: missing "
+                f"{missing}, unexpected {extra}"
+            )
+        for k, v in state_dict.items():
+            shape, dtype = self.specs[k]
+            if tuple(v.shape) != shape or v.dtype != dtype:
+                raise ShapeError(
+                    f"update(): state_dict[{k!r}] is {tuple(v.shape)} {v.dtype}, but the first "
+                    f"update had {shape} {dtype}"
+                )
+
+
+class SharedWeights(WeightSpecs):
     """``n_slots`` CPU copies of a state_dict in shared memory, with version tags.
 
     Args:
@@ -43,8 +109,8 @@ class SharedWeights:
 
     def __init__(self, example: Mapping[str, Tensor], n_slots: int) -> None:
         assert n_slots >= 2, n_slots
+        super().__init__(example)
         self.keys = list(example)
-        self.specs = {k: (tuple(v.shape), v.dtype) for k, v in example.items()}
         self.slots = [
             {
                 k: torch.empty(shape, dtype=dtype).share_memory_()
@@ -62,29 +128,6 @@ class SharedWeights:
     def nbytes(self) -> int:
         """Bytes of one slot."""
         return sum(t.numel() * t.element_size() for t in self.slots[0].values())
-
-    def check(self, state_dict: Mapping[str, Tensor]) -> None:
-        """Raises unless ``state_dict`` has exactly the ring's keys, shapes and dtypes.
-
-        Raises:
-            KeyMismatchError: a missing or extra key (named).
-            ShapeError: a key with another shape or dtype (named, with both).
-        """
-        missing = [k for k in self.keys if k not in state_dict]
-        extra = [k for k in state_dict if k not in self.specs]
-        if missing or extra:
-            raise KeyMismatchError(
-                f"update(): the state_dict has other keys than the first one: missing "
-                f"{missing}, unexpected {extra} (the shared weights were allocated from the "
-                "first update's keys)"
-            )
-        for k, v in state_dict.items():
-            shape, dtype = self.specs[k]
-            if tuple(v.shape) != shape or v.dtype != dtype:
-                raise ShapeError(
-                    f"update(): state_dict[{k!r}] is {tuple(v.shape)} {v.dtype}, but the first "
-                    f"update had {shape} {dtype}"
-                )
 
     def write(self, version: int, state_dict: Mapping[str, Tensor]) -> None:
         """Copies ``state_dict`` (checked, any device) into the slot of ``version``."""

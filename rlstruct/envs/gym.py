@@ -97,6 +97,7 @@ class _GymVecEnv(VecEnv):
         info_keys: Sequence[str] = (),
         env_id_offset: int = 0,
         check_finite: bool = False,
+        obs_dtype: str | np.dtype | torch.dtype | None = None,
     ) -> None:
         # First: rlstructures' GymEnv(envs, seed) (env instances, the seed second) gets an error
         # saying what changed, whatever its other arguments hold.
@@ -110,6 +111,8 @@ class _GymVecEnv(VecEnv):
         self._envs: list[gym.Env] = _make_envs(env, n_envs, make_kwargs)
         self._closed = False
         try:
+            if obs_dtype is not None:
+                self._envs = [_cast_observations(e, obs_dtype) for e in self._envs]
             self._setup_spaces(int(seed))
         except BaseException:
             self.close()
@@ -546,9 +549,13 @@ class GymEnv(_GymVecEnv):
         check_finite: raise ``FloatingPointError`` (naming env, key and env_step) when a float
             observation or a reward is NaN or Inf, or a finite reward overflows float32 (without
             it, such a reward becomes inf with a ``RuntimeWarning`` naming the env).
+        obs_dtype: ``None`` keeps the observations' dtype (MuJoCo's are float64); a float dtype
+            (``"float32"``, ``torch.float32``...) casts a float ``Box`` observation to it, in each
+            env (gymnasium's ``DtypeObservation`` wrapper: the space says the new dtype).
 
     Raises:
-        ConfigError: bad ``env``, ``n_envs``, ``seed``, ``make_kwargs`` or offset.
+        ConfigError: bad ``env``, ``n_envs``, ``seed``, ``make_kwargs``, offset or ``obs_dtype``
+            (not a float dtype, or observations that are not a float ``Box``).
         SpaceError: unsupported observation or action space, or envs with different spaces.
 
     Examples:
@@ -661,6 +668,34 @@ class GymEnvInf(_GymVecEnv):
             DictTensor._trusted(nxt, n, _CPU),
             torch.from_numpy(run.copy()),
         )
+
+
+def _cast_observations(env: gym.Env, dtype: str | np.dtype | torch.dtype) -> gym.Env:
+    """``env`` with its float ``Box`` observations cast to ``dtype`` (the ``obs_dtype`` option).
+
+    Raises:
+        ConfigError: ``dtype`` is not a float dtype, or the observations are not a float Box.
+    """
+    why = f"obs_dtype must be a float dtype such as 'float32', got {dtype!r}"
+    try:
+        target = np.dtype(torch.empty(0, dtype=dtype).numpy().dtype
+                          if isinstance(dtype, torch.dtype) else dtype)
+    except TypeError as e:
+        raise ConfigError(why) from e
+    if target.kind != "f":
+        raise ConfigError(why)
+    space = env.observation_space
+    if not isinstance(space, gym.spaces.Box) or space.dtype.kind != "f":
+        raise ConfigError(
+            f"obs_dtype={dtype!r} casts float Box observations, but the env has {space!r}; "
+            "cast other observations with a gymnasium ObservationWrapper"
+        )
+    if space.dtype == target:
+        return env
+    with warnings.catch_warnings():  # gymnasium's Box warns about casting its bounds (+-inf)
+        warnings.filterwarnings("ignore", ".*precision lowered", UserWarning)
+        warnings.filterwarnings("ignore", "overflow encountered in cast", RuntimeWarning)
+        return gym.wrappers.DtypeObservation(env, target)
 
 
 def _make_envs(

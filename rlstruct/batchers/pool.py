@@ -1,0 +1,397 @@
+"""The worker pool: what every multi-worker batcher backend decides the same way.
+
+``Batcher`` (worker processes) and ``RayBatcher`` (Ray actors) are both a :class:`WorkerPool`.
+The pool owns the decisions; a backend keeps only its transport (start a worker, send it a call,
+wait for answers, kill it):
+
+- the arguments: every check, the probe of a throwaway env and agent, the seeds
+  (:meth:`WorkerPool._setup`);
+- the restart policy's bookkeeping: faults, the rows a fault spoils, the delay, the budget
+  (:meth:`WorkerPool._absorb`, :meth:`WorkerPool._replace`);
+- the errors: a worker's error payload becomes a :class:`WorkerError` naming worker, env and
+  step (:func:`worker_error`), a silent worker a :class:`WorkerTimeoutError`
+  (:meth:`WorkerPool._timeout`);
+- the weights: ``update`` checks every state_dict against the first one and counts versions
+  (:meth:`WorkerPool.update`).
+
+A backend implements ``_stop_hung``, ``_stop_worker``, ``_start_replacement``,
+``_publish_weights`` and ``_publish_info`` (and may add to ``_after_update`` and
+``_timeout_hint``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import cloudpickle
+import psutil
+import torch
+
+from rlstruct.agent import Agent
+from rlstruct.batchers.base import BatcherBase, Phase, serialized
+from rlstruct.batchers.buffer import SlotBuffer, Specs
+from rlstruct.batchers.restart import Fault, RestartPolicy, exhausted, restart_env_seed
+from rlstruct.batchers.seeding import env_seed_bases
+from rlstruct.batchers.validation import check_picklable, find_non_cpu
+from rlstruct.batchers.weights import WeightSpecs, is_state_dict
+from rlstruct.batchers.weights import check_finite as check_finite_weights
+from rlstruct.dicttensor import DeviceLike, DictTensor
+from rlstruct.envs.base import VecEnv
+from rlstruct.errors import WorkerError, WorkerTimeoutError
+from rlstruct.trajectories import Trajectories
+
+__all__ = ["WorkerPool", "worker_error", "external_cpu_seconds", "CLOSE_GRACE_S"]
+
+#: Seconds ``close`` gives workers to leave by themselves (closing their envs and agent) before
+#: the next, harder step (SIGTERM then SIGKILL for a process, ``ray.kill`` for an actor).
+CLOSE_GRACE_S = 1.0
+
+
+def worker_error(payload: Mapping[str, Any], w: int, prefix: str = "") -> WorkerError:
+    """The :class:`WorkerError` of worker ``w``'s error payload
+    (:func:`rlstruct.batchers.core.error_payload`): ``worker 1, env 7, step 3 during env step:
+    RuntimeError: ...``, with the remote traceback."""
+    where = [f"worker {payload.get('worker', w)}"]
+    if payload.get("env") is not None:
+        where.append(f"env {payload['env']}")
+    if payload.get("step") is not None:
+        where.append(f"step {payload['step']}")
+    phase = f" during {payload['phase']}" if payload.get("phase") else ""
+    return WorkerError(
+        f"{prefix}{', '.join(where)}{phase}: {payload['type']}: {payload['message']}",
+        worker=payload.get("worker", w),
+        env=payload.get("env"),
+        step=payload.get("step"),
+        exc_type=payload["type"],
+        remote_traceback=payload["traceback"],
+    )
+
+
+#: The live pools (for :func:`external_cpu_seconds`), and the external CPU seconds of pools that
+#: were closed, so that the total never goes down.
+_POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+_CLOSED_EXTERNAL_CPU = [0.0]
+
+
+def external_cpu_seconds() -> float:
+    """CPU seconds used so far by the workers of this process's batchers that run OUTSIDE its
+    process tree (Ray actors of another machine, or of a cluster this process did not start),
+    as the workers reported them with their segments; a process-tree meter (the resource
+    monitor) adds them to what it measures itself, so it counts workers wherever they run.
+    Never decreases (closed batchers keep their share)."""
+    return _CLOSED_EXTERNAL_CPU[0] + sum(pool._external_cpu() for pool in list(_POOLS))
+
+
+class WorkerPool(BatcherBase):
+    """The shared part of the multi-worker batchers (see the module docstring)."""
+
+    restart: RestartPolicy | None = None
+    _started = False
+    #: The backend supports ``pipeline >= 2``.
+    _PIPELINED = True
+
+    # ------------------------------------------------------------------ construction
+    def _setup(
+        self,
+        n_timesteps: int,
+        agent: tuple[Callable[..., Agent], Mapping[str, Any] | None],
+        env: tuple[Callable[..., VecEnv], Mapping[str, Any] | None],
+        infos: tuple[DictTensor | None, DictTensor | None],
+        n_processes: int,
+        seeds: int | Sequence[int],
+        agent_seeds: Sequence[int] | None,
+        options: tuple[int, float, float, int, RestartPolicy | None],
+        problems: list[str],
+        non_cpu_hint: str,
+        before_probe: Callable[[], None] | None = None,
+    ) -> tuple[Specs, Specs]:
+        """Checks every argument (``problems``: the backend's own, listed with the others), then
+        probes a throwaway env and agent and derives the seeds; nothing is started before all
+        checks passed.
+
+        Args:
+            n_timesteps: ``T``.
+            agent: ``(create_agent, agent_args)``.
+            env: ``(create_env, env_args)``.
+            infos: the example ``(agent_info, env_info)``.
+            n_processes: ``P``.
+            seeds: the run seed or one per worker.
+            agent_seeds: one agent seed per worker, or None.
+            options: ``(n_threads, timeout, start_timeout, pipeline, restart)``.
+            problems: the backend's own problems with its arguments.
+            non_cpu_hint: what to say about a tensor or module that is not on the CPU.
+            before_probe: called once the checks passed, before the probe (e.g. to start
+                something in the background while the probe runs).
+
+        Returns:
+            The step and info specs of the buffers.
+
+        Raises:
+            ConfigError: every problem at once.
+            TypeError: a factory or argument that cannot be pickled.
+        """
+        (create_agent, agent_args), (create_env, env_args) = agent, env
+        agent_info, env_info = infos
+        n_threads, timeout, start_timeout, pipeline, restart = options
+        found = self._validate_common(
+            n_timesteps, create_agent, agent_args, create_env, env_args, seeds, agent_info, env_info
+        )
+        found += self._validate_workers(
+            n_processes, seeds, agent_seeds, n_threads, restart, timeout, start_timeout
+        )
+        found += self._validate_pipeline(pipeline, supported=self._PIPELINED)
+        found += problems
+        named = {"agent_args": agent_args, "env_args": env_args}
+        for name, value in {**named, "agent_info": agent_info, "env_info": env_info}.items():
+            found += [f"{where}: {non_cpu_hint}" for where in find_non_cpu(value, name)]
+        self._raise_problems(found)
+        agent_args, env_args = dict(agent_args or {}), dict(env_args or {})
+        check_picklable(create_env=create_env, env_args=env_args)
+        check_picklable(create_agent=create_agent, agent_args=agent_args)
+        self.n_timesteps, self.n_processes, self.timeout = n_timesteps, n_processes, timeout
+        self.pipeline, self.restart = pipeline, restart
+        self._n_threads, self._start_timeout = n_threads, start_timeout
+        if before_probe is not None:
+            before_probe()
+        n, step_specs, info_specs = self._probe(
+            create_env, env_args, create_agent, agent_args, agent_info, env_info, n_processes
+        )
+        self._env_bases, default_agent_seeds = env_seed_bases(seeds, n_processes, n)
+        self._agent_seeds = list(agent_seeds) if agent_seeds is not None else default_agent_seeds
+        self._n_envs, self._n_rows = n, n * n_processes
+        self._agent_info_specs = self._agent_info.specs()
+        self._env_info_specs = self._env_info.specs()
+        self._factories = cloudpickle.dumps((create_env, env_args, create_agent, agent_args))
+        self._version = 0
+        self._weight_specs: WeightSpecs | None = None
+        #: Every worker fault a restart absorbed, oldest first.
+        self.faults: list[Fault] = []
+        self._restarts = [0] * n_processes  # per worker: seeds of its next replacement
+        self._consecutive_faults = 0
+        self._spoiled: set[int] = set()  # segments that lost a worker's rows
+        self._last_progress = time.monotonic()
+        self._worker_cpu = [0.0] * n_processes  # CPU seconds each worker reported last
+        self._external = [False] * n_processes  # runs outside this process tree
+        self._retired_cpu = [0.0, 0.0]  # (all, external) of the workers that were replaced
+        _POOLS.add(self)
+        return step_specs, info_specs
+
+    # ------------------------------------------------------------------ CPU accounting
+    @property
+    def worker_cpu_seconds(self) -> float:
+        """CPU seconds the workers used so far, as each reported with its last segment
+        (replaced workers included)."""
+        return self._retired_cpu[0] + sum(self._worker_cpu)
+
+    def _external_cpu(self) -> float:
+        live = sum(c for c, ext in zip(self._worker_cpu, self._external) if ext)
+        return self._retired_cpu[1] + live
+
+    def _locate(self, w: int, host: str, pid: int) -> None:
+        """Records whether worker ``w`` (process ``pid`` on ``host``) runs outside this
+        process's tree, where a process-tree meter cannot see it."""
+        inside = False
+        if host == socket.gethostname():
+            try:
+                inside = any(p.pid == os.getpid() for p in psutil.Process(pid).parents())
+            except psutil.Error:
+                inside = False
+        self._external[w] = not inside
+
+    def _retire_cpu(self, w: int) -> None:
+        """Worker ``w`` is gone: its last report stays in the totals."""
+        self._retired_cpu[0] += self._worker_cpu[w]
+        if self._external[w]:
+            self._retired_cpu[1] += self._worker_cpu[w]
+        self._worker_cpu[w], self._external[w] = 0.0, False
+
+    def _close_accounting(self) -> None:
+        """The batcher closes: its external CPU moves to the closed batchers' total."""
+        if self in _POOLS:
+            _CLOSED_EXTERNAL_CPU[0] += self._external_cpu()
+            _POOLS.discard(self)
+
+    def _core_fields(self, w: int, env_seed: int, device: str) -> dict[str, Any]:
+        """The :class:`~rlstruct.batchers.core.CoreSpec` fields of worker ``w`` (a backend's
+        spec adds its own)."""
+        return {
+            "index": w,
+            "factories": self._factories,
+            "env_seed": env_seed,
+            "build_seed": self._agent_seeds[0],  # the same in every worker
+            "agent_seed": self._agent_seeds[w],
+            "n_envs": self._n_envs,
+            "offset": w * self._n_envs,
+            "n_timesteps": self.n_timesteps,
+            "n_threads": self._n_threads,
+            "device": device,
+        }
+
+    def _rows(self, w: int) -> slice:
+        """Worker ``w``'s rows of a batch."""
+        return slice(w * self._n_envs, (w + 1) * self._n_envs)
+
+    # ------------------------------------------------------------------ failures
+    def _fail(self, error: WorkerError, hung: Sequence[int] = ()) -> WorkerError:
+        """Marks the batcher failed and starts stopping the ``hung`` workers (and asks the others
+        to leave) without waiting; ``close()`` (or garbage collection) waits, bounded."""
+        self._phase = Phase.FAILED
+        self._failure = str(error).split("\n", 1)[0]
+        self._stop_hung(hung)
+        return error
+
+    def _stop_hung(self, hung: Sequence[int]) -> None:
+        raise NotImplementedError
+
+    def _timeout_hint(self, what: str) -> str:
+        """Why workers may stay silent during ``what`` (a backend may say more)."""
+        return "hung env or agent, or a stopped process?"
+
+    def _timeout(self, workers: Sequence[int], what: str) -> WorkerTimeoutError:
+        """The timeout of the silent ``workers`` during ``what``; the batcher fails."""
+        silent = sorted(workers)
+        limit = self._start_timeout if what in ("start", "restart") else self.timeout
+        return self._fail(  # type: ignore[return-value]
+            WorkerTimeoutError(
+                f"workers {silent} did not answer {what} within the timeout ({limit:g} s; "
+                f"{self._timeout_hint(what)}); they are being stopped",
+                worker=silent[0],
+            ),
+            hung=silent,
+        )
+
+    # ------------------------------------------------------------------ restarts
+    def _absorb(self, w: int, error: WorkerError, segments: Sequence[int]) -> WorkerError | None:
+        """Replaces worker ``w`` after ``error`` if the restart policy allows it (None), else
+        returns the error to raise (saying so when the budget is spent). ``segments``: the
+        segments ``w`` owed, whose rows of ``w`` are left out of their batches."""
+        policy = self.restart
+        if policy is None or not self._started:
+            return error
+        final = exhausted(policy, error, sum(self._restarts), self._consecutive_faults)
+        if final is not None:
+            return final
+        self._replace(w, error, list(segments))
+        return None
+
+    def _replace(self, w: int, error: WorkerError, segments: list[int]) -> None:
+        """Stops worker ``w``, records the fault, drops its rows from the segments it owed, and
+        starts a fresh one in its place (new env seeds, current weights, envs reset)."""
+        assert self.restart is not None
+        self._stop_worker(w)
+        self._retire_cpu(w)
+        self._restarts[w] += 1
+        self._consecutive_faults += 1
+        self.faults.append(
+            Fault(
+                worker=w,
+                env=error.env,
+                step=error.step,
+                segment=segments[0] if segments else None,
+                exc_type=error.exc_type,
+                message=str(error.args[0]).split("\n", 1)[0],
+                exitcode=error.exitcode,
+                restart=sum(self._restarts),
+            )
+        )
+        for segment in segments:  # never handed to the learner as if valid
+            self._slot_buffer(segment).lengths[self._rows(w)] = 0
+            self._spoiled.add(segment)
+        if self.restart.delay_s:
+            time.sleep(self.restart.delay_s)
+        seed = restart_env_seed(self._env_bases[w], self._restarts[w])
+        self._start_replacement(w, seed, segments)
+        self._last_progress = time.monotonic()
+
+    def _stop_worker(self, w: int) -> None:
+        """Stops worker ``w`` (faulty) at once."""
+        raise NotImplementedError
+
+    def _start_replacement(self, w: int, env_seed: int, segments: list[int]) -> None:
+        """Starts worker ``w`` again with ``env_seed``, loads the current weights, resets it."""
+        raise NotImplementedError
+
+    def _slot_buffer(self, segment: int) -> SlotBuffer:
+        """The buffer that segment ``segment`` is written to."""
+        raise NotImplementedError
+
+    def _complete(self, segment: int) -> None:
+        """Segment ``segment`` was handed over: a complete one ends a run of faults."""
+        if segment in self._spoiled:
+            self._spoiled.discard(segment)
+        else:
+            self._consecutive_faults = 0
+
+    def _read(self, segment: int, device: DeviceLike | None) -> Trajectories:
+        """Segment ``segment``'s batch on ``device`` (default: the CPU); for a GPU, the CPU
+        buffers are page-locked once and full segments are copied straight to it."""
+        target = None if device is None else torch.device(device)
+        if target is not None and target.type == "cuda":
+            for buffer in self._buffers():
+                buffer.pin()
+        return self._slot_buffer(segment).read(device=target)
+
+    def _buffers(self) -> list[SlotBuffer]:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ weights
+    @serialized
+    def update(self, info: Any, check_finite: bool = True) -> None:
+        """Hands ``info`` (e.g. a model's ``state_dict``, on any device) to every worker's agent.
+
+        A state_dict (a non-empty mapping of str to tensors) must have the keys, shapes and
+        dtypes of the first one, and finite values; each worker loads the newest one at the
+        start of its next segment, never in the middle of one. Anything else is serialised and
+        applied in order. Returns without waiting for the workers; a failure to load surfaces
+        at the next ``get``. Every batch records in ``info['policy_version']`` the number of
+        updates its rows were collected with (:attr:`version`).
+
+        Threads: ``update`` may be called from any thread. Calls of one batcher from several
+        threads take turns (a lock; ``get`` waiting for a segment holds it too), so every
+        update counts exactly once and in order.
+
+        Args:
+            info: a state_dict, or anything picklable for the agent's ``update``.
+            check_finite: refuse a state_dict holding NaN or an infinity (one pass over the
+                weights; False skips it, for speed).
+
+        Raises:
+            KeyMismatchError: a state_dict with other keys than the first one (named).
+            ShapeError: a state_dict entry with another shape or dtype than the first one.
+            NonFiniteError: a state_dict with NaN or an infinity (the keys named).
+        """
+        self._require("update", Phase.NEW, Phase.READY, Phase.RUNNING, Phase.STREAMING)
+        version = self._version + 1
+        if is_state_dict(info):
+            if check_finite:
+                check_finite_weights(info)
+            if self._weight_specs is None:
+                self._weight_specs = WeightSpecs(info)
+            else:
+                self._weight_specs.check(info)
+            self._publish_weights(version, info)
+        else:
+            self._publish_info(version, info)
+        self._version = version
+        self._after_update()
+
+    def _publish_weights(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Makes ``state_dict`` (checked) version ``version`` for every worker."""
+        raise NotImplementedError
+
+    def _publish_info(self, version: int, info: Any) -> None:
+        """Sends ``info`` (not a state_dict) as version ``version`` to every worker."""
+        raise NotImplementedError
+
+    def _after_update(self) -> None:
+        """What a backend does once a version is published (nothing by default)."""
+
+    @property
+    def version(self) -> int:
+        """How many times ``update`` was called."""
+        return self._version

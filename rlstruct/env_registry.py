@@ -1,0 +1,186 @@
+"""Finding the user's envs: modules that register them, id checks, close-match suggestions.
+
+gymnasium knows an env id once the module that calls ``gymnasium.register`` has been imported.
+A training run builds envs in several processes (the driver, the worker processes, the
+evaluation worker, Ray actors), and each must import that module first. Two ways say which:
+
+- ``--env-module pkg.mod`` (repeatable): :func:`import_env_modules` imports them in the driver,
+  and :class:`EnvModules` wraps an env factory so that every process that builds an env
+  imports them first (it pickles by module name, so it travels to workers and actors);
+- gymnasium's own ``pkg.mod:Id`` form: ``gymnasium.make`` imports ``pkg.mod`` in whichever
+  process calls it.
+
+:func:`env_id_problems` checks an id before anything starts and suggests close matches;
+:func:`env_shape` probes an env's observation shape and number of actions.
+
+Example:
+    >>> env_id_problems("CartPole-v2")
+    ["env_id 'CartPole-v2' is not registered with gymnasium (did you mean 'CartPole-v1', ...?)..."]
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium as gym
+
+from rlstruct.errors import ConfigError
+
+__all__ = [
+    "EnvModules", "env_dims", "env_id_problems", "env_module_problems", "env_shape", "env_spaces",
+    "env_spec",
+    "import_env_modules",
+]
+
+
+def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
+    """``gymnasium.spec`` that also takes the ``pkg.mod:Id`` form (importing ``pkg.mod``
+    first), as ``gymnasium.make`` does.
+
+    Raises:
+        ModuleNotFoundError: ``pkg.mod`` does not import.
+        gymnasium.error.Error: the id is not registered.
+    """
+    module, _, name = env_id.rpartition(":")
+    if module:
+        importlib.import_module(module)
+    return gym.spec(name)
+
+
+def env_module_problems(modules: Sequence[str]) -> list[str]:
+    """Imports each of ``modules``; returns one message per module that fails to import."""
+    problems = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # a module's own error is reported, not raised
+            problems.append(f"env_module {name!r} cannot be imported: {type(err).__name__}: "
+                            f"{err} (is its folder on PYTHONPATH?)")
+    return problems
+
+
+def import_env_modules(modules: Sequence[str]) -> None:
+    """Imports ``modules`` (their import registers envs with gymnasium).
+
+    Raises:
+        ConfigError: one or more modules do not import (all of them are named).
+    """
+    problems = env_module_problems(modules)
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def env_id_problems(env_id: str, backend: str = "gymnasium") -> list[str]:
+    """What is wrong with ``env_id`` for the env ``backend`` (empty: nothing).
+
+    ``gymnasium`` ids must be registered (after the env modules are imported; ``pkg.mod:Id``
+    imports ``pkg.mod`` here); an unknown one gets up to three close matches. ``torch`` ids must
+    have a torch-native version; ``atari`` ids are checked once ale-py registered them (a
+    missing ale-py is a problem too).
+    """
+    if backend == "torch":
+        from rlstruct.envs.torch import BY_GYM_ID
+
+        if env_id not in BY_GYM_ID:
+            return [f"env_id {env_id!r} has no torch-native version (--env-backend torch): "
+                    f"there are {sorted(BY_GYM_ID)}{_suggest(env_id, BY_GYM_ID)}"]
+        return []
+    if backend == "atari":
+        from rlstruct.envs.atari import register_atari_envs
+
+        try:
+            register_atari_envs()
+        except ImportError as err:
+            return [f"--env-backend atari: {err}"]
+    try:
+        env_spec(env_id)
+    except ModuleNotFoundError as err:
+        return [f"env_id {env_id!r}: its module cannot be imported ({err})"]
+    except gym.error.Error as err:
+        name = env_id.split(":")[-1]
+        return [f"env_id {env_id!r} is not registered with gymnasium{_suggest(name, gym.registry)}"
+                f" ({type(err).__name__}: {err}); an env of your own needs --env-module "
+                "pkg.mod (the module that registers it) or the id form pkg.mod:Id"]
+    return []
+
+
+def _suggest(name: str, known: Any) -> str:
+    matches = difflib.get_close_matches(name, [str(k) for k in known], n=3, cutoff=0.6)
+    return f" (did you mean {', '.join(repr(m) for m in matches)}?)" if matches else ""
+
+
+def env_dims(env_id: str) -> tuple[int, int]:
+    """``(observation size, number of actions)`` of a gymnasium env with discrete actions.
+
+    Raises:
+        ConfigError: the action space is not ``Discrete``.
+    """
+    shape, n_actions = env_shape(env_id)
+    return math.prod(shape), n_actions
+
+
+def env_spaces(env_id: str, backend: str = "gymnasium") -> tuple[tuple[int, ...], gym.Space]:
+    """``(observation shape, action space)`` of ``env_id`` as the training envs of ``backend``
+    produce it (``"atari"``: the preprocessed frames; ``"torch"``: the torch-native env's).
+
+    Raises:
+        ConfigError: ``backend`` is ``"torch"`` and ``env_id`` has no torch-native version.
+    """
+    if backend == "torch":
+        from rlstruct.envs.torch import BY_GYM_ID
+
+        if env_id not in BY_GYM_ID:
+            raise ConfigError(
+                f"no torch-native version of {env_id!r}; there are {sorted(BY_GYM_ID)} (use the "
+                "gymnasium env backend for the others)"
+            )
+        cls = BY_GYM_ID[env_id]
+        return tuple(cls.observation_space.shape or (1,)), cls.action_space
+    if backend == "atari":
+        from rlstruct.envs.atari import make_atari_gym_env
+
+        probe = make_atari_gym_env(env_id)
+    else:
+        probe = gym.make(env_id)
+    try:
+        obs, actions = probe.observation_space, probe.action_space
+    finally:
+        probe.close()
+    return tuple(obs.shape or (1,)), actions
+
+
+def env_shape(env_id: str, backend: str = "gymnasium") -> tuple[tuple[int, ...], int]:
+    """``(observation shape, number of actions)`` of an env with discrete actions, as the
+    training envs of ``backend`` produce it (``"atari"``: the preprocessed frames).
+
+    Raises:
+        ConfigError: the action space is not ``Discrete``.
+    """
+    shape, actions = env_spaces(env_id, backend)
+    if not isinstance(actions, gym.spaces.Discrete):
+        raise ConfigError(f"{env_id} has actions {actions}; these algorithms need Discrete ones")
+    return shape, int(actions.n)
+
+
+class EnvModules:
+    """A picklable env factory that imports ``modules`` before it calls ``create_env``.
+
+    Args:
+        create_env: the factory (``create_env(**env_args, seed=s) -> VecEnv``).
+        modules: module names that register envs with gymnasium.
+    """
+
+    def __init__(self, create_env: Callable[..., Any], modules: Sequence[str]) -> None:
+        self.create_env, self.modules = create_env, tuple(modules)
+        self.__name__ = getattr(create_env, "__name__", type(self).__name__)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import_env_modules(self.modules)
+        return self.create_env(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"EnvModules({self.create_env!r}, {list(self.modules)})"

@@ -1,0 +1,81 @@
+"""rlstruct.checkpoint: atomic writes, a full disk, loading, RNG states, rebuilding a model."""
+
+from __future__ import annotations
+
+import errno
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import rlstruct.checkpoint as ck
+from rlstruct.errors import CheckpointError
+from rlstruct.logger import RunLogger
+
+
+def full_disk_after(n_bytes: int):
+    """An ``os.write`` that writes ``n_bytes`` in all, then fails as a full disk does."""
+    left = [n_bytes]
+
+    def write(fd: int, data) -> int:
+        if left[0] <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        n = ck.os.write(fd, bytes(data[: left[0]]))
+        left[0] -= n
+        return n
+
+    return write
+
+
+def test_a_full_disk_is_a_typed_error_naming_the_file_and_keeps_the_last_checkpoint(
+    tmp_path, monkeypatch
+):
+    with RunLogger("t", "Env-v0", None, tmp_path, progress=False) as logger:
+        logger.checkpoint({"frames": 1, "w": torch.ones(1000)}, score=1.0)
+        monkeypatch.setattr(ck, "_os_write", full_disk_after(100))
+        with pytest.raises(CheckpointError) as info:
+            logger.checkpoint({"frames": 2, "w": torch.zeros(1000)}, score=2.0)
+        monkeypatch.undo()
+    folder = logger.dir / "checkpoints"
+    message = str(info.value)
+    assert str(folder / "latest.pt") in message and "No space left on device (ENOSPC)" in message
+    assert "the last good checkpoint" in message and isinstance(info.value, OSError)
+    assert sorted(p.name for p in folder.iterdir()) == ["best.pt", "latest.pt"]  # no .tmp
+    assert ck.load_checkpoint(folder / "latest.pt")["frames"] == 1
+    assert logger.best_score == 1.0
+
+
+def test_a_full_disk_while_copying_best_leaves_no_tmp(tmp_path, monkeypatch):
+    src = tmp_path / "latest.pt"
+    ck.save_checkpoint({"frames": 3}, src)
+    monkeypatch.setattr(ck, "_os_write", full_disk_after(0))
+    with pytest.raises(CheckpointError, match=r"best\.pt: No space left"):
+        ck.copy_checkpoint(src, tmp_path / "best.pt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.pt"]
+
+
+def test_load_names_a_missing_or_damaged_file(tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint at"):
+        ck.load_checkpoint(tmp_path / "latest.pt")
+    (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="cannot load checkpoint"):
+        ck.load_checkpoint(tmp_path / "bad.pt")
+
+
+def test_rng_states_round_trip_through_a_weights_only_load(tmp_path):
+    torch.manual_seed(1), np.random.seed(2), random.seed(3)
+    ck.save_checkpoint({"rng": ck.rng_state()}, tmp_path / "c.pt")
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    torch.manual_seed(9), np.random.seed(9), random.seed(9)
+    ck.set_rng_state(ck.load_checkpoint(tmp_path / "c.pt")["rng"])
+    assert torch.equal(torch.rand(3), expected[0])
+    assert np.array_equal(np.random.rand(3), expected[1]) and random.random() == expected[2]
+
+
+def test_build_model_from_a_recorded_constructor_and_unknown_classes():
+    spec = {"class": ck.object_path(torch.nn.Linear), "args": [3, 2], "kwargs": {"bias": False}}
+    model = ck.build_model(spec)
+    assert isinstance(model, torch.nn.Linear) and model.bias is None and model.in_features == 3
+    with pytest.raises(CheckpointError, match="cannot import 'nowhere:Net'"):
+        ck.build_model({"class": "nowhere:Net"})
