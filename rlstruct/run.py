@@ -110,7 +110,8 @@ class RunConfig:
     changes its default and keeps its help."""
 
     env_id: str = "CartPole-v1"
-    """gymnasium id of the environment (discrete actions); pkg.mod:Id imports pkg.mod first"""
+    """gymnasium id of the environment (Discrete actions; ppo, a2c and trpo also take Box ones,
+    sac only Box ones); pkg.mod:Id imports pkg.mod first"""
     env_module: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
     """a module that registers env_id with gymnasium, imported wherever envs are built (the
     workers, the evaluation, Ray actors); repeatable"""

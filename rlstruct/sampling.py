@@ -101,6 +101,9 @@ class ActorAgent(Agent):
             trajectories must hold ``_observation/frame``).
     """
 
+    replay_key = "logits"
+    """The key of the policy's outputs in :meth:`call_replay`'s result."""
+
     def __init__(
         self, model: torch.nn.Module, store_value: bool = True, replay_next_value: bool = False
     ) -> None:
@@ -131,7 +134,7 @@ class ActorAgent(Agent):
         trajectories ``(B, T, ...)``: logits and value with gradients, next_value without."""
         steps = trajectories.trajectories
         logits, value = self.model(steps[K.OBS_FRAME][:, t])
-        out = {"logits": logits, K.VALUE: value}
+        out = {self.replay_key: logits, K.VALUE: value}
         if self.replay_next_value:
             with torch.no_grad():  # V(s') is a target: no gradient flows into it
                 out["next_value"] = self.model(steps[K.NEXT_FRAME][:, t])[1]
@@ -153,20 +156,17 @@ class HeadSampler(CategoricalSampler):
         return head.act(params, self._generator(params.device), greedy)
 
 
-class PolicyAgent(Agent):
-    """A memoryless actor over ``model(frame) -> (params (n, P), value (n,))`` whose
+class PolicyAgent(ActorAgent):
+    """An :class:`ActorAgent` over ``model(frame) -> (params (n, P), value (n,))`` whose
     ``model.head`` is a policy head (:class:`rlstruct.nets.HeadActorCritic`): any action space.
 
     Returns ``action`` (what the env receives: rescaled and clipped into a Box), ``sample`` (the
     head's own sample, unclipped: the one its log-prob is taken at), ``logp`` and, with
     ``store_value``, the critic's ``value``. Rows with ``agent_info["greedy"]`` play the head's
-    greedy action. Samples come from the agent's own generator (seeded by :meth:`seed`, created
-    on the device of the first params), so a batcher's seeds reproduce its collection; for a
-    categorical head the draws are :class:`ActorAgent`'s.
-
-    :meth:`call_replay` samples nothing: it returns the differentiable ``params`` and ``value``
-    of the stored observations (and with ``replay_next_value`` the gradient-free
-    ``next_value``); a loss rebuilds the distribution with ``model.head`` from ``params``.
+    greedy action. Samples come from a :class:`HeadSampler` (seeded by :meth:`seed`), so a
+    batcher's seeds reproduce its collection; for a categorical head the draws are
+    :class:`ActorAgent`'s. :meth:`call_replay` returns ``params`` (not ``logits``) and
+    ``value``: a loss rebuilds the distribution with ``model.head``.
 
     Args:
         model: the actor-critic; ``model.head`` an :class:`rlstruct.distributions.ActionHead`.
@@ -175,17 +175,13 @@ class PolicyAgent(Agent):
             trajectories must hold ``_observation/frame``).
     """
 
+    replay_key = "params"
+
     def __init__(
         self, model: torch.nn.Module, store_value: bool = True, replay_next_value: bool = False
     ) -> None:
-        self.model = model
-        self.store_value = store_value
-        self.replay_next_value = replay_next_value
+        super().__init__(model, store_value, replay_next_value)
         self.sample = HeadSampler()
-
-    def seed(self, seed: int) -> None:
-        """Seeds the sampler."""
-        self.sample.seed(seed)
 
     def __call__(
         self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
@@ -197,17 +193,4 @@ class PolicyAgent(Agent):
         out = {K.ACTION_KEY: action, K.SAMPLE: sample, K.LOGP: head.log_prob(params, sample)}
         if self.store_value:
             out[K.VALUE] = value
-        return DictTensor(out), state
-
-    def call_replay(
-        self, trajectories: Trajectories, t: int, state: DictTensor
-    ) -> tuple[DictTensor, DictTensor]:
-        """``({"params", "value"[, "next_value"]}, state)`` of step ``t`` of stored
-        trajectories ``(B, T, ...)``: params and value with gradients, next_value without."""
-        steps = trajectories.trajectories
-        params, value = self.model(steps[K.OBS_FRAME][:, t])
-        out = {"params": params, K.VALUE: value}
-        if self.replay_next_value:
-            with torch.no_grad():  # V(s') is a target: no gradient flows into it
-                out["next_value"] = self.model(steps[K.NEXT_FRAME][:, t])[1]
         return DictTensor(out), state

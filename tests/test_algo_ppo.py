@@ -326,3 +326,13 @@ def test_learns_pendulum(tmp_path):
                               eval_every=0, runs_dir=str(tmp_path))
     summary = ppo.main(cfg)
     assert summary["solved"], summary
+
+
+def test_mountain_car_continuous_runs_through_the_gaussian_head(tmp_path):
+    cfg = ppo.Config(env_id="MountainCarContinuous-v0", layout=layout(n_envs=4), n_timesteps=32,
+                     max_frames=256, n_epochs=1, eval_every=0, target_return=None,
+                     normalize_obs=True, runs_dir=str(tmp_path))
+    summary = ppo.main(cfg)
+    assert summary["frames"] >= 256 and summary["stopped_by"] == "max_frames"
+    checkpoint = torch.load(Path(summary["run_dir"]) / "checkpoints" / "latest.pt")
+    assert "actor.4.log_std" in checkpoint["model"] and "obs_norm.mean" in checkpoint["model"]

@@ -139,3 +139,15 @@ def test_learns_pendulum(tmp_path):
                       runs_dir=str(tmp_path))
     summary = trpo.main(cfg)
     assert summary["solved"], summary
+
+
+@pytest.mark.gpu
+def test_gpu_layout_with_torch_pendulum_on_the_gpu(tmp_path):
+    cfg = trpo.Config(
+        layout=LayoutConfig(learner_device="cuda:0", batcher_device="cuda", eval_device="cpu",
+                            n_envs=64, check_devices=True),
+        env_backend="torch", n_timesteps=32, max_frames=6000, eval_every=1, critic_epochs=1,
+        runs_dir=str(tmp_path),
+    )
+    rows = check_run_dir(Path(trpo.main(cfg)["run_dir"]))
+    assert evaluated_rows(rows) and all(float(r["kl"]) <= 1.5 * cfg.max_kl for r in rows[:-1])

@@ -242,3 +242,57 @@ def test_unbounded_dimensions_are_neither_rescaled_nor_clipped():
     head = GaussianHead(5, space)
     action = head.to_env(torch.tensor([[0.0, 1e6], [-5.0, -7.0]]))
     torch.testing.assert_close(action, torch.tensor([[1.0, 1e6], [-1.0, -7.0]]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("squash", [False, True])
+def test_heads_act_on_the_gpu_inside_the_box(squash):
+    head = make_head(BOX, 5, squash=squash).to("cuda")
+    params = head(torch.randn(256, 5, device="cuda")) * 10
+    g = torch.Generator("cuda").manual_seed(0)
+    sample, action = head.act(params, g, torch.zeros(256, dtype=torch.bool))
+    assert action.device.type == "cuda" and sample.device.type == "cuda"
+    low, high = torch.as_tensor(BOX.low, device="cuda"), torch.as_tensor(BOX.high, device="cuda")
+    assert bool(((action >= low) & (action <= high)).all())
+    assert torch.isfinite(head.log_prob(params, sample)).all()
+
+
+def test_policy_agent_on_a_categorical_head_draws_what_actor_agent_draws():
+    from rlstruct.nets import HeadActorCritic
+    from rlstruct.sampling import ActorAgent, PolicyAgent
+
+    torch.manual_seed(0)
+    model = HeadActorCritic(3, make_head(spaces.Discrete(4), 8), 8)
+    obs, state = DictTensor({"frame": torch.randn(64, 3)}), DictTensor(batch_size=64)
+    a, b = PolicyAgent(model), ActorAgent(model)
+    a.seed(3)
+    b.seed(3)
+    out_a, out_b = a(state, obs, DictTensor())[0], b(state, obs, DictTensor())[0]
+    assert torch.equal(out_a["action"], out_b["action"])
+    assert torch.equal(out_a["sample"], out_a["action"])
+    torch.testing.assert_close(out_a["logp"], out_b["logp"])
+
+
+def test_policy_agent_on_a_box_is_seeded_greedy_on_request_and_replays_its_params():
+    from rlstruct.nets import HeadActorCritic
+    from rlstruct.replay import replay_agent_stateless
+    from rlstruct.sampling import PolicyAgent, greedy_info
+
+    torch.manual_seed(0)
+    model = HeadActorCritic(3, make_head(BOX, 8), 8, normalize_obs=True)
+    model.observe(torch.randn(50, 3) * 4)
+    obs, state = DictTensor({"frame": torch.randn(32, 3)}), DictTensor(batch_size=32)
+    a, b = PolicyAgent(model), PolicyAgent(model)
+    a.seed(7)
+    b.seed(7)
+    first = a(state, obs, DictTensor())[0]
+    assert torch.equal(first["sample"], b(state, obs, DictTensor())[0]["sample"])
+    assert not torch.equal(first["sample"], a(state, obs, DictTensor())[0]["sample"])
+    params, value = model(obs["frame"])
+    torch.testing.assert_close(first["logp"], model.head.log_prob(params, first["sample"]))
+    torch.testing.assert_close(first["value"], value)
+    greedy = a(state, obs, greedy_info().index(torch.zeros(32, dtype=torch.long)))[0]
+    torch.testing.assert_close(greedy["action"], model.head.to_env(params[:, :2]))
+    replayed = replay_agent_stateless(a, DictTensor({"observation/frame": obs["frame"]}))
+    torch.testing.assert_close(replayed["params"], params)
+    assert replayed["params"].requires_grad
