@@ -37,7 +37,6 @@ from rlstruct import Agent, LearnerThread, Trajectories, replay_agent_stateless
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.envs import GymEnvInf
-from rlstruct.errors import ConfigError
 from rlstruct.experiment import LayoutConfig
 from rlstruct.nets import MLPActorCritic
 from rlstruct.optim import adam, gradient_step
@@ -71,13 +70,11 @@ class Config(RunConfig):
     )
     """where each part runs (IMPALA pipelines by default)"""
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.layout.pipeline < 2 or self.queue < 1:
-            raise ConfigError(
-                f"IMPALA learns while the workers collect: need --pipeline >= 2 and --queue >= 1,"
-                f" got {self.layout.pipeline} and {self.queue}"
-            )
+    def problems(self) -> list[str]:  # listed with the shared fields' problems, all at once
+        bad = self.layout.pipeline < 2 or self.queue < 1
+        return super().problems() + ([
+            f"IMPALA learns while the workers collect: need --pipeline >= 2 and --queue >= 1,"
+            f" got {self.layout.pipeline} and {self.queue}"] if bad else [])
 
 
 # --------------------------------------------------------------------------------------- model

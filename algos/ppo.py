@@ -41,7 +41,6 @@ from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.distributions import space_spec
 from rlstruct.envs import GymEnvInf
-from rlstruct.errors import ConfigError
 from rlstruct.nets import CNNActorCritic, HeadActorCritic, head_actor_critic
 from rlstruct.optim import adam, gradient_step
 from rlstruct.run import Run, RunConfig
@@ -79,13 +78,11 @@ class Config(RunConfig):
     log_std_init: float = 0.0
     """Box actions: initial log-std of the Gaussian policy (in the normalised space [-1, 1])"""
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.n_epochs < 1 or self.minibatch_size < 1 or not 0 < self.clip_coef < 1:
-            raise ConfigError(
-                f"need n_epochs >= 1, minibatch_size >= 1 and 0 < clip_coef < 1; got "
-                f"{self.n_epochs}, {self.minibatch_size} and {self.clip_coef}"
-            )
+    def problems(self) -> list[str]:  # listed with the shared fields' problems, all at once
+        bad = self.n_epochs < 1 or self.minibatch_size < 1 or not 0 < self.clip_coef < 1
+        return super().problems() + ([
+            f"need n_epochs >= 1, minibatch_size >= 1 and 0 < clip_coef < 1; got "
+            f"{self.n_epochs}, {self.minibatch_size} and {self.clip_coef}"] if bad else [])
 
 
 # --------------------------------------------------------------------------------------- model

@@ -18,7 +18,7 @@ Run: ``python -m algos.reinforce --help``; ``python -m algos.reinforce --seed 1`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import torch
@@ -51,6 +51,7 @@ class Config(RunConfig):
     max_grad_norm: float = 1.0
     n_timesteps: int = 0
     """T: steps per segment (0: the env's max_episode_steps, else 1000)"""
+    min_timesteps: ClassVar[int] = 0
     vf_coef: float = 0.5
     """weight of the baseline's squared error"""
     ent_coef: float = 0.01

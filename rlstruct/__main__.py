@@ -82,6 +82,8 @@ def _evaluate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print(f"python -m rlstruct evaluate: error: {err}", file=sys.stderr)
         return 1
     print(describe(returns, state, args.checkpoint))
+    for video in sorted(args.video.glob("*.mp4")) if args.video is not None else []:
+        print(f"video: {video}")
     return 0
 
 

@@ -39,7 +39,7 @@ __all__ = ["evaluate", "describe", "VIDEO_HINT"]
 
 #: What ``--video`` prints when gymnasium's RecordVideo cannot run here.
 VIDEO_HINT = ("--video needs moviepy, which gymnasium's RecordVideo uses to write the files "
-              "(pip install moviepy); evaluating without a video")
+              "(pip install 'rlstruct[video]'); evaluating without a video")
 
 
 def evaluate(
@@ -89,6 +89,9 @@ def evaluate(
                   "evaluating without a video", flush=True)
         elif importlib.util.find_spec("moviepy") is None:
             print(f"python -m rlstruct evaluate: {VIDEO_HINT}", flush=True)
+        elif (problem := _render_problem(factories[0])) is not None:
+            print(f"python -m rlstruct evaluate: --video: {env_id} cannot render ({problem}); "
+                  "evaluating without a video", flush=True)
         else:
             factories[0] = functools.partial(_recorded, factories[0], Path(video_dir))
     spec = env_spec(env_id) if cfg.get("env_backend") != "atari" else None
@@ -156,6 +159,25 @@ def _env_factory(env_id: str, backend: str) -> Callable[[], gym.Env]:
 
         return functools.partial(make_atari_gym_env, env_id)
     return functools.partial(gym.make, env_id)
+
+
+def _render_problem(make: Callable[..., gym.Env]) -> str | None:
+    """Why ``make``'s env cannot render frames (e.g. pygame missing), else None."""
+    try:
+        env = make()
+        modes = env.metadata.get("render_modes", [])
+        env.close()
+        if "rgb_array" not in modes:
+            return f"its render modes are {modes}, not rgb_array"
+        env = make(render_mode="rgb_array")
+        try:
+            env.reset(seed=0)
+            frame = env.render()
+        finally:
+            env.close()
+    except Exception as err:  # a missing renderer, an env without render_mode...: no video
+        return f"{type(err).__name__}: {err}"
+    return None if hasattr(frame, "shape") else "its render() returns no image"
 
 
 def _recorded(make: Callable[..., gym.Env], folder: Path) -> gym.Env:

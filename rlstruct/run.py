@@ -1,37 +1,34 @@
 """The run scaffold: what every training script repeats, written once.
 
-- :class:`RunConfig`: the config fields every algorithm shares (environment, seed, budgets in
-  frames and seconds, the stop test, evaluation cadence, checkpoints, outputs, threads, the
-  hyperparameters all four algorithms have: ``n_timesteps``, ``hidden``, ``lr``, ``gamma``,
-  ``max_grad_norm``, where 0 means no clipping) and the device layout
-  (:class:`~rlstruct.experiment.LayoutConfig`, nested; its flags keep their short names). An
-  algorithm's ``Config`` subclasses it, adds its own hyperparameters and redeclares the fields
-  whose default it changes; ``tyro`` turns it into a command line whose ``--help`` is the
-  fields' docstrings.
+- :class:`RunConfig`: the config fields every algorithm shares (environment, seed, budgets,
+  stop test, evaluation cadence, checkpoints, outputs, threads, the shared hyperparameters
+  ``n_timesteps``, ``hidden``, ``lr``, ``gamma``, ``max_grad_norm``, resume) and the nested
+  device layout (:class:`~rlstruct.experiment.LayoutConfig`). An algorithm's ``Config``
+  subclasses it; ``tyro`` turns it into a command line whose ``--help`` is the fields'
+  docstrings, and :meth:`RunConfig.problems` lists every bad value before anything starts.
 - :class:`Run`: a context manager that sets up and tears down one run: threads and seed, the
-  learner device, the training batcher, the asynchronous :class:`~rlstruct.evaluation.Evaluator`,
-  the episode tracker, the :class:`~rlstruct.logger.RunLogger`, checkpoints, the stop test and
-  the summary. Batchers, evaluator and logger are closed on the way out, on Ctrl-C too.
+  learner device, the training batcher, the :class:`~rlstruct.evaluation.Evaluator`, the
+  :class:`~rlstruct.logger.RunLogger`, checkpoints (and ``--resume`` from them), the stop test,
+  the summary and ``summary.json``. Everything is closed on the way out, on Ctrl-C and SIGTERM
+  too.
 
-A training loop with it (see ``algos/`` for four complete ones)::
+A training loop with it (see ``algos/`` for five complete ones)::
 
     with Run("ppo", cfg) as run:
-        model = Net(run.obs_dim, run.n_actions)            # on the CPU: the batchers copy it
+        model = run.model(Net, run.obs_dim, run.n_actions)  # the call checkpoints record
         batcher = run.training_batcher(MyAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(MyAgent, {"model": model}, GREEDY)   # greedy episodes beside training
         agent = run.learner(MyAgent(model))                # on the learner device
         optimizer = torch.optim.Adam(model.parameters())
-        run.checkpoint_state(model=model, optimizer=optimizer)
+        run.checkpoint_state(model=model, optimizer=optimizer)  # (a resume loads them here)
         for traj in run.segments(batcher):  # reset, then get() and record until the stop test
-            stats = learn(agent, optimizer, traj.to(run.device))
-            batcher.update(model.state_dict())  # publish the weights, then start the next segment
-            batcher.execute()
+            stats = learn(agent, optimizer, traj.to(run.device), run.out_of_time)
+            run.publish(batcher, model.state_dict())  # the weights, then the next segment
             run.end_iteration(model.state_dict(), **stats)  # evaluation, progress row, checkpoint
     summary = run.summary
 
 The stop test and every output read ONE training return: the mean of the last
-``target_window`` finished episodes, the ``train_return_mean<N>`` column of ``progress.csv``,
-the curve of ``returns.png`` and the summary's entry of the same name.
+``target_window`` finished episodes (``train_return_mean<N>`` in progress.csv and the summary).
 """
 
 from __future__ import annotations
@@ -49,7 +46,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import gymnasium as gym
 import torch
@@ -160,6 +157,8 @@ class RunConfig:
         default_factory=LayoutConfig
     )
     """where each part runs"""
+    #: The smallest ``n_timesteps`` an algorithm accepts (REINFORCE: 0, the episode's length).
+    min_timesteps: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         """Applies ``layout_file``, then checks everything (:meth:`problems`).
@@ -167,6 +166,7 @@ class RunConfig:
         Raises:
             ConfigError: listing every problem at once (the command line exits with code 2).
         """
+        self.env_module = tuple(self.env_module)  # a list from JSON or Python: the same config
         if self.layout_file is not None:
             from rlstruct.tune.layout_file import apply_layout
 
@@ -181,9 +181,11 @@ class RunConfig:
         layout, the env modules and the env id (with close matches), the run to resume. An
         algorithm's config may extend it (``super().problems() + [...]``)."""
         positive = ("target_window", "eval_envs", "checkpoint_every", "n_threads", "hidden",
-                    "n_timesteps", "max_frames")
+                    "max_frames")
         problems = [f"{name} must be >= 1, got {getattr(self, name)}"
                     for name in positive if getattr(self, name) < 1]
+        if self.n_timesteps < self.min_timesteps:
+            problems.append(f"n_timesteps must be >= {self.min_timesteps}, got {self.n_timesteps}")
         if self.eval_every < 0:
             problems.append(f"eval_every must be >= 0 (0: never), got {self.eval_every}")
         if not self.max_grad_norm >= 0:
@@ -244,8 +246,7 @@ class Run:
         if cfg.resume is not None:
             self._resumed = load_checkpoint(Path(cfg.resume) / "checkpoints" / "latest.pt")
             if self._resumed.get("algo", algo) != algo:
-                raise ConfigError(f"resume: {cfg.resume} is a {self._resumed['algo']} run, "
-                                  f"not {algo}")
+                raise ConfigError(f"resume: {cfg.resume} is a {self._resumed['algo']} run")
         r = self._resumed
         self.start -= r.get("wall_time", 0.0)  # the clock and the time budget go on
         self.frames, self.iteration = r.get("frames", 0), r.get("iteration", 0)
@@ -254,8 +255,7 @@ class Run:
         self.stopped_by: str | None = None
         self.eval_return = r.get("eval_return", math.nan)
         self.summary: dict[str, Any] = {}
-        solved = r.get("solved_at")
-        self._solved_at: tuple[int, float] | None = None if solved is None else tuple(solved)
+        self._solved_at = None if r.get("solved_at") is None else tuple(r["solved_at"])
         self._tracker = EpisodeTracker()
         self._evaluator: Evaluator | None = None
         self._saved: dict[str, Any] = {}
@@ -271,8 +271,7 @@ class Run:
         #: Per iteration: seconds collecting/learning/waiting, cores busy, memory, GPU use.
         self.monitor = ResourceMonitor()
         self._stack.callback(self.monitor.close)
-        self._terminated = False
-        self._old_sigterm: Any = None
+        self._terminated, self._old_sigterm = False, None
         if threading.current_thread() is threading.main_thread():
             self._old_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
 
@@ -431,8 +430,8 @@ class Run:
         set_rng_state(self._resumed["rng"])
 
     def out_of_time(self) -> bool:
-        """True once the time budget is spent: a cheap check (one clock read) for learn loops
-        to call between minibatches; the run then stops before collecting again."""
+        """True once the time budget is spent: one clock read, for learn loops to call between
+        minibatches (the run then stops before collecting again)."""
         return time.monotonic() - self.start >= self.cfg.time_budget
 
     # ------------------------------------------------------------------ the loop

@@ -51,7 +51,8 @@ class Cfg(RunConfig):
 def config(tmp_path: Path, **kw) -> Cfg:
     kw.setdefault("layout", LayoutConfig(learner_device="cpu", n_processes=1, n_envs=2))
     kw.setdefault("eval_every", 0)
-    return Cfg(env_id=REPEAT, n_timesteps=5, runs_dir=str(tmp_path / "runs"), **kw)
+    kw.setdefault("env_id", REPEAT)
+    return Cfg(n_timesteps=5, runs_dir=str(tmp_path / "runs"), **kw)
 
 
 def train(cfg: Cfg, fail_at: int | None = None, error: type[BaseException] = KeyboardInterrupt):
@@ -342,6 +343,42 @@ def test_evaluate_rebuilds_the_policy_from_the_checkpoint_alone(tmp_path, capsys
     wrong = train(config(tmp_path, target_return=None, max_frames=20, wrong=True))
     assert main(["evaluate", str(wrong.logger.dir), "--checkpoint", "latest"]) == 0
     assert "return 0.00 ± 0.00" in capsys.readouterr().out
+
+
+class Left(Agent):
+    """Always pushes left (CartPole-v1 falls in about 9 steps)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def __call__(self, state, observation, agent_info):
+        return DictTensor({"action": torch.zeros(observation.n_elems(), dtype=torch.long)}), state
+
+
+def test_evaluate_video_where_the_env_renders_and_a_message_where_not(tmp_path, capsys):
+    from rlstruct.__main__ import main
+
+    run = train(config(tmp_path, target_return=None, max_frames=10))
+    assert main(["evaluate", str(run.logger.dir), "--episodes", "1", "--video",
+                 str(tmp_path / "v1")]) == 0
+    out = capsys.readouterr().out
+    assert "evaluating without a video" in out and "return 10.00" in out
+    assert not list(tmp_path.glob("v1/*.mp4"))
+    pytest.importorskip("moviepy", reason="--video needs moviepy")
+    pytest.importorskip("pygame", reason="CartPole renders with pygame")
+    cfg = config(tmp_path, env_id="CartPole-v1", target_return=None, max_frames=10)
+    with Run("test", cfg) as cartpole:
+        model = cartpole.model(torch.nn.Linear, 4, 2)
+        batcher = cartpole.training_batcher(Left, {"model": model}, GymEnvInf, 5)
+        cartpole.evaluator(Left, {"model": model})
+        cartpole.checkpoint_state(model=model)
+        for _ in cartpole.segments(batcher):
+            cartpole.publish(batcher, model.state_dict())
+            cartpole.end_iteration(model.state_dict())
+    assert main(["evaluate", str(cartpole.logger.dir), "--episodes", "2", "--video",
+                 str(tmp_path / "v2")]) == 0
+    (video,) = (tmp_path / "v2").glob("*.mp4")
+    assert f"video: {video}" in capsys.readouterr().out and video.stat().st_size > 1000
 
 
 def test_no_evaluator_without_eval_every_and_a_loop_that_ends_on_its_own(tmp_path):

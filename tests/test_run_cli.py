@@ -63,6 +63,16 @@ def test_every_config_problem_is_listed_at_once_before_any_folder(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+def test_an_algorithms_own_problems_are_listed_with_the_shared_ones():
+    from algos import impala, ppo
+
+    with pytest.raises(ConfigError) as info:
+        ppo.Config(lr=0.0, n_epochs=0)
+    assert "2 problem(s)" in str(info.value) and "n_epochs >= 1" in str(info.value)
+    with pytest.raises(ConfigError, match=r"(?s)2 problem\(s\).*gamma.*--pipeline >= 2"):
+        impala.Config(gamma=2.0, layout=LayoutConfig(pipeline=1))
+
+
 def test_env_modules_and_backends_are_checked_too():
     with pytest.raises(ConfigError, match=r"env_module 'no_such_pkg\.envs' cannot be imported"):
         RunConfig(env_module=("no_such_pkg.envs",))
