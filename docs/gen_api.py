@@ -54,6 +54,7 @@ MODULES = (
     "rlstruct.replay_buffer",
     "rlstruct.experiment",
     "rlstruct.run",
+    "rlstruct.run_config",
     "rlstruct.env_registry",
     "rlstruct.checkpoint",
     "rlstruct.evaluation",
