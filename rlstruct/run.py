@@ -331,6 +331,7 @@ class Run:
             cfg.target_return is not None
             and self.logger.episodes >= cfg.target_window
             and self.logger.train_return() >= cfg.target_return
+            and not self.evaluation_disagrees()
         ):
             self.stopped_by, self._solved_at = "target_return", (self.frames, elapsed)
         elif self.frames >= cfg.max_frames:
@@ -412,6 +413,15 @@ class Run:
                 " (ppo, a2c, trpo and sac take Box actions)"
             )
         return int(self.action_space.n)
+
+    def evaluation_disagrees(self) -> bool:
+        """True while the latest finished greedy evaluation is below ``target_return``: the
+        training return alone then does not stop the run as solved (a lucky window of training
+        episodes is not a solved policy). Before any evaluation has finished, and with
+        ``eval_every=0``, the training return decides alone."""
+        target = self.cfg.target_return
+        return (self._evaluator is not None and target is not None
+                and math.isfinite(self.eval_return) and self.eval_return < target)
 
     @property
     def done(self) -> bool:

@@ -279,6 +279,27 @@ def test_eval_return_is_written_only_on_the_rows_where_an_evaluation_finished(
     assert len(rows) == 10 and run.summary["eval_return"] == 6.0
 
 
+def test_a_lucky_training_window_does_not_solve_a_run_whose_evaluation_disagrees(
+    tmp_path, monkeypatch
+):
+    # Every training episode returns 10 (the target; 2 episodes an iteration, so the window of
+    # 12 fills at iteration 6), but the evaluations (the iteration they started at, 2 iterations
+    # later: 3.0 at 5, 6.0 at 8, ...) stay below it until the one started at iteration 12.
+    monkeypatch.setattr(run_module, "Evaluator", FakeEvaluator)
+    cfg = config(tmp_path, target_return=10.0, target_window=12, max_frames=400, eval_every=3)
+    with Run("test", cfg) as run:
+        batcher = run.training_batcher(Repeater, {"model": torch.nn.Linear(2, 2)}, GymEnvInf, 5)
+        run.evaluator(Repeater, {"model": torch.nn.Linear(2, 2)})
+        for _ in run.segments(batcher):
+            batcher.execute()
+            run.end_iteration({"iteration": run.iteration + 1})
+    s = run.summary
+    assert s["solved"] and s["stopped_by"] == "target_return"
+    assert s["eval_return"] >= 10.0  # the evaluation agreed when the run stopped
+    # The training return alone would have stopped it at iteration 6 (60 frames).
+    assert s["frames_to_solve"] >= 14 * 10 and not run.evaluation_disagrees()
+
+
 # ----------------------------------------------------------------------------- resume
 def test_resume_continues_counters_weights_rng_and_the_files(tmp_path):
     first = train(config(tmp_path, target_return=None, max_frames=40))
