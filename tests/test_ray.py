@@ -323,7 +323,7 @@ def test_nothing_else_in_rlstruct_imports_ray():
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        ({"pipeline": 2}, "not supported by RayBatcher yet"),
+        ({"pipeline": 0}, "pipeline must be an int >= 1"),
         ({"num_cpus_per_actor": -1}, "num_cpus_per_actor must be a number >= 0"),
         ({"num_gpus_per_actor": 1.5}, "above 1, Ray wants a whole number"),
         ({"device": "cuda"}, "needs num_gpus_per_actor > 0"),
@@ -413,6 +413,35 @@ def test_get_on_a_device_is_the_batchers_get(cluster):
         r.execute()
         batch, _ = r.get(device="meta")
         assert batch.trajectories.device().type == "meta"
+
+
+@pytest.mark.parametrize("pipeline", [2, 3])
+def test_pipelined_collection_equals_batchers_bitwise(cluster, pipeline):
+    """Issue 18: pipelining on Ray. Segment j + K starts at the update (or get) after segment j
+    was returned, with the newest weights, on Ray as on worker processes: the same data, the
+    same policy versions; reset() drains the stream."""
+    make = {"n_processes": 2, "seeds": 3, "pipeline": pipeline}
+    ray_b = RayBatcher(6, GlobalRNGAgent, {}, cartpole, {"n_envs": 2}, **make)
+    batcher = Batcher(6, GlobalRNGAgent, {}, cartpole, {"n_envs": 2}, **make)
+    model = GlobalRNGAgent().model
+    with ray_b, batcher:
+        assert ray_b.pipeline == batcher.pipeline == pipeline
+        for _round in range(2):
+            ray_b.reset()
+            batcher.reset()
+            ray_b.execute()
+            batcher.execute()
+            for i in range(4):
+                (x, nx), (y, ny) = ray_b.get(), batcher.get()
+                assert nx == ny
+                assert_same(x, y)
+                with torch.no_grad():
+                    model[0].weight.add_(0.1 * (i + 1))
+                sd = model.state_dict()
+                ray_b.update(sd)
+                batcher.update(sd)
+        versions = x.info["policy_version"].tolist()
+        assert versions == y.info["policy_version"].tolist() and versions[0] >= 4
 
 
 # ------------------------------------------------------------------------------ API
