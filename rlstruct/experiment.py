@@ -192,7 +192,7 @@ def make_batcher(
 
     Raises:
         ConfigError: a bad pipeline (the batchers' one check), a pipeline without worker
-            processes, or on Ray; an unknown backend.
+            processes; an unknown backend.
     """
     device = resolve_device(device)
     if check_devices:
@@ -208,7 +208,7 @@ def make_batcher(
         env_info=env_info,
     )
     n_processes = n_processes or default_processes()
-    problems = BatcherBase._validate_pipeline(pipeline, supported=backend != "ray")
+    problems = BatcherBase._validate_pipeline(pipeline)
     if problems:
         raise ConfigError("; ".join(problems))
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
@@ -221,6 +221,7 @@ def make_batcher(
         resources = actor.pop("resources", None)
         return RayBatcher(
             **common, n_processes=n_processes, address=ray_address, restart=restart,
+            pipeline=pipeline,
             num_cpus_per_actor=actor.pop("num_cpus_per_actor", 1),
             num_gpus_per_actor=actor.pop("num_gpus_per_actor", 0),
             actor_options={"resources": dict(resources), **actor} if resources else actor or None,

@@ -219,6 +219,7 @@ class Run:
             seeds=self.cfg.seed + 10_007 * self.n_resumes,  # fresh env seeds after a resume
             agent_info=agent_info, check_devices=layout.check_devices,
             pipeline=layout.pipeline, backend=layout.backend, ray_address=layout.ray_address,
+            **layout.batcher_options(),  # --max-restarts, the Ray actors' resources
         )
         return self._stack.enter_context(batcher)
 
@@ -387,7 +388,7 @@ class Run:
                 ``execute`` again: pass it to ``segments``/``reset`` instead.
         """
         # SerialBatcher has no ``pipeline`` attribute yet (it is always synchronous).
-        synchronous = getattr(batcher, "pipeline", 1) == 1
+        synchronous = batcher.pipeline == 1
         if agent_info is not None and not synchronous:
             raise ConfigError(
                 f"publish(agent_info=...) needs a synchronous batcher, got "

@@ -75,8 +75,6 @@ def test_pipeline_is_an_attribute_of_every_batcher_and_one_check_refuses_bad_val
     for bad in (0, -1, True, 1.5, "2"):
         (problem,) = BatcherBase._validate_pipeline(bad)
         assert f"got {bad!r}" in problem
-    (ray_problem,) = BatcherBase._validate_pipeline(2, supported=False)
-    assert "not supported by RayBatcher" in ray_problem
 
 
 def test_make_batcher_refuses_a_bad_pipeline_with_the_batchers_check():

@@ -3,6 +3,12 @@
 ``RayBatcher`` (the same API on Ray actors, for clusters) is imported on demand, so that
 importing rlstruct never imports Ray: ``from rlstruct.batchers import RayBatcher`` needs the
 ``ray`` extra (``pip install rlstruct[ray]``) and raises an ImportError saying so without it.
+
+The two multi-worker backends share their decisions and their workers: ``pool.WorkerPool``
+(argument checks, probe, seeds, restart bookkeeping, worker errors, weights) is the base of
+``Batcher`` and ``RayBatcher``, and ``core.WorkerCore`` (build env, agent and rollout, load
+weights, collect a segment) is what a worker process serves and what a Ray actor wraps. Each
+backend keeps only its transport: start, send, wait, kill.
 """
 
 from __future__ import annotations

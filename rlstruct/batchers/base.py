@@ -134,18 +134,13 @@ class BatcherBase:
         return problems
 
     @staticmethod
-    def _validate_pipeline(pipeline: Any, supported: bool = True) -> list[str]:
+    def _validate_pipeline(pipeline: Any) -> list[str]:
         """The problems of a ``pipeline`` argument (the one check of every batcher that takes
-        one); ``supported=False`` for a backend that collects synchronously only."""
+        one, and of ``make_batcher``)."""
         if isinstance(pipeline, bool) or not isinstance(pipeline, int) or pipeline < 1:
             return [
                 f"pipeline must be an int >= 1 (1: synchronous, K >= 2: K segment slots), "
                 f"got {pipeline!r}"
-            ]
-        if pipeline > 1 and not supported:
-            return [
-                f"pipeline={pipeline!r}: pipelined collection is not supported by RayBatcher yet "
-                "(use pipeline=1, or Batcher(pipeline=K) on one machine)"
             ]
         return []
 

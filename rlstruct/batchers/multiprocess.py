@@ -171,11 +171,6 @@ class Batcher(WorkerPool):
         self._shared_version: int | None = None
         self._requested: list[int | None] = [None] * n_processes  # last load asked of each
         self._inflight: list[deque[tuple[int, int | None]]] = [deque() for _ in self._procs]
-        self._done: dict[int, dict[int, int]] = {}  # segment -> {worker: n_running}
-        self._release_times: dict[int, float] = {}
-        self._released = 0  # id of the next segment to release
-        self._next_get = 0  # id of the oldest segment not returned yet
-        self._release_owed = False  # pipelined: one release at the next update() or get()
         self._waiting: set[int] = set(range(n_processes))  # READY / RESET_DONE expected
         self._reset_results: dict[int, int] = {}
         self._last_progress = started
@@ -402,10 +397,7 @@ class Batcher(WorkerPool):
             self._pump(
                 lambda: not any(self._inflight), self._segment_deadline, "execute (reset drain)"
             )
-            self._done.clear()
-            self._release_times.clear()
-            self._next_get, self._release_owed = self._released, False
-            self._phase = Phase.READY
+            self._end_stream()
         for k, v in ai.items():
             self._agent_info_in[k].copy_(v)
         for k, v in ei.items():
@@ -435,14 +427,7 @@ class Batcher(WorkerPool):
         if ai is not None:
             for k, v in ai.items():
                 self._agent_info_in[k].copy_(v)
-        for i in range(self.pipeline):
-            self._release(new_info=agent_info is not None and i == 0)
-        self._phase = Phase.RUNNING if self.pipeline == 1 else Phase.STREAMING
-
-    def _segment_deadline(self) -> float:
-        """A segment is overdue once its workers were silent for ``timeout`` seconds."""
-        started = self._release_times.get(self._next_get, time.monotonic())
-        return max(started, self._last_progress) + self.timeout
+        self._start_stream(new_info=ai is not None)
 
     @serialized
     def get(
@@ -463,9 +448,7 @@ class Batcher(WorkerPool):
             WorkerTimeoutError: a worker stayed silent longer than ``timeout``.
         """
         self._require("get", Phase.RUNNING, Phase.STREAMING)
-        if self._release_owed:
-            self._release()
-            self._release_owed = False
+        self._after_update()  # pipelined: the segment K ahead, if no update released it
         segment, n_workers = self._next_get, len(self._procs)
         if not self._pump(
             lambda: len(self._done.get(segment, ())) == n_workers,
@@ -474,17 +457,7 @@ class Batcher(WorkerPool):
             blocking,
         ):
             return None, None
-        n_running = sum(self._done.pop(segment).values())
-        del self._release_times[segment]
-        self._complete(segment)
-        batch = self._read(segment, device)
-        self._next_get += 1
-        self._n_running = n_running
-        if self._phase is Phase.STREAMING:
-            self._release_owed = True  # the slot just read takes the segment K ahead
-        else:
-            self._phase = Phase.READY
-        return batch, n_running
+        return self._hand_over(device)
 
     def _publish_weights(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Copies ``state_dict`` once into the shared ring of versioned copies (allocated at the
@@ -514,11 +487,6 @@ class Batcher(WorkerPool):
         self._last_blob = (version, blob)
         for w in range(len(self._procs)):
             self._send(w, (Command.UPDATE, (version, blob)), "update")
-
-    def _after_update(self) -> None:
-        if self._release_owed:
-            self._release()
-            self._release_owed = False
 
     def close(self) -> None:
         """Stops every worker and frees the shared memory: idempotent, bounded (about 3 s).

@@ -92,8 +92,6 @@ class WorkerPool(BatcherBase):
 
     restart: RestartPolicy | None = None
     _started = False
-    #: The backend supports ``pipeline >= 2``.
-    _PIPELINED = True
 
     # ------------------------------------------------------------------ construction
     def _setup(
@@ -144,7 +142,7 @@ class WorkerPool(BatcherBase):
         found += self._validate_workers(
             n_processes, seeds, agent_seeds, n_threads, restart, timeout, start_timeout
         )
-        found += self._validate_pipeline(pipeline, supported=self._PIPELINED)
+        found += self._validate_pipeline(pipeline)
         found += problems
         named = {"agent_args": agent_args, "env_args": env_args}
         for name, value in {**named, "agent_info": agent_info, "env_info": env_info}.items():
@@ -175,6 +173,11 @@ class WorkerPool(BatcherBase):
         self._consecutive_faults = 0
         self._spoiled: set[int] = set()  # segments that lost a worker's rows
         self._last_progress = time.monotonic()
+        self._done: dict[int, dict[int, int]] = {}  # segment -> {worker: n_running}
+        self._release_times: dict[int, float] = {}
+        self._released = 0  # id of the next segment to release
+        self._next_get = 0  # id of the oldest segment not returned yet
+        self._release_owed = False  # pipelined: one release at the next update() or get()
         self._worker_cpu = [0.0] * n_processes  # CPU seconds each worker reported last
         self._external = [False] * n_processes  # runs outside this process tree
         self._retired_cpu = [0.0, 0.0]  # (all, external) of the workers that were replaced
@@ -320,12 +323,48 @@ class WorkerPool(BatcherBase):
         """The buffer that segment ``segment`` is written to."""
         raise NotImplementedError
 
-    def _complete(self, segment: int) -> None:
-        """Segment ``segment`` was handed over: a complete one ends a run of faults."""
+    # ------------------------------------------------------------------ segments
+    def _release(self, new_info: bool = False) -> None:
+        """Starts the next segment in every worker, with the newest weights."""
+        raise NotImplementedError
+
+    def _start_stream(self, new_info: bool) -> None:
+        """``execute``: releases one segment, or ``pipeline`` of them (the stream)."""
+        self._last_progress = time.monotonic()
+        for i in range(self.pipeline):
+            self._release(new_info=new_info and i == 0)
+        self._phase = Phase.RUNNING if self.pipeline == 1 else Phase.STREAMING
+
+    def _end_stream(self) -> None:
+        """``reset`` while streaming, once the segments in flight were drained: drops them."""
+        self._done.clear()
+        self._release_times.clear()
+        self._next_get, self._release_owed = self._released, False
+        self._phase = Phase.READY
+
+    def _segment_deadline(self) -> float:
+        """A segment is overdue once its workers were silent for ``timeout`` seconds."""
+        started = self._release_times.get(self._next_get, time.monotonic())
+        return max(started, self._last_progress) + self.timeout
+
+    def _hand_over(self, device: DeviceLike | None) -> tuple[Trajectories, int]:
+        """``get``, once every worker delivered the oldest segment: its batch and
+        ``n_running``; the slot it frees takes the segment ``pipeline`` ahead."""
+        segment = self._next_get
+        n_running = sum(self._done.pop(segment).values())
+        del self._release_times[segment]
         if segment in self._spoiled:
             self._spoiled.discard(segment)
         else:
-            self._consecutive_faults = 0
+            self._consecutive_faults = 0  # a complete batch ends a run of faults
+        batch = self._read(segment, device)
+        self._next_get += 1
+        self._n_running = n_running
+        if self._phase is Phase.STREAMING:
+            self._release_owed = True  # released at the next update() or get()
+        else:
+            self._phase = Phase.READY
+        return batch, n_running
 
     def _read(self, segment: int, device: DeviceLike | None) -> Trajectories:
         """Segment ``segment``'s batch on ``device`` (default: the CPU); for a GPU, the CPU
@@ -389,7 +428,10 @@ class WorkerPool(BatcherBase):
         raise NotImplementedError
 
     def _after_update(self) -> None:
-        """What a backend does once a version is published (nothing by default)."""
+        """Pipelined: a segment owed since the last ``get`` starts with the new version."""
+        if self._release_owed:
+            self._release()
+            self._release_owed = False
 
     @property
     def version(self) -> int:

@@ -3,22 +3,17 @@
 One Ray actor per worker index owns its VecEnv, its copy of the agent and a local (non-shared)
 :class:`~rlstruct.batchers.buffer.SlotBuffer` of its ``n`` rows, and wraps the same
 :class:`~rlstruct.batchers.core.WorkerCore` as a ``Batcher`` worker
-(:mod:`rlstruct.batchers.ray_actor`). At the end of a segment it
-returns its rows as numpy arrays (its rows' info, lengths, and the steps up to its longest row);
-the driver copies them into its own buffer of all ``B`` rows, in worker order, and reads the batch
+(:mod:`rlstruct.batchers.ray_actor`). A segment's rows come back as numpy arrays; the driver
+copies them into its own buffer of all ``B`` rows (one per segment slot) and reads the batch
 from there exactly as ``Batcher`` reads its shared buffer, so both return the same Trajectories.
+Weights travel once per ``update`` through Ray's object store
+(:mod:`~rlstruct.batchers.ray_updates`); every wait has a deadline (``ray.wait`` with timeouts).
 
-Weights travel once per ``update`` through Ray's object store (one ``ray.put`` of CPU arrays that
-every actor reads); each actor loads the newest one at the start of its next call. Every wait has
-a deadline (``ray.wait`` with timeouts), an actor's exception comes back as a payload with worker,
-env, step and traceback (never a bare ``RayTaskError``), a dead actor is a :class:`WorkerError`
-naming its worker, and ``close`` kills every actor.
-
-This module holds what needs Ray: the connection (a local cluster or a running one), the actor
-class, and the driver, the transport of a :class:`~rlstruct.batchers.pool.WorkerPool` (start,
-call, wait, kill). The wire format (:mod:`~rlstruct.batchers.ray_wire`), the actor's body
-(:mod:`~rlstruct.batchers.ray_actor`) and the option checks (:mod:`~rlstruct.batchers.ray_options`)
-live in modules of their own. This module imports Ray; nothing else in rlstruct does
+This module holds what needs Ray: the actor class and the driver, the transport of a
+:class:`~rlstruct.batchers.pool.WorkerPool` (start, call, wait, kill); the connection
+(:mod:`~rlstruct.batchers.ray_session`), wire format (:mod:`~rlstruct.batchers.ray_wire`) and
+option checks (:mod:`~rlstruct.batchers.ray_options`) have modules of their own, given the Ray
+module by this one: nothing else in rlstruct imports Ray
 (``from rlstruct.batchers import RayBatcher`` imports it on demand). Without Ray installed the
 module still imports, and ``RayBatcher(...)`` raises an ImportError that says
 ``pip install rlstruct[ray]``.
@@ -31,6 +26,7 @@ import math
 import os
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -40,9 +36,10 @@ from rlstruct.agent import Agent
 from rlstruct.batchers.base import Phase, serialized
 from rlstruct.batchers.buffer import SlotBuffer
 from rlstruct.batchers.pool import CLOSE_GRACE_S, WorkerPool, worker_error
-from rlstruct.batchers.ray_actor import ActorBody, ActorSpec, Op
+from rlstruct.batchers.ray_actor import ActorBody, ActorSpec
 from rlstruct.batchers.ray_options import check_ray_options
 from rlstruct.batchers.ray_session import RaySession
+from rlstruct.batchers.ray_updates import UpdateLog
 from rlstruct.batchers.ray_wire import from_wire, readonly_ok, to_wire
 from rlstruct.batchers.restart import RestartPolicy
 from rlstruct.batchers.transport import to_cpu_bytes
@@ -122,14 +119,7 @@ class RayBatcher(WorkerPool):
         n_timesteps: ``T``, the maximum number of steps of a segment.
         create_agent: as for ``Batcher``; so are ``agent_args``, ``create_env``, ``env_args``,
             ``seeds``, ``agent_info``, ``env_info`` and ``agent_seeds`` (one per actor).
-        agent_args: keyword arguments of ``create_agent``; CPU tensors and modules only.
-        create_env: ``create_env(**env_args, seed=s) -> VecEnv``.
-        env_args: keyword arguments of ``create_env`` (no ``seed``).
         n_processes: ``P``, the number of actors; each owns ``n`` envs, so ``B = P * n``.
-        seeds: the run seed, or one int per actor.
-        agent_info: example DictTensor of agent_info; the default at ``reset``.
-        env_info: example DictTensor of env_info.
-        agent_seeds: one agent seed per actor; derived from ``seeds`` when None.
         device: where each actor runs its agent and buffer: ``"cpu"``, or ``"cuda"`` with
             ``num_gpus_per_actor > 0`` (the GPU Ray assigned to the actor; its envs run on the
             CPU behind a DeviceEnv). Batches always come back on the CPU.
@@ -138,8 +128,9 @@ class RayBatcher(WorkerPool):
             as hung (:class:`WorkerTimeoutError`).
         start_timeout: seconds the actors may take to start (scheduling included: an actor
             that the cluster has no room for times out with the cluster's free resources).
-        pipeline: must be 1: pipelined collection is not supported by RayBatcher yet (the
-            attribute is 1).
+        pipeline: segment slots, as for ``Batcher``: ``K >= 2`` queues K segments on every
+            actor and starts segment ``j + K`` at the ``update`` or ``get`` after segment ``j``
+            was returned, with the newest weights (the same data as ``Batcher(pipeline=K)``).
         restart: ``None`` (default): fail fast. A :class:`RestartPolicy`: an actor that dies
             (process killed, node lost) or whose env/agent raises is replaced by a fresh actor
             with the same index, env seeds ``restart_env_seed(base, restart_count)``, the current
@@ -157,14 +148,10 @@ class RayBatcher(WorkerPool):
             ``{"scheduling_strategy": "SPREAD"}``, ``{"resources": {...}}`` or a
             ``runtime_env``.
 
-    The cluster. When this process is not connected to Ray and neither ``address`` nor
-    ``RAY_ADDRESS`` name a cluster, the batcher starts a local one for itself: bound to the
-    loopback address only, no dashboard, usage statistics off, ``max(cpu_count, P *
-    num_cpus_per_actor)`` CPUs; ``close()`` shuts it down (when several RayBatchers share it,
-    the last one to close does). On a running cluster (the caller's ``ray.init``, ``address``
-    or ``RAY_ADDRESS``) it only creates its actors and ``close()`` kills those actors, nothing
-    else: the cluster is never shut down, and a connection the caller opened stays open (a
-    connection the batcher opened itself is closed, the cluster runs on).
+    The cluster: without ``address``, ``RAY_ADDRESS`` or a connection, the batcher starts a
+    local, loopback-only cluster of ``max(cpu_count, P * num_cpus_per_actor)`` CPUs and shuts it
+    down at ``close()`` (the last RayBatcher sharing it does); a running cluster is never shut
+    down, only this batcher's actors are killed (:mod:`~rlstruct.batchers.ray_session`).
 
     Attributes:
         faults: every actor fault a restart absorbed, oldest first
@@ -180,8 +167,6 @@ class RayBatcher(WorkerPool):
         WorkerError: an actor failed while starting (env or agent factory raised).
         WorkerTimeoutError: the actors did not start within ``start_timeout``.
     """
-
-    _PIPELINED = False
 
     def __init__(
         self,
@@ -222,16 +207,21 @@ class RayBatcher(WorkerPool):
         self._num_cpus, self._num_gpus = num_cpus_per_actor, num_gpus_per_actor
         self._actor_options = dict(actor_options or {})
         self._step_specs, self._info_specs = step_specs, info_specs
-        #: The driver's copy of every actor's rows, read like a Batcher's shared buffer.
-        self.buffer = SlotBuffer(self._n_rows, n_timesteps, step_specs, info_specs)
+        #: The driver's copy of every actor's rows, one per segment slot, read like a
+        #: Batcher's shared buffers.
+        self.buffers = [
+            SlotBuffer(self._n_rows, n_timesteps, step_specs, info_specs)
+            for _ in range(self.pipeline)
+        ]
+        self.buffer = self.buffers[0]
         self._agent_info_rows, self._env_info_rows = self._agent_info, self._env_info
-        self._last_weights: Op | None = None
-        self._last_info: Op | None = None
-        self._pending: list[list[Op]] = [[] for _ in range(n_processes)]
-        self._outstanding: dict[int, Any] = {}  # worker -> ObjectRef of its current call
-        self._running: dict[int, int] = {}  # worker -> n_running after its last call
-        self._segment = -1
-        self._started_at = self._last_progress = time.monotonic()
+        self._updates = UpdateLog(n_processes)
+        self._outstanding: dict[int, Any] = {}  # worker -> ObjectRef of its start or reset
+        self._running: dict[int, int] = {}  # worker -> n_running after its last reset
+        # Per worker, the segments released to it and not answered yet, oldest first (an
+        # actor answers its calls in order).
+        self._queued: list[deque[tuple[int, Any]]] = [deque() for _ in range(n_processes)]
+        self._last_progress = time.monotonic()
         self.nodes: list[str | None] = [None] * n_processes
 
         session = _SESSION
@@ -249,7 +239,7 @@ class RayBatcher(WorkerPool):
                 actor, ref = self._spawn(p, self._env_bases[p])
                 self._actors.append(actor)
                 self._outstanding[p] = ref
-            self._started_at = self._last_progress = started
+            self._last_progress = started
             self._pump("start", lambda: started + start_timeout)
         except BaseException:
             self.close()  # nobody gets this object to close it: stop the actors now
@@ -281,25 +271,6 @@ class RayBatcher(WorkerPool):
         )
         return actor, actor.start.remote()
 
-    def _take_ops(self, w: int) -> list[Op]:
-        """The updates worker ``w`` has not received yet; a state_dict followed by a newer one
-        (with nothing in between) is skipped, as the ``Batcher``'s ring skips it."""
-        ops, self._pending[w] = self._pending[w], []
-        return [
-            op
-            for i, op in enumerate(ops)
-            if not (op[0] == "weights" and i + 1 < len(ops) and ops[i + 1][0] == "weights")
-        ]
-
-    def _catch_up(self) -> list[Op]:
-        """What a replacement actor loads before it collects: the newest weights, and the newest
-        non-tensor update when it came after them."""
-        ops = [op for op in (self._last_weights, self._last_info) if op is not None]
-        ops.sort(key=lambda op: op[1])
-        if len(ops) == 2 and ops[0][0] == "info":
-            ops = ops[1:]  # the weights came later: the info update is older than them
-        return ops
-
     # ------------------------------------------------------------------ waiting
     def _stop_hung(self, hung: Sequence[int]) -> None:
         """Kills the ``hung`` actors now (``close`` does the rest)."""
@@ -318,9 +289,10 @@ class RayBatcher(WorkerPool):
             f"GPU (plus actor_options {self._actor_options}); free now: {free}"
         )
 
-    def _result(self, w: int, ref: Any, what: str) -> Any:
+    def _result(self, w: int, ref: Any, what: str, owed: Sequence[int] = ()) -> Any:
         """The value of worker ``w``'s finished call, or None when its fault was absorbed by a
-        restart; raises the typed error otherwise."""
+        restart; raises the typed error otherwise (``owed``: the segments a failed ``execute``
+        leaves worker ``w`` owing)."""
         try:
             status, payload = ray.get(ref, timeout=self.timeout)
         except ray.exceptions.GetTimeoutError:
@@ -348,7 +320,7 @@ class RayBatcher(WorkerPool):
             error = worker_error(payload, w, prefix)
         if what == "restart":  # a replacement whose factories raise is not replaced again
             raise self._fail(error)
-        return self._absorb_or_fail(w, error, [self._segment] if what == "execute" else [])
+        return self._absorb_or_fail(w, error, list(owed))
 
     def _absorb_or_fail(self, w: int, error: WorkerError, segments: list[int]) -> None:
         """None once a restart absorbed ``error``; raises it when the policy does not allow one.
@@ -362,19 +334,21 @@ class RayBatcher(WorkerPool):
         if what == "start":
             self.nodes[w] = value["node"]
             self._locate(w, value["host"], value["pid"])
-        elif what == "reset":
-            self._running[w] = value
         else:
-            self._running[w] = value["n_running"]
-            self._worker_cpu[w] = value["cpu_s"]
-            rows, t = self._rows(w), value["t"]
-            buffer = self.buffer
-            with readonly_ok():
-                for k, v in value["steps"].items():
-                    buffer.steps[k][:t, rows].copy_(from_wire(v))
-                for k, v in value["info"].items():
-                    buffer.info[k][rows].copy_(from_wire(v))
-                buffer.lengths[rows].copy_(from_wire(value["lengths"]))
+            self._running[w] = value
+
+    def _accept_segment(self, w: int, segment: int, value: Any) -> None:
+        """Copies worker ``w``'s rows of ``segment`` into that segment's slot buffer."""
+        self._done.setdefault(segment, {})[w] = value["n_running"]
+        self._worker_cpu[w] = value["cpu_s"]
+        rows, t = self._rows(w), value["t"]
+        buffer = self._slot_buffer(segment)
+        with readonly_ok():
+            for k, v in value["steps"].items():
+                buffer.steps[k][:t, rows].copy_(from_wire(v))
+            for k, v in value["info"].items():
+                buffer.info[k][rows].copy_(from_wire(v))
+            buffer.lengths[rows].copy_(from_wire(value["lengths"]))
 
     def _pump(self, what: str, deadline: Callable[[], float], blocking: bool = True) -> bool:
         """Handles the answers of the outstanding calls until none is left (True), or until
@@ -402,6 +376,48 @@ class RayBatcher(WorkerPool):
                 self._last_progress = time.monotonic()
         return True
 
+    def _pump_segment(self, segment: int, blocking: bool = True) -> bool:
+        """Handles the actors' answers until every worker delivered ``segment`` (True), or until
+        nothing is ready when not ``blocking`` (False); an error raises at once, a silence past
+        the segment's deadline is a timeout."""
+        n_workers = len(self._actors)
+        while len(self._done.get(segment, ())) < n_workers:
+            heads = {q[0][1]: w for w, q in enumerate(self._queued) if q}
+            assert heads, (segment, self._done)  # a segment that nobody owes is done
+            refs = list(heads)
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            if not ready:
+                remaining = self._segment_deadline() - time.monotonic()
+                if remaining <= 0:
+                    raise self._timeout(sorted(heads.values()), "execute")
+                if not blocking:
+                    return False
+                ready, _ = ray.wait(refs, num_returns=1, timeout=min(remaining, 1.0))
+            for ref in ready:
+                w, queue = heads[ref], self._queued[heads[ref]]
+                if not queue or queue[0][1] is not ref:
+                    continue  # replaced while handling an earlier answer
+                done, _ref = queue.popleft()
+                owed = [done, *(s for s, _r in queue)]
+                value = self._result(w, ref, "execute", owed)
+                if value is not None:
+                    self._accept_segment(w, done, value)
+                self._last_progress = time.monotonic()
+        return True
+
+    def _release(self, new_info: bool = False) -> None:
+        """Starts the next segment in every actor, with the updates it has not loaded yet."""
+        segment = self._released
+        for w, actor in enumerate(self._actors):
+            rows = self._rows(w)
+            info = None
+            if new_info:
+                info = self._agent_info_rows.slice(rows.start, rows.stop).clone()
+            ref = actor.execute.remote(self._updates.take(w), self._version, info)
+            self._queued[w].append((segment, ref))
+        self._release_times[segment] = time.monotonic()
+        self._released += 1
+
     def _wait_one(self, w: int, ref: Any, what: str, limit: float) -> Any:
         """Waits for one call of worker ``w`` (a replacement's start or reset)."""
         while True:
@@ -418,30 +434,34 @@ class RayBatcher(WorkerPool):
         with contextlib.suppress(Exception):
             ray.kill(self._actors[w], no_restart=True)
         self._outstanding.pop(w, None)
+        self._queued[w].clear()
 
     def _slot_buffer(self, segment: int) -> SlotBuffer:
-        return self.buffer
+        return self.buffers[segment % self.pipeline]
 
     def _buffers(self) -> list[SlotBuffer]:
-        return [self.buffer]
+        return self.buffers
 
     def _start_replacement(self, w: int, env_seed: int, segments: list[int]) -> None:
         self._actors[w], ref = self._spawn(w, env_seed)
-        self._pending[w] = []
         value = self._wait_one(w, ref, "restart", time.monotonic() + self._start_timeout)
-        if value is None:
-            return  # lost while starting: a further restart replaced it
+        if value is None:  # lost while starting: a further restart replaced it
+            for segment in segments:
+                self._done.setdefault(segment, {})[w] = self._running.get(w, 0)
+            return
         self.nodes[w] = value["node"]
         self._locate(w, value["host"], value["pid"])
         rows = self._rows(w)
         ref = self._actors[w].reset.remote(
-            self._catch_up(),
+            self._updates.catch_up(w),
             self._agent_info_rows.slice(rows.start, rows.stop).clone(),
             self._env_info_rows.slice(rows.start, rows.stop).clone(),
         )
         n_running = self._wait_one(w, ref, "reset", time.monotonic() + self.timeout)
         if n_running is not None:  # else: the reset failed and a further restart did it
             self._running[w] = n_running
+        for segment in segments:  # owed, spoiled: delivered with no rows
+            self._done.setdefault(segment, {})[w] = self._running.get(w, 0)
 
     # ------------------------------------------------------------------ API
     @serialized
@@ -458,14 +478,18 @@ class RayBatcher(WorkerPool):
             WorkerError: an actor failed (and no restart absorbed it).
             WorkerTimeoutError: an actor stayed silent longer than ``timeout``.
         """
-        self._require("reset", Phase.NEW, Phase.READY)
+        self._require("reset", Phase.NEW, Phase.READY, Phase.STREAMING)
         ai = self._rows_info(agent_info, self._agent_info, self._agent_info_specs, "agent_info")
         ei = self._rows_info(env_info, self._env_info, self._env_info_specs, "env_info")
+        if self._phase is Phase.STREAMING:  # wait for the segments in flight, drop them
+            for segment in range(self._next_get, self._released):
+                self._pump_segment(segment)
+            self._end_stream()
         self._agent_info_rows, self._env_info_rows = ai, ei
         for w, actor in enumerate(self._actors):
             rows = self._rows(w)
             self._outstanding[w] = actor.reset.remote(
-                self._take_ops(w),
+                self._updates.take(w),
                 ai.slice(rows.start, rows.stop).clone(),
                 ei.slice(rows.start, rows.stop).clone(),
             )
@@ -485,19 +509,7 @@ class RayBatcher(WorkerPool):
         ai = self._begin_execute(agent_info)
         if ai is not None:
             self._agent_info_rows = ai
-        self._segment += 1
-        for w, actor in enumerate(self._actors):
-            rows = self._rows(w)
-            info = None
-            if agent_info is not None:
-                info = self._agent_info_rows.slice(rows.start, rows.stop).clone()
-            self._outstanding[w] = actor.execute.remote(self._take_ops(w), self._version, info)
-        self._started_at = self._last_progress = time.monotonic()
-        self._phase = Phase.RUNNING
-
-    def _segment_deadline(self) -> float:
-        """A segment is overdue once its actors were silent for ``timeout`` seconds."""
-        return max(self._started_at, self._last_progress) + self.timeout
+        self._start_stream(new_info=ai is not None)
 
     @serialized
     def get(
@@ -511,51 +523,38 @@ class RayBatcher(WorkerPool):
         Args:
             blocking: wait for the segment; when False, return ``(None, None)`` while it is
                 still being collected.
-            device: where the batch should live (default: the CPU). For a GPU learner, pass its
-                device: the driver's buffer is page-locked once and full segments are copied
-                straight to the GPU (one copy); otherwise through one CPU copy, then
-                ``to(device)``, as ``Batcher.get`` does.
+            device: where the batch should live (default: the CPU), as for ``Batcher.get``.
 
         Raises:
             WorkerError: an actor raised (with worker, env, step and remote traceback) or died,
                 and no restart absorbed it.
             WorkerTimeoutError: an actor stayed silent longer than ``timeout``.
         """
-        self._require("get", Phase.RUNNING)
-        if not self._pump("execute", self._segment_deadline, blocking):
+        self._require("get", Phase.RUNNING, Phase.STREAMING)
+        self._after_update()  # pipelined: the segment K ahead, if no update released it
+        if not self._pump_segment(self._next_get, blocking):
             return None, None
-        self._complete(self._segment)
-        n_running = sum(self._running.values())
-        batch = self._read(self._segment, device)
-        self._n_running = n_running
-        self._phase = Phase.READY
-        return batch, n_running
+        return self._hand_over(device)
 
     def _publish_weights(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Copies the state_dict to the CPU and puts it ONCE in Ray's object store; every actor
         reads that one object (zero-copy on its node) at the start of its next call."""
         # Let go of the versions this one supersedes before putting it: the object store
         # then reuses their memory (several times faster than fresh pages for 200 MB).
-        for pending in self._pending:
-            while pending and pending[-1][0] == "weights":
-                pending.pop()
-        previous, self._last_weights = self._last_weights, None
+        updates = self._updates
+        updates.drop_superseded_weights()
+        previous, updates.last_weights = updates.last_weights, None
         try:
             ref = ray.put({k: to_wire(v.detach().contiguous()) for k, v in state_dict.items()})
         except BaseException:
-            self._last_weights = previous
+            updates.last_weights = previous
             raise
         del previous
-        self._last_weights = self._queue(("weights", version, ref))
+        updates.add(("weights", version, ref))
 
     def _publish_info(self, version: int, info: Any) -> None:
         """Serialises ``info`` once into Ray's object store; applied in order."""
-        self._last_info = self._queue(("info", version, ray.put(to_cpu_bytes(info))))
-
-    def _queue(self, op: Op) -> Op:
-        for pending in self._pending:
-            pending.append(op)
-        return op
+        self._updates.add(("info", version, ray.put(to_cpu_bytes(info))))
 
     def actors(self) -> list[Any]:
         """The Ray actor handles, by worker index (replacements included)."""
