@@ -407,3 +407,12 @@ def test_no_evaluator_without_eval_every_and_a_loop_that_ends_on_its_own(tmp_pat
         assert run.evaluator(Repeater, {"model": torch.nn.Linear(2, 2)}) is None
     assert run.summary["stopped_by"] == "loop_end" and run.summary["frames"] == 0
     assert len(read_rows(run.logger.dir / "progress.csv")) == 1  # the row where it stopped
+
+
+@pytest.mark.slow
+def test_the_layouts_restart_budget_reaches_the_training_batcher(tmp_path):
+    layout = LayoutConfig(learner_device="cpu", n_processes=1, n_envs=2, max_restarts=3)
+    with Run("test", config(tmp_path, layout=layout, target_return=None)) as run:
+        batcher = run.training_batcher(Repeater, {"model": torch.nn.Linear(2, 2)}, GymEnvInf, 5)
+        assert batcher.restart is not None and batcher.restart.max_restarts == 3
+        assert batcher.pipeline == 1
