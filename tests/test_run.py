@@ -411,7 +411,7 @@ def test_no_evaluator_without_eval_every_and_a_loop_that_ends_on_its_own(tmp_pat
 
 @pytest.mark.slow
 def test_the_layouts_restart_budget_reaches_the_training_batcher(tmp_path):
-    layout = LayoutConfig(learner_device="cpu", n_processes=1, n_envs=2, max_restarts=3)
+    layout = LayoutConfig(learner_device="cpu", n_processes=2, n_envs=1, max_restarts=3)
     with Run("test", config(tmp_path, layout=layout, target_return=None)) as run:
         batcher = run.training_batcher(Repeater, {"model": torch.nn.Linear(2, 2)}, GymEnvInf, 5)
         assert batcher.restart is not None and batcher.restart.max_restarts == 3
