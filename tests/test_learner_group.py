@@ -282,8 +282,9 @@ def test_staging_copies_on_a_cuda_side_stream():
 def test_layout_refuses_a_device_list_of_the_wrong_length():
     from rlstruct.experiment import LayoutConfig
 
-    with pytest.raises(ConfigError, match=r"n_learners must be >= 1.*names 2 device\(s\)"):
-        LayoutConfig(n_learners=0, learner_devices="cpu,cpu")
+    problems = LayoutConfig(n_learners=0, learner_devices="cpu,cpu").problems()
+    assert any("n_learners must be >= 1" in p for p in problems)
+    assert any("names 2 device(s)" in p for p in problems)
 
 
 @pytest.mark.slow
