@@ -81,8 +81,8 @@ from torch import Tensor
 from rlstruct import keys as K
 from rlstruct.dicttensor import DictTensor
 from rlstruct.envs.base import StepResult, VecEnv
-from rlstruct.envs.gym import check_step
 from rlstruct.envs.spaces import ActionSpec, Leaf, observation_leaves, torch_dtype
+from rlstruct.envs.step_checks import check_step
 from rlstruct.errors import (
     BatcherStateError,
     ConfigError,
