@@ -84,7 +84,42 @@ class CategoricalSampler:
         return action
 
 
-class ActorAgent(Agent):
+class _ModelAgent(Agent):
+    """What :class:`ActorAgent` and :class:`PolicyAgent` share: a memoryless actor-critic
+    ``model(frame) -> (out (n, P), value (n,))``, a seeded sampler (``_new_sampler``), and the
+    replay of stored observations (``out`` under the key ``_replay_key``)."""
+
+    _new_sampler: type[CategoricalSampler]
+    _replay_key: str
+
+    def __init__(
+        self, model: torch.nn.Module, store_value: bool = True, replay_next_value: bool = False
+    ) -> None:
+        self.model = model
+        self.store_value = store_value
+        self.replay_next_value = replay_next_value
+        self.sample = self._new_sampler()
+
+    def seed(self, seed: int) -> None:
+        """Seeds the sampler."""
+        self.sample.seed(seed)
+
+    def call_replay(
+        self, trajectories: Trajectories, t: int, state: DictTensor
+    ) -> tuple[DictTensor, DictTensor]:
+        """``({"logits" or "params", "value"[, "next_value"]}, state)`` of step ``t`` of stored
+        trajectories ``(B, T, ...)``: the model's outputs with gradients (``logits`` for an
+        :class:`ActorAgent`, ``params`` for a :class:`PolicyAgent`), next_value without."""
+        steps = trajectories.trajectories
+        out, value = self.model(steps[K.OBS_FRAME][:, t])
+        replayed = {self._replay_key: out, K.VALUE: value}
+        if self.replay_next_value:
+            with torch.no_grad():  # V(s') is a target: no gradient flows into it
+                replayed["next_value"] = self.model(steps[K.NEXT_FRAME][:, t])[1]
+        return DictTensor(replayed), state
+
+
+class ActorAgent(_ModelAgent):
     """A memoryless actor over ``model(frame) -> (logits (n, A), value (n,))``: samples ``a ~
     softmax(logits)`` (the argmax on rows with ``agent_info["greedy"]``) and returns
     ``action``, its log-probability ``logp`` under the acting policy and, with ``store_value``,
@@ -101,17 +136,8 @@ class ActorAgent(Agent):
             trajectories must hold ``_observation/frame``).
     """
 
-    def __init__(
-        self, model: torch.nn.Module, store_value: bool = True, replay_next_value: bool = False
-    ) -> None:
-        self.model = model
-        self.store_value = store_value
-        self.replay_next_value = replay_next_value
-        self.sample = CategoricalSampler()
-
-    def seed(self, seed: int) -> None:
-        """Seeds the sampler."""
-        self.sample.seed(seed)
+    _new_sampler = CategoricalSampler
+    _replay_key = "logits"
 
     def __call__(
         self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
@@ -122,19 +148,6 @@ class ActorAgent(Agent):
         out = {K.ACTION_KEY: action, K.LOGP: categorical_log_prob(logits, action)}
         if self.store_value:
             out[K.VALUE] = value
-        return DictTensor(out), state
-
-    def call_replay(
-        self, trajectories: Trajectories, t: int, state: DictTensor
-    ) -> tuple[DictTensor, DictTensor]:
-        """``({"logits", "value"[, "next_value"]}, state)`` of step ``t`` of stored
-        trajectories ``(B, T, ...)``: logits and value with gradients, next_value without."""
-        steps = trajectories.trajectories
-        logits, value = self.model(steps[K.OBS_FRAME][:, t])
-        out = {"logits": logits, K.VALUE: value}
-        if self.replay_next_value:
-            with torch.no_grad():  # V(s') is a target: no gradient flows into it
-                out["next_value"] = self.model(steps[K.NEXT_FRAME][:, t])[1]
         return DictTensor(out), state
 
 
@@ -153,7 +166,7 @@ class HeadSampler(CategoricalSampler):
         return head.act(params, self._generator(params.device), greedy)
 
 
-class PolicyAgent(Agent):
+class PolicyAgent(_ModelAgent):
     """A memoryless actor over ``model(frame) -> (params (n, P), value (n,))`` whose
     ``model.head`` is a policy head (:class:`rlstruct.nets.HeadActorCritic`): any action space.
 
@@ -175,17 +188,8 @@ class PolicyAgent(Agent):
             trajectories must hold ``_observation/frame``).
     """
 
-    def __init__(
-        self, model: torch.nn.Module, store_value: bool = True, replay_next_value: bool = False
-    ) -> None:
-        self.model = model
-        self.store_value = store_value
-        self.replay_next_value = replay_next_value
-        self.sample = HeadSampler()
-
-    def seed(self, seed: int) -> None:
-        """Seeds the sampler."""
-        self.sample.seed(seed)
+    _new_sampler = HeadSampler
+    _replay_key = "params"
 
     def __call__(
         self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
@@ -197,17 +201,4 @@ class PolicyAgent(Agent):
         out = {K.ACTION_KEY: action, K.SAMPLE: sample, K.LOGP: head.log_prob(params, sample)}
         if self.store_value:
             out[K.VALUE] = value
-        return DictTensor(out), state
-
-    def call_replay(
-        self, trajectories: Trajectories, t: int, state: DictTensor
-    ) -> tuple[DictTensor, DictTensor]:
-        """``({"params", "value"[, "next_value"]}, state)`` of step ``t`` of stored
-        trajectories ``(B, T, ...)``: params and value with gradients, next_value without."""
-        steps = trajectories.trajectories
-        params, value = self.model(steps[K.OBS_FRAME][:, t])
-        out = {"params": params, K.VALUE: value}
-        if self.replay_next_value:
-            with torch.no_grad():  # V(s') is a target: no gradient flows into it
-                out["next_value"] = self.model(steps[K.NEXT_FRAME][:, t])[1]
         return DictTensor(out), state
