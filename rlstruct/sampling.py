@@ -104,6 +104,21 @@ class _ModelAgent(Agent):
         """Seeds the sampler."""
         self.sample.seed(seed)
 
+    def __call__(
+        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
+    ) -> tuple[DictTensor, DictTensor]:
+        """One step for ``n`` rows: ``({"action", "logp"[, "value"]}, state)``, with ``sample``
+        too for a :class:`PolicyAgent`."""
+        out, value = self.model(observation[K.FRAME])
+        step = self._act(out, agent_info)
+        if self.store_value:
+            step[K.VALUE] = value
+        return DictTensor(step), state
+
+    def _act(self, out: Tensor, agent_info: DictTensor) -> dict[str, Tensor]:
+        """What the agent returns for the model's output ``out`` (without ``value``)."""
+        raise NotImplementedError
+
     def call_replay(
         self, trajectories: Trajectories, t: int, state: DictTensor
     ) -> tuple[DictTensor, DictTensor]:
@@ -139,16 +154,10 @@ class ActorAgent(_ModelAgent):
     _new_sampler = CategoricalSampler
     _replay_key = "logits"
 
-    def __call__(
-        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
-    ) -> tuple[DictTensor, DictTensor]:
-        """One step: ``({"action", "logp"[, "value"]}, state)`` for ``n`` rows."""
-        logits, value = self.model(observation[K.FRAME])
+    def _act(self, logits: Tensor, agent_info: DictTensor) -> dict[str, Tensor]:
+        """``{"action", "logp"}`` of ``n`` rows of logits ``(n, A)``."""
         action = self.sample(logits, agent_info)
-        out = {K.ACTION_KEY: action, K.LOGP: categorical_log_prob(logits, action)}
-        if self.store_value:
-            out[K.VALUE] = value
-        return DictTensor(out), state
+        return {K.ACTION_KEY: action, K.LOGP: categorical_log_prob(logits, action)}
 
 
 class HeadSampler(CategoricalSampler):
@@ -191,14 +200,8 @@ class PolicyAgent(_ModelAgent):
     _new_sampler = HeadSampler
     _replay_key = "params"
 
-    def __call__(
-        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
-    ) -> tuple[DictTensor, DictTensor]:
-        """One step: ``({"action", "sample", "logp"[, "value"]}, state)`` for ``n`` rows."""
-        params, value = self.model(observation[K.FRAME])
+    def _act(self, params: Tensor, agent_info: DictTensor) -> dict[str, Tensor]:
+        """``{"action", "sample", "logp"}`` of ``n`` rows of head params ``(n, P)``."""
         head = self.model.head
         sample, action = self.sample(head, params, agent_info)
-        out = {K.ACTION_KEY: action, K.SAMPLE: sample, K.LOGP: head.log_prob(params, sample)}
-        if self.store_value:
-            out[K.VALUE] = value
-        return DictTensor(out), state
+        return {K.ACTION_KEY: action, K.SAMPLE: sample, K.LOGP: head.log_prob(params, sample)}
