@@ -143,7 +143,7 @@ class _GymVecEnv(VecEnv):
         self._float_keys = [lf.key for lf in self._leaves if lf.dtype.kind in "fc"] + [K.REWARD]
 
         self._t = np.zeros(n, np.int64)  # env_step of each env
-        self._answers = AnswerChecker(
+        self._check = AnswerChecker(
             self._leaves[0] if self._frame_only else None, self._offset, self._t,
             self._check_finite,
         )
@@ -260,9 +260,9 @@ class _GymVecEnv(VecEnv):
                 try:
                     obs, rew, te, tr, info = zip(*answers)
                 except (ValueError, TypeError):
-                    self._answers.answers(answers, run)
+                    self._check.answers(answers, run)
                     raise
-                out = [self._answers.frame(obs, run)]
+                out = [self._check.frame(obs, run)]
                 if infos:
                     for j, (i_env, i) in enumerate(zip(run.tolist(), info)):
                         self._write_info(i, j, i_env, infos)
@@ -284,7 +284,7 @@ class _GymVecEnv(VecEnv):
             if self._own_limits:  # gymnasium's TimeLimit, for envs stepped past their wrappers
                 limit = self._limits[run]
                 truncated |= (limit > 0) & (self._t[run] >= limit)
-            out += [self._answers.rewards(rew, run), np.asarray(te, dtype=bool), truncated]
+            out += [self._check.rewards(rew, run), np.asarray(te, dtype=bool), truncated]
         except BaseException as e:
             self._fail(e, k, "step")
             raise
