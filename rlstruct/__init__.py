@@ -8,6 +8,7 @@ The public surface (everything else is internal). The core::
                           Batcher, SerialBatcher, RestartPolicy, LearnerThread)
     from rlstruct.envs import VecEnv, GymEnv, GymEnvInf, DeviceEnv
     from rlstruct import functional as F     # returns, GAE, V-trace, the policy-loss terms
+    from rlstruct.policy_terms import conjugate_gradient   # also F.conjugate_gradient
     from rlstruct.errors import RLStructError, ShapeError, DeviceContractError, ...
     from rlstruct.devices import resolve_device
     from rlstruct.replay_buffer import ReplayBuffer

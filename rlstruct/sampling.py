@@ -84,7 +84,57 @@ class CategoricalSampler:
         return action
 
 
-class ActorAgent(Agent):
+class _ModelAgent(Agent):
+    """What :class:`ActorAgent` and :class:`PolicyAgent` share: a memoryless actor-critic
+    ``model(frame) -> (out (n, P), value (n,))``, a seeded sampler (``_new_sampler``), and the
+    replay of stored observations (``out`` under the key ``_replay_key``)."""
+
+    _new_sampler: type[CategoricalSampler]
+    _replay_key: str
+
+    def __init__(
+        self, model: torch.nn.Module, store_value: bool = True, replay_next_value: bool = False
+    ) -> None:
+        self.model = model
+        self.store_value = store_value
+        self.replay_next_value = replay_next_value
+        self.sample = self._new_sampler()
+
+    def seed(self, seed: int) -> None:
+        """Seeds the sampler."""
+        self.sample.seed(seed)
+
+    def __call__(
+        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
+    ) -> tuple[DictTensor, DictTensor]:
+        """One step for ``n`` rows: ``({"action", "logp"[, "value"]}, state)``, with ``sample``
+        too for a :class:`PolicyAgent`."""
+        out, value = self.model(observation[K.FRAME])
+        step = self._act(out, agent_info)
+        if self.store_value:
+            step[K.VALUE] = value
+        return DictTensor(step), state
+
+    def _act(self, out: Tensor, agent_info: DictTensor) -> dict[str, Tensor]:
+        """What the agent returns for the model's output ``out`` (without ``value``)."""
+        raise NotImplementedError
+
+    def call_replay(
+        self, trajectories: Trajectories, t: int, state: DictTensor
+    ) -> tuple[DictTensor, DictTensor]:
+        """``({"logits" or "params", "value"[, "next_value"]}, state)`` of step ``t`` of stored
+        trajectories ``(B, T, ...)``: the model's outputs with gradients (``logits`` for an
+        :class:`ActorAgent`, ``params`` for a :class:`PolicyAgent`), next_value without."""
+        steps = trajectories.trajectories
+        out, value = self.model(steps[K.OBS_FRAME][:, t])
+        replayed = {self._replay_key: out, K.VALUE: value}
+        if self.replay_next_value:
+            with torch.no_grad():  # V(s') is a target: no gradient flows into it
+                replayed["next_value"] = self.model(steps[K.NEXT_FRAME][:, t])[1]
+        return DictTensor(replayed), state
+
+
+class ActorAgent(_ModelAgent):
     """A memoryless actor over ``model(frame) -> (logits (n, A), value (n,))``: samples ``a ~
     softmax(logits)`` (the argmax on rows with ``agent_info["greedy"]``) and returns
     ``action``, its log-probability ``logp`` under the acting policy and, with ``store_value``,
@@ -101,44 +151,13 @@ class ActorAgent(Agent):
             trajectories must hold ``_observation/frame``).
     """
 
-    replay_key = "logits"
-    """The key of the policy's outputs in :meth:`call_replay`'s result."""
+    _new_sampler = CategoricalSampler
+    _replay_key = "logits"
 
-    def __init__(
-        self, model: torch.nn.Module, store_value: bool = True, replay_next_value: bool = False
-    ) -> None:
-        self.model = model
-        self.store_value = store_value
-        self.replay_next_value = replay_next_value
-        self.sample = CategoricalSampler()
-
-    def seed(self, seed: int) -> None:
-        """Seeds the sampler."""
-        self.sample.seed(seed)
-
-    def __call__(
-        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
-    ) -> tuple[DictTensor, DictTensor]:
-        """One step: ``({"action", "logp"[, "value"]}, state)`` for ``n`` rows."""
-        logits, value = self.model(observation[K.FRAME])
+    def _act(self, logits: Tensor, agent_info: DictTensor) -> dict[str, Tensor]:
+        """``{"action", "logp"}`` of ``n`` rows of logits ``(n, A)``."""
         action = self.sample(logits, agent_info)
-        out = {K.ACTION_KEY: action, K.LOGP: categorical_log_prob(logits, action)}
-        if self.store_value:
-            out[K.VALUE] = value
-        return DictTensor(out), state
-
-    def call_replay(
-        self, trajectories: Trajectories, t: int, state: DictTensor
-    ) -> tuple[DictTensor, DictTensor]:
-        """``({"logits", "value"[, "next_value"]}, state)`` of step ``t`` of stored
-        trajectories ``(B, T, ...)``: logits and value with gradients, next_value without."""
-        steps = trajectories.trajectories
-        logits, value = self.model(steps[K.OBS_FRAME][:, t])
-        out = {self.replay_key: logits, K.VALUE: value}
-        if self.replay_next_value:
-            with torch.no_grad():  # V(s') is a target: no gradient flows into it
-                out["next_value"] = self.model(steps[K.NEXT_FRAME][:, t])[1]
-        return DictTensor(out), state
+        return {K.ACTION_KEY: action, K.LOGP: categorical_log_prob(logits, action)}
 
 
 class HeadSampler(CategoricalSampler):
@@ -156,8 +175,8 @@ class HeadSampler(CategoricalSampler):
         return head.act(params, self._generator(params.device), greedy)
 
 
-class PolicyAgent(ActorAgent):
-    """An :class:`ActorAgent` over ``model(frame) -> (params (n, P), value (n,))`` whose
+class PolicyAgent(_ModelAgent):
+    """A memoryless actor over ``model(frame) -> (params (n, P), value (n,))`` whose
     ``model.head`` is a policy head (:class:`rlstruct.nets.HeadActorCritic`): any action space.
 
     Returns ``action`` (what the env receives: rescaled and clipped into a Box), ``sample`` (the
@@ -175,22 +194,11 @@ class PolicyAgent(ActorAgent):
             trajectories must hold ``_observation/frame``).
     """
 
-    replay_key = "params"
+    _new_sampler = HeadSampler
+    _replay_key = "params"
 
-    def __init__(
-        self, model: torch.nn.Module, store_value: bool = True, replay_next_value: bool = False
-    ) -> None:
-        super().__init__(model, store_value, replay_next_value)
-        self.sample = HeadSampler()
-
-    def __call__(
-        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
-    ) -> tuple[DictTensor, DictTensor]:
-        """One step: ``({"action", "sample", "logp"[, "value"]}, state)`` for ``n`` rows."""
-        params, value = self.model(observation[K.FRAME])
+    def _act(self, params: Tensor, agent_info: DictTensor) -> dict[str, Tensor]:
+        """``{"action", "sample", "logp"}`` of ``n`` rows of head params ``(n, P)``."""
         head = self.model.head
         sample, action = self.sample(head, params, agent_info)
-        out = {K.ACTION_KEY: action, K.SAMPLE: sample, K.LOGP: head.log_prob(params, sample)}
-        if self.store_value:
-            out[K.VALUE] = value
-        return DictTensor(out), state
+        return {K.ACTION_KEY: action, K.SAMPLE: sample, K.LOGP: head.log_prob(params, sample)}

@@ -42,15 +42,20 @@ itself imports without them.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Sequence
 from functools import partial
+from typing import TYPE_CHECKING, TypedDict
 
 import gymnasium as gym
 
 from rlstruct.envs.gym import GymEnv, GymEnvInf
 from rlstruct.errors import ConfigError
 
-__all__ = ["make_atari_env", "make_atari_gym_env", "register_atari_envs"]
+if TYPE_CHECKING:  # typing.Unpack is Python >= 3.11's
+    from typing_extensions import Unpack
+
+__all__ = ["make_atari_env", "make_atari_gym_env", "register_atari_envs", "AtariPreprocessing"]
 
 ATARI_INSTALL_HINT = (
     "Atari envs need ale-py (it ships the ROMs) and OpenCV (gymnasium's AtariPreprocessing "
@@ -72,6 +77,19 @@ def register_atari_envs() -> None:
             raise ImportError(f"{ATARI_INSTALL_HINT} ({type(e).__name__}: {e})") from e
         if module == "ale_py":
             gym.register_envs(mod)
+
+
+class AtariPreprocessing(TypedDict, total=False):
+    """The preprocessing options of :func:`make_atari_gym_env`, which :func:`make_atari_env`
+    passes on (each optional: the function's default applies)."""
+
+    frame_skip: int
+    frame_stack: int
+    screen_size: int
+    noop_max: int
+    terminal_on_life_loss: bool
+    max_episode_steps: int | None
+    repeat_action_probability: float | None
 
 
 def make_atari_gym_env(
@@ -130,16 +148,10 @@ def make_atari_env(
     n_envs: int = 1,
     seed: int = 0,
     *,
-    frame_skip: int = 4,
-    frame_stack: int = 4,
-    screen_size: int = 84,
-    noop_max: int = 30,
-    terminal_on_life_loss: bool = False,
-    max_episode_steps: int | None = None,
     auto_reset: bool = True,
-    repeat_action_probability: float | None = None,
     info_keys: Sequence[str] = (),
     env_id_offset: int = 0,
+    **preprocessing: Unpack[AtariPreprocessing],
 ) -> GymEnv | GymEnvInf:
     """``N`` preprocessed Atari envs as one VecEnv; a valid batcher ``create_env``.
 
@@ -150,8 +162,9 @@ def make_atari_env(
         env: an ALE id (``"ALE/Pong-v5"``...).
         n_envs: ``N``.
         seed: env ``k`` is reset with ``seed + k`` on its first reset.
-        frame_skip, frame_stack, screen_size, noop_max, terminal_on_life_loss,
-            max_episode_steps, repeat_action_probability: see :func:`make_atari_gym_env`.
+        preprocessing: ``frame_skip``, ``frame_stack``, ``screen_size``, ``noop_max``,
+            ``terminal_on_life_loss``, ``max_episode_steps``, ``repeat_action_probability``:
+            the keyword arguments of :func:`make_atari_gym_env`, with its defaults.
         auto_reset: ``True``: :class:`~rlstruct.envs.GymEnvInf` (every env restarts, the TRUE
             final frame in ``obs_t1``); ``False``: :class:`~rlstruct.envs.GymEnv` (episodic).
         info_keys: numeric ``info`` entries recorded as ``info/<name>`` (e.g. ``"lives"``).
@@ -170,33 +183,22 @@ def make_atari_env(
         obs, _ = env.reset()                           # obs["frame"]: (16, 4, 84, 84) uint8
         batcher = Batcher(128, make_agent, {}, make_atari_env, {"n_envs": 16}, n_processes=2)
     """
-    for name, value, low in (
-        ("frame_skip", frame_skip, 1),
-        ("frame_stack", frame_stack, 1),
-        ("screen_size", screen_size, 8),
-        ("noop_max", noop_max, 0),
-    ):
-        _check_int(name, value, low)
-    if max_episode_steps is not None:
-        _check_int("max_episode_steps", max_episode_steps, 1)
-    if repeat_action_probability is not None and not 0.0 <= repeat_action_probability <= 1.0:
-        raise ConfigError(
-            "repeat_action_probability must be in [0, 1] or None, got "
-            f"{repeat_action_probability!r}"
-        )
+    try:
+        options = inspect.signature(make_atari_gym_env).bind(env, **preprocessing)
+    except TypeError as e:  # an unknown option: a TypeError, as for any keyword argument
+        raise TypeError(f"make_atari_env() {e}") from None
+    options.apply_defaults()
+    o = options.arguments
+    for name, low in (("frame_skip", 1), ("frame_stack", 1), ("screen_size", 8), ("noop_max", 0)):
+        _check_int(name, o[name], low)
+    if o["max_episode_steps"] is not None:
+        _check_int("max_episode_steps", o["max_episode_steps"], 1)
+    p = o["repeat_action_probability"]
+    if p is not None and not 0.0 <= p <= 1.0:
+        raise ConfigError(f"repeat_action_probability must be in [0, 1] or None, got {p!r}")
     register_atari_envs()
     _check_ale_id(env)
-    factory = partial(
-        make_atari_gym_env,
-        env,
-        frame_skip=frame_skip,
-        frame_stack=frame_stack,
-        screen_size=screen_size,
-        noop_max=noop_max,
-        terminal_on_life_loss=terminal_on_life_loss,
-        max_episode_steps=max_episode_steps,
-        repeat_action_probability=repeat_action_probability,
-    )
+    factory = partial(make_atari_gym_env, env, **preprocessing)
     if isinstance(n_envs, bool) or not isinstance(n_envs, int) or n_envs < 1:
         raise ConfigError(f"n_envs must be an int >= 1, got {n_envs!r}")
     cls = GymEnvInf if auto_reset else GymEnv

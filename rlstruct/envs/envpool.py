@@ -81,8 +81,15 @@ from torch import Tensor
 from rlstruct import keys as K
 from rlstruct.dicttensor import DictTensor
 from rlstruct.envs.base import StepResult, VecEnv
-from rlstruct.envs.gym import check_step
-from rlstruct.envs.spaces import ActionSpec, Leaf, observation_leaves, torch_dtype
+from rlstruct.envs.spaces import (
+    MISSING,
+    ActionSpec,
+    Leaf,
+    leaf_value,
+    observation_leaves,
+    torch_dtype,
+)
+from rlstruct.envs.step_checks import check_step
 from rlstruct.errors import (
     BatcherStateError,
     ConfigError,
@@ -491,15 +498,12 @@ class EnvPoolEnv(VecEnv):
         """One array per observation leaf, rows in env order, exactly in the leaf's dtype."""
         out = []
         for lf in self._leaves:
-            v = obs
-            try:
-                for p in lf.path:
-                    v = v[p]
-            except (KeyError, IndexError, TypeError):
+            v = leaf_value(obs, lf)
+            if v is MISSING:
                 raise KeyMismatchError(
                     f"envpool's observation has no {lf.key!r} (path {list(lf.path)}), which "
                     "its observation space promises"
-                ) from None
+                )
             x = np.asarray(v)
             if lf.scalar_int and x.dtype != lf.dtype and x.dtype.kind in "iu":
                 # A Discrete leaf is int64 (as for GymEnv, which takes any Python or numpy

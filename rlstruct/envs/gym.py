@@ -38,10 +38,7 @@ itself get a note naming it.
 from __future__ import annotations
 
 import contextlib
-import numbers
-import warnings
-from collections.abc import Callable, Mapping, Sequence
-from operator import attrgetter
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -52,35 +49,24 @@ from torch import Tensor
 from rlstruct import keys as K
 from rlstruct.dicttensor import DictTensor
 from rlstruct.envs.base import StepResult, VecEnv
+from rlstruct.envs.factories import EnvFactory, cast_observations, make_envs, refuse_env_instances
 from rlstruct.envs.spaces import (
     ActionSpec,
     Leaf,
-    check_leaf,
     env_info_options,
     observation_leaves,
     short_repr,
     torch_dtype,
     write_leaves,
 )
-from rlstruct.errors import (
-    BatcherStateError,
-    ConfigError,
-    DeviceContractError,
-    RewardError,
-    RLStructError,
-    ShapeError,
-    SpaceError,
-)
+from rlstruct.envs.step_checks import AnswerChecker, check_step
+from rlstruct.envs.unwrap import stepper
+from rlstruct.errors import BatcherStateError, ConfigError, RLStructError, SpaceError
 
 __all__ = ["GymEnv", "GymEnvInf", "EnvFactory"]
 
-#: A zero-argument callable that builds one gymnasium env (must be picklable for worker batchers).
-EnvFactory = Callable[[], gym.Env]
-
 _CPU = torch.device("cpu")
 _INFO = "info/"
-_DTYPE = attrgetter("dtype")
-_REAL_KINDS = "biuf"  # numpy dtype kinds a reward may have: bool, int, uint, float
 
 
 class _GymVecEnv(VecEnv):
@@ -101,18 +87,18 @@ class _GymVecEnv(VecEnv):
     ) -> None:
         # First: rlstructures' GymEnv(envs, seed) (env instances, the seed second) gets an error
         # saying what changed, whatever its other arguments hold.
-        _refuse_env_instances(env, n_envs)
+        refuse_env_instances(env, n_envs)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ConfigError(f"seed must be an int >= 0, got {seed!r}")
         if not isinstance(env_id_offset, (int, np.integer)) or env_id_offset < 0:
             raise ConfigError(f"env_id_offset must be an int >= 0, got {env_id_offset!r}")
         if isinstance(info_keys, str):
             raise ConfigError(f"info_keys must be a sequence of names, got the str {info_keys!r}")
-        self._envs: list[gym.Env] = _make_envs(env, n_envs, make_kwargs)
+        self._envs: list[gym.Env] = make_envs(env, n_envs, make_kwargs)
         self._closed = False
         try:
             if obs_dtype is not None:
-                self._envs = [_cast_observations(e, obs_dtype) for e in self._envs]
+                self._envs = [cast_observations(e, obs_dtype) for e in self._envs]
             self._setup_spaces(int(seed))
         except BaseException:
             self.close()
@@ -120,7 +106,7 @@ class _GymVecEnv(VecEnv):
         n = len(self._envs)
         self._n = n
         # What each step call goes to, and the time limit this VecEnv applies itself (0: none).
-        self._steppers, limits = zip(*(_stepper(e) for e in self._envs))
+        self._steppers, limits = zip(*(stepper(e) for e in self._envs))
         self._limits = np.asarray(limits, dtype=np.int64)
         self._own_limits = bool(self._limits.any())
         self._seed = int(seed)
@@ -153,11 +139,14 @@ class _GymVecEnv(VecEnv):
         for name, a in zip(self._info_keys, self._reset_info):
             self._reset_buf[_INFO + name] = a
         self._frame_only = len(self._leaves) == 1 and self._leaves[0].path == ()
-        self._frame_dtypes = {self._leaves[0].dtype}
         self._arange = np.arange(n)
         self._float_keys = [lf.key for lf in self._leaves if lf.dtype.kind in "fc"] + [K.REWARD]
 
         self._t = np.zeros(n, np.int64)  # env_step of each env
+        self._check = AnswerChecker(
+            self._leaves[0] if self._frame_only else None, self._offset, self._t,
+            self._check_finite,
+        )
         self._options: list[dict[str, Any] | None] = [None] * n
         self._unseeded = [True] * n
         self._running: np.ndarray | None = None  # local env indices; None before reset
@@ -271,9 +260,9 @@ class _GymVecEnv(VecEnv):
                 try:
                     obs, rew, te, tr, info = zip(*answers)
                 except (ValueError, TypeError):
-                    self._check_answers(answers, run)
+                    self._check.answers(answers, run)
                     raise
-                out = [self._stack_frame(obs, run)]
+                out = [self._check.frame(obs, run)]
                 if infos:
                     for j, (i_env, i) in enumerate(zip(run.tolist(), info)):
                         self._write_info(i, j, i_env, infos)
@@ -295,7 +284,7 @@ class _GymVecEnv(VecEnv):
             if self._own_limits:  # gymnasium's TimeLimit, for envs stepped past their wrappers
                 limit = self._limits[run]
                 truncated |= (limit > 0) & (self._t[run] >= limit)
-            out += [self._rewards(rew, run), np.asarray(te, dtype=bool), truncated]
+            out += [self._check.rewards(rew, run), np.asarray(te, dtype=bool), truncated]
         except BaseException as e:
             self._fail(e, k, "step")
             raise
@@ -309,135 +298,6 @@ class _GymVecEnv(VecEnv):
             np.zeros(0, bool),
             np.zeros(0, bool),
         ]
-
-    def _stack_frame(self, obs: Sequence[Any], run: np.ndarray) -> np.ndarray:
-        """The observations of the rows as one array, exactly in the leaf's dtype (no cast).
-
-        Fast path: one ``np.asarray`` plus one C-level pass over the values' dtypes (numpy
-        promotes silently: an int16 row among float32 rows, or a float32 row among float64
-        rows, would otherwise be cast). Otherwise each row is checked and the first bad one
-        raises, with ``env_index`` set to ITS env (not the last env stepped).
-        """
-        lf = self._leaves[0]
-        try:
-            frame = np.asarray(obs)
-        except (ValueError, TypeError):  # ragged shapes: find the culprit below
-            frame = None
-        if frame is not None and frame.dtype == lf.dtype and frame.shape[1:] == lf.shape:
-            if lf.scalar_int:  # Python ints of a Discrete leaf are exact
-                exact = True
-            else:
-                try:
-                    exact = set(map(_DTYPE, obs)) == self._frame_dtypes
-                except AttributeError:  # a list or a Python number: check_leaf refuses it
-                    exact = False
-            if exact:
-                if frame.base is not None or not frame.flags.writeable:
-                    frame = frame.copy()
-                return frame
-        for k, v in zip(run.tolist(), obs):
-            if v.__class__ is not np.ndarray or v.dtype != lf.dtype or v.shape != lf.shape:
-                try:
-                    check_leaf(v, lf, self._offset + k)  # raises unless exact (e.g. int)
-                except RLStructError as e:
-                    e.env_index = k  # type: ignore[attr-defined]
-                    raise
-        return np.asarray(obs).astype(lf.dtype)
-
-    def _check_answers(self, answers: Sequence[Any], run: np.ndarray) -> None:
-        """Raises naming the first env whose ``step`` did not return 5 values."""
-        for k, answer in zip(run.tolist(), answers):
-            try:
-                n = len(answer)
-            except TypeError:
-                n = None
-            if n != 5:
-                got = f"{n} values" if n is not None else f"a {type(answer).__name__}"
-                err = ValueError(
-                    f"env {self._offset + k}: step() returned {got}, expected the 5 values of "
-                    "gymnasium's API (obs, reward, terminated, truncated, info)"
-                )
-                err.env_index = k  # type: ignore[attr-defined]
-                raise err
-
-    def _rewards(self, rew: Sequence[Any], run: np.ndarray) -> np.ndarray:
-        """The rewards of the rows as a fresh float32 array (see the module docstring).
-
-        Fast path: one ``np.asarray`` whose dtype kind and shape say every reward is a real
-        scalar, and one cast to float32 that raises on overflow instead of warning. The rewards
-        are walked one by one only when that fails, to name the culprit.
-
-        Raises:
-            RewardError: a reward is not a real scalar number.
-            FloatingPointError: a finite reward overflows float32 and ``check_finite`` is set.
-        """
-        try:
-            r = np.asarray(rew)
-        except Exception:  # ragged (an array among scalars), or a value numpy cannot take
-            r = None
-        if r is None or r.dtype.kind not in _REAL_KINDS or r.shape != (run.shape[0],):
-            r = self._walk_rewards(rew, run)
-        if r.dtype.kind == "f" and r.dtype.itemsize > 4:
-            try:
-                with np.errstate(over="raise"):
-                    return r.astype(np.float32)
-            except FloatingPointError:
-                limit = np.finfo(np.float32).max
-                for j in np.flatnonzero(np.isfinite(r) & (np.abs(r) > limit)).tolist():
-                    self._reward_overflow(rew[j], int(run[j]))
-                with np.errstate(over="ignore"):
-                    return r.astype(np.float32)
-        return r.astype(np.float32, copy=False)  # np.asarray built a fresh array
-
-    def _walk_rewards(self, rew: Sequence[Any], run: np.ndarray) -> np.ndarray:
-        """The slow path of :meth:`_rewards`: float64 values, or RewardError for the first
-        reward that is not a real scalar number."""
-        out = np.empty(len(rew), np.float64)
-        for j, (k, v) in enumerate(zip(run.tolist(), rew)):
-            if isinstance(v, numbers.Real):  # Python and numpy numbers, bool, Fraction
-                try:
-                    out[j] = v
-                except OverflowError:  # an int beyond float64: overflows float32 too
-                    self._reward_overflow(v, k)
-                    out[j] = np.inf if v > 0 else -np.inf
-                continue
-            try:
-                a = np.asarray(v)
-            except Exception:
-                a = None
-            if a is not None and a.shape == () and a.dtype.kind in _REAL_KINDS:
-                out[j] = a  # a 0-d array (numpy's, or a CPU tensor's)
-                continue
-            if isinstance(v, np.ndarray):
-                what = f"an ndarray of shape {v.shape} and dtype {v.dtype}"
-            else:
-                what = f"{short_repr(v)} ({type(v).__name__})"
-            err = RewardError(
-                f"env {self._offset + k}: its reward at env_step {int(self._t[k])} is {what}; a "
-                "reward must be one real number (int, float, bool, a numpy real scalar or 0-d "
-                "array) and rlstruct never casts it silently: fix the env or wrap it with a "
-                "gymnasium.RewardWrapper; call reset() to go on"
-            )
-            err.env_index = k  # type: ignore[attr-defined]
-            raise err
-        return out
-
-    def _reward_overflow(self, v: Any, k: int) -> None:
-        """A finite reward ``v`` of env ``k`` overflows float32: raise or warn, naming env ``k``."""
-        what = (
-            f"env {self._offset + k}: the reward {short_repr(v)} at env_step {int(self._t[k])} "
-            "overflows float32 (largest finite value 3.4e38)"
-        )
-        if self._check_finite:
-            err = FloatingPointError(f"{what} (check_finite=True); call reset() to go on")
-            err.env_index = k  # type: ignore[attr-defined]
-            raise err
-        warnings.warn(
-            f"{what}; it is stored as inf. Scale the env's rewards (gymnasium.RewardWrapper), "
-            "or pass check_finite=True to make this an error",
-            RuntimeWarning,
-            stacklevel=2,
-        )
 
     def _step_obs(self, run: np.ndarray, a: np.ndarray, arrays: list[np.ndarray]) -> dict:
         """The ``obs_t1`` tensors of the rows just stepped (from the fresh arrays)."""
@@ -668,332 +528,3 @@ class GymEnvInf(_GymVecEnv):
             DictTensor._trusted(nxt, n, _CPU),
             torch.from_numpy(run.copy()),
         )
-
-
-def _cast_observations(env: gym.Env, dtype: str | np.dtype | torch.dtype) -> gym.Env:
-    """``env`` with its float ``Box`` observations cast to ``dtype`` (the ``obs_dtype`` option).
-
-    Raises:
-        ConfigError: ``dtype`` is not a float dtype, or the observations are not a float Box.
-    """
-    why = f"obs_dtype must be a float dtype such as 'float32', got {dtype!r}"
-    try:
-        target = np.dtype(torch.empty(0, dtype=dtype).numpy().dtype
-                          if isinstance(dtype, torch.dtype) else dtype)
-    except TypeError as e:
-        raise ConfigError(why) from e
-    if target.kind != "f":
-        raise ConfigError(why)
-    space = env.observation_space
-    if not isinstance(space, gym.spaces.Box) or space.dtype.kind != "f":
-        raise ConfigError(
-            f"obs_dtype={dtype!r} casts float Box observations, but the env has {space!r}; "
-            "cast other observations with a gymnasium ObservationWrapper"
-        )
-    if space.dtype == target:
-        return env
-    with warnings.catch_warnings():  # gymnasium's Box warns about casting its bounds (+-inf)
-        warnings.filterwarnings("ignore", ".*precision lowered", UserWarning)
-        warnings.filterwarnings("ignore", "overflow encountered in cast", RuntimeWarning)
-        return gym.wrappers.DtypeObservation(env, target)
-
-
-def _make_envs(
-    env: str | Sequence[EnvFactory], n_envs: int | None, make_kwargs: Mapping[str, Any] | None
-) -> list[gym.Env]:
-    """Builds the envs of a VecEnv: ``n_envs`` ``gym.make(env)`` or one env per factory.
-
-    Args:
-        env: a gymnasium id, or a non-empty list of zero-argument factories.
-        n_envs: the number of envs for an id (default 1); ``None`` or ``len(env)`` for factories.
-        make_kwargs: keyword arguments of ``gym.make`` (id only).
-
-    Returns:
-        The envs, distinct objects over distinct underlying envs.
-
-    Raises:
-        ConfigError: a bad ``env`` or ``n_envs`` (with what changed since rlstructures when the
-            call looks like rlstructures' ``GymEnv(envs, seed)``), a factory that returns no
-            gymnasium env, or factories that return the same env twice. Every env built before
-            the error is closed, each once.
-    """
-    _refuse_env_instances(env, n_envs)
-    factory_list = isinstance(env, Sequence) and not isinstance(env, str)
-    if n_envs is not None and (
-        isinstance(n_envs, bool) or not isinstance(n_envs, (int, np.integer)) or n_envs < 1
-    ):
-        raise ConfigError(
-            f"n_envs must be an int >= 1 or None, got {n_envs!r}"
-            + (_SECOND_ARGUMENT.format(n=n_envs) if factory_list else "")
-        )
-    if isinstance(env, str):
-        factories: list[EnvFactory] = [lambda: gym.make(env, **(make_kwargs or {}))] * (
-            1 if n_envs is None else int(n_envs)
-        )
-    elif factory_list and env and all(callable(f) for f in env):
-        if make_kwargs:
-            raise ConfigError("make_kwargs only applies when env is a gymnasium id")
-        if n_envs is not None and n_envs != len(env):
-            raise ConfigError(
-                f"n_envs={n_envs} but {len(env)} env factories were given"
-                + _SECOND_ARGUMENT.format(n=n_envs)
-            )
-        factories = list(env)
-    else:
-        raise ConfigError(
-            f"env must be a gymnasium id or a non-empty list of zero-argument env factories, "
-            f"got {short_repr(env)}"
-        )
-    envs: list[gym.Env] = []
-    try:
-        for k, factory in enumerate(factories):
-            e = factory()
-            if not isinstance(e, gym.Env):
-                raise ConfigError(
-                    f"env factory {k} returned {type(e).__name__}, not a gymnasium.Env"
-                )
-            envs.append(e)
-        _refuse_shared_envs(envs)
-    except BaseException as exc:
-        if not isinstance(exc, RLStructError) and hasattr(exc, "add_note"):
-            exc.add_note(f"raised while building env {len(envs)}")
-            if isinstance(exc, TypeError) and "max_episode_steps" in str(exc):
-                exc.add_note(_TIME_LIMIT_HINT)
-        _close_once(envs)
-        raise
-    return envs
-
-
-#: Appended to n_envs errors when env is a list: rlstructures' GymEnv took the seed second.
-_SECOND_ARGUMENT = (
-    "; GymEnv's second argument is n_envs (the number of envs, default len(env) for factories), "
-    "not the seed as in rlstructures' GymEnv(envs, seed): if {n!r} is a seed, pass it as the "
-    "keyword seed={n!r}"
-)
-
-#: Added to gymnasium's TypeError for ``TimeLimit(env, max_episode_steps=None)``.
-_TIME_LIMIT_HINT = (
-    "gymnasium's TimeLimit needs an int max_episode_steps (gym's accepted None for the "
-    "registered limit): write gym.make(env_id, max_episode_steps=n), which keeps the registered "
-    "limit when n is None, or wrap with TimeLimit only when n is not None"
-)
-
-
-def _is_env_instance(x: object) -> bool:
-    """A gymnasium env, or an object with ``step`` and ``reset`` that is not a factory (gym's)."""
-    return isinstance(x, gym.Env) or (
-        not callable(x) and hasattr(x, "step") and hasattr(x, "reset")
-    )
-
-
-def _env_name(e: object) -> str:
-    """The gymnasium id of an env (from its spec), else its class name."""
-    spec = getattr(e, "spec", None)
-    return str(getattr(spec, "id", None) or type(e).__name__)
-
-
-def _refuse_env_instances(env: object, n_envs: object) -> None:
-    """Refuses env instances where factories are expected, saying what changed since
-    rlstructures (whose ``GymEnv(gym_env, seed)`` took a list of instances and the seed second).
-
-    Raises:
-        ConfigError: ``env`` is an env instance, or a list holding one.
-    """
-    if _is_env_instance(env):
-        name = _env_name(env)
-        raise ConfigError(
-            f"env is an env instance ({name}), but GymEnv builds its envs itself: pass a "
-            f"gymnasium id (GymEnv({_id_or(name, 'CartPole-v1')!r}, n_envs=n, seed=s)) or a list "
-            "of zero-argument factories that each build a fresh env; to keep this env instance "
-            "e, pass [lambda: e]"
-        )
-    if not isinstance(env, Sequence) or isinstance(env, str):
-        return
-    where = [k for k, x in enumerate(env) if _is_env_instance(x)]
-    if not where:
-        return
-    n = len(env)
-    names = sorted({_env_name(env[k]) for k in where})
-    if len(where) == n:
-        what = f"a list of {n} env instance{'s' if n > 1 else ''} ({', '.join(names)})"
-    else:
-        what = (
-            f"env instances at positions {_enumerate(where)}"
-            if len(where) > 1
-            else f"an env instance at position {where[0]}"
-        ) + f" ({', '.join(names)}) among factories"
-    changed = "rlstruct takes zero-argument factories that each build a fresh env"
-    if n_envs is None:
-        seed = "s"
-        what += f": rlstructures' GymEnv(envs, seed) took env instances, {changed}"
-    else:
-        seed = repr(n_envs)
-        what += (
-            f" and n_envs={n_envs!r}: this is rlstructures' GymEnv(envs, seed), which changed: "
-            f"{changed}, its second argument is n_envs (default: one env per factory) and the "
-            "seed is the keyword seed="
-        )
-    ids = {_id_or(name, "") for name in names} - {""}
-    by_id = f"GymEnv({ids.pop()!r}, n_envs={n}, seed={seed}), or " if len(ids) == 1 else ""
-    raise ConfigError(
-        f"GymEnv got {what}. Write {by_id}GymEnv([make_env] * {n}, seed={seed}) where make_env() "
-        "builds one env (wrappers included); to keep envs already built, bind each one: "
-        f"GymEnv([lambda e=e: e for e in envs], seed={seed}) (in [lambda: e for e in envs] "
-        "every lambda returns the last env)"
-    )
-
-
-def _id_or(name: str, default: str) -> str:
-    """``name`` if it looks like a gymnasium id (``Name-v<k>``), else ``default``."""
-    return name if "-v" in name else default
-
-
-def _refuse_shared_envs(envs: Sequence[gym.Env]) -> None:
-    """Refuses factories that returned one env object (or wrappers of one env) more than once.
-
-    A VecEnv would step that one env several times per step: the classic cause is Python's late
-    binding, ``[lambda: e for e in envs]`` (every lambda returns the last ``e``).
-
-    Raises:
-        ConfigError: naming the factories that share an env.
-    """
-    groups: dict[int, list[int]] = {}
-    for k, e in enumerate(envs):
-        groups.setdefault(id(e.unwrapped), []).append(k)
-    shared = [ks for ks in groups.values() if len(ks) > 1]
-    if not shared:
-        return
-    parts = []
-    for ks in shared:
-        same = all(envs[k] is envs[ks[0]] for k in ks)
-        obj = "the same env object" if same else "wrappers of the same env object"
-        parts.append(f"env factories {_enumerate(ks)} returned {obj} ({_env_name(envs[ks[0]])})")
-    example = _id_or(_env_name(envs[shared[0][0]]), "CartPole-v1")
-    raise ConfigError(
-        f"{'; '.join(parts)}: the VecEnv would step one env several times per step. In "
-        "[lambda: e for e in envs] every lambda returns the last e (Python's late binding): "
-        "bind each env with [lambda e=e: e for e in envs], or better give factories that each "
-        f"build a fresh env (e.g. [lambda: gym.make({example!r})] * n)"
-    )
-
-
-def _close_once(envs: Sequence[gym.Env]) -> None:
-    """Closes the envs of a refused or failed construction, each underlying env once, ignoring
-    errors raised by ``close`` (the construction error is the one to report)."""
-    closed: set[int] = set()
-    for e in envs:
-        base = id(e.unwrapped)
-        if base in closed:
-            continue
-        closed.add(base)
-        with contextlib.suppress(Exception):
-            e.close()
-
-
-def _enumerate(indices: Sequence[int]) -> str:
-    """``0``, ``0 and 1``, ``0, 1 and 2``."""
-    names = [str(k) for k in indices]
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
-
-
-#: Wrappers that ``gym.make`` adds by default and that a VecEnv can do without: it checks
-#: actions and observations itself, enforces reset-before-step, and applies the time limit.
-_STANDARD_WRAPPERS = (
-    gym.wrappers.TimeLimit,
-    gym.wrappers.OrderEnforcing,
-    gym.wrappers.PassiveEnvChecker,
-)
-
-
-def _stepper(env: gym.Env) -> tuple[Any, int]:
-    """What to call ``step`` on for ``env``, and the time limit to apply (0: none).
-
-    An env wrapped by nothing but ``gym.make``'s standard wrappers (TimeLimit, OrderEnforcing,
-    PassiveEnvChecker) is stepped through ``env.unwrapped``: the VecEnv validates actions and
-    observations itself, refuses a step before reset, and applies the TimeLimit (truncated once
-    ``env_step`` reaches ``max_episode_steps``, as the wrapper does), which saves three calls per
-    env and step. Any other wrapper (a user's, Atari preprocessing) keeps the whole chain. Resets
-    always go through the whole chain. For a ``Discrete`` action space the unwrapped env's
-    ``action_space.contains`` gets a fast path for the int64 scalars the VecEnv passes (the same
-    answer, without numpy's dtype introspection): gymnasium's classic envs assert it every step.
-    """
-    limit = 0
-    inner = env
-    while isinstance(inner, gym.Wrapper):
-        if not isinstance(inner, _STANDARD_WRAPPERS) or type(inner) not in _STANDARD_WRAPPERS:
-            return env, 0
-        if isinstance(inner, gym.wrappers.TimeLimit):
-            limit = int(getattr(inner, "_max_episode_steps", 0) or 0)
-            if limit <= 0:
-                return env, 0
-        inner = inner.env
-    space = inner.action_space
-    if type(space) is gym.spaces.Discrete and space.dtype == np.int64:
-        space.contains = _FastDiscreteContains(space)  # type: ignore[method-assign]
-    return inner, limit
-
-
-class _FastDiscreteContains:
-    """``Discrete.contains`` with a fast path for numpy int64 scalars (the VecEnv's actions)."""
-
-    def __init__(self, space: gym.spaces.Discrete) -> None:
-        self._low = int(space.start)
-        self._high = int(space.start) + int(space.n)
-        self._general = type(space).contains.__get__(space)
-
-    def __call__(self, x: Any) -> bool:
-        if x.__class__ is np.int64:
-            return self._low <= x < self._high
-        return self._general(x)
-
-
-def check_step(
-    env: VecEnv, run: np.ndarray | None, action: DictTensor, act: ActionSpec, offset: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """The checks every CPU VecEnv's ``step`` starts with (before any env is stepped).
-
-    Args:
-        env: the VecEnv (named in the messages).
-        run: its running env indices, ``None`` before reset or after a failed step.
-        action: the ``step`` argument.
-        act: the action space's checker.
-        offset: the global index of env 0 (error messages).
-
-    Returns:
-        ``(running, actions as numpy)``.
-
-    Raises:
-        BatcherStateError: no reset yet, a failed step, or no env running.
-        TypeError: ``action`` is not a DictTensor.
-        ShapeError: not one action row per running env.
-        DeviceContractError: the action is not on the CPU.
-        ActionError: an action outside the action space.
-    """
-    name = type(env).__name__
-    if run is None:
-        raise BatcherStateError(
-            f"{name}.step called before reset() (or after a failed step); call reset() first"
-        )
-    if run.shape[0] == 0:
-        raise BatcherStateError(
-            f"{name}.step called with no running env: every episode has ended; call reset() "
-            "to start new ones"
-        )
-    if not isinstance(action, DictTensor):
-        raise TypeError(f"step takes a DictTensor, got {type(action).__name__}")
-    a = action[K.ACTION_KEY]
-    if a.shape[0] != run.shape[0]:
-        raise ShapeError(
-            f"action has {a.shape[0]} rows, expected {run.shape[0]} (one per running env, "
-            "in the order of `running`)"
-        )
-    if a.device.type != "cpu":
-        raise DeviceContractError(
-            f"{name} steps CPU envs, but the action is on {a.device}; wrap the VecEnv with "
-            "DeviceEnv(env, 'cpu', device) to move actions back",
-            argument="action",
-            key=K.ACTION_KEY,
-            expected=_CPU,
-            actual=a.device,
-        )
-    return run, act.to_numpy(a, run, offset)

@@ -44,6 +44,8 @@ __all__ = [
     "observation_leaves",
     "torch_dtype",
     "write_leaves",
+    "leaf_value",
+    "MISSING",
     "check_leaf",
     "env_info_options",
     "short_repr",
@@ -237,6 +239,21 @@ class ActionSpec:
 
 
 # ---------------------------------------------------------------------- observations -> arrays
+#: What :func:`leaf_value` returns for a leaf the observation lacks.
+MISSING = object()
+
+
+def leaf_value(obs: Any, lf: Leaf) -> Any:
+    """The value of leaf ``lf`` in an observation (its ``path`` walked), or :data:`MISSING`."""
+    v = obs
+    try:
+        for p in lf.path:
+            v = v[p]
+    except (KeyError, IndexError, TypeError):
+        return MISSING
+    return v
+
+
 def write_leaves(
     obs: Any, leaves: list[Leaf], arrays: list[np.ndarray], row: int, env: int
 ) -> None:
@@ -254,15 +271,12 @@ def write_leaves(
         ShapeError, SpaceError: a leaf value does not match its space (see :func:`check_leaf`).
     """
     for lf, arr in zip(leaves, arrays):
-        v = obs
-        try:
-            for p in lf.path:
-                v = v[p]
-        except (KeyError, IndexError, TypeError):
+        v = leaf_value(obs, lf)
+        if v is MISSING:
             raise KeyMismatchError(
                 f"env {env}: its observation has no {lf.key!r} (path {list(lf.path)}), which "
                 f"the observation space promises; got {type(obs).__name__} {short_repr(obs)}"
-            ) from None
+            )
         if v.__class__ is not np.ndarray or v.dtype != lf.dtype or v.shape != lf.shape:
             check_leaf(v, lf, env)
         arr[row] = v

@@ -38,8 +38,7 @@ import torch
 from gymnasium import spaces
 from torch import Tensor
 
-from rlstruct.envs.torch.base import TorchVecEnv
-from rlstruct.envs.torch.cartpole import check_low_high
+from rlstruct.envs.torch.uniform_reset import UniformResetEnv
 
 __all__ = ["Acrobot"]
 
@@ -71,7 +70,7 @@ def _wrap(x: Tensor, low: float, high: float) -> Tensor:
     return torch.where(far, torch.remainder(x - low, turn) + low, x)
 
 
-class Acrobot(TorchVecEnv):
+class Acrobot(UniformResetEnv):
     """``N`` Acrobot-v1 envs in one state tensor ``(N, 4)``:
     ``(theta1, theta2, dtheta1, dtheta2)``.
 
@@ -94,12 +93,7 @@ class Acrobot(TorchVecEnv):
 
     def initial_state(self, u: Tensor, options: Mapping[str, Tensor]) -> Tensor:
         """Uniform in ``[low, high]`` per component, rounded to float32: ``(n, 4)``."""
-        low, high = options["low"][:, None], options["high"][:, None]
-        return (low + (high - low) * u).to(torch.float32).to(u.dtype)
-
-    def check_options(self, options: Mapping[str, Tensor]) -> None:
-        """``low <= high`` for every env."""
-        check_low_high(options)
+        return super().initial_state(u, options).to(torch.float32).to(u.dtype)
 
     @staticmethod
     def derivatives(s: Tensor, torque: Tensor) -> Tensor:

@@ -64,21 +64,21 @@ clipped or mapped by the dynamics, never an error).
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
 import torch
-from gymnasium import spaces
 from torch import Tensor
 
 from rlstruct import keys as K
 from rlstruct.dicttensor import DictTensor, _same_device
 from rlstruct.envs.base import StepResult, VecEnv
+from rlstruct.envs.step_checks import check_running
+from rlstruct.envs.torch.actions import TorchActions, torch_dtype_of
+from rlstruct.envs.torch.streams import mix64, splitmix64_uniform, stream_step
 from rlstruct.errors import (
-    ActionError,
     BatcherStateError,
     ConfigError,
     DeviceContractError,
@@ -87,59 +87,6 @@ from rlstruct.errors import (
 )
 
 __all__ = ["TorchVecEnv", "splitmix64_uniform", "mix64"]
-
-# SplitMix64 constants (Steele, Lea and Flood 2014), as signed int64 (torch has no uint64 ops).
-_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
-_MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
-_MIX2 = 0x94D049BB133111EB - (1 << 64)
-
-
-def _int64(x: int) -> int:
-    """``x`` mod 2**64 as a signed int64 value (two's complement)."""
-    x %= 1 << 64
-    return x - (1 << 64) if x >= 1 << 63 else x
-
-
-def _shr(x: Tensor, s: int) -> Tensor:
-    """Logical right shift of int64 ``x`` by ``s`` bits (torch's ``>>`` is arithmetic)."""
-    return (x >> s) & ((1 << (64 - s)) - 1)
-
-
-def mix64(z: Tensor) -> Tensor:
-    """SplitMix64's output function over int64 tensors (bits as uint64, products mod 2**64).
-
-    Args:
-        z: int64 tensor of any shape.
-
-    Returns:
-        int64 tensor of the same shape: a bijective, well-mixed function of each element.
-    """
-    z = (z ^ _shr(z, 30)) * _MIX1
-    z = (z ^ _shr(z, 27)) * _MIX2
-    return z ^ _shr(z, 31)
-
-
-def splitmix64_uniform(state: Tensor, n: int, dtype: torch.dtype) -> Tensor:
-    """The next ``n`` uniforms in ``[0, 1)`` of SplitMix64 generators, one per row (vectorised).
-
-    Row ``r`` is a SplitMix64 generator in state ``state[r]``: its next outputs are
-    ``mix64(state[r] + i * 0x9E3779B97F4A7C15)`` for ``i = 1 .. n`` (after which its state is
-    ``state[r] + n * 0x9E3779B97F4A7C15``, products mod 2**64). Each output becomes a uniform
-    from its top ``m`` bits, ``m`` the significand width of ``dtype`` (24 for float32, 53 for
-    float64): exact integer maths, so the same numbers on every device.
-
-    Args:
-        state: int64 ``(R,)``, the generators' states.
-        n: outputs per row.
-        dtype: a floating dtype.
-
-    Returns:
-        ``(R, n)`` tensor of ``dtype`` on ``state``'s device.
-    """
-    steps = torch.arange(1, n + 1, device=state.device) * _GOLDEN  # wraps mod 2**64
-    out = mix64(state[:, None] + steps)
-    bits = round(-math.log2(torch.finfo(dtype).eps)) + 1  # significand bits, implicit one included
-    return _shr(out, 64 - bits).to(dtype) * (2.0**-bits)
 
 
 class TorchVecEnv(VecEnv):
@@ -235,16 +182,16 @@ class TorchVecEnv(VecEnv):
         self.observation_space = copy.deepcopy(type(self).observation_space)
         self.action_space = copy.deepcopy(type(self).action_space)
         self.action_space.seed(self._seed)
-        self._setup_action_spec(self.action_space)
+        self._act = TorchActions(self.action_space, self._device, type(self).__name__)
         self._obs_shape = tuple(self.observation_space.shape)
-        self._obs_dtype = _torch_dtype(self.observation_space.dtype)
+        self._obs_dtype = torch_dtype_of(self.observation_space.dtype)
 
         dev, n = self._device, self._n
         self._arange = torch.arange(n, device=dev)
         # The SplitMix64 state of env k's stream: mix64(seed + k), advanced by n_draws outputs
         # per reset of env k.
         self._rng = mix64(self._seed + self._arange)
-        self._rng_advance = _int64(self.n_draws * _GOLDEN)
+        self._rng_advance = stream_step(self.n_draws)
         self._state = torch.zeros(n, self.state_size, dtype=dtype, device=dev)
         self._t = torch.zeros(n, dtype=torch.long, device=dev)
         self._options = self._default_options()
@@ -333,7 +280,7 @@ class TorchVecEnv(VecEnv):
             K.TRUNCATED: (scalar, torch.bool),
             K.DONE: (scalar, torch.bool),
             K.INITIAL_STATE: (scalar, torch.bool),
-            K.LAST_ACTION: (torch.Size(self._act_shape), self._act_dtype),
+            K.LAST_ACTION: (torch.Size(self._act.shape), self._act.dtype),
             K.ENV_STEP: (scalar, torch.long),
         }
 
@@ -369,7 +316,7 @@ class TorchVecEnv(VecEnv):
             K.TRUNCATED: torch.zeros(n, dtype=torch.bool, device=dev),
             K.DONE: torch.zeros(n, dtype=torch.bool, device=dev),
             K.INITIAL_STATE: torch.ones(n, dtype=torch.bool, device=dev),
-            K.LAST_ACTION: self._default_action.expand(n, *self._act_shape).clone(),
+            K.LAST_ACTION: self._act.default.expand(n, *self._act.shape).clone(),
             K.ENV_STEP: torch.zeros(n, dtype=torch.long, device=dev),
         }
         return DictTensor._trusted(obs, n, dev), self._arange.clone()
@@ -444,7 +391,7 @@ class TorchVecEnv(VecEnv):
         """
         run = self._begin_step()
         n = run.shape[0]
-        a = self._check_action(action, run)
+        a = self._act.check(action, run, self.check_actions, self._offset)
         full = n == self._n
         if full:
             nxt, reward, terminated = self.dynamics(self._state, a)
@@ -521,111 +468,15 @@ class TorchVecEnv(VecEnv):
             K.TRUNCATED: false[1],
             K.DONE: false[2],
             K.INITIAL_STATE: done.clone(),
-            K.LAST_ACTION: torch.where(mask, self._default_action, a),
+            K.LAST_ACTION: torch.where(mask, self._act.default, a),
             K.ENV_STEP: t_next,
         }
 
     def _begin_step(self) -> Tensor:
         self._check_open()
         run = self._running
-        if run is None:
-            raise BatcherStateError(
-                f"{type(self).__name__}.step called before reset(); call reset() first"
-            )
-        if run.shape[0] == 0:
-            raise BatcherStateError(
-                f"{type(self).__name__}.step called with no running env: every episode has "
-                "ended; call reset() to start new ones"
-            )
+        check_running(type(self).__name__, run)
         return run
-
-    # ------------------------------------------------------------------ actions
-    def _setup_action_spec(self, space: gym.Space) -> None:
-        if isinstance(space, spaces.Discrete):
-            self._act_discrete = True
-            self._act_shape: tuple[int, ...] = ()
-            self._act_dtype = torch.long
-            low, high = int(space.start), int(space.start + space.n - 1)
-            default = min(max(0, low), high)
-            self._act_low: Any = low
-            self._act_high: Any = high
-        elif isinstance(space, spaces.Box):
-            self._act_discrete = False
-            self._act_shape = tuple(space.shape)
-            self._act_dtype = _torch_dtype(space.dtype)
-            lo = torch.as_tensor(np.asarray(space.low), dtype=self._act_dtype)
-            hi = torch.as_tensor(np.asarray(space.high), dtype=self._act_dtype)
-            default = torch.clamp(torch.zeros(self._act_shape, dtype=self._act_dtype), lo, hi)
-            self._act_low = lo.to(self._device)
-            self._act_high = hi.to(self._device)
-        else:
-            raise ConfigError(
-                f"{type(self).__name__}: action space {space!r} is not supported by "
-                "TorchVecEnv (Discrete or Box)"
-            )
-        self._default_action = torch.as_tensor(default, dtype=self._act_dtype, device=self._device)
-
-    def _check_action(self, action: DictTensor, run: Tensor) -> Tensor:
-        """The checked action in the space's dtype (a fresh tensor: never the caller's)."""
-        if not isinstance(action, DictTensor):
-            raise TypeError(f"step takes a DictTensor, got {type(action).__name__}")
-        a = action[K.ACTION_KEY]
-        n = run.shape[0]
-        if a.shape[0] != n:
-            raise ShapeError(
-                f"action has {a.shape[0]} rows, expected {n} (one per running env, in the order "
-                "of `running`)"
-            )
-        if not _same_device(a.device, self._device):
-            raise DeviceContractError(
-                f"{type(self).__name__} runs on {self._device}, but the action is on "
-                f"{a.device}; give actions on the env's device",
-                argument="action",
-                key=K.ACTION_KEY,
-                expected=self._device,
-                actual=a.device,
-            )
-        if tuple(a.shape[1:]) != self._act_shape:
-            raise ActionError(
-                f"action has shape {tuple(a.shape)}, expected {(n, *self._act_shape)} for the "
-                f"action space {self.action_space!r} (one row per running env)"
-            )
-        if a.dtype.is_complex or (self._act_discrete and a.dtype.is_floating_point):
-            need = "an integer dtype" if self._act_discrete else "a real dtype"
-            raise ActionError(
-                f"action dtype {a.dtype} is not {need}, as {self.action_space!r} needs"
-                + ("; return integer actions (e.g. .long())" if self._act_discrete else "")
-            )
-        a = a.detach().to(self._act_dtype, copy=True)  # validate what the env will get
-        if self.check_actions:
-            if self._act_discrete:
-                lo, hi = torch.aminmax(a)
-                bad = int(lo) < self._act_low or int(hi) > self._act_high
-            else:
-                bad = not bool(self._in_box(a).all())
-            if bad:
-                self._action_error(a, run)
-        return a
-
-    def _in_box(self, a: Tensor) -> Tensor:
-        """``(n,)`` bool: row inside the Box (finite and within ``[low, high]``)."""
-        ok = torch.isfinite(a) & (a >= self._act_low) & (a <= self._act_high)
-        return ok.reshape(a.shape[0], -1).all(dim=1)
-
-    def _action_error(self, a: Tensor, run: Tensor) -> None:
-        if self._act_discrete:
-            ok = (a >= self._act_low) & (a <= self._act_high)
-        else:
-            ok = self._in_box(a)
-        row = int((~ok).nonzero()[0, 0])
-        k = int(run[row])
-        why = " (NaN/Inf or out of [low, high])" if not self._act_discrete else ""
-        err = ActionError(
-            f"env {self._offset + k}: action {a[row].tolist()} is outside the action space "
-            f"{self.action_space!r}{why}"
-        )
-        err.env_index = k  # type: ignore[attr-defined]
-        raise err
 
     # ------------------------------------------------------------------ misc
     def close(self) -> None:
@@ -649,6 +500,3 @@ def _check_int(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
 
-
-def _torch_dtype(dtype: Any) -> torch.dtype:
-    return torch.from_numpy(np.zeros(1, dtype=dtype)).dtype

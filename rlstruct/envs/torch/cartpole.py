@@ -30,8 +30,7 @@ import torch
 from gymnasium import spaces
 from torch import Tensor
 
-from rlstruct.envs.torch.base import TorchVecEnv
-from rlstruct.errors import ConfigError
+from rlstruct.envs.torch.uniform_reset import UniformResetEnv
 
 __all__ = ["CartPole"]
 
@@ -49,22 +48,7 @@ X_THRESHOLD = 2.4
 _HIGH = np.array([X_THRESHOLD * 2, np.inf, THETA_THRESHOLD * 2, np.inf], dtype=np.float32)
 
 
-def check_low_high(options: Mapping[str, Tensor]) -> None:
-    """Refuses reset bounds with ``low > high`` (gymnasium raises ``ValueError`` for them).
-
-    Raises:
-        ConfigError: naming the first env whose ``low`` exceeds its ``high``.
-    """
-    bad = options["low"] > options["high"]
-    if bool(bad.any()):
-        k = int(bad.nonzero()[0, 0])
-        raise ConfigError(
-            f"env {k}: reset option low={float(options['low'][k])} is above "
-            f"high={float(options['high'][k])}"
-        )
-
-
-class CartPole(TorchVecEnv):
+class CartPole(UniformResetEnv):
     """``N`` CartPole-v1 envs in one state tensor ``(N, 4)``: ``(x, x_dot, theta, theta_dot)``.
 
     Observation ``Box((4,), float32)`` and action ``Discrete(2)`` (0 pushes left, 1 right) as in
@@ -89,15 +73,6 @@ class CartPole(TorchVecEnv):
     n_draws = 4
     default_max_episode_steps = 500
     reset_options: ClassVar[Mapping[str, float]] = {"low": -0.05, "high": 0.05}
-
-    def initial_state(self, u: Tensor, options: Mapping[str, Tensor]) -> Tensor:
-        """Uniform in ``[low, high]`` per component: ``(n, 4)`` from ``u`` ``(n, 4)``."""
-        low, high = options["low"][:, None], options["high"][:, None]
-        return low + (high - low) * u
-
-    def check_options(self, options: Mapping[str, Tensor]) -> None:
-        """``low <= high`` for every env."""
-        check_low_high(options)
 
     def dynamics(self, state: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """One Euler step of ``n`` carts: ``(next_state (n, 4), reward (n,), terminated (n,))``.

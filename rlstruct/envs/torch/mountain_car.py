@@ -24,7 +24,7 @@ from gymnasium import spaces
 from torch import Tensor
 
 from rlstruct.envs.torch.base import TorchVecEnv
-from rlstruct.envs.torch.cartpole import check_low_high
+from rlstruct.envs.torch.uniform_reset import check_low_high
 
 __all__ = ["MountainCar"]
 

@@ -1,0 +1,272 @@
+"""The checks of a CPU VecEnv's step: the call and the actions before any env is stepped, the
+envs' answers after, each error naming its env.
+
+:func:`check_step` starts every CPU VecEnv's ``step`` (:class:`~rlstruct.envs.GymEnv`,
+:class:`~rlstruct.envs.GymEnvInf`, :class:`~rlstruct.envs.EnvPoolEnv`); :func:`check_running`
+and :func:`action_rows` are the parts it shares with the torch-native envs. An
+:class:`AnswerChecker` checks what gymnasium envs return: five values per ``step``, observation
+frames exactly in their space's dtype (numpy would promote silently), and rewards that are real
+scalar numbers (the rules are in :mod:`rlstruct.envs.gym`). Errors about one env carry
+``exc.env_index``, its LOCAL index; messages name it by its global index (``offset + k``).
+"""
+
+from __future__ import annotations
+
+import numbers
+import warnings
+from collections.abc import Sequence
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rlstruct import keys as K
+from rlstruct.dicttensor import DictTensor
+from rlstruct.envs.base import VecEnv
+from rlstruct.envs.spaces import ActionSpec, Leaf, check_leaf, short_repr
+from rlstruct.errors import (
+    BatcherStateError,
+    DeviceContractError,
+    RewardError,
+    RLStructError,
+    ShapeError,
+)
+
+__all__ = ["check_step", "check_running", "action_rows", "AnswerChecker"]
+
+_CPU = torch.device("cpu")
+_DTYPE = attrgetter("dtype")
+_REAL_KINDS = "biuf"  # numpy dtype kinds a reward may have: bool, int, uint, float
+
+
+def check_running(name: str, run: np.ndarray | Tensor | None, failed: str = "") -> None:
+    """Refuses a ``step`` before ``reset`` and a ``step`` with no env running.
+
+    Args:
+        name: the VecEnv's class name (named in the messages).
+        run: its running env indices, ``None`` before reset.
+        failed: added after "before reset()" where a failed step also leaves ``run`` None.
+
+    Raises:
+        BatcherStateError: ``run`` is None or empty.
+    """
+    if run is None:
+        raise BatcherStateError(f"{name}.step called before reset(){failed}; call reset() first")
+    if run.shape[0] == 0:
+        raise BatcherStateError(
+            f"{name}.step called with no running env: every episode has ended; call reset() "
+            "to start new ones"
+        )
+
+
+def action_rows(action: DictTensor, n: int) -> Tensor:
+    """The ``action`` tensor of a ``step`` argument, checked to hold one row per running env.
+
+    Args:
+        action: the ``step`` argument.
+        n: the number of running envs.
+
+    Returns:
+        ``action["action"]``, ``(n, *action_shape)``, as given.
+
+    Raises:
+        TypeError: ``action`` is not a DictTensor.
+        ShapeError: not ``n`` rows.
+    """
+    if not isinstance(action, DictTensor):
+        raise TypeError(f"step takes a DictTensor, got {type(action).__name__}")
+    a = action[K.ACTION_KEY]
+    if a.shape[0] != n:
+        raise ShapeError(
+            f"action has {a.shape[0]} rows, expected {n} (one per running env, in the order "
+            "of `running`)"
+        )
+    return a
+
+
+def check_step(
+    env: VecEnv, run: np.ndarray | None, action: DictTensor, act: ActionSpec, offset: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The checks every CPU VecEnv's ``step`` starts with (before any env is stepped).
+
+    Args:
+        env: the VecEnv (named in the messages).
+        run: its running env indices, ``None`` before reset or after a failed step.
+        action: the ``step`` argument.
+        act: the action space's checker.
+        offset: the global index of env 0 (error messages).
+
+    Returns:
+        ``(running, actions as numpy)``.
+
+    Raises:
+        BatcherStateError: no reset yet, a failed step, or no env running.
+        TypeError: ``action`` is not a DictTensor.
+        ShapeError: not one action row per running env.
+        DeviceContractError: the action is not on the CPU.
+        ActionError: an action outside the action space.
+    """
+    name = type(env).__name__
+    check_running(name, run, " (or after a failed step)")
+    a = action_rows(action, run.shape[0])
+    if a.device.type != "cpu":
+        raise DeviceContractError(
+            f"{name} steps CPU envs, but the action is on {a.device}; wrap the VecEnv with "
+            "DeviceEnv(env, 'cpu', device) to move actions back",
+            argument="action",
+            key=K.ACTION_KEY,
+            expected=_CPU,
+            actual=a.device,
+        )
+    return run, act.to_numpy(a, run, offset)
+
+
+class AnswerChecker:
+    """Checks the answers of the gymnasium envs of one VecEnv, naming the culprit env.
+
+    Args:
+        frame: the observation leaf when the observation is one array (the fast path), else None.
+        offset: the global index of env 0 (messages).
+        env_step: the VecEnv's ``env_step`` array ``(N,)`` (read at each error, never copied).
+        check_finite: a finite reward that overflows float32 raises instead of warning.
+    """
+
+    def __init__(
+        self, frame: Leaf | None, offset: int, env_step: np.ndarray, check_finite: bool
+    ) -> None:
+        self._leaf = frame
+        self._frame_dtypes = {frame.dtype} if frame is not None else set()
+        self._offset = offset
+        self._t = env_step
+        self._check_finite = check_finite
+
+    def frame(self, obs: Sequence[Any], run: np.ndarray) -> np.ndarray:
+        """The observations of the rows as one array, exactly in the leaf's dtype (no cast).
+
+        Fast path: one ``np.asarray`` plus one C-level pass over the values' dtypes (numpy
+        promotes silently: an int16 row among float32 rows, or a float32 row among float64
+        rows, would otherwise be cast). Otherwise each row is checked and the first bad one
+        raises, with ``env_index`` set to ITS env (not the last env stepped).
+        """
+        lf = self._leaf
+        try:
+            frame = np.asarray(obs)
+        except (ValueError, TypeError):  # ragged shapes: find the culprit below
+            frame = None
+        if frame is not None and frame.dtype == lf.dtype and frame.shape[1:] == lf.shape:
+            if lf.scalar_int:  # Python ints of a Discrete leaf are exact
+                exact = True
+            else:
+                try:
+                    exact = set(map(_DTYPE, obs)) == self._frame_dtypes
+                except AttributeError:  # a list or a Python number: check_leaf refuses it
+                    exact = False
+            if exact:
+                if frame.base is not None or not frame.flags.writeable:
+                    frame = frame.copy()
+                return frame
+        for k, v in zip(run.tolist(), obs):
+            if v.__class__ is not np.ndarray or v.dtype != lf.dtype or v.shape != lf.shape:
+                try:
+                    check_leaf(v, lf, self._offset + k)  # raises unless exact (e.g. int)
+                except RLStructError as e:
+                    e.env_index = k  # type: ignore[attr-defined]
+                    raise
+        return np.asarray(obs).astype(lf.dtype)
+
+    def answers(self, answers: Sequence[Any], run: np.ndarray) -> None:
+        """Raises naming the first env whose ``step`` did not return 5 values."""
+        for k, answer in zip(run.tolist(), answers):
+            try:
+                n = len(answer)
+            except TypeError:
+                n = None
+            if n != 5:
+                got = f"{n} values" if n is not None else f"a {type(answer).__name__}"
+                err = ValueError(
+                    f"env {self._offset + k}: step() returned {got}, expected the 5 values of "
+                    "gymnasium's API (obs, reward, terminated, truncated, info)"
+                )
+                err.env_index = k  # type: ignore[attr-defined]
+                raise err
+
+    def rewards(self, rew: Sequence[Any], run: np.ndarray) -> np.ndarray:
+        """The rewards of the rows as a fresh float32 array (see the module docstring).
+
+        Fast path: one ``np.asarray`` whose dtype kind and shape say every reward is a real
+        scalar, and one cast to float32 that raises on overflow instead of warning. The rewards
+        are walked one by one only when that fails, to name the culprit.
+
+        Raises:
+            RewardError: a reward is not a real scalar number.
+            FloatingPointError: a finite reward overflows float32 and ``check_finite`` is set.
+        """
+        try:
+            r = np.asarray(rew)
+        except Exception:  # ragged (an array among scalars), or a value numpy cannot take
+            r = None
+        if r is None or r.dtype.kind not in _REAL_KINDS or r.shape != (run.shape[0],):
+            r = self._walk_rewards(rew, run)
+        if r.dtype.kind == "f" and r.dtype.itemsize > 4:
+            try:
+                with np.errstate(over="raise"):
+                    return r.astype(np.float32)
+            except FloatingPointError:
+                limit = np.finfo(np.float32).max
+                for j in np.flatnonzero(np.isfinite(r) & (np.abs(r) > limit)).tolist():
+                    self._reward_overflow(rew[j], int(run[j]))
+                with np.errstate(over="ignore"):
+                    return r.astype(np.float32)
+        return r.astype(np.float32, copy=False)  # np.asarray built a fresh array
+
+    def _walk_rewards(self, rew: Sequence[Any], run: np.ndarray) -> np.ndarray:
+        """The slow path of :meth:`rewards`: float64 values, or RewardError for the first
+        reward that is not a real scalar number."""
+        out = np.empty(len(rew), np.float64)
+        for j, (k, v) in enumerate(zip(run.tolist(), rew)):
+            if isinstance(v, numbers.Real):  # Python and numpy numbers, bool, Fraction
+                try:
+                    out[j] = v
+                except OverflowError:  # an int beyond float64: overflows float32 too
+                    self._reward_overflow(v, k)
+                    out[j] = np.inf if v > 0 else -np.inf
+                continue
+            try:
+                a = np.asarray(v)
+            except Exception:
+                a = None
+            if a is not None and a.shape == () and a.dtype.kind in _REAL_KINDS:
+                out[j] = a  # a 0-d array (numpy's, or a CPU tensor's)
+                continue
+            if isinstance(v, np.ndarray):
+                what = f"an ndarray of shape {v.shape} and dtype {v.dtype}"
+            else:
+                what = f"{short_repr(v)} ({type(v).__name__})"
+            err = RewardError(
+                f"env {self._offset + k}: its reward at env_step {int(self._t[k])} is {what}; a "
+                "reward must be one real number (int, float, bool, a numpy real scalar or 0-d "
+                "array) and rlstruct never casts it silently: fix the env or wrap it with a "
+                "gymnasium.RewardWrapper; call reset() to go on"
+            )
+            err.env_index = k  # type: ignore[attr-defined]
+            raise err
+        return out
+
+    def _reward_overflow(self, v: Any, k: int) -> None:
+        """A finite reward ``v`` of env ``k`` overflows float32: raise or warn, naming env ``k``."""
+        what = (
+            f"env {self._offset + k}: the reward {short_repr(v)} at env_step {int(self._t[k])} "
+            "overflows float32 (largest finite value 3.4e38)"
+        )
+        if self._check_finite:
+            err = FloatingPointError(f"{what} (check_finite=True); call reset() to go on")
+            err.env_index = k  # type: ignore[attr-defined]
+            raise err
+        warnings.warn(
+            f"{what}; it is stored as inf. Scale the env's rewards (gymnasium.RewardWrapper), "
+            "or pass check_finite=True to make this an error",
+            RuntimeWarning,
+            stacklevel=2,
+        )
