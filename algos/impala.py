@@ -24,7 +24,6 @@ Run: ``python -m algos.impala --help``; ``python -m algos.impala --seed 1``.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -38,6 +37,7 @@ from rlstruct import keys as K
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
 from rlstruct.experiment import LayoutConfig
+from rlstruct.learner import LatestWeights
 from rlstruct.nets import MLPActorCritic
 from rlstruct.optim import adam, gradient_step
 from rlstruct.run import Run, RunConfig
@@ -119,33 +119,24 @@ def vtrace_loss(agent: Agent, traj: Trajectories, cfg: Config) -> tuple[Tensor, 
 
 
 class Learner:
-    """What the learner thread runs: a gradient step per segment, then a weights copy that
-    the main thread picks up with :meth:`take_weights`. ``agent`` is the learner's
-    ``BehaviourAgent`` from ``run.learner`` (so the loss runs through ``CheckDevice`` with
-    ``--check-devices``)."""
+    """What the learner thread runs: a gradient step per segment, then a CPU copy of the
+    weights in ``weights`` (a :class:`~rlstruct.learner.LatestWeights`) that the main thread
+    takes. ``agent`` is the learner's ``BehaviourAgent`` from ``run.learner`` (so the loss runs
+    through ``CheckDevice`` with ``--check-devices``)."""
 
     def __init__(self, agent: Agent, cfg: Config, device: torch.device) -> None:
         self.agent, self.model, self.cfg, self.device = agent, agent.model, cfg, device
         self.optimizer = adam(self.model.parameters(), cfg.lr, device, eps=1e-5)
-        self._lock = threading.Lock()
-        self._weights: dict[str, Tensor] | None = None
+        self.weights = LatestWeights()
         self.thread: LearnerThread | None = None
 
     def __call__(self, traj: Trajectories) -> dict[str, float]:
         loss, stats = vtrace_loss(self.agent, traj.to(self.device), self.cfg)
         gradient_step(self.optimizer, loss, self.cfg.max_grad_norm)
-        weights = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
-        with self._lock:
-            self._weights = weights
+        self.weights.put(self.model.state_dict())
         if self.thread is not None:
             self.thread.count_publication()
         return {k: float(v) for k, v in stats.items()}
-
-    def take_weights(self) -> dict[str, Tensor] | None:
-        """The weights published since the last call (None if none)."""
-        with self._lock:
-            weights, self._weights = self._weights, None
-        return weights
 
 
 # --------------------------------------------------------------------------------------- main
@@ -166,7 +157,7 @@ def main(cfg: Config) -> dict[str, Any]:
                 # 2. The learner takes the segment (this waits while it is cfg.queue behind).
                 thread.put(traj, size=int(traj.lengths.sum()))
                 # 3. The newest weights collect the next segments and run the evaluation.
-                weights = learner.take_weights()
+                weights = learner.weights.take()
                 if weights is not None:
                     latest = weights
                     run.publish(batcher, weights)  # pipelined: an update, no execute
