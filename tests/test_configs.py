@@ -19,12 +19,13 @@ from pathlib import Path
 import pytest
 import tyro
 
-from algos import a2c, dqn, ppo, reinforce
+from algos import a2c, appo, dqn, ppo, reinforce
+from rlstruct.errors import ConfigError
 from rlstruct.experiment import LayoutConfig
 from rlstruct.logger import config_to_dict
 from rlstruct.run import RunConfig
 
-ALGOS = {"ppo": ppo, "a2c": a2c, "dqn": dqn, "reinforce": reinforce}
+ALGOS = {"ppo": ppo, "a2c": a2c, "dqn": dqn, "reinforce": reinforce, "appo": appo}
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs"))
 from gen_api import field_docs  # noqa: E402
 
@@ -81,6 +82,17 @@ def test_bad_command_lines_exit_2_and_say_why(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_appo_config_lists_every_problem_and_its_command_line_exits_2(capsys):
+    with pytest.raises(ConfigError) as err:
+        appo.Config(layout=LayoutConfig(pipeline=1), queue=0, clip_coef=1.5, c_bar=0.0)
+    for message in ("queue must be >= 1, got 0", "clip_coef must be in (0, 1), got 1.5",
+                    "c_bar must be > 0", "need --pipeline >= 2, got 1"):
+        assert message in str(err.value)
+    with pytest.raises(SystemExit) as info:
+        tyro.cli(appo.Config, args=["--queue", "0"])
+    assert info.value.code == 2 and "queue" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name", ALGOS)
 def test_the_whole_config_is_saved_and_comes_back_equal(name):
     cls = ALGOS[name].Config
@@ -90,10 +102,12 @@ def test_the_whole_config_is_saved_and_comes_back_equal(name):
     assert cls(**{**saved, "layout": LayoutConfig(**saved["layout"])}) == cfg
 
 
-def test_the_four_algorithms_share_the_defaults_of_the_run_config():
+def test_the_algorithms_share_the_defaults_of_the_run_config():
     for module in ALGOS.values():
         cfg = module.Config()
-        assert cfg.layout == LayoutConfig() and cfg.layout.n_processes == 2
+        pipelined = module is appo  # learns while the workers collect
+        assert cfg.layout == LayoutConfig(pipeline=2 if pipelined else 1)
+        assert cfg.layout.n_processes == 2
         assert cfg.target_window == 20 and cfg.target_return == 475.0
 
 
