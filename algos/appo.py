@@ -31,6 +31,7 @@ Run: ``python -m algos.appo --help``; ``python -m algos.appo --seed 1``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -54,7 +55,7 @@ from rlstruct.sampling import ActorAgent, categorical_entropy, categorical_log_p
 
 @dataclass
 class Config(RunConfig):
-    """APPO: clipped PPO with V-trace on a pipelined batcher (see algos/appo.py); for CartPole-v1."""
+    """APPO: clipped PPO with V-trace targets on a pipelined batcher (see algos/appo.py)."""
 
     max_frames: int = 300_000
     gamma: float = 0.98
@@ -76,7 +77,8 @@ class Config(RunConfig):
     """V-trace: truncation of the trace coefficients (below 1 it also shortens the traces
     on-policy, like GAE's lambda)"""
     queue: int = 1
-    """segments the learner may fall behind before collection waits for it"""
+    """segments a learner thread may fall behind before collection waits for it (0: learn in
+    the main thread, while the pipelined workers collect the next segment: one update of lag)"""
     layout: Annotated[LayoutConfig, tyro.conf.OmitArgPrefixes] = field(
         default_factory=lambda: LayoutConfig(pipeline=2)
     )
@@ -85,7 +87,9 @@ class Config(RunConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         problems = [f"{name} must be >= 1, got {getattr(self, name)}"
-                    for name in ("n_epochs", "minibatch_size", "queue") if getattr(self, name) < 1]
+                    for name in ("n_epochs", "minibatch_size") if getattr(self, name) < 1]
+        if self.queue < 0:
+            problems.append(f"queue must be >= 0 (0: no learner thread), got {self.queue}")
         if not 0 < self.clip_coef < 1:
             problems.append(f"clip_coef must be in (0, 1), got {self.clip_coef}")
         if not (self.rho_bar > 0 and self.c_bar > 0):
@@ -179,8 +183,9 @@ class Learner:
         if self.thread is not None:
             self.thread.count_publication()
         n = math.ceil(batch.n_elems() / cfg.minibatch_size)
+        clipped = float((rho > cfg.rho_bar * (1 + 1e-4)).float().mean())
         return {**{k: float(v) / n for k, v in totals.items()}, "lr": lr,
-                "rho_mean": float(rho.mean()), "rho_clipped": float((rho > cfg.rho_bar).float().mean())}
+                "rho_mean": float(rho.mean()), "rho_clipped": clipped}
 
 
 # --------------------------------------------------------------------------------------- main
@@ -194,21 +199,27 @@ def main(cfg: Config) -> dict[str, Any]:
         latest = {k: v.clone() for k, v in model.state_dict().items()}
         learner = Learner(run.learner(BehaviourAgent(model)), cfg, run.device)
         run.checkpoint_state(model=model, optimizer=learner.optimizer)
-        with LearnerThread(learner, max_queue=cfg.queue, name="appo-learner") as thread:
+        thread = LearnerThread(learner, cfg.queue, name="appo-learner") if cfg.queue else None
+        with thread or contextlib.nullcontext():
             learner.thread = thread
             # 1. The workers stream segments; the loop ends when the stop test fires.
             for traj in run.segments(batcher):
-                # 2. The learner takes the segment (this waits while it is cfg.queue behind).
-                thread.put(traj, size=int(traj.lengths.sum()))
+                # 2. Learn: the thread takes the segment (waiting while cfg.queue are queued);
+                #    or the main thread learns on it while the workers collect the next one.
+                if thread is None:
+                    stats = learner(traj)
+                else:
+                    thread.put(traj, size=int(traj.lengths.sum()))
                 # 3. The newest weights collect the next segments and run the evaluation.
                 weights = learner.weights.take()
                 if weights is not None:
                     latest = weights
                     run.publish(batcher, weights)  # pipelined: an update, no execute
-                m = thread.metrics()
-                run.end_iteration(latest, learned=m["batches_learned"],
-                                  queue=m["queue_size_mean"], learn_ms=m["learn_ms_mean"],
-                                  **{k[6:]: v for k, v in m.items() if k.startswith("learn/")})
+                if thread is not None:
+                    m = thread.metrics()
+                    stats = {"learned": m["batches_learned"], "queue": m["queue_size_mean"],
+                             **{k[6:]: v for k, v in m.items() if k.startswith("learn/")}}
+                run.end_iteration(latest, **stats)
     return run.summary
 
 

@@ -199,7 +199,7 @@ class LatestWeights:
         self.published = 0
 
     def put(self, state_dict: Mapping[str, Tensor]) -> None:
-        """Stores a detached CPU copy of ``state_dict`` (on any device), replacing an untaken one."""
+        """Keeps a detached CPU copy of ``state_dict`` (any device), replacing an untaken one."""
         weights = {k: v.detach().to("cpu", copy=True) for k, v in state_dict.items()}
         with self._lock:
             self._weights = weights

@@ -3,8 +3,6 @@ publications, a smoke run and a learning test on a frame budget."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from algo_runs import check_run_dir, evaluated_rows, run_algo
