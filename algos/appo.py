@@ -15,9 +15,12 @@ Three things run at once, as in IMPALA (algos/impala.py):
      next observation;
    - ``n_epochs`` passes over the segment's valid steps in shuffled minibatches minimise
      ``-min(r A, clip(r, 1-eps, 1+eps) A) + vf_coef 0.5 (V - v)^2 - ent_coef H`` with
-     ``r = pi(a) / pi_old(a)`` (``F.clipped_surrogate``; A normalised per minibatch): many
-     steps per segment, as PPO takes, where IMPALA takes one, and the clip keeps them from
-     running away from pi_old;
+     ``r = pi(a) / mu(a)`` (``F.clipped_surrogate``; A normalised per minibatch): many steps
+     per segment, as PPO takes, where IMPALA takes one. The trust region is centred on mu, the
+     policy that collected the segment, not on pi_old: the updates made since mu acted count
+     against the clip range, so a learner that is k updates ahead of its data cannot push the
+     same way k more times (centred on pi_old, the entropy collapsed within 10 segments at a
+     lag of 3 updates, see docs/algorithms.md);
    - the learner publishes a CPU copy of its weights (``LatestWeights``).
 3. **Drive** (the main thread): takes each finished segment, records episodes, hands it to the
    learner (``put`` waits while the learner is ``--queue`` segments behind) and passes the
@@ -66,7 +69,7 @@ class Config(RunConfig):
     minibatch_size: int = 256
     """transitions per gradient step"""
     clip_coef: float = 0.2
-    """eps: the ratio pi / pi_old is clipped to [1 - eps, 1 + eps]"""
+    """eps: the ratio pi / mu (mu: the policy that collected) is clipped to [1 - eps, 1 + eps]"""
     vf_coef: float = 0.5
     """weight of the value loss"""
     ent_coef: float = 0.0
@@ -115,9 +118,10 @@ def BehaviourAgent(model: ActorCritic) -> ActorAgent:  # noqa: N802 - a create_a
 
 # --------------------------------------------------------------------------------------- loss
 def vtrace_batch(model: ActorCritic, traj: Trajectories, cfg: Config) -> tuple[DictTensor, Tensor]:
-    """The segment's ``N`` valid steps as transitions with ``logp_old`` (pi_old, the current
-    policy), the V-trace ``advantage`` and value ``target``; and the importance weights
-    ``pi_old / mu`` of the valid steps, ``(N,)``. One batched forward pass, no gradient."""
+    """The segment's ``N`` valid steps as transitions with the behaviour ``logp`` (mu), the
+    V-trace ``advantage`` and value ``target`` under the current policy pi_old; and the
+    importance weights ``pi_old / mu`` of the valid steps, ``(N,)``. One batched forward pass,
+    no gradient."""
     steps = traj.trajectories
     shape = steps[K.NEXT_REWARD].shape
     with torch.no_grad():
@@ -129,8 +133,7 @@ def vtrace_batch(model: ActorCritic, traj: Trajectories, cfg: Config) -> tuple[D
         steps[K.NEXT_REWARD], value.view(shape), next_value, steps[K.NEXT_TERMINATED],
         steps[K.NEXT_TRUNCATED], steps.lengths, log_rho, cfg.gamma, cfg.rho_bar, cfg.c_bar,
     )
-    batch = steps.get([K.OBS_FRAME, K.STORED_ACTION])
-    batch.set("logp_old", logp)
+    batch = steps.get([K.OBS_FRAME, K.STORED_ACTION, K.STORED_LOGP])
     batch.set("advantage", advantages)
     batch.set("target", targets)
     return batch.to_transitions(), log_rho.exp()[steps.mask()]
@@ -141,12 +144,12 @@ def appo_loss(agent: Agent, minibatch: DictTensor, cfg: Config) -> tuple[Tensor,
     new = replay_agent_stateless(agent, minibatch)
     logp = categorical_log_prob(new["logits"], minibatch[K.STORED_ACTION])
     advantage = F.normalize_advantages(minibatch["advantage"])
-    policy = F.clipped_surrogate(logp, minibatch["logp_old"], advantage, cfg.clip_coef).mean()
+    policy = F.clipped_surrogate(logp, minibatch[K.STORED_LOGP], advantage, cfg.clip_coef).mean()
     values = 0.5 * (new[K.VALUE] - minibatch["target"]).square().mean()
     entropy = categorical_entropy(new["logits"]).mean()
     loss = policy + cfg.vf_coef * values - cfg.ent_coef * entropy
     with torch.no_grad():
-        ratio = (logp - minibatch["logp_old"]).exp()
+        ratio = (logp - minibatch[K.STORED_LOGP]).exp()
         clipped = ((ratio - 1).abs() > cfg.clip_coef).float().mean()
     stats = {"policy_loss": policy.detach(), "value_loss": values.detach(),
              "entropy": entropy.detach(), "clip_fraction": clipped}

@@ -20,7 +20,7 @@ def segments(n: int = 2) -> tuple[appo.ActorCritic, list]:
 
 
 def written_out(model: appo.ActorCritic, traj, cfg: appo.Config, logp_mu: torch.Tensor):
-    """logp_old, targets and advantages of the valid steps, from the model and F.vtrace."""
+    """pi_old's logp, targets and advantages of the valid steps, from the model and F.vtrace."""
     steps = traj.trajectories
     b, t = steps.lengths.shape[0], steps.n_timesteps()
     with torch.no_grad():
@@ -43,7 +43,7 @@ def test_the_batch_holds_vtrace_targets_and_advantages_of_the_valid_steps():
     batch, rho = appo.vtrace_batch(model, traj, cfg)
     logp, targets, adv = written_out(model, traj, cfg, traj.trajectories[K.STORED_LOGP])
     assert batch.n_elems() == int(traj.lengths.sum()) == rho.numel()
-    torch.testing.assert_close(batch["logp_old"], logp)
+    torch.testing.assert_close(batch[K.STORED_LOGP], logp)  # mu, which is pi_old here
     torch.testing.assert_close(batch["target"], targets)
     torch.testing.assert_close(batch["advantage"], adv)
     torch.testing.assert_close(rho, torch.ones_like(rho))  # collected by this very model
@@ -56,6 +56,7 @@ def test_a_stale_behaviour_policy_enters_through_the_importance_weights():
     cfg = appo.Config(c_bar=0.9)
     batch, rho = appo.vtrace_batch(model, traj, cfg)
     _, targets, adv = written_out(model, traj, cfg, mu)
+    torch.testing.assert_close(batch[K.STORED_LOGP], mu[traj.trajectories.mask()])  # clip: mu
     torch.testing.assert_close(rho, torch.full_like(rho, float(torch.tensor(-0.5).exp())))
     torch.testing.assert_close(batch["target"], targets)
     torch.testing.assert_close(batch["advantage"], adv)
@@ -76,7 +77,7 @@ def test_loss_is_the_clipped_objective_plus_value_and_entropy_terms():
     logits, value = model(mb[K.OBS_FRAME])
     log_probs = logits.log_softmax(-1)
     logp = log_probs.gather(1, mb[K.STORED_ACTION].unsqueeze(1)).squeeze(1)
-    ratio = (logp - mb["logp_old"]).exp()
+    ratio = (logp - mb[K.STORED_LOGP]).exp()  # pi / mu
     adv = (mb["advantage"] - mb["advantage"].mean()) / (mb["advantage"].std(correction=0) + 1e-8)
     policy = -torch.min(ratio * adv, ratio.clamp(0.9, 1.1) * adv).mean()
     entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
