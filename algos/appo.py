@@ -64,7 +64,7 @@ class Config(RunConfig):
     gamma: float = 0.98
     anneal_lr: bool = True
     """decay the learning rate linearly from lr to 0 over max_frames (frames learned)"""
-    n_epochs: int = 10
+    n_epochs: int = 20
     """passes over each segment"""
     minibatch_size: int = 256
     """transitions per gradient step"""
