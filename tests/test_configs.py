@@ -84,19 +84,20 @@ def test_bad_command_lines_exit_2_and_say_why(args, message, capsys):
 
 def test_appo_config_lists_every_problem_and_its_command_line_exits_2(capsys):
     with pytest.raises(ConfigError) as err:
-        appo.Config(layout=LayoutConfig(pipeline=1), queue=0, clip_coef=1.5, c_bar=0.0)
-    for message in ("queue must be >= 1, got 0", "clip_coef must be in (0, 1), got 1.5",
-                    "c_bar must be > 0", "need --pipeline >= 2, got 1"):
+        appo.Config(layout=LayoutConfig(pipeline=1), queue=-1, clip_coef=1.5, c_bar=0.0)
+    for message in ("queue must be >= 0 (0: no learner thread), got -1", "c_bar must be > 0",
+                    "clip_coef must be in (0, 1), got 1.5", "need --pipeline >= 2, got 1"):
         assert message in str(err.value)
     with pytest.raises(SystemExit) as info:
-        tyro.cli(appo.Config, args=["--queue", "0"])
+        tyro.cli(appo.Config, args=["--queue", "-1"])
     assert info.value.code == 2 and "queue" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ALGOS)
 def test_the_whole_config_is_saved_and_comes_back_equal(name):
     cls = ALGOS[name].Config
-    cfg = cls(seed=5, layout=LayoutConfig(n_envs=3, eval_device="cuda:1"))
+    layout = dataclasses.replace(cls().layout, n_envs=3, eval_device="cuda:1")
+    cfg = cls(seed=5, layout=layout)
     saved = json.loads(json.dumps(config_to_dict(cfg)))
     assert saved["layout"]["n_envs"] == 3 and saved["seed"] == 5
     assert cls(**{**saved, "layout": LayoutConfig(**saved["layout"])}) == cfg
