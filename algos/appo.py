@@ -5,7 +5,8 @@ Three things run at once, as in IMPALA (algos/impala.py):
 1. **Collect** (worker processes): a pipelined batcher (``--pipeline 2``) streams segments of
    ``T`` steps from ``B`` auto-reset envs; the agent stores the sampled ``action`` and its
    behaviour log-probability ``logp`` under mu, the policy that acted (a few updates old).
-2. **Learn** (a :class:`~rlstruct.learner.LearnerThread`), per segment:
+2. **Learn** (a :class:`~rlstruct.learner.LearnerThread`; ``--queue 0``: the main thread, while
+   the workers collect the next segment), per segment:
 
    - the current policy pi_old and critic V value the segment once (no gradient); V-trace
      (``F.vtrace``) corrects for mu != pi_old with ``log_rho = log pi_old(a) - log mu(a)``,
