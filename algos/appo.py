@@ -61,7 +61,7 @@ from rlstruct.sampling import ActorAgent, categorical_entropy, categorical_log_p
 class Config(RunConfig):
     """APPO: clipped PPO with V-trace targets on a pipelined batcher (see algos/appo.py)."""
 
-    max_frames: int = 300_000
+    max_frames: int = 150_000
     gamma: float = 0.98
     anneal_lr: bool = True
     """decay the learning rate linearly from lr to 0 over max_frames (frames learned)"""
