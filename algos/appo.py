@@ -1,12 +1,14 @@
-"""APPO: PPO's clipped objective with V-trace targets, learning in a thread while workers collect.
+"""APPO: PPO's clipped objective with V-trace targets, learning while the workers collect.
 
-Three things run at once, as in IMPALA (algos/impala.py):
+Three things run at once, as in IMPALA (algos/impala.py) with ``--queue 1``; by default
+(``--queue 0``) the main thread drives and learns, and the workers collect meanwhile:
 
 1. **Collect** (worker processes): a pipelined batcher (``--pipeline 2``) streams segments of
    ``T`` steps from ``B`` auto-reset envs; the agent stores the sampled ``action`` and its
    behaviour log-probability ``logp`` under mu, the policy that acted (a few updates old).
-2. **Learn** (a :class:`~rlstruct.learner.LearnerThread`; ``--queue 0``: the main thread, while
-   the workers collect the next segment), per segment:
+2. **Learn** (the main thread, while the pipelined workers collect the next segment: one update
+   of lag; ``--queue N``: a :class:`~rlstruct.learner.LearnerThread` N segments behind at most,
+   about N + 2 updates of lag), per segment:
 
    - the current policy pi_old and critic V value the segment once (no gradient); V-trace
      (``F.vtrace``) corrects for mu != pi_old with ``log_rho = log pi_old(a) - log mu(a)``,
@@ -23,9 +25,9 @@ Three things run at once, as in IMPALA (algos/impala.py):
      same way k more times (centred on pi_old, the entropy collapsed within 10 segments at a
      lag of 3 updates, see docs/algorithms.md);
    - the learner publishes a CPU copy of its weights (``LatestWeights``).
-3. **Drive** (the main thread): takes each finished segment, records episodes, hands it to the
-   learner (``put`` waits while the learner is ``--queue`` segments behind) and passes the
-   newest weights to the batcher and the evaluator.
+3. **Drive** (the main thread): takes each finished segment, records episodes, learns on it or
+   hands it to the learner thread (``put`` waits while it is ``--queue`` segments behind) and
+   passes the newest weights to the batcher and the evaluator.
 
 Like IMPALA, runs are not bitwise reproducible: which weights collect which segment depends on
 timing.
@@ -80,9 +82,9 @@ class Config(RunConfig):
     c_bar: float = 0.8
     """V-trace: truncation of the trace coefficients (below 1 it also shortens the traces
     on-policy, like GAE's lambda)"""
-    queue: int = 1
-    """segments a learner thread may fall behind before collection waits for it (0: learn in
-    the main thread, while the pipelined workers collect the next segment: one update of lag)"""
+    queue: int = 0
+    """0: learn in the main thread while the pipelined workers collect the next segment (one
+    update of lag); N: in a learner thread, which collection waits for when N segments behind"""
     layout: Annotated[LayoutConfig, tyro.conf.OmitArgPrefixes] = field(
         default_factory=lambda: LayoutConfig(pipeline=2)
     )
