@@ -24,7 +24,6 @@ Run: ``python -m algos.impala --help``; ``python -m algos.impala --seed 1``.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Annotated, Any
@@ -38,6 +37,7 @@ from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.envs import GymEnvInf
 from rlstruct.experiment import LayoutConfig
+from rlstruct.learner import LatestWeights
 from rlstruct.nets import MLPActorCritic
 from rlstruct.optim import adam, gradient_step
 from rlstruct.run import Run, RunConfig
@@ -126,38 +126,28 @@ def learn(agent: Agent, optimizer: torch.optim.Optimizer, traj: Trajectories, cf
 
 
 class Learner:
-    """What the learner thread runs: a gradient step per segment, then a weights copy that
-    the main thread picks up with :meth:`take_weights`. ``agent`` is the learner's
-    ``BehaviourAgent`` from ``run.learner`` (so the loss runs through ``CheckDevice`` with
-    ``--check-devices``)."""
+    """What the learner thread runs: a gradient step per segment, then a CPU copy of the
+    weights in ``weights`` (a :class:`~rlstruct.learner.LatestWeights`) that the main thread
+    takes. ``agent`` is the learner's ``BehaviourAgent`` from ``run.learner`` (so the loss runs
+    through ``CheckDevice`` with ``--check-devices``)."""
 
     def __init__(self, agent: Agent, cfg: Config, device: torch.device) -> None:
         self.agent, self.model, self.cfg, self.device = agent, agent.model, cfg, device
         self.optimizer = adam(self.model.parameters(), cfg.lr, device, eps=1e-5)
-        self._lock = threading.Lock()
-        self._weights: dict[str, Tensor] | None = None
+        self.weights = LatestWeights()
         self.thread: LearnerThread | None = None
         self.group: Any = None  # --n-learners N: a LearnerGroup learns instead
 
     def __call__(self, traj: Trajectories) -> dict[str, float]:
         if self.group is None:
             stats = learn(self.agent, self.optimizer, traj.to(self.device), self.cfg)
-            weights = {k: v.detach().to("cpu", copy=True)
-                       for k, v in self.model.state_dict().items()}
+            self.weights.put(self.model.state_dict())
         else:  # each rank on 1/N of the rows, gradients averaged; rank 0's weights copied here
             stats = self.group.learn(traj)
-            weights = {k: v.clone() for k, v in self.group.state_dict().items()}
-        with self._lock:
-            self._weights = weights
+            self.weights.put(self.group.state_dict())
         if self.thread is not None:
             self.thread.count_publication()
         return stats
-
-    def take_weights(self) -> dict[str, Tensor] | None:
-        """The weights published since the last call (None if none)."""
-        with self._lock:
-            weights, self._weights = self._weights, None
-        return weights
 
 
 # --------------------------------------------------------------------------------------- main
@@ -165,7 +155,7 @@ def main(cfg: Config) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("impala", cfg) as run:
         make_model = partial(ActorCritic, run.obs_dim, run.n_actions, cfg.hidden)
-        model = run.model(ActorCritic, run.obs_dim, run.n_actions, cfg.hidden)  # on the CPU
+        model = run.model(make_model)  # on the CPU: the batchers copy it
         batcher = run.training_batcher(BehaviourAgent, {"model": model}, GymEnvInf,
                                        cfg.n_timesteps)
         run.evaluator(BehaviourAgent, {"model": model}, agent_info=greedy_info())
@@ -181,7 +171,7 @@ def main(cfg: Config) -> dict[str, Any]:
                 # 2. The learner takes the segment (this waits while it is cfg.queue behind).
                 thread.put(traj, size=int(traj.lengths.sum()))
                 # 3. The newest weights collect the next segments and run the evaluation.
-                weights = learner.take_weights()
+                weights = learner.weights.take()
                 if weights is not None:
                     latest = weights
                     run.publish(batcher, weights)  # pipelined: an update, no execute

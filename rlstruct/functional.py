@@ -29,6 +29,7 @@ __all__ = [
     "categorical_entropy",
     "categorical_log_prob",
     "conjugate_gradient",
+    "clipped_surrogate",
     "discounted_returns",
     "gae",
     "masked_mean",
@@ -520,3 +521,46 @@ def vtrace(
     q = torch.where(cont, v_next, boot)
     advantages = torch.where(valid, rho * (r + gamma * q - v), zero)
     return VTrace(targets, advantages)
+
+
+def clipped_surrogate(logp: Tensor, logp_old: Tensor, advantage: Tensor, clip: float) -> Tensor:
+    """PPO's clipped surrogate loss per sample (Schulman et al., 2017), to be minimised.
+
+    With the probability ratio ``r = exp(logp - logp_old)``::
+
+        loss = -min(r A, clip(r, 1 - clip, 1 + clip) A)
+
+    so a step that already moved ``r`` past ``1 + clip`` (for ``A > 0``) or below ``1 - clip``
+    (for ``A < 0``) gets no more gradient from that sample, while a move in the harmful
+    direction is never clipped. The gradient flows through ``logp`` only.
+
+    Args:
+        logp: (*batch) log-probabilities of the taken actions under the policy being learned.
+        logp_old: (*batch) the same under the policy the trust region is centred on.
+        advantage: (*batch) advantages (treated as constants).
+        clip: eps in (0, 1).
+
+    Returns:
+        (*batch) per-sample losses; take their (masked) mean.
+
+    Raises:
+        ShapeError: ``logp_old`` or ``advantage`` is not shaped like ``logp``.
+        ConfigError: ``clip`` outside (0, 1).
+
+    Examples:
+        Ratios 2, 1 and 0.5 with eps 0.2: the first is clipped to 1.2 for ``A = 1`` and the
+        last to 0.8 for ``A = -1`` (both already moved past the trust region).
+
+        >>> logp_old = torch.zeros(3)
+        >>> logp = torch.log(torch.tensor([2.0, 1.0, 0.5]))
+        >>> clipped_surrogate(logp, logp_old, torch.tensor([1.0, 1.0, -1.0]), 0.2)
+        tensor([-1.2000, -1.0000,  0.8000])
+    """
+    _check_like("logp_old", logp_old, logp, "logp")
+    _check_like("advantage", advantage, logp, "logp")
+    clip = float(clip)
+    if not 0.0 < clip < 1.0:  # also rejects NaN
+        raise ConfigError(f"clip must be in (0, 1), got {clip}")
+    ratio = (logp - logp_old).exp()
+    advantage = advantage.detach()
+    return -torch.min(ratio * advantage, ratio.clamp(1.0 - clip, 1.0 + clip) * advantage)

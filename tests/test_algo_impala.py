@@ -64,11 +64,11 @@ def test_stale_behaviour_policies_are_corrected_by_clipped_importance_weights():
 def test_the_learner_steps_publishes_copies_and_counts_them():
     model, trajs = segments(3)
     learner = impala.Learner(impala.BehaviourAgent(model), impala.Config(), torch.device("cpu"))
-    assert learner.take_weights() is None
+    assert learner.weights.take() is None
     before = {k: v.clone() for k, v in model.state_dict().items()}
     stats = learner(trajs[0])
-    weights = learner.take_weights()
-    assert weights is not None and learner.take_weights() is None
+    weights = learner.weights.take()
+    assert weights is not None and learner.weights.take() is None
     assert any(not torch.equal(weights[k], before[k]) for k in before)
     for k, v in model.state_dict().items():  # a copy: the next step does not change it
         assert torch.equal(weights[k], v) and weights[k].data_ptr() != v.data_ptr()
@@ -97,7 +97,7 @@ def test_the_loss_replays_the_agent_it_is_given_so_check_device_sees_a_planted_w
     learner = impala.Learner(agent, impala.Config(), torch.device("cpu"))
     with pytest.raises(DeviceContractError, match=CAUGHT_BY_CHECK_DEVICE):
         learner(traj)
-    assert learner.take_weights() is None  # no step was taken, nothing published
+    assert learner.weights.take() is None  # no step was taken, nothing published
 
 
 @pytest.mark.slow

@@ -19,13 +19,14 @@ from pathlib import Path
 import pytest
 import tyro
 
-from algos import a2c, dqn, impala, ppo, reinforce, sac, trpo
+from algos import a2c, appo, dqn, impala, ppo, reinforce, sac, trpo
+from rlstruct.errors import ConfigError
 from rlstruct.experiment import LayoutConfig
 from rlstruct.logger import config_to_dict
 from rlstruct.run import RunConfig
 
 ALGOS = {"ppo": ppo, "a2c": a2c, "dqn": dqn, "reinforce": reinforce, "impala": impala,
-         "trpo": trpo, "sac": sac}
+         "trpo": trpo, "sac": sac, "appo": appo}
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs"))
 from gen_api import field_docs  # noqa: E402
 
@@ -82,11 +83,22 @@ def test_bad_command_lines_exit_2_and_say_why(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_appo_config_lists_every_problem_and_its_command_line_exits_2(capsys):
+    with pytest.raises(ConfigError) as err:
+        appo.Config(layout=LayoutConfig(pipeline=1), queue=-1, clip_coef=1.5, c_bar=0.0)
+    for message in ("queue must be >= 0 (0: no learner thread), got -1", "c_bar must be > 0",
+                    "clip_coef must be in (0, 1), got 1.5", "need --pipeline >= 2, got 1"):
+        assert message in str(err.value)
+    with pytest.raises(SystemExit) as info:
+        tyro.cli(appo.Config, args=["--queue", "-1"])
+    assert info.value.code == 2 and "queue" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name", ALGOS)
 def test_the_whole_config_is_saved_and_comes_back_equal(name):
     cls = ALGOS[name].Config
-    pipeline = cls().layout.pipeline  # 2 for IMPALA, which refuses a synchronous layout
-    cfg = cls(seed=5, layout=LayoutConfig(n_envs=3, eval_device="cuda:1", pipeline=pipeline))
+    layout = dataclasses.replace(cls().layout, n_envs=3, eval_device="cuda:1")
+    cfg = cls(seed=5, layout=layout)
     saved = json.loads(json.dumps(config_to_dict(cfg)))
     assert saved["layout"]["n_envs"] == 3 and saved["seed"] == 5
     assert cls(**{**saved, "layout": LayoutConfig(**saved["layout"])}) == cfg
@@ -99,7 +111,7 @@ def test_the_algorithms_share_the_defaults_of_the_run_config():
         # collection costs little and workers would mostly add their start-up; 4 envs end
         # episodes often enough for the 20-episode stop test (16 end them in waves of 16).
         layout = (LayoutConfig(n_processes=1, n_envs=4) if name == "sac"
-                  else LayoutConfig(pipeline=2 if name == "impala" else 1))  # IMPALA: async
+                  else LayoutConfig(pipeline=2 if name in ("impala", "appo") else 1))  # async
         assert cfg.layout == layout
         assert cfg.target_window == 20
         # The CartPole algorithms stop at 475; TRPO's and SAC's defaults are Pendulum's.

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rlstruct.errors import BatcherStateError, ConfigError, RLStructError
-from rlstruct.learner import LearnerError, LearnerThread, LearnerTimeoutError
+from rlstruct.learner import LatestWeights, LearnerError, LearnerThread, LearnerTimeoutError
 
 PREFIX = "test-learner-"
 _names = itertools.count()
@@ -406,3 +406,36 @@ def test_call_errors():
         assert learner.metrics()["batches_put"] == 0  # nothing was queued by the bad calls
     finally:
         learner.stop(PROMPT_S)
+
+
+def test_latest_weights_hands_over_cpu_copies_of_the_newest_put_once():
+    box = LatestWeights()
+    model = torch.nn.Linear(3, 2)
+    assert box.take() is None and box.published == 0
+    box.put(model.state_dict())
+    with torch.no_grad():
+        model.weight.add_(1.0)  # the learner goes on training: the published copy must not move
+    box.put(model.state_dict())
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    weights = box.take()
+    assert weights is not None and box.take() is None and box.published == 2
+    torch.testing.assert_close(weights["weight"], model.weight.detach() - 1.0)  # the newest put
+    assert not weights["weight"].requires_grad and weights["weight"].device.type == "cpu"
+
+
+def test_latest_weights_from_a_learner_thread_are_taken_by_the_owner():
+    box = LatestWeights()
+    model = torch.nn.Linear(2, 1)
+
+    def learn(batch: float) -> None:
+        with torch.no_grad():
+            model.bias.fill_(batch)
+        box.put(model.state_dict())
+
+    with LearnerThread(learn, max_queue=1, name=new_name()) as learner:
+        for k in range(5):
+            learner.put(float(k))
+        learner.wait_idle(PROMPT_S * 10)
+    weights = box.take()
+    assert weights is not None and float(weights["bias"]) == 4.0 and box.published == 5
