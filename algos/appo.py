@@ -50,13 +50,12 @@ from rlstruct import Agent, DictTensor, LearnerThread, Trajectories, replay_agen
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.envs import GymEnvInf
-from rlstruct.errors import ConfigError
 from rlstruct.experiment import LayoutConfig
 from rlstruct.learner import LatestWeights
 from rlstruct.nets import MLPActorCritic
 from rlstruct.optim import adam, gradient_step
 from rlstruct.run import Run, RunConfig
-from rlstruct.sampling import ActorAgent, categorical_entropy, categorical_log_prob, greedy_info
+from rlstruct.sampling import ActorAgent, greedy_info
 
 
 @dataclass
@@ -90,9 +89,8 @@ class Config(RunConfig):
     )
     """where each part runs (APPO pipelines by default)"""
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        problems = [f"{name} must be >= 1, got {getattr(self, name)}"
+    def problems(self) -> list[str]:  # listed with the shared fields' problems, all at once
+        problems = super().problems() + [f"{name} must be >= 1, got {getattr(self, name)}"
                     for name in ("n_epochs", "minibatch_size") if getattr(self, name) < 1]
         if self.queue < 0:
             problems.append(f"queue must be >= 0 (0: no learner thread), got {self.queue}")
@@ -103,8 +101,7 @@ class Config(RunConfig):
         if self.layout.pipeline < 2:
             problems.append(f"APPO learns while the workers collect: need --pipeline >= 2, got "
                             f"{self.layout.pipeline}")
-        if problems:
-            raise ConfigError("; ".join(problems))
+        return problems
 
 
 # --------------------------------------------------------------------------------------- model
@@ -130,7 +127,7 @@ def vtrace_batch(model: ActorCritic, traj: Trajectories, cfg: Config) -> tuple[D
     with torch.no_grad():
         logits, value = model(steps[K.OBS_FRAME].flatten(0, 1))
         next_value = model.value(steps[K.NEXT_FRAME].flatten(0, 1)).view(shape)
-        logp = categorical_log_prob(logits, steps[K.STORED_ACTION].flatten(0, 1)).view(shape)
+        logp = F.categorical_log_prob(logits, steps[K.STORED_ACTION].flatten(0, 1)).view(shape)
     log_rho = logp - steps[K.STORED_LOGP]
     targets, advantages = F.vtrace(
         steps[K.NEXT_REWARD], value.view(shape), next_value, steps[K.NEXT_TERMINATED],
@@ -145,11 +142,11 @@ def vtrace_batch(model: ActorCritic, traj: Trajectories, cfg: Config) -> tuple[D
 def appo_loss(agent: Agent, minibatch: DictTensor, cfg: Config) -> tuple[Tensor, dict[str, Tensor]]:
     """The APPO loss of a minibatch of transitions; returns ``(loss, detached stats)``."""
     new = replay_agent_stateless(agent, minibatch)
-    logp = categorical_log_prob(new["logits"], minibatch[K.STORED_ACTION])
+    logp = F.categorical_log_prob(new["logits"], minibatch[K.STORED_ACTION])
     advantage = F.normalize_advantages(minibatch["advantage"])
     policy = F.clipped_surrogate(logp, minibatch[K.STORED_LOGP], advantage, cfg.clip_coef).mean()
     values = 0.5 * (new[K.VALUE] - minibatch["target"]).square().mean()
-    entropy = categorical_entropy(new["logits"]).mean()
+    entropy = F.categorical_entropy(new["logits"]).mean()
     loss = policy + cfg.vf_coef * values - cfg.ent_coef * entropy
     with torch.no_grad():
         ratio = (logp - minibatch[K.STORED_LOGP]).exp()
@@ -198,7 +195,7 @@ class Learner:
 def main(cfg: Config) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("appo", cfg) as run:
-        model = ActorCritic(run.obs_dim, run.n_actions, cfg.hidden)  # CPU: the batchers copy it
+        model = run.model(ActorCritic, run.obs_dim, run.n_actions, cfg.hidden)  # on the CPU
         batcher = run.training_batcher(BehaviourAgent, {"model": model}, GymEnvInf,
                                        cfg.n_timesteps)
         run.evaluator(BehaviourAgent, {"model": model}, agent_info=greedy_info())
