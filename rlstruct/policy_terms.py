@@ -53,7 +53,7 @@ def categorical_entropy(logits: Tensor) -> Tensor:
     """
     log_probs = logits.log_softmax(-1)
     probs = log_probs.exp()
-    return -(probs * log_probs.masked_fill(probs == 0, 0.0)).sum(-1)
+    return (probs * (-log_probs).masked_fill(probs == 0, 0.0)).sum(-1)  # +0 for a certain choice
 
 
 def conjugate_gradient(
