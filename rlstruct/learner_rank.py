@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from rlstruct.optim import gradient_step
 from rlstruct.staging import DeviceStager, unpack
 
 __all__ = ["RankContext", "algorithm_learn"]
@@ -109,17 +110,13 @@ class RankContext:
         Returns:
             The global norm of the averaged gradient before clipping, or None without clipping.
         """
-        optimizer.zero_grad(set_to_none=True)
+        # Buckets are all-reduced as backward fills them (armed before, awaited after).
+        return gradient_step(optimizer, loss, max_grad_norm,
+                             around_backward=(self._arm, self.average_gradients))
+
+    def _arm(self) -> None:
         if self._reducer is not None:
-            self._reducer.arm()  # buckets are all-reduced as backward fills them
-        loss.backward()
-        self.average_gradients()
-        norm = None
-        if max_grad_norm > 0:
-            params = [p for group in optimizer.param_groups for p in group["params"]]
-            norm = nn.utils.clip_grad_norm_(params, max_grad_norm)
-        optimizer.step()
-        return norm
+            self._reducer.arm()
 
     def average_gradients(self) -> None:
         """Replaces every gradient of ``model`` by its mean over the ranks; nothing at all with

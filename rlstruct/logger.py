@@ -53,7 +53,6 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any
 
 import numpy as np
@@ -327,12 +326,7 @@ class RunLogger:
     def __enter__(self) -> RunLogger:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()  # on KeyboardInterrupt too; the exception then propagates
 
     # ------------------------------------------------------------------ internals

@@ -16,7 +16,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor, nn
@@ -55,7 +55,8 @@ def adam(
 
 
 def gradient_step(
-    optimizer: torch.optim.Optimizer, loss: Tensor, max_grad_norm: float
+    optimizer: torch.optim.Optimizer, loss: Tensor, max_grad_norm: float,
+    around_backward: tuple[Callable[[], None], Callable[[], None]] | None = None,
 ) -> Tensor | None:
     """``zero_grad``, ``backward``, clip the global gradient norm, ``step``.
 
@@ -63,13 +64,19 @@ def gradient_step(
         optimizer: the optimizer; its parameter groups are the parameters clipped together.
         loss: a scalar with a graph to the parameters.
         max_grad_norm: clip the global norm of all the gradients to this; 0 means no clipping.
+        around_backward: ``(before, after)`` called just before and after ``backward`` (a
+            data-parallel learner rank arms its gradient all-reduce, then waits for it).
 
     Returns:
         The global gradient norm before clipping (a 0-d tensor; no host sync), or ``None``
         when ``max_grad_norm`` is 0.
     """
     optimizer.zero_grad(set_to_none=True)
+    if around_backward is not None:
+        around_backward[0]()
     loss.backward()
+    if around_backward is not None:
+        around_backward[1]()
     norm = None
     if max_grad_norm > 0:
         params = [p for group in optimizer.param_groups for p in group["params"]]

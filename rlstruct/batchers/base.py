@@ -69,16 +69,9 @@ class BatcherBase:
         self._lock = threading.RLock()  # see serialized()
         return self
 
-    def _validate_common(
-        self,
-        n_timesteps: int,
-        create_agent: Callable[..., Agent],
-        agent_args: Mapping[str, Any] | None,
-        create_env: Callable[..., VecEnv],
-        env_args: Mapping[str, Any] | None,
-        seeds: int | Sequence[int],
-        agent_info: DictTensor | None,
-        env_info: DictTensor | None,
+    def _validate_common(  # the values as the user gave them: anything, checked here
+        self, n_timesteps: Any, create_agent: Any, agent_args: Any, create_env: Any,
+        env_args: Any, seeds: Any, agent_info: Any, env_info: Any,
     ) -> list[str]:
         problems = []
         if isinstance(n_timesteps, bool) or not isinstance(n_timesteps, int) or n_timesteps <= 0:
