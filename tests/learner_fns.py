@@ -13,6 +13,7 @@ from torch import nn
 from algos import ppo
 from rlstruct import DictTensor
 from rlstruct import keys as K
+from rlstruct.nets import head_actor_critic
 from rlstruct.optim import gradient_step
 
 N_STEPS = 5
@@ -56,7 +57,7 @@ PPO_CFG = ppo.Config(adv_norm="off", max_grad_norm=0.5, vf_coef=0.5, ent_coef=0.
 
 
 def ppo_model() -> nn.Module:
-    return ppo.ActorCritic(4, 2, 32)
+    return head_actor_critic(4, {"n": 2}, 32)  # a categorical head over 2 actions
 
 
 def ppo_learn(ctx, batch: DictTensor, n_steps: int = N_STEPS) -> dict[str, float]:
@@ -79,7 +80,7 @@ def ppo_batch(n: int = 128, seed: int = 2) -> DictTensor:
     g = torch.Generator().manual_seed(seed)
     return DictTensor({
         K.OBS_FRAME: torch.randn(n, 4, generator=g),
-        K.STORED_ACTION: torch.randint(0, 2, (n,), generator=g),
+        K.STORED_SAMPLE: torch.randint(0, 2, (n,), generator=g),  # the head's sample: the action
         K.STORED_LOGP: -torch.rand(n, generator=g) - 0.2,
         K.STORED_VALUE: torch.randn(n, generator=g),
         "advantage": torch.randn(n, generator=g),
