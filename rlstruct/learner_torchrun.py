@@ -53,6 +53,7 @@ from rlstruct.staging import pack, split_rows, unpack
 __all__ = ["TorchrunLearnerGroup", "serve_rank", "torchrun_rank", "torchrun_world"]
 
 _BEAT_S = 0.25  # heartbeat period of ranks > 0
+_ORPHAN_GRACE_S = 2.0  # a rank whose store is gone exits after this, unless it stopped
 _IDLE_S = 24 * 3600.0  # how long ranks > 0 wait for rank 0's next batch (it may evaluate...)
 
 
@@ -82,12 +83,21 @@ def _local_device(device_type: str) -> torch.device:
     return torch.device("cpu")
 
 
-def _join(rank: int, world: int, device: torch.device, timeout: float) -> tuple[Any, Any, Any]:
+def _join(rank: int, world: int, device: torch.device, timeout: float | None,
+          start_timeout: float) -> tuple[Any, Any, Any]:
     """Joins torchrun's world: ``(store, control group, data group)``; the default group
-    (NCCL on CUDA, else gloo) carries the gradients."""
+    (NCCL on CUDA, else gloo) carries the gradients. Ranks > 0 wait up to ``start_timeout``
+    for rank 0 (which starts its batcher first); collectives then fail after rank 0's
+    ``timeout`` (None on ranks > 0: they read it from the store)."""
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-                          is_master=rank == 0 and not agent, timeout=timedelta(seconds=timeout))
+                          is_master=rank == 0 and not agent,
+                          timeout=timedelta(seconds=start_timeout))
+    if rank == 0:
+        store.set("rlstruct/timeout", str(timeout))
+    else:
+        store.wait(["rlstruct/timeout"], timedelta(seconds=start_timeout))
+        timeout = float(store.get("rlstruct/timeout").decode())
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, store=dist.PrefixStore("rlstruct/pg", store), rank=rank,
                             world_size=world, timeout=timedelta(seconds=timeout))
@@ -164,8 +174,12 @@ def serve_rank(device_type: str = "cpu", timeout: float = 1800.0) -> None:
     stop = threading.Event()
     code = 0
     try:
-        store, control, data = _join(rank, world, _local_device(device_type), timeout)
-        beat = threading.Thread(target=_heartbeat, args=(store, rank, stop), daemon=True,
+        store, control, data = _join(rank, world, _local_device(device_type), None, timeout)
+        # Its own client with a short timeout: a lost store is noticed in seconds.
+        beat_store = dist.PrefixStore("rlstruct/health", dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+            timeout=timedelta(seconds=_ORPHAN_GRACE_S)))
+        beat = threading.Thread(target=_heartbeat, args=(beat_store, rank, stop), daemon=True,
                                 name=f"rlstruct-rank{rank}-heartbeat")
         beat.start()
         message: list[Any] = [None]
@@ -199,10 +213,14 @@ def serve_rank(device_type: str = "cpu", timeout: float = 1800.0) -> None:
 
 
 def _heartbeat(store: Any, rank: int, stop: threading.Event) -> None:
+    """Beats until ``stop``; a rank whose store (rank 0's, or torchrun's agent) is gone ends its
+    own process after a grace period, even when its main thread hangs in ``learn``."""
     while not stop.wait(_BEAT_S):
         try:
             store.add(f"beat/{rank}", 1)
         except Exception:
+            if not stop.wait(_ORPHAN_GRACE_S):
+                os._exit(1)
             return
 
 
@@ -248,8 +266,8 @@ class TorchrunLearnerGroup:
         init_cpu = {k: v.detach().cpu().clone() for k, v in init_state.items()}
         spec = cloudpickle.dumps((make_model, make_optimizer, learn, init_cpu, device.type,
                                   max(1, int(bucket_mb * 2**20))))
-        self._store, self._control, self._data = _join(0, self.n_learners,
-                                                       _local_device(device.type), start_timeout)
+        self._store, self._control, self._data = _join(
+            0, self.n_learners, _local_device(device.type), self.timeout, start_timeout)
         self._replica = _Replica(spec, 0, self.n_learners, self._store)
         self.devices = [self._replica.device]
         self._collective(lambda: dist.broadcast_object_list([spec], src=0, group=self._control),
