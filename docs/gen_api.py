@@ -47,6 +47,7 @@ MODULES = (
     "rlstruct.learner",
     "rlstruct.learner_group",
     "rlstruct.learner_rank",
+    "rlstruct.learner_torchrun",
     "rlstruct.staging",
     "rlstruct.errors",
     "rlstruct.functional",

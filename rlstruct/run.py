@@ -392,7 +392,14 @@ class Run:
         ``learn(agent, optimizer, batch, cfg, step)`` on 1/N of each batch's rows
         (:func:`~rlstruct.learner_rank.algorithm_learn`), starting from ``model``'s weights;
         checkpoints then hold rank 0's model and optimizer. Closed with the run. None with
-        one learner (the algorithm learns in this process)."""
+        one learner (the algorithm learns in this process). Under torchrun (``WORLD_SIZE`` >
+        1) this process is rank 0 and it returns a
+        :class:`~rlstruct.learner_torchrun.TorchrunLearnerGroup` over torchrun's processes
+        (the others learn in :func:`~rlstruct.learner_torchrun.serve_rank`).
+
+        Raises:
+            ConfigError: under torchrun, ``--learner-devices``, or ``--n-learners`` neither 1
+                nor ``WORLD_SIZE``."""
         from functools import partial
 
         from rlstruct.learner_group import LearnerGroup
