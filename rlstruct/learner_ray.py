@@ -39,6 +39,20 @@ from rlstruct.staging import pack, split_rows, unpack
 
 __all__ = ["RayLearnerGroup"]
 
+def _ray() -> Any:
+    """The ``ray`` module, through the Ray backend (the one module of rlstruct that imports it).
+
+    Raises:
+        ImportError: Ray is not installed.
+    """
+    from rlstruct.batchers import ray as backend
+
+    if backend.ray is None:
+        raise ImportError("RayLearnerGroup needs Ray, an optional extra: pip install "
+                          f"rlstruct[ray] ({backend.RAY_IMPORT_ERROR})")
+    return backend.ray
+
+
 _GRACE_S = 1.0  # after a failure, how long to listen for the other ranks (to name the culprit)
 
 
@@ -51,9 +65,7 @@ class _Rank:
 
     def address(self) -> tuple[str, int]:
         """Rank 0: its node's address and a free port for the rendezvous."""
-        import ray
-
-        host = ray.util.get_node_ip_address()
+        host = _ray().util.get_node_ip_address()
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((host, 0))
             return host, int(s.getsockname()[1])
@@ -141,8 +153,7 @@ class RayLearnerGroup:
         n_threads: int = 1,
         bucket_mb: float = 25.0,
     ) -> None:
-        import ray
-
+        ray = _ray()
         problems = []
         if not ray.is_initialized():
             problems.append("Ray is not connected: call ray.init(address) first")
@@ -186,8 +197,7 @@ class RayLearnerGroup:
             ShapeError: the rows are not a multiple of ``n_learners``.
             BatcherStateError: a batch is in flight, or the group is closed.
         """
-        import ray
-
+        ray = _ray()
         if self._closed:
             raise BatcherStateError("the Ray learner group is closed")
         if self._pending is not None:
@@ -236,8 +246,7 @@ class RayLearnerGroup:
 
     def close(self, timeout: float = 10.0) -> None:
         """Asks the ranks to leave their group, then kills every actor. Idempotent."""
-        import ray
-
+        ray = _ray()
         if self._closed:
             return
         self._closed = True
@@ -256,9 +265,8 @@ class RayLearnerGroup:
         """Every result; or the error of the first culprit (an actor that died, then a rank that
         raised outside the gradient all-reduce: one that failed inside it is a victim); or a
         timeout naming the ranks that did not answer."""
-        import ray
-        from ray.exceptions import RayActorError, RayTaskError
-
+        ray = _ray()
+        errors = ray.exceptions
         rank_of = {ref: k for k, ref in enumerate(refs)}
         waiting, deadline = list(refs), time.monotonic() + seconds
         failed: list[tuple[int, int, BaseException]] = []
@@ -275,15 +283,15 @@ class RayLearnerGroup:
                                           f"{what} within {seconds:g} s", ranks=ranks)
             try:
                 ray.get(ready[0])
-            except RayActorError as err:
+            except errors.RayActorError as err:
                 failed.append((0, rank_of[ready[0]], err))
-            except RayTaskError as err:
+            except errors.RayTaskError as err:
                 victim = "average_gradients" in str(err)
                 failed.append((2 if victim else 1, rank_of[ready[0]], err))
         if not failed:
             return ray.get(refs)
         _, rank, err = min(failed, key=lambda f: (f[0], f[1]))
-        if isinstance(err, RayActorError):
+        if isinstance(err, errors.RayActorError):
             raise LearnerError(f"Ray learner group: rank {rank}'s actor died while {what}",
                                rank=rank) from err
         cause = getattr(err, "cause", None) or err
