@@ -24,7 +24,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def cluster():
-    """One loopback Ray cluster for this module: 2 CPUs, 2 units of a ``learner`` resource."""
+    """One loopback Ray cluster for this module: 2 CPUs, 2 units of a ``learner`` resource and
+    one of ``rollout``."""
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
 
@@ -32,7 +33,7 @@ def cluster():
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     flag, ray_constants.ENABLE_RAY_CLUSTER = ray_constants.ENABLE_RAY_CLUSTER, False
     c = Cluster(initialize_head=True, connect=True, head_node_args={
-        "num_cpus": 2, "resources": {"learner": 2}, "node_ip_address": "127.0.0.1",
+        "num_cpus": 2, "resources": {"learner": 2, "rollout": 1}, "node_ip_address": "127.0.0.1",
         "include_dashboard": False})
     try:
         yield c
@@ -62,7 +63,7 @@ def _alive_ranks() -> list[str]:
 
 def _group(learn, model, **kw) -> RayLearnerGroup:
     return RayLearnerGroup(toy_model, learner_fns.adam, learn, model.state_dict(), n_learners=2,
-                           num_cpus=1, resources={"learner": 1}, start_timeout=120, **kw)
+                           num_cpus=0, resources={"learner": 1}, start_timeout=120, **kw)
 
 
 @pytest.mark.timeout(300)
@@ -80,6 +81,29 @@ def test_two_ray_ranks_on_half_rows_equal_one_learner_on_all(cluster):
         assert metrics["rows"] == 32 and metrics["n_allreduce"] == learner_fns.N_STEPS
     for k, v in reference.state_dict().items():
         torch.testing.assert_close(weights[k], v, rtol=0, atol=1e-5)
+    assert _alive_ranks() == []
+
+
+@pytest.mark.timeout(300)
+def test_learner_ranks_and_a_rollout_batcher_share_the_cluster(cluster):
+    from agents import DeterministicAgent
+    from batcher_helpers import counter_env
+
+    from rlstruct.batchers.ray import RayBatcher
+
+    batcher = RayBatcher(4, DeterministicAgent, {"n_actions": 3}, counter_env,
+                         {"n_envs": 2, "n_actions": 3}, n_processes=1, num_cpus_per_actor=1,
+                         actor_options={"resources": {"rollout": 1}})
+    try:
+        batcher.reset()
+        with _group(learner_fns.toy_learn, toy_model()) as group:
+            batcher.execute()
+            group.submit(toy_batch())  # the ranks learn while the rollout actor collects
+            traj, _ = batcher.get()
+            metrics = group.collect()
+        assert traj.trajectories.lengths.shape == (2,) and metrics["rows"] == 32
+    finally:
+        batcher.close()
     assert _alive_ranks() == []
 
 
