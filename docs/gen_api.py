@@ -48,6 +48,7 @@ MODULES = (
     "rlstruct.learner_group",
     "rlstruct.learner_rank",
     "rlstruct.learner_torchrun",
+    "rlstruct.learner_ray",
     "rlstruct.staging",
     "rlstruct.errors",
     "rlstruct.functional",
