@@ -50,7 +50,8 @@ from rlstruct.errors import BatcherStateError, ConfigError, LearnerError, Learne
 from rlstruct.learner_rank import RankContext, _as_metrics
 from rlstruct.staging import pack, split_rows, unpack
 
-__all__ = ["TorchrunLearnerGroup", "serve_rank", "torchrun_rank", "torchrun_world"]
+__all__ = ["TorchrunLearnerGroup", "serve_rank", "torchrun_group", "torchrun_rank",
+           "torchrun_world"]
 
 _BEAT_S = 0.25  # heartbeat period of ranks > 0
 _ORPHAN_GRACE_S = 2.0  # a rank whose store is gone exits after this, unless it stopped
@@ -75,6 +76,27 @@ def torchrun_rank() -> int:
         raise ConfigError(f"WORLD_SIZE={os.environ['WORLD_SIZE']} but {missing} are not set: "
                           "start the processes with torchrun (or set all of them)")
     return int(os.environ["RANK"])
+
+
+def torchrun_group(
+    algo: str, layout: Any, make_model: Callable[[], nn.Module],
+    make_optimizer: Callable[..., torch.optim.Optimizer], learn: Callable[..., Any],
+    model: nn.Module, device: torch.device,
+) -> TorchrunLearnerGroup:
+    """``Run.learner_group`` on rank 0 under torchrun: checks the layout (one rank per process,
+    on ``cuda:LOCAL_RANK`` or the CPU) and starts the group from ``model``'s weights.
+
+    Raises:
+        ConfigError: ``layout.learner_devices`` given, or ``layout.n_learners`` neither 1 nor
+            ``WORLD_SIZE``.
+    """
+    world = torchrun_world()
+    if layout.learner_devices is not None or layout.n_learners not in (1, world):
+        raise ConfigError(
+            f"{algo} runs under torchrun (WORLD_SIZE={world}): one rank per process on "
+            f"cuda:LOCAL_RANK or the CPU; drop --learner-devices, and --n-learners must be 1 "
+            f"or {world} (got {layout.n_learners})")
+    return TorchrunLearnerGroup(make_model, make_optimizer, learn, model.state_dict(), device)
 
 
 def _local_device(device_type: str) -> torch.device:

@@ -82,12 +82,7 @@ from rlstruct.episodes import EpisodeTracker
 from rlstruct.errors import CheckpointError, ConfigError
 from rlstruct.evaluation import Evaluator
 from rlstruct.experiment import LayoutConfig, make_batcher
-from rlstruct.learner_torchrun import (
-    TorchrunLearnerGroup,
-    serve_rank,
-    torchrun_rank,
-    torchrun_world,
-)
+from rlstruct.learner_torchrun import serve_rank, torchrun_group, torchrun_rank, torchrun_world
 from rlstruct.logger import RunLogger, config_to_dict
 from rlstruct.monitor import ResourceMonitor
 from rlstruct.trajectories import Trajectories
@@ -392,14 +387,8 @@ class Run:
         ``learn(agent, optimizer, batch, cfg, step)`` on 1/N of each batch's rows
         (:func:`~rlstruct.learner_rank.algorithm_learn`), starting from ``model``'s weights;
         checkpoints then hold rank 0's model and optimizer. Closed with the run. None with
-        one learner (the algorithm learns in this process). Under torchrun (``WORLD_SIZE`` >
-        1) this process is rank 0 and it returns a
-        :class:`~rlstruct.learner_torchrun.TorchrunLearnerGroup` over torchrun's processes
-        (the others learn in :func:`~rlstruct.learner_torchrun.serve_rank`).
-
-        Raises:
-            ConfigError: under torchrun, ``--learner-devices``, or ``--n-learners`` neither 1
-                nor ``WORLD_SIZE``."""
+        one learner (the algorithm learns in this process). Under torchrun, rank 0's
+        :func:`~rlstruct.learner_torchrun.torchrun_group`."""
         from functools import partial
 
         from rlstruct.learner_group import LearnerGroup
@@ -408,18 +397,13 @@ class Run:
         layout = self.cfg.layout
         rank_learn = partial(algorithm_learn, learn=learn, make_agent=make_agent, cfg=self.cfg,
                              per_rank=per_rank)
+        if torchrun_world() == 1 and layout.n_learners == 1 and layout.learner_devices is None:
+            return None
         if torchrun_world() > 1:  # torchrun: this is rank 0, the others wait in serve_rank
-            if layout.learner_devices is not None or layout.n_learners not in (1, torchrun_world()):
-                raise ConfigError(
-                    f"{self.algo} runs under torchrun (WORLD_SIZE={torchrun_world()}): one rank "
-                    f"per process on cuda:LOCAL_RANK or the CPU; drop --learner-devices, and "
-                    f"--n-learners must be 1 or {torchrun_world()} (got {layout.n_learners})")
-            group = self._stack.enter_context(TorchrunLearnerGroup(
-                make_model, make_optimizer, rank_learn, model.state_dict(), self.device))
+            group = self._stack.enter_context(torchrun_group(
+                self.algo, layout, make_model, make_optimizer, rank_learn, model, self.device))
             self.checkpoint_state(model=group, optimizer=group.optimizer)
             return group
-        if layout.n_learners == 1 and layout.learner_devices is None:
-            return None
         devices = (layout.learner_devices.split(",") if layout.learner_devices
                    else [str(torch.device(self.device.type, k)) for k in range(layout.n_learners)]
                    if self.device.type == "cuda" else [str(self.device)] * layout.n_learners)
