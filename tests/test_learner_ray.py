@@ -4,13 +4,17 @@ equal one learner on the whole batch, and failures are named by rank. Skipped wi
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 
 import cloudpickle
 import learner_fns
+import psutil
 import pytest
 import torch
 from learner_fns import toy_batch, toy_model
+from processes import children
 
 from rlstruct.errors import LearnerError
 
@@ -49,9 +53,34 @@ def cluster():
 
 @pytest.fixture(autouse=True)
 def no_leftover_processes():
-    """Ray's daemons and idle workers are the cluster fixture's: this module checks instead
-    that no learner actor is left alive (see _alive_ranks)."""
+    """Replaces conftest.py's check: Ray's daemons and idle workers are the cluster fixture's,
+    but no other process may be left (the tests check that no rank actor is left alive)."""
     yield
+    deadline = time.monotonic() + 5.0
+    while True:
+        left = [p for p in children() if not _is_ray(p) and not any(map(_is_ray, _parents(p)))]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for proc in left:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    assert not left, f"the test left processes behind (now killed): {[p.pid for p in left]}"
+
+
+def _is_ray(proc: psutil.Process) -> bool:
+    try:
+        cmd = " ".join(proc.cmdline())
+        return cmd.startswith("ray::") or "/ray/" in cmd or proc.name() in ("raylet", "gcs_server")
+    except psutil.Error:
+        return True  # gone
+
+
+def _parents(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return proc.parents()
+    except psutil.Error:
+        return []
 
 
 def _alive_ranks() -> list[str]:
