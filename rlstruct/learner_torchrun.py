@@ -261,6 +261,7 @@ class TorchrunLearnerGroup:
 
     Raises:
         ConfigError: not rank 0 of a torchrun world, or a device that is neither cpu nor cuda.
+        LearnerTimeoutError: the ranks did not join within ``start_timeout``.
     """
 
     def __init__(
@@ -288,8 +289,14 @@ class TorchrunLearnerGroup:
         init_cpu = {k: v.detach().cpu().clone() for k, v in init_state.items()}
         spec = cloudpickle.dumps((make_model, make_optimizer, learn, init_cpu, device.type,
                                   max(1, int(bucket_mb * 2**20))))
-        self._store, self._control, self._data = _join(
-            0, self.n_learners, _local_device(device.type), self.timeout, start_timeout)
+        try:
+            self._store, self._control, self._data = _join(
+                0, self.n_learners, _local_device(device.type), self.timeout, start_timeout)
+        except Exception as err:  # a rank that never came, a port taken...
+            raise LearnerTimeoutError(
+                f"learner group (torchrun): the {self.n_learners} ranks did not join at "
+                f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} within "
+                f"{start_timeout:g} s: {err}", ranks=list(range(1, self.n_learners))) from err
         self._replica = _Replica(spec, 0, self.n_learners, self._store)
         self.devices = [self._replica.device]
         self._collective(lambda: dist.broadcast_object_list([spec], src=0, group=self._control),
