@@ -47,6 +47,8 @@ MODULES = (
     "rlstruct.learner",
     "rlstruct.learner_group",
     "rlstruct.learner_rank",
+    "rlstruct.learner_torchrun",
+    "rlstruct.learner_ray",
     "rlstruct.staging",
     "rlstruct.errors",
     "rlstruct.functional",

@@ -34,6 +34,8 @@ The experiment layer, which the algorithms of ``algos/`` are written with::
     from rlstruct.learner_group import LearnerGroup    # data-parallel learner ranks
     from rlstruct.learner_rank import RankContext      # what a rank's learn function gets
     from rlstruct.staging import StagingRing           # shards staged onto rank devices
+    from rlstruct.learner_torchrun import TorchrunLearnerGroup   # rank 0 under torchrun
+    from rlstruct.learner_ray import RayLearnerGroup   # learner ranks as Ray actors
 
 ``rlstruct.compat`` keeps rlstructures' names for a port. ``python -m rlstruct plot runs/``
 plots run directories (see :mod:`rlstruct.plotting`); ``python -m rlstruct evaluate RUN_DIR``

@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import os
 import signal
 import sys
 import threading
@@ -75,6 +74,7 @@ from rlstruct.episodes import EpisodeTracker
 from rlstruct.errors import CheckpointError, ConfigError
 from rlstruct.evaluation import Evaluator
 from rlstruct.experiment import make_batcher
+from rlstruct.learner_torchrun import serve_rank, torchrun_group, torchrun_rank, torchrun_world
 from rlstruct.logger import RunLogger, config_to_dict
 from rlstruct.monitor import ResourceMonitor
 from rlstruct.run_config import RunConfig
@@ -120,6 +120,8 @@ class Run:
     """
 
     def __init__(self, algo: str, cfg: RunConfig) -> None:
+        if torchrun_rank() > 0:  # torchrun: ranks > 0 only learn (rlstruct/learner_torchrun.py)
+            serve_rank(resolve_device(cfg.layout.learner_device).type)  # exits the process
         self.start = time.monotonic()
         self.algo, self.cfg = algo, cfg
         torch.set_num_threads(cfg.n_threads)
@@ -270,28 +272,30 @@ class Run:
         ``learn(agent, optimizer, batch, cfg, step)`` on 1/N of each batch's rows
         (:func:`~rlstruct.learner_rank.algorithm_learn`), starting from ``model``'s weights;
         checkpoints then hold rank 0's model and optimizer. Closed with the run. None with
-        one learner (the algorithm learns in this process)."""
-        layout = self.cfg.layout
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun: each process would train
-            raise ConfigError(
-                f"{self.algo} runs under torchrun (WORLD_SIZE={os.environ['WORLD_SIZE']}): not "
-                "supported; start one process with --n-learners N instead (it starts its ranks)")
-        if layout.n_learners == 1 and layout.learner_devices is None:
-            return None
+        one learner (the algorithm learns in this process). Under torchrun, rank 0's
+        :func:`~rlstruct.learner_torchrun.torchrun_group`."""
         from functools import partial
 
         from rlstruct.learner_group import LearnerGroup
         from rlstruct.learner_rank import algorithm_learn
 
+        layout = self.cfg.layout
+        rank_learn = partial(algorithm_learn, learn=learn, make_agent=make_agent, cfg=self.cfg,
+                             per_rank=per_rank)
+        if torchrun_world() == 1 and layout.n_learners == 1 and layout.learner_devices is None:
+            return None
+        if torchrun_world() > 1:  # torchrun: this is rank 0, the others wait in serve_rank
+            group = self._stack.enter_context(torchrun_group(
+                self.algo, layout, make_model, make_optimizer, rank_learn, model, self.device))
+            self.checkpoint_state(model=group, optimizer=group.optimizer)
+            return group
         devices = (layout.learner_devices.split(",") if layout.learner_devices
                    else [str(torch.device(self.device.type, k)) for k in range(layout.n_learners)]
                    if self.device.type == "cuda" else [str(self.device)] * layout.n_learners)
         group = self._stack.enter_context(LearnerGroup(
-            make_model, make_optimizer, partial(algorithm_learn, learn=learn,
-                                                make_agent=make_agent, cfg=self.cfg,
-                                                per_rank=per_rank),
-            model.state_dict(), n_learners=layout.n_learners, devices=devices,
-            seed=self.cfg.seed, n_threads=self.cfg.n_threads,
+            make_model, make_optimizer, rank_learn, model.state_dict(),
+            n_learners=layout.n_learners, devices=devices, seed=self.cfg.seed,
+            n_threads=self.cfg.n_threads,
         ))
         self.checkpoint_state(model=group, optimizer=group.optimizer)
         return group

@@ -349,12 +349,22 @@ def test_reducer_reduces_buckets_during_backward_in_order(monkeypatch):
     assert ctx.n_allreduce == 1 and launched == [1, 16, 16, 16 * 8]
 
 
-def test_torchrun_is_refused_with_a_clear_message(monkeypatch, tmp_path):
+def test_torchrun_variables_and_layout_are_checked(monkeypatch, tmp_path):
     from algos import ppo
     from rlstruct.experiment import LayoutConfig
 
     monkeypatch.setenv("WORLD_SIZE", "2")
+    for name in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
     cfg = ppo.Config(layout=LayoutConfig(learner_device="cpu", n_processes=1, n_envs=2),
                      eval_every=0, runs_dir=str(tmp_path))
-    with pytest.raises(ConfigError, match=r"torchrun \(WORLD_SIZE=2\).*--n-learners N"):
+    with pytest.raises(ConfigError, match=r"WORLD_SIZE=2 but \['RANK', 'MASTER_ADDR', "
+                                          r"'MASTER_PORT'\] are not set"):
+        ppo.main(cfg)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "1")  # never reached: the layout is refused first
+    cfg.layout = LayoutConfig(learner_device="cpu", n_processes=1, n_envs=2, n_learners=3)
+    with pytest.raises(ConfigError, match=r"torchrun \(WORLD_SIZE=2\).*--n-learners must be 1 "
+                                          r"or 2 \(got 3\)"):
         ppo.main(cfg)
