@@ -75,7 +75,7 @@ def make_batch(n: int, seed: int) -> DictTensor:
     g = torch.Generator().manual_seed(seed)
     return DictTensor({
         K.OBS_FRAME: torch.randint(0, 256, (n, 4, 84, 84), dtype=torch.uint8, generator=g),
-        K.STORED_ACTION: torch.randint(0, N_ACTIONS, (n,), generator=g),
+        K.STORED_SAMPLE: torch.randint(0, N_ACTIONS, (n,), generator=g),  # the action taken
         K.STORED_LOGP: torch.full((n,), -1.79),
         K.STORED_VALUE: torch.randn(n, generator=g),
         "advantage": torch.randn(n, generator=g),

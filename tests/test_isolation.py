@@ -15,7 +15,8 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_a_leaking_test_fails_and_the_next_one_passes(tmp_path):
     (tmp_path / "conftest.py").write_text((REPO / "tests" / "conftest.py").read_text())
-    (tmp_path / "processes.py").write_text((REPO / "tests" / "processes.py").read_text())
+    for helper in ("processes.py", "agents.py", "batcher_helpers.py", "fault_envs.py"):
+        (tmp_path / helper).write_text((REPO / "tests" / helper).read_text())  # conftest's imports
     (tmp_path / "test_leak.py").write_text(
         textwrap.dedent(
             """

@@ -163,24 +163,27 @@ def test_help_lists_every_command(capsys):
 def test_ppo_resumed_after_its_time_budget_carries_on_learning(tmp_path):
     import torch
 
-    flags = ["-m", "algos.ppo", "--max-frames", "30000", "--target-return", "None",
-             "--eval-every", "0", "--n-processes", "1"]
-    first = python([*flags, "--time-budget", "12"], cwd=tmp_path, timeout=150)
+    flags = ["-m", "algos.ppo", "--target-return", "None", "--eval-every", "0",
+             "--n-processes", "1"]
+    # A frame cap no machine reaches in 12 s, so the first run ends on its time budget.
+    first = python([*flags, "--max-frames", "3000000", "--time-budget", "12"], cwd=tmp_path,
+                   timeout=150)
     assert first.returncode == 0, first.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
     before = json.loads((run_dir / "summary.json").read_text())
     assert before["status"] == "budget" and before["stopped_by"] == "time_budget"
     steps_before = torch.load(run_dir / "checkpoints" / "latest.pt")["optimizer"]["state"][0]
-    second = python([*flags, "--time-budget", "60", "--resume", str(run_dir)], cwd=tmp_path,
-                    timeout=150)
+    goal = before["frames"] + 10_000  # the resumed run may change its budgets
+    second = python([*flags, "--max-frames", str(goal), "--time-budget", "60", "--resume",
+                     str(run_dir)], cwd=tmp_path, timeout=150)
     assert second.returncode == 0, second.stderr
     after = json.loads((run_dir / "summary.json").read_text())
-    assert after["resumes"] == 1 and after["frames"] >= 30000 > before["frames"]
+    assert after["resumes"] == 1 and after["frames"] >= goal > before["frames"]
     rows = read_rows(run_dir / "progress.csv")
     frames = [int(r["frames"]) for r in rows]
     assert frames == sorted(frames) and before["frames"] in frames
     resumed = [r for r in rows if int(r["frames"]) > before["frames"]]
-    # The lr schedule goes on from the frame count: lr = 3e-4 (1 - frames / max_frames).
+    # The lr schedule goes on from the frame count: lr = lr0 (1 - frames / max_frames).
     first_lr = float(resumed[0]["lr"])
     assert first_lr < float(rows[frames.index(before["frames"]) - 1]["lr"])
     steps_after = torch.load(run_dir / "checkpoints" / "latest.pt")["optimizer"]["state"][0]
