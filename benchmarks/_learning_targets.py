@@ -142,8 +142,10 @@ def targets(rows: dict[str, dict[str, Any]], seeds: list[int]) -> list[dict[str,
             "threshold": f"<= {MAX_RATIO}" + (f", {len(seeds)}/{len(seeds)} solved (>= 3)"
                                               if every_seed else ""),
         }
-        if every_seed and mine["runs"] and (mine["n_solved"] < len(seeds) or len(seeds) < 3):
-            t["verdict"] = f"MISS ({mine['n_solved']}/{len(seeds)} seeds solved, 3 needed)"
+        if every_seed and mine["runs"] and len(seeds) < 3:
+            t["verdict"] = f"n/a (needs >= 3 seeds; {mine['n_solved']}/{len(seeds)} solved)"
+        elif every_seed and mine["runs"] and mine["n_solved"] < len(seeds):
+            t["verdict"] = f"MISS ({mine['n_solved']}/{len(seeds)} seeds solved)"
         elif mine.get("launch_to_solve") is None:
             t["verdict"] = "n/a (rlstruct: " + mine.get("status", "not run") + ")"
         elif peer is None or peer.get("launch_to_solve") is None:

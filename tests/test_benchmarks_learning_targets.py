@@ -49,6 +49,7 @@ def test_pendulum_ratio_needs_every_seed_solved():
     rows["rlstruct/sac_pendulum"] = _row("sac_pendulum", "rlstruct",
                                          [_run(20.0), _run(25.0), _run(None)])
     assert _verdicts(rows, seeds)[name].startswith("MISS (2/3")
+    assert _verdicts(rows, [0])[name].startswith("n/a (needs >= 3 seeds")  # one seed: no verdict
     rows["rlstruct/sac_pendulum"] = _row("sac_pendulum", "rlstruct",
                                          [_run(100.0), _run(110.0), _run(120.0)])
     assert _verdicts(rows, seeds)[name] == "MISS"  # 110 / 185 > 0.5
