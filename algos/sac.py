@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from rlstruct import Agent, DictTensor
 from rlstruct import functional as F
 from rlstruct import keys as K
-from rlstruct.distributions import make_head
+from rlstruct.distributions import make_head, space_from_spec, space_spec
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
 from rlstruct.experiment import LayoutConfig
@@ -97,11 +97,11 @@ class Config(RunConfig):
 class Actor(nn.Module):
     """``s -> params``: a two-layer ReLU body and the library's tanh-squashed Gaussian head."""
 
-    def __init__(self, obs_dim: int, action_space: gym.spaces.Box, hidden: int) -> None:
+    def __init__(self, obs_dim: int, action_space: gym.spaces.Box | dict, hidden: int) -> None:
         super().__init__()
         self.body = nn.Sequential(nn.Linear(obs_dim, hidden), nn.ReLU(),
                                   nn.Linear(hidden, hidden), nn.ReLU())
-        self.head = make_head(action_space, hidden, squash=True)
+        self.head = make_head(space_from_spec(action_space), hidden, squash=True)
 
     def forward(self, frame: Tensor) -> Tensor:
         return self.head(self.body(frame.flatten(1).float()))
@@ -210,7 +210,7 @@ def learn(
 def main(cfg: Config) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("sac", cfg) as run:
-        actor = Actor(run.obs_dim, run.action_space, cfg.hidden)  # CPU: the batchers copy it
+        actor = run.model(Actor, run.obs_dim, space_spec(run.action_space), cfg.hidden)  # CPU
         batcher = run.training_batcher(SACAgent, {"model": actor}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(SACAgent, {"model": actor}, agent_info=greedy_info())
         actor.to(run.device)  # the batchers and the evaluator have their copies

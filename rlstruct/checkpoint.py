@@ -29,6 +29,7 @@ import io
 import json
 import os
 import random
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -111,8 +112,15 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
 
 
 def object_path(obj: Any) -> str:
-    """``"pkg.mod:Qualname"`` of a class or function (what :func:`import_object` imports)."""
-    return f"{obj.__module__}:{obj.__qualname__}"
+    """``"pkg.mod:Qualname"`` of a class or function (what :func:`import_object` imports).
+    An object of a script run as ``python -m pkg.mod`` lives in ``__main__``: it is named by the
+    module the script was run as, which a later process can import."""
+    module = obj.__module__
+    if module == "__main__":
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        if spec is not None and spec.name:
+            module = spec.name
+    return f"{module}:{obj.__qualname__}"
 
 
 def import_object(path: str) -> Any:

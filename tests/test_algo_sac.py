@@ -16,6 +16,7 @@ from algo_runs import check_run_dir, run_algo
 from algos import sac
 from rlstruct import DictTensor
 from rlstruct.batchers import SerialBatcher
+from rlstruct.distributions import space_spec
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
 from rlstruct.experiment import LayoutConfig
@@ -95,7 +96,7 @@ def test_polyak_update():
 
 def test_agent_stays_in_the_box_is_seeded_and_greedy_is_deterministic():
     space = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32))
-    actor = sac.Actor(obs_dim=3, action_space=space, hidden=8)
+    actor = sac.Actor(obs_dim=3, action_space=space_spec(space), hidden=8)
     with torch.no_grad():
         actor.head.mean.bias.copy_(torch.tensor([30.0, -30.0]))  # saturated tanh
     agent = sac.SACAgent(actor)
@@ -129,7 +130,7 @@ def test_learn_on_replayed_pendulum_segments_moves_every_part():
     torch.manual_seed(0)
     cfg = sac.Config(batch_size=32)
     space = gym.make("Pendulum-v1").action_space
-    actor = sac.Actor(3, space, hidden=16)
+    actor = sac.Actor(3, space_spec(space), hidden=16)
     with SerialBatcher(16, sac.SACAgent, {"model": actor}, GymEnvInf,
                        {"env": "Pendulum-v1", "n_envs": 2}, seeds=0) as batcher:
         batcher.reset()

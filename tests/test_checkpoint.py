@@ -79,3 +79,19 @@ def test_build_model_from_a_recorded_constructor_and_unknown_classes():
     assert isinstance(model, torch.nn.Linear) and model.bias is None and model.in_features == 3
     with pytest.raises(CheckpointError, match="cannot import 'nowhere:Net'"):
         ck.build_model({"class": "nowhere:Net"})
+
+
+def test_a_class_of_a_script_run_as_a_module_is_named_by_that_module(monkeypatch):
+    # `python -m algos.dqn` defines its classes in __main__, which a later process (the
+    # evaluate command) cannot import: the recorded path names the module it was run as.
+    import sys
+    import types
+
+    from rlstruct.checkpoint import import_object, object_path
+
+    cls = type("QNetwork", (), {"__module__": "__main__"})
+    main = types.ModuleType("__main__")
+    main.__spec__ = types.SimpleNamespace(name="algos.dqn")
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert object_path(cls) == "algos.dqn:QNetwork"
+    assert import_object("algos.dqn:QNetwork").__name__ == "QNetwork"
