@@ -38,10 +38,10 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from rlstruct import Trajectories
 from rlstruct import functional as F
 from rlstruct import keys as K
-from rlstruct.distributions import make_head
+from rlstruct.distributions import space_spec
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
-from rlstruct.nets import HeadActorCritic
+from rlstruct.nets import HeadActorCritic, head_actor_critic
 from rlstruct.optim import adam, gradient_step
 from rlstruct.run import Run, RunConfig
 from rlstruct.sampling import PolicyAgent, greedy_info
@@ -189,8 +189,8 @@ def learn(model: HeadActorCritic, optimizer: torch.optim.Optimizer, traj: Trajec
 def main(cfg: Config) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("trpo", cfg) as run:
-        head = make_head(run.action_space, cfg.hidden, log_std_init=cfg.log_std_init)
-        model = HeadActorCritic(run.obs_dim, head, cfg.hidden, cfg.normalize_obs)  # CPU
+        model = run.model(head_actor_critic, run.obs_dim, space_spec(run.action_space),  # CPU
+                          cfg.hidden, cfg.log_std_init, cfg.normalize_obs)
         batcher = run.training_batcher(PolicyAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(PolicyAgent, {"model": model}, agent_info=greedy_info())
         run.learner(PolicyAgent(model))  # moves the model to the learner device

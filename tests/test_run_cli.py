@@ -215,3 +215,23 @@ def test_a_custom_env_module_reaches_ray_actors(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "budget"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("algo", ["reinforce", "a2c", "ppo", "dqn", "impala", "appo", "trpo",
+                                  "sac"])
+def test_every_algorithms_checkpoint_is_evaluated_from_the_command_line(algo, tmp_path):
+    # The model is rebuilt from the checkpoint alone: its recorded constructor must be
+    # importable (a class of `python -m algos.x` lives in __main__) and take plain values.
+    frames = "600" if algo == "sac" else "2000"
+    processes = "2" if algo in ("impala", "appo") else "1"  # pipelined: worker processes
+    trained = python(["-m", f"algos.{algo}", "--max-frames", frames, "--eval-every", "0",
+                      "--n-processes", processes, "--target-return", "None"], cwd=tmp_path,
+                     timeout=150)
+    assert trained.returncode == 0, trained.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    done = python(["-m", "rlstruct", "evaluate", str(run_dir), "--episodes", "2"], cwd=tmp_path,
+                  timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "2 greedy episodes, return" in done.stdout
