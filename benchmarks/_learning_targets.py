@@ -38,13 +38,14 @@ TASKS = {
     "pendulum": Task("Pendulum-v1", -250.0, 300_000, 400.0),
     "halfcheetah": Task("HalfCheetah-v5", None, 100_000, 3600.0),
 }
-ALGOS = ("reinforce", "a2c", "ppo", "ppo_pipelined", "ppo_torch_env", "dqn", "impala",
-         "sac_pendulum", "trpo_pendulum", "ppo_pendulum", "sac_halfcheetah", "ppo_halfcheetah")
+ALGOS = ("reinforce", "a2c", "ppo", "ppo_pipelined", "ppo_torch_env", "dqn", "impala", "appo",
+         "appo_thread", "sac_pendulum", "trpo_pendulum", "ppo_pendulum", "sac_halfcheetah", "ppo_halfcheetah")
 PPO_BOX = {"gae_lambda": 0.95, "n_epochs": 10, "normalize_obs": True}  # PPO's Box settings
 #: Rows that run an algorithm otherwise: name -> (module, task, layout fields, config fields).
 #: Any other row name is ``algos/<name>.py`` on CartPole with its defaults.
 VARIANTS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
     "ppo_pipelined": ("ppo", "cartpole", {"pipeline": 2}, {}),
+    "appo_thread": ("appo", "cartpole", {}, {"queue": 1}),  # APPO with IMPALA's learner thread
     # torch-native CartPole in a SerialBatcher on the learner's device (the CPU here)
     "ppo_torch_env": ("ppo", "cartpole", {"n_processes": 1, "n_envs": 16},
                       {"env_backend": "torch"}),
