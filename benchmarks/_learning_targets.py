@@ -39,7 +39,8 @@ TASKS = {
     "halfcheetah": Task("HalfCheetah-v5", None, 100_000, 3600.0),
 }
 ALGOS = ("reinforce", "a2c", "ppo", "ppo_pipelined", "ppo_torch_env", "dqn", "impala", "appo",
-         "appo_thread", "sac_pendulum", "trpo_pendulum", "ppo_pendulum", "sac_halfcheetah", "ppo_halfcheetah")
+         "appo_thread", "sac_pendulum", "trpo_pendulum", "ppo_pendulum", "sac_halfcheetah",
+         "ppo_halfcheetah")
 PPO_BOX = {"gae_lambda": 0.95, "n_epochs": 10, "normalize_obs": True}  # PPO's Box settings
 #: Rows that run an algorithm otherwise: name -> (module, task, layout fields, config fields).
 #: Any other row name is ``algos/<name>.py`` on CartPole with its defaults.
