@@ -88,6 +88,7 @@ import _common
 from _learning_targets import (
     ALGOS,
     ENV_ID,
+    NOT_BY_DEFAULT,
     PEER_PACKAGES,
     SB3_PEERS,
     TARGET_RETURN,
@@ -398,9 +399,10 @@ def cli_ok(algo: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--algos", nargs="+", choices=ALGOS,
-                   default=[a for a in ALGOS if row_spec(a)[1] != "halfcheetah"],
+                   default=[a for a in ALGOS if a not in NOT_BY_DEFAULT],
                    help="rows to run (default: all but the HalfCheetah ones, which take an hour "
-                        "per seed with SB3's SAC; name them to run them)")
+                        "per seed with SB3's SAC, and the TRPO layout rows; name them to run "
+                        "them)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--time-budget", type=float, default=None,
                    help="seconds per run, rlstruct and SB3 (default: the task's, CartPole 120, "
@@ -434,7 +436,8 @@ def main(argv: list[str] | None = None) -> int:
         task_budget = budget or task.budget_s
         rows[f"rlstruct/{algo}"] = {
             "key": f"rlstruct/{algo}", "algo": algo, "impl": "rlstruct", "task": task_name,
-            "label": f"rlstruct algos/{module}.py", "budget_s": task_budget, "runs": [],
+            "label": f"rlstruct algos/{module}.py" + (f" ({algo})" if algo != module else ""),
+            "budget_s": task_budget, "runs": [],
             "status": "pending" if path.exists() else f"missing (algos/{module}.py does not exist)",
             "cli_help_ok": cli_ok(algo) if path.exists() else None,
             # Which version of the file was measured (the algos change while being tuned).
