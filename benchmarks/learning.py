@@ -14,12 +14,16 @@ Rows (all measured in the same run, over the same seeds):
   ``PPO("MlpPolicy", "CartPole-v1", seed=s, device="cpu")`` etc.; a callback reads the finished
   episodes (``infos[i]["episode"]["r"]``, from the Monitor wrapper SB3 puts around the env) and
   stops ``learn()`` once the 20-episode mean reaches 475, or at the wall-clock cap. A row says
-  "not installed" when stable-baselines3 is missing;
+  "not installed" when stable-baselines3 is missing (``pip install -e .[bench]`` installs the
+  peers; keep your torch with ``-c <(echo torch==X)``);
 * continuous control (``sac_pendulum``, ``trpo_pendulum``, ``ppo_pendulum``,
   ``sac_halfcheetah``, ``ppo_halfcheetah``): ``algos/sac.py``, ``algos/trpo.py`` and
   ``algos/ppo.py`` with their defaults on the task's env (except PPO: its Box settings, and
   HalfCheetah SAC: 256-wide nets; see ``VARIANTS``) beside SB3's ``SAC``/``PPO`` and
-  sb3-contrib's ``TRPO`` with their defaults.
+  sb3-contrib's ``TRPO`` with their defaults;
+* garage's sampler table (``trpo_serial12``, ``trpo_2x6``, ``trpo_ray2x6``, not run by default):
+  TRPO on Pendulum with its 12 envs collected in the learner's process, by two worker processes
+  and by two Ray actors (docs/guide-resources.md).
 
 Method:
 
