@@ -69,6 +69,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import dataclasses
 import hashlib
 import importlib
 import importlib.util
@@ -132,8 +133,6 @@ def run_rlstruct(name: str, seed: int, budget: float, out_root: str) -> dict[str
     if task.frames is not None:
         overrides["max_frames"] = task.frames
     if layout_fields:
-        import dataclasses
-
         overrides["layout"] = dataclasses.replace(mod.Config().layout, **layout_fields)
     overrides.update(config_fields)
     entered = time.time()
@@ -219,7 +218,9 @@ def runner(argv: list[str]) -> int:
     p.add_argument("--out-root", default=".")
     p.add_argument("--result", required=True)
     p.add_argument("--task", choices=tuple(TASKS), default="cartpole")
+    p.add_argument("--frames", type=int, default=None)
     a = p.parse_args(argv)
+    set_fixed_budget(a.frames)
     try:
         if a.kind == "rlstruct":
             res = run_rlstruct(a.algo, a.seed, a.budget, a.out_root)
@@ -233,6 +234,14 @@ def runner(argv: list[str]) -> int:
                "traceback": traceback.format_exc()[-3000:]}
     Path(a.result).write_text(json.dumps(res, default=str))
     return 0 if res["status"] == "ok" else 1
+
+
+def set_fixed_budget(frames: int | None) -> None:
+    """Replaces the frame budget of the tasks without a target (HalfCheetah) by ``frames``."""
+    if frames is not None:
+        for name, task in TASKS.items():
+            if task.target is None:
+                TASKS[name] = dataclasses.replace(task, frames=frames)
 
 
 # ============================================================================ parent process
@@ -311,7 +320,7 @@ def launch(kind: str, algo: str, seed: int, budget: float, args: argparse.Namesp
         "--kind", kind, "--algo", algo, "--seed", str(seed), "--budget", str(budget),
         "--max-steps", str(args.sb3_max_steps), "--threads", str(args.sb3_threads),
         "--out-root", str(workdir / "runs"), "--result", str(result), "--task", task,
-    ]
+    ] + ([] if args.frames is None else ["--frames", str(args.frames)])
     load0 = os.getloadavg()[0]
     cpu0 = _children_cpu()
     algo_file = ROOT / "algos" / f"{row_spec(algo)[0]}.py"
@@ -418,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sb3-threads", type=int, default=1,
                    help="torch threads of the SB3 runs (1: one core, like the rlstruct learner; "
                         "0: torch's default)")
+    p.add_argument("--frames", type=int, default=None,
+                   help="frame budget of the rows without a target (HalfCheetah; default 100k)")
     p.add_argument("--no-peers", action="store_true", help="skip stable-baselines3")
     p.add_argument("--peers", nargs="+", choices=tuple(SB3_PEERS), default=None,
                    help="run the SB3 peers of these algorithms only (default: of every one run)")
@@ -426,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep-runs", action="store_true", help="keep the run folders (printed)")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     args = p.parse_args(argv)
+    set_fixed_budget(args.frames)
     if args.quick:
         args.seeds = args.seeds[:1]
     budget = args.time_budget or (15.0 if args.quick else None)  # None: the task's own
