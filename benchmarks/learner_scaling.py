@@ -9,9 +9,11 @@ with ``--device cuda``):
    Batches are submitted one ahead (staged while the previous one is learned), as a pipelined
    training loop does. Reports samples/s (transitions through forward+backward per second), the
    2-rank / 1-rank ratio, and per update: load-wait, learn and all-reduce ms.
-2. A bare DDP loop (``DistributedDataParallel``, gloo; cross-entropy on the same CNN, batch
-   ``--minibatch``, Adam) with 1 and 2 processes: the ceiling the group's machinery is held to.
-3. The ratio group / bare DDP for each rank count (the machinery's cost).
+2. Bare DDP loops (``DistributedDataParallel``, gloo, batch ``--minibatch``, Adam) with 1 and 2
+   processes: cross-entropy on the same CNN (the issue's reference), and PPO's own loss on the
+   same ``CNNActorCritic`` (the ceiling the group's machinery is held to: the same work, without
+   the group).
+3. The ratio group / bare DDP on PPO's loss for each rank count (the machinery's cost).
 
 Targets (issue 20): 2 ranks >= 1.8x 1 rank; load-wait <= 5 % of learn time with staging. Only
 meaningful on an idle machine: the JSON holds the load average (``os.getloadavg``) before and
@@ -108,25 +110,47 @@ def bench_group(n_ranks: int, args: argparse.Namespace) -> dict[str, float]:
             "load_wait_fraction": mean["load_wait_ms"] / mean["rank_learn_ms"]}
 
 
-def _ddp_rank(rank: int, world: int, port: int, args: argparse.Namespace, out) -> None:
+class _DDPActorCritic(nn.parallel.DistributedDataParallel):
+    """DDP around ``CNNActorCritic`` that shows the wrapped model's policy head, as PPO's loss
+    reads ``agent.model.head``."""
+
+    @property
+    def head(self) -> nn.Module:
+        return self.module.head
+
+
+def _ddp_rank(rank: int, world: int, port: int, args: argparse.Namespace, loss_name: str,
+              out) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     torch.manual_seed(0)
-    cnn = nn.Sequential(nature_cnn(4), nn.Linear(512, N_ACTIONS))
-    net = nn.parallel.DistributedDataParallel(cnn)
-    optimizer = make_adam(net.parameters())
     local = args.minibatch // world
-    x = torch.randint(0, 256, (local, 4, 84, 84), dtype=torch.uint8)
-    y = torch.randint(0, N_ACTIONS, (local,))
+    if loss_name == "ppo":  # the group's work without the group
+        net = _DDPActorCritic(make_model())
+        agent, batch = ppo.PPOAgent(net), make_batch(local, rank)
+
+        def compute_loss() -> torch.Tensor:
+            return ppo.ppo_loss(agent, batch, CFG)[0]
+    else:  # the issue's reference: cross-entropy on the same CNN
+        net = nn.parallel.DistributedDataParallel(
+            nn.Sequential(nature_cnn(4), nn.Linear(512, N_ACTIONS)))
+        x = torch.randint(0, 256, (local, 4, 84, 84), dtype=torch.uint8)
+        y = torch.randint(0, N_ACTIONS, (local,))
+
+        def compute_loss() -> torch.Tensor:
+            return nn.functional.cross_entropy(net(x.float() / 255.0), y)
+    optimizer = make_adam(net.parameters())
     steps = args.batch * args.updates // args.minibatch
     for k in range(steps + 2):
         if k == 2:  # after the warm-up steps
             dist.barrier()
             start = time.perf_counter()
-        loss = nn.functional.cross_entropy(net(x.float() / 255.0), y)
+        loss = compute_loss()
         optimizer.zero_grad()
         loss.backward()
+        if loss_name == "ppo":
+            nn.utils.clip_grad_norm_(net.parameters(), CFG.max_grad_norm)
         optimizer.step()
     dist.barrier()
     if rank == 0:
@@ -134,11 +158,11 @@ def _ddp_rank(rank: int, world: int, port: int, args: argparse.Namespace, out) -
     dist.destroy_process_group()
 
 
-def bench_ddp(n_ranks: int, args: argparse.Namespace) -> dict[str, float]:
+def bench_ddp(n_ranks: int, args: argparse.Namespace, loss_name: str) -> dict[str, float]:
     ctx = worker_context(start=True)
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_ddp_rank, args=(r, n_ranks, port, args, out))
+    procs = [ctx.Process(target=_ddp_rank, args=(r, n_ranks, port, args, loss_name, out))
              for r in range(n_ranks)]
     for p in procs:
         p.start()
@@ -170,18 +194,21 @@ def main() -> None:
     load_before = os.getloadavg()
     ranks = (1, 2) if args.device == "cpu" or torch.cuda.device_count() >= 2 else (1,)
     group = {n: bench_group(n, args) for n in ranks}
-    ddp = {n: bench_ddp(n, args) for n in ranks} if args.device == "cpu" else {}
+    ddp = {n: bench_ddp(n, args, "ppo") for n in ranks} if args.device == "cpu" else {}
+    ddp_ce = {n: bench_ddp(n, args, "ce") for n in ranks} if args.device == "cpu" else {}
     result = {
-        "group": list(group.values()), "ddp": list(ddp.values()),
+        "group": list(group.values()), "ddp": list(ddp.values()), "ddp_ce": list(ddp_ce.values()),
         "load_before": load_before, "load_after": os.getloadavg(),
         "environment": environment(batch=args.batch, minibatch=args.minibatch,
                                    updates=args.updates, device=args.device),
     }
-    print(f"{'ranks':>5} {'group samples/s':>16} {'ddp samples/s':>14} {'group/ddp':>10} "
-          f"{'load-wait ms':>13} {'learn ms':>9} {'all-reduce ms':>14}")
+    print(f"{'ranks':>5} {'group samples/s':>16} {'DDP, PPO loss':>14} {'group/DDP':>10} "
+          f"{'DDP, CE':>8} {'load-wait ms':>13} {'learn ms':>9} {'all-reduce ms':>14}")
     for n in ranks:
         g, d = group[n], ddp.get(n, {}).get("samples_per_s", float("nan"))
+        ce = ddp_ce.get(n, {}).get("samples_per_s", float("nan"))
         print(f"{n:>5} {g['samples_per_s']:>16.1f} {d:>14.1f} {g['samples_per_s'] / d:>10.2f} "
+              f"{ce:>8.1f} "
               f"{g['load_wait_ms']:>13.1f} {g['rank_learn_ms']:>9.1f} "
               f"{g['allreduce_ms']:>14.1f}")
     if len(ranks) == 2:
@@ -189,7 +216,9 @@ def main() -> None:
         print(f"2 ranks / 1 rank: group {result['group_ratio_2v1']:.2f}x", end="")
         if ddp:
             result["ddp_ratio_2v1"] = ddp[2]["samples_per_s"] / ddp[1]["samples_per_s"]
-            print(f", bare DDP {result['ddp_ratio_2v1']:.2f}x", end="")
+            result["ddp_ce_ratio_2v1"] = ddp_ce[2]["samples_per_s"] / ddp_ce[1]["samples_per_s"]
+            print(f", bare DDP on PPO's loss {result['ddp_ratio_2v1']:.2f}x, on cross-entropy "
+                  f"{result['ddp_ce_ratio_2v1']:.2f}x", end="")
         print()
     loads = (*load_before, *result["load_after"])
     print(f"load average before {load_before[0]:.2f}, after {result['load_after'][0]:.2f}"

@@ -24,6 +24,7 @@ def test_learner_scaling_benchmark_quick(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     data = json.loads(out.read_text())
     assert [g["ranks"] for g in data["group"]] == [1, 2] == [d["ranks"] for d in data["ddp"]]
+    assert [d["ranks"] for d in data["ddp_ce"]] == [1, 2]  # the cross-entropy loop
     assert all(g["samples_per_s"] > 0 and g["rank_learn_ms"] > 0 for g in data["group"])
     assert data["group"][0]["allreduce_ms"] == 0 < data["group"][1]["allreduce_ms"]
     assert data["group_ratio_2v1"] > 0 and "load average" in res.stdout
