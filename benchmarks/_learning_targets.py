@@ -40,7 +40,7 @@ TASKS = {
 }
 ALGOS = ("reinforce", "a2c", "ppo", "ppo_pipelined", "ppo_torch_env", "dqn", "impala", "appo",
          "appo_thread", "sac_pendulum", "trpo_pendulum", "ppo_pendulum", "sac_halfcheetah",
-         "ppo_halfcheetah", "trpo_serial12", "trpo_2x6", "trpo_ray2x6")
+         "ppo_halfcheetah", "trpo_serial12", "trpo_2x6", "trpo_ray2x6", "ppo_tuned")
 PPO_BOX = {"gae_lambda": 0.95, "n_epochs": 10, "normalize_obs": True}  # PPO's Box settings
 #: Rows that run an algorithm otherwise: name -> (module, task, layout fields, config fields).
 #: Any other row name is ``algos/<name>.py`` on CartPole with its defaults.
@@ -65,10 +65,16 @@ VARIANTS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
     "trpo_serial12": ("trpo", "pendulum", {"n_processes": 1, "n_envs": 12}, {}),
     "trpo_2x6": ("trpo", "pendulum", {"n_processes": 2, "n_envs": 6}, {}),
     "trpo_ray2x6": ("trpo", "pendulum", {"n_processes": 2, "n_envs": 6, "backend": "ray"}, {}),
+    # PPO with the layout a fresh `python -m rlstruct tune` wrote (benchmarks/learning.py runs
+    # the tuner first, with --tune-args)
+    "ppo_tuned": ("ppo", "cartpole", {}, {"layout_file": "<tuned layout>"}),
 }
+TUNED_LAYOUT = "<tuned layout>"  # replaced by the path of the layout file the tuner wrote
+TUNED_MAX_RATIO = 1.0  # PPO --layout (freshly tuned) / PPO with its default layout
 #: rows left out of the default run (name them to run them): an hour per seed with SB3's SAC,
 #: or the layout table of docs/guide-resources.md
-NOT_BY_DEFAULT = ("sac_halfcheetah", "ppo_halfcheetah", "trpo_serial12", "trpo_2x6", "trpo_ray2x6")
+NOT_BY_DEFAULT = ("sac_halfcheetah", "ppo_halfcheetah", "trpo_serial12", "trpo_2x6", "trpo_ray2x6",
+                  "ppo_tuned")
 IMPALA_MAX_RATIO = 0.6  # IMPALA / rlstruct PPO median launch->solve
 IMPALA_MIN_CORES = 1.8  # cores busy during an IMPALA run
 #: rlstruct row -> its peer's class, with its defaults ("MlpPolicy") on the row's task
@@ -192,6 +198,18 @@ def targets(rows: dict[str, dict[str, Any]], seeds: list[int]) -> list[dict[str,
                   and impala["n_solved"] == len(seeds)
                   and (t["cores_median"] or 0) >= IMPALA_MIN_CORES)
             t["verdict"] = "PASS" if ok else "MISS"
+        out.append(t)
+    tuned = rows.get("rlstruct/ppo_tuned")
+    if tuned is not None:
+        t = {"name": "rlstruct PPO --layout (freshly tuned) / rlstruct PPO",
+             "threshold": f"<= {TUNED_MAX_RATIO}", "metric": "median launch->solve"}
+        if None in (tuned.get("launch_to_solve"), (ppo or {}).get("launch_to_solve")):
+            t["verdict"] = "n/a (needs both ppo_tuned and ppo)"
+        else:
+            a, b = tuned["launch_to_solve"]["median"], ppo["launch_to_solve"]["median"]
+            t["ratio"] = a / b if math.isfinite(a) and math.isfinite(b) else None
+            t["verdict"] = ("PASS" if t["ratio"] is not None and t["ratio"] <= TUNED_MAX_RATIO
+                            else "MISS")
         out.append(t)
     out += continuous_targets(rows, seeds)
     for algo in ("reinforce", "dqn"):

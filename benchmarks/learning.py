@@ -77,6 +77,7 @@ import json
 import math
 import os
 import resource
+import shlex
 import shutil
 import signal
 import statistics
@@ -98,6 +99,7 @@ from _learning_targets import (
     SB3_PEERS,
     TARGET_RETURN,
     TASKS,
+    TUNED_LAYOUT,
     VARIANTS,
     WINDOW,
     Task,
@@ -114,7 +116,8 @@ GRACE_S = 90.0  # beyond a run's budget before the parent kills it (start-up + t
 
 
 # ============================================================================ child processes
-def run_rlstruct(name: str, seed: int, budget: float, out_root: str) -> dict[str, Any]:
+def run_rlstruct(name: str, seed: int, budget: float, out_root: str,
+                 tuned_layout: str | None = None) -> dict[str, Any]:
     """Runs ``algos.<name>`` in this process; returns its summary plus what was passed.
 
     Every algorithm's ``Config`` subclasses ``rlstruct.run.RunConfig``, so the same fields
@@ -134,7 +137,8 @@ def run_rlstruct(name: str, seed: int, budget: float, out_root: str) -> dict[str
         overrides["max_frames"] = task.frames
     if layout_fields:
         overrides["layout"] = dataclasses.replace(mod.Config().layout, **layout_fields)
-    overrides.update(config_fields)
+    overrides.update({key: tuned_layout if value == TUNED_LAYOUT else value
+                      for key, value in config_fields.items()})
     entered = time.time()
     summary = mod.main(mod.Config(**overrides))
     return {
@@ -219,11 +223,12 @@ def runner(argv: list[str]) -> int:
     p.add_argument("--result", required=True)
     p.add_argument("--task", choices=tuple(TASKS), default="cartpole")
     p.add_argument("--frames", type=int, default=None)
+    p.add_argument("--tuned-layout", default=None)
     a = p.parse_args(argv)
     set_fixed_budget(a.frames)
     try:
         if a.kind == "rlstruct":
-            res = run_rlstruct(a.algo, a.seed, a.budget, a.out_root)
+            res = run_rlstruct(a.algo, a.seed, a.budget, a.out_root, a.tuned_layout)
         else:
             task = TASKS[a.task]
             steps = task.frames if task.frames is not None else a.max_steps
@@ -234,6 +239,25 @@ def runner(argv: list[str]) -> int:
                "traceback": traceback.format_exc()[-3000:]}
     Path(a.result).write_text(json.dumps(res, default=str))
     return 0 if res["status"] == "ok" else 1
+
+
+def tune_layout(tune_args: str, out: Path) -> tuple[Path | None, dict[str, Any]]:
+    """Runs ``python -m rlstruct tune --algo algos.tuning:ppo`` as a user would; returns the
+    layout file it wrote (None when it failed) and what it did (command, seconds, pick)."""
+    cmd = [sys.executable, "-m", "rlstruct", "tune", "--algo", "algos.tuning:ppo",
+           *shlex.split(tune_args), "--out", str(out)]
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, cwd=ROOT, env=_child_env(), capture_output=True, text=True,
+                         timeout=900)
+    info: dict[str, Any] = {"command": " ".join(cmd[1:]), "seconds": time.perf_counter() - t0,
+                            "rc": res.returncode}
+    if res.returncode != 0 or not out.exists():
+        info["error"] = (res.stdout + res.stderr)[-2000:]
+        print(f"tuner failed (rc {res.returncode}): the ppo_tuned row will fail\n{info['error']}")
+        return None, info
+    info["pick"] = json.loads(out.read_text()).get("tuned", {})
+    print(f"tuned layout for ppo_tuned in {info['seconds']:.0f} s: {info['pick'].get('label')}")
+    return out, info
 
 
 def set_fixed_budget(frames: int | None) -> None:
@@ -320,7 +344,8 @@ def launch(kind: str, algo: str, seed: int, budget: float, args: argparse.Namesp
         "--kind", kind, "--algo", algo, "--seed", str(seed), "--budget", str(budget),
         "--max-steps", str(args.sb3_max_steps), "--threads", str(args.sb3_threads),
         "--out-root", str(workdir / "runs"), "--result", str(result), "--task", task,
-    ] + ([] if args.frames is None else ["--frames", str(args.frames)])
+    ] + ([] if args.frames is None else ["--frames", str(args.frames)]) + (
+        [] if args.tuned_layout is None else ["--tuned-layout", str(args.tuned_layout)])
     load0 = os.getloadavg()[0]
     cpu0 = _children_cpu()
     algo_file = ROOT / "algos" / f"{row_spec(algo)[0]}.py"
@@ -429,6 +454,9 @@ def main(argv: list[str] | None = None) -> int:
                         "0: torch's default)")
     p.add_argument("--frames", type=int, default=None,
                    help="frame budget of the rows without a target (HalfCheetah; default 100k)")
+    p.add_argument("--tune-args", default="--keep-batch --budget 60",
+                   help="options of the `python -m rlstruct tune --algo algos.tuning:ppo` run "
+                        "that writes the ppo_tuned row's layout (default: %(default)s)")
     p.add_argument("--no-peers", action="store_true", help="skip stable-baselines3")
     p.add_argument("--peers", nargs="+", choices=tuple(SB3_PEERS), default=None,
                    help="run the SB3 peers of these algorithms only (default: of every one run)")
@@ -488,6 +516,9 @@ def main(argv: list[str] | None = None) -> int:
           f"load {os.getloadavg()}")
     tmp = Path(tempfile.mkdtemp(prefix="rlstruct-learning-"))
     t_start = time.perf_counter()
+    args.tuned_layout = None
+    if "ppo_tuned" in args.algos:
+        args.tuned_layout, env["tuned"] = tune_layout(args.tune_args, tmp / "tuned.json")
     with LoadSampler() as sampler:
         for i, seed in enumerate(args.seeds):
             order = todo[i % len(todo):] + todo[:i % len(todo)] if todo else []

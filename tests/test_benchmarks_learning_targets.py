@@ -1,7 +1,7 @@
 """benchmarks/learning.py's verdicts (benchmarks/_learning_targets.py) for the continuous-control
-rows, on hand-built run records (no run is started): the Pendulum ratio targets need every seed
-solved, the HalfCheetah rows compare return and time with SB3's, and every row knows its task
-and its peer."""
+rows and the tuned-layout row, on hand-built run records (no run is started): the Pendulum
+ratio targets need every seed solved, the HalfCheetah rows compare return and time with SB3's,
+the tuned layout is held to default PPO, and every row knows its task and its peer."""
 
 from __future__ import annotations
 
@@ -68,3 +68,17 @@ def test_halfcheetah_compares_return_and_time_with_sb3():
         assert _verdicts(rows, [0, 1, 2])[name] == verdict
     rows = {"rlstruct/sac_halfcheetah": _row("sac_halfcheetah", "rlstruct", runs(1.0, 1.0))}
     assert _verdicts(rows, [0, 1, 2])[name].startswith("n/a")  # no SB3 row: no verdict
+
+
+def test_tuned_layout_row_is_judged_against_default_ppo():
+    name = "rlstruct PPO --layout (freshly tuned) / rlstruct PPO"
+    ppo = _row("ppo", "rlstruct", [_run(10.0), _run(11.0), _run(12.0)])
+    assert learning.row_spec("ppo_tuned")[3] == {"layout_file": learning.TUNED_LAYOUT}
+    assert "ppo_tuned" in learning.NOT_BY_DEFAULT  # it runs the tuner first: named only
+    for tuned, verdict in (([_run(9.0), _run(11.0), _run(30.0)], "PASS"),  # median 11 <= 11
+                           ([_run(12.0), _run(13.0), _run(9.0)], "MISS"),
+                           ([_run(9.0), _run(None), _run(None)], "MISS")):  # median unsolved
+        rows = {"rlstruct/ppo": ppo, "rlstruct/ppo_tuned": _row("ppo_tuned", "rlstruct", tuned)}
+        assert _verdicts(rows, [0, 1, 2])[name] == verdict
+    rows = {"rlstruct/ppo_tuned": _row("ppo_tuned", "rlstruct", [_run(9.0)])}
+    assert _verdicts(rows, [0])[name].startswith("n/a")  # no default-layout row to compare
