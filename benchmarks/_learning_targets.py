@@ -54,7 +54,8 @@ VARIANTS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
     # gets the Pendulum settings its tests use (tests/test_algo_ppo.py, PENDULUM)
     "sac_pendulum": ("sac", "pendulum_sac", {}, {}),
     "trpo_pendulum": ("trpo", "pendulum", {}, {}),
-    "ppo_pendulum": ("ppo", "pendulum", {}, PPO_BOX | {"gamma": 0.9, "lr": 1e-3}),
+    "ppo_pendulum": ("ppo", "pendulum", {}, PPO_BOX | {"gamma": 0.9, "lr": 1e-3, "n_timesteps": 128,
+                                                         "minibatch_size": 64}),
     # MuJoCo at a fixed frame budget: SB3-sized nets for SAC (Pendulum's 64 are too small)
     "sac_halfcheetah": ("sac", "halfcheetah", {},
                         {"hidden": 256, "lr": 1e-3, "batch_size": 256, "learning_starts": 5000}),
