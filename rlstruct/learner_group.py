@@ -40,6 +40,7 @@ import socket
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from multiprocessing.connection import wait as wait_ready
 from typing import Any
 
@@ -48,6 +49,7 @@ import torch
 from torch import Tensor, nn
 
 from rlstruct.batchers.multiprocess import worker_context
+from rlstruct.batchers.weights import WeightSpecs
 from rlstruct.devices import resolve_device
 from rlstruct.dicttensor import DictTensor
 from rlstruct.errors import BatcherStateError, ConfigError, LearnerError, LearnerTimeoutError
@@ -55,7 +57,7 @@ from rlstruct.learner_rank import PHASES, RankSpec, rank_main
 from rlstruct.staging import StagingRing, pack, split_rows
 from rlstruct.trajectories import Trajectories
 
-__all__ = ["LearnerGroup", "free_port"]
+__all__ = ["LearnerGroup", "RankZeroOptimizer", "free_port"]
 
 _GRACE_S = 1.0  # after a failure, how long to listen for the others (to name the first culprit)
 _TIMINGS = ("load_wait_ms", "rank_learn_ms", "allreduce_ms")
@@ -205,6 +207,10 @@ class LearnerGroup:
         self._failures: list[tuple[int, int | None, str, str, str, bool, int | None]] = []
         self._error: LearnerError | None = None
         self._optimizer_state: bytes | None = None
+        self._weight_specs = WeightSpecs(init_state, "LearnerGroup.load_state_dict",
+                                         "the state_dict", "init_state")
+        self._to_load: bytes | None = None  # an optimizer state for the ranks to start from
+        self._loaded_state: set[int] = set()
         self._ready: set[int] = set()
         self._closed = False
         self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns, 5.0)
@@ -296,11 +302,49 @@ class LearnerGroup:
         (``batcher.update`` copies them at once; clone them to keep them longer)."""
         return self._published[self._latest % len(self._published)]
 
+    def load_state_dict(self, state_dict: Mapping[str, Tensor]) -> None:
+        """Loads ``state_dict`` (e.g. a checkpoint's model, on a resume) into every rank's
+        replica, so the replicas stay identical; :meth:`state_dict` returns it until the next
+        batch. Call it with nothing in flight; before the first batch the ranks start from it.
+
+        Raises:
+            KeyMismatchError, ShapeError: other keys, shapes or dtypes than ``init_state``'s.
+            BatcherStateError: batches are in flight, or the group is closed.
+            LearnerError, LearnerTimeoutError: a rank failed, or did not load it in time.
+        """
+        self._check_idle("load_state_dict")
+        self._weight_specs.check(state_dict)
+        slot = self._latest % len(self._published)
+        dst = self._published[slot]
+        torch._foreach_copy_([dst[k] for k in dst], [state_dict[k].detach() for k in dst])
+        if self._procs:
+            self._load_on_ranks(slot, None)
+        else:
+            torch._foreach_copy_(list(self._published[0].values()), list(dst.values()))
+
+    def load_optimizer_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Loads an optimizer state (e.g. a checkpoint's) into every rank's optimizer. Call it
+        with nothing in flight; before the first batch the ranks start from it.
+
+        Raises:
+            BatcherStateError: batches are in flight, or the group is closed.
+            LearnerError, LearnerTimeoutError: a rank failed (e.g. the state does not fit its
+                optimizer), or did not load it in time.
+        """
+        self._check_idle("load_optimizer_state_dict")
+        buffer = io.BytesIO()
+        torch.save(dict(state_dict), buffer)
+        if self._procs:
+            self._load_on_ranks(None, buffer.getvalue())
+        else:
+            self._to_load = buffer.getvalue()
+
     @property
-    def optimizer(self) -> _RankZeroOptimizer:
-        """An object whose ``state_dict()`` is :meth:`optimizer_state_dict` (for
+    def optimizer(self) -> RankZeroOptimizer:
+        """An object whose ``state_dict()`` is :meth:`optimizer_state_dict` and whose
+        ``load_state_dict`` is :meth:`load_optimizer_state_dict` (for
         ``run.checkpoint_state(optimizer=group.optimizer)``)."""
-        return _RankZeroOptimizer(self)
+        return RankZeroOptimizer(self)
 
     def optimizer_state_dict(self) -> dict[str, Any]:
         """Rank 0's optimizer state (identical on every rank), for checkpoints; before the
@@ -309,14 +353,15 @@ class LearnerGroup:
         Raises:
             BatcherStateError: batches are in flight.
         """
-        self._check_usable()
-        if self.pending:
-            raise BatcherStateError(
-                f"optimizer_state_dict: {self.pending} batches in flight (collect them first)")
+        self._check_idle("optimizer_state_dict")
         if not self._procs:
             model = self._make_model()
             model.load_state_dict(self._published[0])
-            return self._make_optimizer(model.parameters(), device=torch.device("cpu")).state_dict()
+            optimizer = self._make_optimizer(model.parameters(), device=torch.device("cpu"))
+            if self._to_load is not None:
+                optimizer.load_state_dict(torch.load(io.BytesIO(self._to_load),
+                                                     weights_only=False))
+            return optimizer.state_dict()
         self._optimizer_state = None
         self._conns[0].send(("optimizer_state",))
         self._wait(lambda: self._optimizer_state is not None, self.timeout,
@@ -342,12 +387,13 @@ class LearnerGroup:
     # ------------------------------------------------------------------ internals
     def _start(self, shards: list[dict[str, Tensor]]) -> None:
         ctx = worker_context(start=True)  # the batchers' forkserver: torch is imported already
+        spec = replace(self._spec, optimizer_state=self._to_load)
         self._rings = [StagingRing(shard, self.n_slots) for shard in shards]
         for rank in range(self.n_learners):
             mine, theirs = ctx.Pipe(duplex=True)
             proc = ctx.Process(
                 target=rank_main, name=f"rlstruct-learner-rank{rank}", daemon=True,
-                args=(rank, self._spec, theirs, self._rings[rank].slots, self._status,
+                args=(rank, spec, theirs, self._rings[rank].slots, self._status,
                       self._published),
             )
             proc.start()
@@ -356,6 +402,21 @@ class LearnerGroup:
             self._conns.append(mine)
         self._wait(lambda: len(self._ready) == self.n_learners, self.start_timeout,
                    "starting and joining the process group", None)
+
+    def _check_idle(self, call: str) -> None:
+        self._check_usable()
+        if self.pending:
+            raise BatcherStateError(
+                f"{call}: {self.pending} batches in flight (collect them first)")
+
+    def _load_on_ranks(self, slot: int | None, optimizer_state: bytes | None) -> None:
+        """Every rank loads the weights of publication slot ``slot`` and/or the optimizer
+        state; returns once all have."""
+        self._loaded_state = set()
+        for conn in self._conns:
+            conn.send(("load", slot, optimizer_state))
+        self._wait(lambda: len(self._loaded_state) == self.n_learners, self.timeout,
+                   "loading a state", None)
 
     def _check_usable(self) -> None:
         if self._error is not None:
@@ -373,6 +434,8 @@ class LearnerGroup:
             self._results[msg[2]][rank] = (msg[3], msg[4])
         elif tag == "optimizer_state":
             self._optimizer_state = msg[2]
+        elif tag == "state_loaded":
+            self._loaded_state.add(rank)
         elif tag == "error":
             _, _, batch, exc_type, text, tb, collective = msg
             self._failures.append((rank, batch, exc_type, text, tb, collective, None))
@@ -449,17 +512,31 @@ class LearnerGroup:
         )
 
 
-class _RankZeroOptimizer:
-    """``state_dict()``: the group's optimizer state, fetched from rank 0 when called."""
+class RankZeroOptimizer:
+    """A learner group's optimizer as checkpoints see it: ``state_dict()`` fetches rank 0's
+    (identical on every rank), ``load_state_dict(state)`` loads ``state`` on every rank.
 
-    def __init__(self, group: LearnerGroup) -> None:
+    Args:
+        group: any learner group with ``optimizer_state_dict`` and
+            ``load_optimizer_state_dict`` (held by a weak reference).
+    """
+
+    def __init__(self, group: Any) -> None:
         self._group = weakref.ref(group)
 
-    def state_dict(self) -> dict[str, Any]:
+    def _get(self) -> Any:
         group = self._group()
         if group is None:
             raise BatcherStateError("the learner group of this optimizer is gone")
-        return group.optimizer_state_dict()
+        return group
+
+    def state_dict(self) -> dict[str, Any]:
+        """Rank 0's optimizer state."""
+        return self._get().optimizer_state_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Loads ``state_dict`` into every rank's optimizer."""
+        self._get().load_optimizer_state_dict(state_dict)
 
 
 def _shutdown(procs: list[Any], conns: list[Any], timeout: float) -> None:

@@ -63,6 +63,8 @@ class RankSpec:
         n_threads: torch threads per rank.
         pg_timeout: seconds a collective may wait for a peer before it fails.
         bucket_bytes: gradient bytes per all-reduce bucket.
+        optimizer_state: ``torch.save`` of an optimizer state to start from (a resume), or
+            None.
     """
 
     factories: bytes
@@ -73,6 +75,7 @@ class RankSpec:
     n_threads: int
     pg_timeout: float
     bucket_bytes: int = _BUCKET_BYTES
+    optimizer_state: bytes | None = None
 
 
 class RankContext:
@@ -295,6 +298,8 @@ def rank_main(
         model = make_model().to(device)
         model.load_state_dict(published[0])  # the initial weights, written by the driver
         optimizer = make_optimizer(model.parameters(), device=device)
+        if spec.optimizer_state is not None:
+            optimizer.load_state_dict(_load_bytes(spec.optimizer_state))
         ctx = RankContext(rank, world, device, model, optimizer, status, spec.bucket_bytes)
         stager = DeviceStager(device)
         local: queue.Queue = queue.Queue(maxsize=1)  # one staged shard ahead of learn
@@ -311,6 +316,13 @@ def rank_main(
                 buffer = io.BytesIO()
                 torch.save(optimizer.state_dict(), buffer)
                 send(("optimizer_state", rank, buffer.getvalue()))
+                continue
+            if msg[0] == "load":  # a resume: every rank loads the same state
+                if msg[1] is not None:
+                    model.load_state_dict(published[msg[1]])
+                if msg[2] is not None:
+                    optimizer.load_state_dict(_load_bytes(msg[2]))
+                send(("state_loaded", rank))
                 continue
             _, index, kind, tensors, event, kwargs = msg
             del msg
@@ -346,6 +358,10 @@ def rank_main(
     # Everything is sent and the group destroyed: skip the interpreter's teardown (seconds with
     # torch loaded), which would make close() slow.
     os._exit(exitcode)
+
+
+def _load_bytes(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), weights_only=False)
 
 
 def _as_metrics(out: Any) -> dict[str, float]:

@@ -33,7 +33,9 @@ import cloudpickle
 import torch
 from torch import Tensor, nn
 
+from rlstruct.batchers.weights import WeightSpecs
 from rlstruct.errors import BatcherStateError, ConfigError, LearnerError, LearnerTimeoutError
+from rlstruct.learner_group import RankZeroOptimizer
 from rlstruct.learner_rank import RankContext, _as_metrics
 from rlstruct.staging import pack, split_rows, unpack
 
@@ -110,6 +112,14 @@ class _Rank:
         assert self.ctx is not None
         return self.ctx.optimizer.state_dict()
 
+    def load(self, state: dict[str, Tensor] | None, optimizer_state: dict | None) -> None:
+        """Loads weights and/or an optimizer state (a resume; the same on every rank)."""
+        assert self.ctx is not None
+        if state is not None:
+            self.ctx.model.load_state_dict(state)
+        if optimizer_state is not None:
+            self.ctx.optimizer.load_state_dict(optimizer_state)
+
     def leave(self) -> None:
         """Destroys the process group."""
         import torch.distributed as dist
@@ -175,6 +185,8 @@ class RayLearnerGroup:
         self._closed = False
         self._pending: list[Any] | None = None
         self._weights = {k: v.detach().cpu().clone() for k, v in init_state.items()}
+        self._weight_specs = WeightSpecs(init_state, "RayLearnerGroup.load_state_dict",
+                                         "the state_dict", "init_state")
         self._index = 0
         try:
             host, port = self._get([self._actors[0].address.remote()], start_timeout,
@@ -243,6 +255,38 @@ class RayLearnerGroup:
         """Rank 0's optimizer state."""
         return self._get([self._actors[0].optimizer_state.remote()], self.timeout,
                          "sending its optimizer state")[0]
+
+    def load_state_dict(self, state_dict: Mapping[str, Tensor]) -> None:
+        """Loads ``state_dict`` (a checkpoint's model) into every rank's replica.
+
+        Raises:
+            KeyMismatchError, ShapeError: other keys, shapes or dtypes than ``init_state``'s.
+            BatcherStateError: a batch is in flight. LearnerError: a rank failed.
+        """
+        self._weight_specs.check(state_dict)
+        state = {k: v.detach().cpu().clone() for k, v in state_dict.items()}
+        self._load(state, None)
+        self._weights = state
+
+    def load_optimizer_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Loads an optimizer state (a checkpoint's) into every rank's optimizer.
+
+        Raises:
+            BatcherStateError: a batch is in flight. LearnerError: a rank failed.
+        """
+        self._load(None, dict(state_dict))
+
+    @property
+    def optimizer(self) -> RankZeroOptimizer:
+        """Rank 0's optimizer as checkpoints see it (``state_dict``, ``load_state_dict``)."""
+        return RankZeroOptimizer(self)
+
+    def _load(self, state: dict | None, optimizer_state: dict | None) -> None:
+        if self._closed or self._pending is not None:
+            raise BatcherStateError("load: the Ray learner group is closed or has a batch in "
+                                    "flight (collect it first)")
+        self._get([a.load.remote(state, optimizer_state) for a in self._actors], self.timeout,
+                  "loading a state")
 
     def close(self, timeout: float = 10.0) -> None:
         """Asks the ranks to leave their group, then kills every actor. Idempotent."""

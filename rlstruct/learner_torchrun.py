@@ -46,7 +46,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from rlstruct.batchers.weights import WeightSpecs
 from rlstruct.errors import BatcherStateError, ConfigError, LearnerError, LearnerTimeoutError
+from rlstruct.learner_group import RankZeroOptimizer
 from rlstruct.learner_rank import RankContext, _as_metrics
 from rlstruct.staging import pack, split_rows, unpack
 
@@ -164,6 +166,13 @@ class _Replica:
                                bucket_bytes=bucket)
         self.learn, self.rank, self.store = learn, rank, store
 
+    def load(self, state: Mapping[str, Tensor] | None, optimizer_state: dict | None) -> None:
+        """Loads weights and/or an optimizer state (a resume; the same on every rank)."""
+        if state is not None:
+            self.model.load_state_dict(state)
+        if optimizer_state is not None:
+            self.optimizer.load_state_dict(optimizer_state)
+
     def step(self, index: int, kind: str, shard: dict[str, Tensor], kwargs: dict) -> tuple:
         """Learns on the shard; returns ``(metrics, timings, checksum, rows)``."""
         self.store.set(f"phase/{self.rank}", f"learning batch {index}")
@@ -213,6 +222,10 @@ def serve_rank(device_type: str = "cpu", timeout: float = 1800.0) -> None:
             dist.broadcast_object_list(header, src=0, group=control)
             if header[0][0] == "stop":
                 break
+            if header[0][0] == "load":  # a resume: every rank loads what rank 0 loads
+                replica.load(*header[0][1:])
+                dist.barrier(group=data)
+                continue
             _, index, kind, specs, kwargs = header[0]
             size = sum(math.prod(s) * torch.empty((), dtype=d).element_size()
                        for s, d in specs.values())
@@ -287,6 +300,8 @@ class TorchrunLearnerGroup:
         self._result: dict[str, float] | None = None
         self._submitted = 0
         init_cpu = {k: v.detach().cpu().clone() for k, v in init_state.items()}
+        self._weight_specs = WeightSpecs(init_state, "TorchrunLearnerGroup.load_state_dict",
+                                         "the state_dict", "init_state")
         spec = cloudpickle.dumps((make_model, make_optimizer, learn, init_cpu, device.type,
                                   max(1, int(bucket_mb * 2**20))))
         try:
@@ -365,15 +380,38 @@ class TorchrunLearnerGroup:
         """Rank 0's weights after the last batch (CPU tensors; copy them to keep them)."""
         return {k: v.detach().cpu() for k, v in self._replica.model.state_dict().items()}
 
-    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
-        """Not supported: a torchrun group starts from the model it was given."""
-        raise ConfigError("resuming a run under torchrun is not supported; resume it with "
-                          "--n-learners N instead")
+    def load_state_dict(self, state_dict: Mapping[str, Tensor]) -> None:
+        """Loads ``state_dict`` (a checkpoint's model) into every rank's replica.
+
+        Raises:
+            KeyMismatchError, ShapeError: other keys, shapes or dtypes than ``init_state``'s.
+            LearnerError, LearnerTimeoutError: a rank failed or did not load it in time.
+        """
+        self._weight_specs.check(state_dict)
+        self._load({k: v.detach().cpu() for k, v in state_dict.items()}, None)
+
+    def load_optimizer_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Loads an optimizer state (a checkpoint's) into every rank's optimizer.
+
+        Raises:
+            LearnerError, LearnerTimeoutError: a rank failed or did not load it in time.
+        """
+        self._load(None, dict(state_dict))
 
     @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        """Rank 0's optimizer (identical on every rank), for checkpoints."""
-        return self._replica.optimizer
+    def optimizer(self) -> RankZeroOptimizer:
+        """Rank 0's optimizer as checkpoints see it (``state_dict``, ``load_state_dict``)."""
+        return RankZeroOptimizer(self)
+
+    def _load(self, state: dict | None, optimizer_state: dict | None) -> None:
+        if self._closed or self._failed or self._result is not None:
+            raise BatcherStateError("load: the torchrun learner group is closed, failed, or "
+                                    "has a batch's metrics to collect")
+        header = [("load", state, optimizer_state)]
+        self._collective(lambda: dist.broadcast_object_list(header, src=0, group=self._control),
+                         "receiving a state to load", None)
+        self._replica.load(state, optimizer_state)
+        self._collective(lambda: dist.barrier(group=self._data), "loading a state", None)
 
     def optimizer_state_dict(self) -> dict[str, Any]:
         """Rank 0's optimizer state."""

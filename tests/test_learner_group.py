@@ -69,7 +69,7 @@ def test_staging_ring_checks_keys_and_shapes_and_stages_a_copy():
     assert event is None and staged["x"].sum() == 12
     with pytest.raises(KeyMismatchError, match=r"missing \['x'\], unexpected \['z'\]"):
         ring.check({"z": torch.zeros(4, 3)})
-    with pytest.raises(ShapeError, match=r"batch\['x'\] shard is \(4, 2\)"):
+    with pytest.raises(ShapeError, match=r"shard\['x'\] is \(4, 2\)"):
         ring.check({"x": torch.zeros(4, 2)})
 
 
@@ -167,7 +167,7 @@ def test_one_rank_group_is_bitwise_a_single_learner_and_pipelines_batches():
         optimizer = learner_fns.adam(model.parameters())
         for batch in batches:
             learner_fns.toy_reference(model, batch, optimizer=optimizer)
-        with pytest.raises(ShapeError, match="shard is"):
+        with pytest.raises(ShapeError, match=r"shard\[.*\] is"):
             g.submit(toy_batch(n=32))
         assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
     with pytest.raises(BatcherStateError, match="closed"):

@@ -66,36 +66,45 @@ def check_finite(state_dict: Mapping[str, Tensor]) -> None:
 
 
 class WeightSpecs:
-    """The keys, shapes and dtypes of the first state_dict a batcher was given; every later one
-    must match (the workers' copies were made from it).
+    """The keys, shapes and dtypes of a first mapping of tensors (a batcher's first state_dict,
+    a learner group's first batch shard); every later one must match (the copies in shared
+    memory were allocated from it).
 
     Args:
-        example: the first state_dict (any device).
+        example: the first mapping (any device).
+        where: who checks, the start of every message (``"update()"``).
+        what: what is checked (``"the state_dict"``); a key's tensor is ``what[key]``.
+        first: what the specs came from (``"the first update"``).
+        hint: appended to every message (e.g. why the shapes are fixed).
     """
 
-    def __init__(self, example: Mapping[str, Tensor]) -> None:
+    def __init__(
+        self, example: Mapping[str, Tensor], where: str = "update()",
+        what: str = "the state_dict", first: str = "the first update", hint: str = "",
+    ) -> None:
         self.specs = {k: (tuple(v.shape), v.dtype) for k, v in example.items()}
+        self._where, self._what, self._first, self._hint = where, what, first, hint
 
-    def check(self, state_dict: Mapping[str, Tensor]) -> None:
-        """Raises unless ``state_dict`` has exactly the first one's keys, shapes and dtypes.
+    def check(self, tensors: Mapping[str, Tensor]) -> None:
+        """Raises unless ``tensors`` has exactly the first one's keys, shapes and dtypes.
 
         Raises:
             KeyMismatchError: a missing or extra key (named).
             ShapeError: a key with another shape or dtype (named, with both).
         """
-        missing = [k for k in self.specs if k not in state_dict]
-        extra = [k for k in state_dict if k not in self.specs]
+        missing = [k for k in self.specs if k not in tensors]
+        extra = [k for k in tensors if k not in self.specs]
         if missing or extra:
             raise KeyMismatchError(
-                f"update(): the state_dict has other keys than the first one: missing "
-                f"{missing}, unexpected {extra}"
+                f"{self._where}: {self._what} has other keys than {self._first}: missing "
+                f"{missing}, unexpected {extra}{self._hint}"
             )
-        for k, v in state_dict.items():
+        for k, v in tensors.items():
             shape, dtype = self.specs[k]
             if tuple(v.shape) != shape or v.dtype != dtype:
                 raise ShapeError(
-                    f"update(): state_dict[{k!r}] is {tuple(v.shape)} {v.dtype}, but the first "
-                    f"update had {shape} {dtype}"
+                    f"{self._where}: {self._what}[{k!r}] is {tuple(v.shape)} {v.dtype}, but "
+                    f"{self._first} had {shape} {dtype}{self._hint}"
                 )
 
 
