@@ -57,7 +57,7 @@ from rlstruct.learner_rank import PHASES, RankSpec, rank_main
 from rlstruct.staging import StagingRing, pack, split_rows
 from rlstruct.trajectories import Trajectories
 
-__all__ = ["LearnerGroup", "RankZeroOptimizer", "free_port"]
+__all__ = ["LearnerGroup", "RankZeroOptimizer", "free_port", "under"]
 
 _GRACE_S = 1.0  # after a failure, how long to listen for the others (to name the first culprit)
 _TIMINGS = ("load_wait_ms", "rank_learn_ms", "allreduce_ms")
@@ -296,11 +296,16 @@ class LearnerGroup:
         self.submit(batch, **kwargs)
         return self.collect()
 
-    def state_dict(self) -> dict[str, Tensor]:
+    def state_dict(self, prefix: str = "") -> dict[str, Tensor]:
         """The weights after the last collected batch (the initial ones before): CPU tensors in
         shared memory written by rank 0. Read-only; valid until the next :meth:`collect`
-        (``batcher.update`` copies them at once; clone them to keep them longer)."""
-        return self._published[self._latest % len(self._published)]
+        (``batcher.update`` copies them at once; clone them to keep them longer).
+
+        Args:
+            prefix: only the keys that start with it, without it (e.g. ``"actor."``: the
+                weights of the submodule the workers run); ``""``: every key.
+        """
+        return under(self._published[self._latest % len(self._published)], prefix)
 
     def load_state_dict(self, state_dict: Mapping[str, Tensor]) -> None:
         """Loads ``state_dict`` (e.g. a checkpoint's model, on a resume) into every rank's
@@ -510,6 +515,16 @@ class LearnerGroup:
             "learn function or env); raise timeout= if learning is legitimately this slow",
             ranks=waiting,
         )
+
+
+def under(state: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    """The entries of ``state`` whose key starts with ``prefix``, without it (the same tensors).
+
+    Example:
+        >>> under({"actor.w": 1, "critic.w": 2}, "actor.")
+        {'w': 1}
+    """
+    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
 
 
 class RankZeroOptimizer:

@@ -154,8 +154,8 @@ class RankContext:
 
 def algorithm_learn(
     ctx: RankContext, batch: Any, *, learn: Callable[..., Mapping[str, float]],
-    make_agent: Callable[[nn.Module], Any], cfg: Any, per_rank: tuple[str, ...] = (),
-    lr: float | None = None,
+    make_agent: Callable[[nn.Module], Any] | None, cfg: Any, per_rank: tuple[str, ...] = (),
+    lr: float | None = None, stacked: bool = False,
 ) -> Mapping[str, float]:
     """Runs an algorithm's ``learn(agent, optimizer, batch, cfg, step)`` on one rank, with
     ``step=ctx.step`` (gradients averaged over the ranks); bind the keywords with
@@ -165,11 +165,14 @@ def algorithm_learn(
         ctx: the rank's context.
         batch: the rank's rows of the batch, on its device.
         learn: the algorithm's learn function; every gradient step goes through ``step``.
-        make_agent: ``make_agent(ctx.model)``, the agent the loss replays.
+        make_agent: ``make_agent(ctx.model)``, the agent the loss replays (None: the model).
         cfg: the algorithm's config.
         per_rank: integer fields of ``cfg`` divided by the number of ranks on each rank (e.g.
             ``minibatch_size``: the global minibatch keeps its size, and so the step count).
         lr: the learning rate of this batch (annealing), if it changes.
+        stacked: the batch holds ``k`` minibatches stacked as ``(n, k, *feat)`` (an off-policy
+            learner's ``k`` replay samples, ``DictTensor.stack(samples, dim=1)``): ``learn``
+            runs once on the rank's rows of each, in order; the last one's metrics are returned.
     """
     if lr is not None:
         for group in ctx.optimizer.param_groups:
@@ -178,7 +181,14 @@ def algorithm_learn(
         cfg = copy.copy(cfg)
         for name in per_rank:
             setattr(cfg, name, max(1, getattr(cfg, name) // ctx.world_size))
-    return learn(make_agent(ctx.model), ctx.optimizer, batch, cfg, ctx.step)
+    agent = ctx.model if make_agent is None else make_agent(ctx.model)
+    if not stacked:
+        return learn(agent, ctx.optimizer, batch, cfg, ctx.step)
+    out: Mapping[str, float] = {}
+    for j in range(next(iter(batch.values())).shape[1]):
+        out = learn(agent, ctx.optimizer, batch.apply(lambda v: v[:, j]), cfg,  # noqa: B023
+                    ctx.step)
+    return out
 
 
 class _Reducer:

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from rlstruct.batchers.weights import WeightSpecs
 from rlstruct.errors import BatcherStateError, ConfigError, LearnerError, LearnerTimeoutError
-from rlstruct.learner_group import RankZeroOptimizer
+from rlstruct.learner_group import RankZeroOptimizer, under
 from rlstruct.learner_rank import RankContext, _as_metrics
 from rlstruct.staging import pack, split_rows, unpack
 
@@ -247,9 +247,10 @@ class RayLearnerGroup:
         self.submit(batch, **kwargs)
         return self.collect()
 
-    def state_dict(self) -> dict[str, Tensor]:
-        """Rank 0's weights after the last collected batch (the initial ones before)."""
-        return self._weights
+    def state_dict(self, prefix: str = "") -> dict[str, Tensor]:
+        """Rank 0's weights after the last collected batch (the initial ones before); with
+        ``prefix``, only its keys, without it (as for LearnerGroup)."""
+        return under(self._weights, prefix)
 
     def optimizer_state_dict(self) -> dict[str, Any]:
         """Rank 0's optimizer state."""

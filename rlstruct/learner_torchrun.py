@@ -48,7 +48,7 @@ from torch import Tensor, nn
 
 from rlstruct.batchers.weights import WeightSpecs
 from rlstruct.errors import BatcherStateError, ConfigError, LearnerError, LearnerTimeoutError
-from rlstruct.learner_group import RankZeroOptimizer
+from rlstruct.learner_group import RankZeroOptimizer, under
 from rlstruct.learner_rank import RankContext, _as_metrics
 from rlstruct.staging import pack, split_rows, unpack
 
@@ -376,9 +376,11 @@ class TorchrunLearnerGroup:
         self.submit(batch, **kwargs)
         return self.collect()
 
-    def state_dict(self) -> dict[str, Tensor]:
-        """Rank 0's weights after the last batch (CPU tensors; copy them to keep them)."""
-        return {k: v.detach().cpu() for k, v in self._replica.model.state_dict().items()}
+    def state_dict(self, prefix: str = "") -> dict[str, Tensor]:
+        """Rank 0's weights after the last batch (CPU tensors; copy them to keep them); with
+        ``prefix``, only its keys, without it (as for LearnerGroup)."""
+        return under({k: v.detach().cpu() for k, v in self._replica.model.state_dict().items()},
+                     prefix)
 
     def load_state_dict(self, state_dict: Mapping[str, Tensor]) -> None:
         """Loads ``state_dict`` (a checkpoint's model) into every rank's replica.

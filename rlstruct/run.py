@@ -265,7 +265,8 @@ class Run:
     def learner_group(
         self, make_model: Callable[[], torch.nn.Module], model: torch.nn.Module,
         make_optimizer: Callable[..., torch.optim.Optimizer], learn: Callable[..., Any],
-        make_agent: Callable[[torch.nn.Module], Agent], per_rank: tuple[str, ...] = (),
+        make_agent: Callable[[torch.nn.Module], Agent] | None = None,
+        per_rank: tuple[str, ...] = (), stacked: bool = False,
     ) -> Any:
         """``--n-learners N`` (or ``--learner-devices``): a
         :class:`~rlstruct.learner_group.LearnerGroup` whose ranks run the algorithm's
@@ -273,7 +274,8 @@ class Run:
         (:func:`~rlstruct.learner_rank.algorithm_learn`), starting from ``model``'s weights;
         checkpoints then hold rank 0's model and optimizer. Closed with the run. None with
         one learner (the algorithm learns in this process). Under torchrun, rank 0's
-        :func:`~rlstruct.learner_torchrun.torchrun_group`."""
+        :func:`~rlstruct.learner_torchrun.torchrun_group`. ``make_agent`` None: ``learn`` gets
+        the model; ``stacked``: batches of ``k`` stacked minibatches, one ``learn`` each."""
         from functools import partial
 
         from rlstruct.learner_group import LearnerGroup
@@ -281,7 +283,7 @@ class Run:
 
         layout = self.cfg.layout
         rank_learn = partial(algorithm_learn, learn=learn, make_agent=make_agent, cfg=self.cfg,
-                             per_rank=per_rank)
+                             per_rank=per_rank, stacked=stacked)
         if torchrun_world() == 1 and layout.n_learners == 1 and layout.learner_devices is None:
             return None
         if torchrun_world() > 1:  # torchrun: this is rank 0, the others wait in serve_rank
