@@ -21,6 +21,7 @@ in bounded time.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
@@ -138,13 +139,16 @@ class RayLearnerGroup:
             NCCL); 0: the CPU.
         num_cpus: CPUs per rank.
         resources: custom Ray resources per rank (e.g. ``{"learner": 1}``).
+        address: the Ray cluster, when this process is not connected yet (as for RayBatcher:
+            ``None`` joins ``RAY_ADDRESS``, else starts a local loopback cluster); the group
+            then owns the connection with the batchers, and the last to close shuts it down.
         timeout: seconds a batch may take before :class:`LearnerTimeoutError`.
         start_timeout: seconds for the actors to be placed and join.
         n_threads: torch threads per rank.
         bucket_mb: megabytes of gradients per all-reduce bucket.
 
     Raises:
-        ConfigError: Ray is not connected (``ray.init`` first), or bad arguments (listed).
+        ConfigError: bad arguments (listed).
     """
 
     def __init__(
@@ -158,6 +162,7 @@ class RayLearnerGroup:
         num_gpus: float = 0.0,
         num_cpus: float = 1.0,
         resources: dict[str, float] | None = None,
+        address: str | None = None,
         timeout: float = 300.0,
         start_timeout: float = 120.0,
         n_threads: int = 1,
@@ -165,8 +170,6 @@ class RayLearnerGroup:
     ) -> None:
         ray = _ray()
         problems = []
-        if not ray.is_initialized():
-            problems.append("Ray is not connected: call ray.init(address) first")
         if isinstance(n_learners, bool) or not isinstance(n_learners, int) or n_learners < 1:
             problems.append(f"n_learners must be an integer >= 1, got {n_learners!r}")
         for name, value in (("num_gpus", num_gpus), ("num_cpus", num_cpus)):
@@ -174,6 +177,10 @@ class RayLearnerGroup:
                 problems.append(f"{name} must be a finite number >= 0, got {value!r}")
         if problems:
             raise ConfigError("RayLearnerGroup: " + "; ".join(problems))
+        from rlstruct.batchers import ray as backend
+
+        self._session = backend._SESSION
+        self._owns_ray = self._session.acquire(address, max(1, math.ceil(n_learners * num_cpus)))
         self.n_learners, self.timeout = n_learners, float(timeout)
         mode = "nccl" if num_gpus >= 1 else "gloo-cuda" if num_gpus > 0 else ""
         spec = cloudpickle.dumps((make_model, make_optimizer, learn,
@@ -296,9 +303,13 @@ class RayLearnerGroup:
             return
         self._closed = True
         refs = [a.leave.remote() for a in self._actors]
-        ray.wait(refs, num_returns=len(refs), timeout=max(0.0, timeout - 1.0))
+        with contextlib.suppress(Exception):
+            ray.wait(refs, num_returns=len(refs), timeout=max(0.0, timeout - 1.0))
         for a in self._actors:
-            ray.kill(a, no_restart=True)
+            with contextlib.suppress(Exception):
+                ray.kill(a, no_restart=True)
+        if self._owns_ray:
+            self._session.release()
 
     def __enter__(self) -> RayLearnerGroup:
         return self

@@ -89,15 +89,16 @@ def torchrun_group(
     on ``cuda:LOCAL_RANK`` or the CPU) and starts the group from ``model``'s weights.
 
     Raises:
-        ConfigError: ``layout.learner_devices`` given, or ``layout.n_learners`` neither 1 nor
-            ``WORLD_SIZE``.
+        ConfigError: ``layout.learner_devices`` or a Ray learner backend given, or
+            ``layout.n_learners`` neither 1 nor ``WORLD_SIZE``.
     """
     world = torchrun_world()
-    if layout.learner_devices is not None or layout.n_learners not in (1, world):
+    if (layout.learner_devices is not None or layout.n_learners not in (1, world)
+            or layout.learner_backend != "local"):
         raise ConfigError(
             f"{algo} runs under torchrun (WORLD_SIZE={world}): one rank per process on "
-            f"cuda:LOCAL_RANK or the CPU; drop --learner-devices, and --n-learners must be 1 "
-            f"or {world} (got {layout.n_learners})")
+            f"cuda:LOCAL_RANK or the CPU; drop --learner-devices and --learner-backend, and "
+            f"--n-learners must be 1 or {world} (got {layout.n_learners})")
     return TorchrunLearnerGroup(make_model, make_optimizer, learn, model.state_dict(), device)
 
 

@@ -273,7 +273,8 @@ class Run:
         ``learn(agent, optimizer, batch, cfg, step)`` on 1/N of each batch's rows
         (:func:`~rlstruct.learner_rank.algorithm_learn`), starting from ``model``'s weights;
         checkpoints then hold rank 0's model and optimizer. Closed with the run. None with
-        one learner (the algorithm learns in this process). Under torchrun, rank 0's
+        one learner (the algorithm learns in this process). ``--learner-backend ray``: a
+        :class:`~rlstruct.learner_ray.RayLearnerGroup`. Under torchrun, rank 0's
         :func:`~rlstruct.learner_torchrun.torchrun_group`. ``make_agent`` None: ``learn`` gets
         the model; ``stacked``: batches of ``k`` stacked minibatches, one ``learn`` each."""
         from functools import partial
@@ -284,11 +285,22 @@ class Run:
         layout = self.cfg.layout
         rank_learn = partial(algorithm_learn, learn=learn, make_agent=make_agent, cfg=self.cfg,
                              per_rank=per_rank, stacked=stacked)
-        if torchrun_world() == 1 and layout.n_learners == 1 and layout.learner_devices is None:
+        if (torchrun_world() == 1 and layout.n_learners == 1 and layout.learner_devices is None
+                and layout.learner_backend == "local"):
             return None
         if torchrun_world() > 1:  # torchrun: this is rank 0, the others wait in serve_rank
             group = self._stack.enter_context(torchrun_group(
                 self.algo, layout, make_model, make_optimizer, rank_learn, model, self.device))
+            self.checkpoint_state(model=group, optimizer=group.optimizer)
+            return group
+        if layout.learner_backend == "ray":  # ranks as Ray actors, placed by Ray
+            from rlstruct.learner_ray import RayLearnerGroup
+
+            group = self._stack.enter_context(RayLearnerGroup(
+                make_model, make_optimizer, rank_learn, model.state_dict(),
+                n_learners=layout.n_learners, num_gpus=layout.learner_num_gpus,
+                num_cpus=layout.learner_num_cpus, resources=layout.learner_resources,
+                address=layout.ray_address, n_threads=self.cfg.n_threads))
             self.checkpoint_state(model=group, optimizer=group.optimizer)
             return group
         devices = (layout.learner_devices.split(",") if layout.learner_devices

@@ -287,6 +287,34 @@ def test_layout_refuses_a_device_list_of_the_wrong_length():
     assert any("names 2 device(s)" in p for p in problems)
 
 
+def test_the_ray_learner_flags_parse_and_every_problem_is_listed(monkeypatch):
+    import importlib.util
+
+    import tyro
+
+    from algos import ppo
+    from rlstruct.experiment import LayoutConfig
+
+    cfg = tyro.cli(ppo.Config, args=["--backend", "ray", "--learner-backend", "ray",
+                                     "--n-learners", "2", "--learner-num-gpus", "0.5",
+                                     "--learner-resources", "learner", "1"])
+    layout = cfg.layout
+    assert (layout.learner_backend, layout.learner_num_gpus) == ("ray", 0.5)
+    assert layout.learner_resources == {"learner": 1.0}
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "ray" else real(name, *a))
+    with pytest.raises(ConfigError) as err:
+        ppo.Config(layout=LayoutConfig(learner_backend="ray", learner_devices="cpu",
+                                       learner_num_gpus=-1, learner_resources={"x": -1}))
+    for text in ("needs Ray, an optional extra: pip install rlstruct[ray]",
+                 "learner_devices places local ranks", "learner_num_gpus must be >= 0",
+                 "learner_resources must be >= 0"):
+        assert text in str(err.value), text
+    problems = LayoutConfig(learner_num_gpus=1).problems()
+    assert any("add --learner-backend ray" in p for p in problems)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["a2c", "impala"])
 def test_a2c_and_impala_run_with_two_learner_ranks_from_the_command_line(algo, tmp_path):
