@@ -37,6 +37,7 @@ import contextlib
 import io
 import math
 import socket
+import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -211,6 +212,10 @@ class LearnerGroup:
                                          "the state_dict", "init_state")
         self._to_load: bytes | None = None  # an optimizer state for the ranks to start from
         self._loaded_state: set[int] = set()
+        self._latest_weights: dict[str, Tensor] = self._published[0]
+        self._target: Any = None  # publish_to: (weakref to the batcher, the driver's thread)
+        self._ring: Any = None  # the batcher's SharedWeights, once sent to rank 0
+        self._direct: dict[int, tuple[Any, int]] = {}  # batch -> (ring, version) reserved
         self._ready: set[int] = set()
         self._closed = False
         self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns, 5.0)
@@ -252,10 +257,11 @@ class LearnerGroup:
         self._wait(lambda: min(self._loaded) >= index - self.n_slots, self.timeout,
                    f"loading batch {index - self.n_slots}", index - self.n_slots)
         self._queue_sizes[index] = self.pending
+        ring_slot = self._reserve(index)
         for rank, (ring, shard) in enumerate(zip(self._rings, shards)):
             ring.write(slot, shard)
             try:
-                self._conns[rank].send(("batch", index, slot, kind, kwargs))
+                self._conns[rank].send(("batch", index, slot, kind, kwargs, ring_slot))
             except OSError:  # the rank is gone: _wait names it
                 self._wait(lambda: False, _GRACE_S, f"staging batch {index}", index)
         self._results[index] = {}
@@ -282,6 +288,9 @@ class LearnerGroup:
         answers = self._results.pop(index)
         self._collected += 1
         self._latest = index + 1
+        ring, version = self._direct.pop(index, (None, 0))
+        self._latest_weights = (self._published[self._latest % len(self._published)]
+                                if ring is None else ring.slots[version % ring.n_slots])
         metrics: dict[str, float] = {}
         for key in answers[0][0]:
             metrics[key] = sum(a[0].get(key, math.nan) for a in answers.values()) / len(answers)
@@ -299,13 +308,47 @@ class LearnerGroup:
     def state_dict(self, prefix: str = "") -> dict[str, Tensor]:
         """The weights after the last collected batch (the initial ones before): CPU tensors in
         shared memory written by rank 0. Read-only; valid until the next :meth:`collect`
-        (``batcher.update`` copies them at once; clone them to keep them longer).
+        (``batcher.update`` copies them at once; clone them to keep them longer). After
+        :meth:`publish_to`, the batcher's own ring slot that rank 0 filled.
 
         Args:
             prefix: only the keys that start with it, without it (e.g. ``"actor."``: the
                 weights of the submodule the workers run); ``""``: every key.
         """
-        return under(self._published[self._latest % len(self._published)], prefix)
+        return under(self._latest_weights, prefix)
+
+    def publish_to(self, batcher: Any) -> bool:
+        """Direct publication: from now on rank 0 writes the weights of each batch submitted
+        from this thread with nothing in flight straight into ``batcher``'s shared ring, in
+        the slot of the batcher's next version (``batcher.reserve_weights``), and
+        :meth:`state_dict` returns that slot: ``batcher.update(group.state_dict())`` checks it
+        (keys, shapes, finite values, as ever) and commits it without a copy. The loop must be
+        ``learn`` then that ``update``, nothing else updating the batcher in between (a learner
+        thread, as IMPALA's, submits from another thread: it keeps the shared copy).
+
+        Returns:
+            True for a process Batcher of this node (with ``reserve_weights``); False for the
+            others (Serial, Ray...), which keep rank 0's shared copy and the batcher's.
+        """
+        if not callable(getattr(batcher, "reserve_weights", None)):
+            return False
+        self._target = (weakref.ref(batcher), threading.get_ident())
+        return True
+
+    def _reserve(self, index: int) -> int | None:
+        """The ring slot rank 0 writes batch ``index``'s weights into (publish_to), or None."""
+        if self._target is None or self.pending or threading.get_ident() != self._target[1]:
+            return None
+        batcher = self._target[0]()
+        reserved = batcher.reserve_weights() if batcher is not None else None
+        if reserved is None or reserved[0].specs != self._weight_specs.specs:
+            return None  # before the batcher's first update, or other weights (a submodule)
+        ring, version = reserved
+        if ring is not self._ring:
+            self._conns[0].send(("ring", ring))
+            self._ring = ring
+        self._direct[index] = reserved
+        return version % ring.n_slots
 
     def load_state_dict(self, state_dict: Mapping[str, Tensor]) -> None:
         """Loads ``state_dict`` (e.g. a checkpoint's model, on a resume) into every rank's
@@ -320,7 +363,7 @@ class LearnerGroup:
         self._check_idle("load_state_dict")
         self._weight_specs.check(state_dict)
         slot = self._latest % len(self._published)
-        dst = self._published[slot]
+        dst = self._latest_weights = self._published[slot]
         torch._foreach_copy_([dst[k] for k in dst], [state_dict[k].detach() for k in dst])
         if self._procs:
             self._load_on_ranks(slot, None)
@@ -517,13 +560,16 @@ class LearnerGroup:
         )
 
 
-def under(state: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
-    """The entries of ``state`` whose key starts with ``prefix``, without it (the same tensors).
+def under(state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    """The entries of ``state`` whose key starts with ``prefix``, without it (the same tensors;
+    ``state`` itself for ``""``).
 
     Example:
         >>> under({"actor.w": 1, "critic.w": 2}, "actor.")
         {'w': 1}
     """
+    if not prefix:
+        return state
     return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
 
 

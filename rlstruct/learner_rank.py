@@ -269,10 +269,10 @@ def _loader(conn: Any, send: Callable[[tuple], None], stager: DeviceStager, rank
             local.put(("stop",))
             return
         if msg[0] == "batch":
-            _, index, slot, kind, kwargs = msg
+            _, index, slot, kind, kwargs, ring_slot = msg
             tensors, event = stager.stage(slot, slots[slot])
             send(("loaded", rank, index))
-            local.put(("batch", index, kind, tensors, event, kwargs))
+            local.put(("batch", index, kind, tensors, event, kwargs, ring_slot))
         else:
             local.put(msg)
             if msg[0] == "stop":
@@ -286,6 +286,7 @@ def rank_main(
     """The body of rank ``rank``'s process (see the module notes)."""
     lock = threading.Lock()
     index: int | None = None
+    ring: Any = None
     ctx: RankContext | None = None
     exitcode = 0
 
@@ -327,6 +328,9 @@ def rank_main(
                 torch.save(optimizer.state_dict(), buffer)
                 send(("optimizer_state", rank, buffer.getvalue()))
                 continue
+            if msg[0] == "ring":  # the batcher's weights ring (LearnerGroup.publish_to)
+                ring = msg[1]
+                continue
             if msg[0] == "load":  # a resume: every rank loads the same state
                 if msg[1] is not None:
                     model.load_state_dict(published[msg[1]])
@@ -334,7 +338,7 @@ def rank_main(
                     optimizer.load_state_dict(_load_bytes(msg[2]))
                 send(("state_loaded", rank))
                 continue
-            _, index, kind, tensors, event, kwargs = msg
+            _, index, kind, tensors, event, kwargs, ring_slot = msg
             del msg
             stager.ready(tensors, event)
             ctx.allreduce_ms, ctx.n_allreduce = 0.0, 0
@@ -348,7 +352,8 @@ def rank_main(
             learn_ms = (time.perf_counter() - start) * 1e3
             if rank == 0:
                 ctx._set_status(_PUBLISH)
-                dst = published[(index + 1) % len(published)]
+                dst = (published[(index + 1) % len(published)] if ring_slot is None
+                       else ring.slots[ring_slot])  # straight into the batcher's ring
                 state = model.state_dict()
                 torch._foreach_copy_([dst[k] for k in dst], [state[k] for k in dst])
             ctx._set_status(_IDLE)

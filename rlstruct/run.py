@@ -148,6 +148,7 @@ class Run:
         self._saved: dict[str, Any] = {}
         self._constructors: list[tuple[Any, dict[str, Any]]] = []
         self._eval_agent: tuple[Any, dict[str, Any], DictTensor | None] | None = None
+        self._training_batcher: Any = None
         self._stack = contextlib.ExitStack()
         self.logger = RunLogger(
             algo, cfg.env_id, cfg, cfg.runs_dir, total_frames=cfg.max_frames,
@@ -223,6 +224,7 @@ class Run:
             pipeline=layout.pipeline, backend=layout.backend, ray_address=layout.ray_address,
             **layout.batcher_options(),  # --max-restarts, the Ray actors' resources
         )
+        self._training_batcher = batcher  # Run.learner_group publishes into it
         return self._stack.enter_context(batcher)
 
     def evaluator(
@@ -311,6 +313,8 @@ class Run:
             n_learners=layout.n_learners, devices=devices, seed=self.cfg.seed,
             n_threads=self.cfg.n_threads,
         ))
+        if self._training_batcher is not None:  # rank 0 writes into its ring where it can
+            group.publish_to(self._training_batcher)
         self.checkpoint_state(model=group, optimizer=group.optimizer)
         return group
 

@@ -138,13 +138,26 @@ class SharedWeights(WeightSpecs):
         """Bytes of one slot."""
         return sum(t.numel() * t.element_size() for t in self.slots[0].values())
 
-    def write(self, version: int, state_dict: Mapping[str, Tensor]) -> None:
-        """Copies ``state_dict`` (checked, any device) into the slot of ``version``."""
+    def reserve(self, version: int) -> dict[str, Tensor]:
+        """The slot of ``version``, tagged as being written (no reader takes it): a writer (the
+        batcher, or a learner rank in another process) fills it, then :meth:`commit`."""
         slot = version % self.n_slots
         self.tags[slot] = -1
-        dst = self.slots[slot]
+        return self.slots[slot]
+
+    def commit(self, version: int) -> None:
+        """Tags the slot of ``version`` (filled since :meth:`reserve`) as holding it."""
+        self.tags[version % self.n_slots] = version
+
+    def is_slot(self, version: int, tensors: Mapping[str, Tensor]) -> bool:
+        """True when ``tensors`` is the very slot of ``version`` (filled in place)."""
+        return tensors is self.slots[version % self.n_slots]
+
+    def write(self, version: int, state_dict: Mapping[str, Tensor]) -> None:
+        """Copies ``state_dict`` (checked, any device) into the slot of ``version``."""
+        dst = self.reserve(version)
         torch._foreach_copy_([dst[k] for k in self.keys], [state_dict[k] for k in self.keys])
-        self.tags[slot] = version
+        self.commit(version)
 
     def staging(self) -> dict[str, Tensor]:
         """A worker-local copy of one slot's tensors, to load versions into."""
