@@ -47,18 +47,18 @@ from typing import Any
 
 import cloudpickle
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from rlstruct.batchers.multiprocess import worker_context
-from rlstruct.batchers.weights import WeightSpecs
 from rlstruct.devices import resolve_device
 from rlstruct.dicttensor import DictTensor
 from rlstruct.errors import BatcherStateError, ConfigError, LearnerError, LearnerTimeoutError
+from rlstruct.learner_base import LearnerGroupBase, LearnFn, ModelFactory, OptimizerFactory
 from rlstruct.learner_rank import PHASES, RankSpec, rank_main
 from rlstruct.staging import StagingRing, pack, split_rows
 from rlstruct.trajectories import Trajectories
 
-__all__ = ["LearnerGroup", "RankZeroOptimizer", "free_port", "under"]
+__all__ = ["LearnerGroup", "free_port"]
 
 _GRACE_S = 1.0  # after a failure, how long to listen for the others (to name the first culprit)
 _TIMINGS = ("load_wait_ms", "rank_learn_ms", "allreduce_ms")
@@ -71,7 +71,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-class LearnerGroup:
+class LearnerGroup(LearnerGroupBase):
     """``n_learners`` learner processes ("ranks") that learn data-parallel on each batch.
 
     Ranks start at the first :meth:`submit` (the staging buffers are allocated from its shards).
@@ -109,39 +109,18 @@ class LearnerGroup:
                 run.publish(batcher, group.state_dict())    # rank 0's weights, shared memory
     """
 
-    def __init__(
-        self,
-        make_model: Callable[[], nn.Module],
-        make_optimizer: Callable[..., torch.optim.Optimizer],
-        learn: Callable[..., Mapping[str, float] | None],
-        init_state: Mapping[str, Tensor],
-        n_learners: int = 1,
-        devices: Sequence[str | torch.device] | None = None,
-        *,
-        backend: str | None = None,
-        master_addr: str | None = None,
-        master_port: int | None = None,
-        timeout: float = 300.0,
-        start_timeout: float = 120.0,
-        seed: int = 0,
-        n_threads: int = 1,
-        n_slots: int = 2,
-        bucket_mb: float = 25.0,
-    ) -> None:
-        problems = [f"{name} must be callable, got {type(fn).__name__}"
-                    for name, fn in (("make_model", make_model), ("make_optimizer", make_optimizer),
-                                     ("learn", learn)) if not callable(fn)]
+    def __init__(self, make_model: ModelFactory, make_optimizer: OptimizerFactory,
+                 learn: LearnFn, init_state: Mapping[str, Tensor], n_learners: int = 1,
+                 devices: Sequence[str | torch.device] | None = None, *,
+                 backend: str | None = None, master_addr: str | None = None,
+                 master_port: int | None = None, timeout: float = 300.0,
+                 start_timeout: float = 120.0, seed: int = 0, n_threads: int = 1,
+                 n_slots: int = 2, bucket_mb: float = 25.0) -> None:
+        problems = []
         for name, value, low in (("n_learners", n_learners, 1), ("n_threads", n_threads, 1),
                                  ("n_slots", n_slots, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 problems.append(f"{name} must be an integer >= {low}, got {value!r}")
-        for name, value in (("timeout", timeout), ("start_timeout", start_timeout),
-                            ("bucket_mb", bucket_mb)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                problems.append(f"{name} must be a finite number > 0, got {value!r}")
-        if not (isinstance(init_state, Mapping) and init_state
-                and all(isinstance(v, Tensor) for v in init_state.values())):
-            problems.append("init_state must be a non-empty state_dict (str -> Tensor)")
         if master_port is not None and not (isinstance(master_port, int) and
                                             0 < master_port < 65536):
             problems.append(f"master_port must be a port number in 1..65535, got {master_port!r}")
@@ -172,19 +151,18 @@ class LearnerGroup:
         elif backend == "nccl" and any(d.type != "cuda" for d in resolved):
             problems.append(f"backend 'nccl' needs a CUDA device per rank, got "
                             f"{[str(d) for d in resolved]}")
-        if problems:
-            raise ConfigError("LearnerGroup: " + "; ".join(problems))
+        self._setup("LearnerGroup", problems, make_model, make_optimizer, learn, init_state,
+                    timeout, start_timeout, bucket_mb)
         addr = master_addr or "127.0.0.1"
         port = master_port or free_port(addr)
         self.n_learners, self.devices, self.backend = n_learners, resolved, backend
-        self.timeout, self.start_timeout = float(timeout), float(start_timeout)
         self.n_slots = n_slots
         self._make_model, self._make_optimizer = make_model, make_optimizer
         self._spec = RankSpec(
             factories=cloudpickle.dumps((make_model, make_optimizer, learn)),
             devices=[str(d) for d in resolved], backend=backend,
             init_method=f"tcp://{addr}:{port}", seed=seed, n_threads=n_threads,
-            pg_timeout=max(self.timeout, 30.0), bucket_bytes=max(1, int(bucket_mb * 2**20)),
+            pg_timeout=max(self.timeout, 30.0), bucket_bytes=self.bucket_bytes,
         )
         self.address = (addr, port)
         # Rank 0 writes the weights after batch k into slot k % 3 (the driver reads a slot while
@@ -208,8 +186,6 @@ class LearnerGroup:
         self._failures: list[tuple[int, int | None, str, str, str, bool, int | None]] = []
         self._error: LearnerError | None = None
         self._optimizer_state: bytes | None = None
-        self._weight_specs = WeightSpecs(init_state, "LearnerGroup.load_state_dict",
-                                         "the state_dict", "init_state")
         self._to_load: bytes | None = None  # an optimizer state for the ranks to start from
         self._loaded_state: set[int] = set()
         self._latest_weights: dict[str, Tensor] = self._published[0]
@@ -300,22 +276,10 @@ class LearnerGroup:
         metrics["learner_queue"] = float(self._queue_sizes.pop(index))
         return metrics
 
-    def learn(self, batch: DictTensor | Trajectories, **kwargs: Any) -> dict[str, float]:
-        """:meth:`submit` then :meth:`collect` (of this batch when nothing else is in flight)."""
-        self.submit(batch, **kwargs)
-        return self.collect()
-
-    def state_dict(self, prefix: str = "") -> dict[str, Tensor]:
-        """The weights after the last collected batch (the initial ones before): CPU tensors in
-        shared memory written by rank 0. Read-only; valid until the next :meth:`collect`
-        (``batcher.update`` copies them at once; clone them to keep them longer). After
-        :meth:`publish_to`, the batcher's own ring slot that rank 0 filled.
-
-        Args:
-            prefix: only the keys that start with it, without it (e.g. ``"actor."``: the
-                weights of the submodule the workers run); ``""``: every key.
-        """
-        return under(self._latest_weights, prefix)
+    def _weights(self) -> dict[str, Tensor]:
+        """CPU tensors in shared memory written by rank 0 (after :meth:`publish_to`, the
+        batcher's own ring slot that rank 0 filled). Read-only."""
+        return self._latest_weights
 
     def publish_to(self, batcher: Any) -> bool:
         """Direct publication: from now on rank 0 writes the weights of each batch submitted
@@ -350,49 +314,25 @@ class LearnerGroup:
         self._direct[index] = reserved
         return version % ring.n_slots
 
-    def load_state_dict(self, state_dict: Mapping[str, Tensor]) -> None:
-        """Loads ``state_dict`` (e.g. a checkpoint's model, on a resume) into every rank's
-        replica, so the replicas stay identical; :meth:`state_dict` returns it until the next
-        batch. Call it with nothing in flight; before the first batch the ranks start from it.
-
-        Raises:
-            KeyMismatchError, ShapeError: other keys, shapes or dtypes than ``init_state``'s.
-            BatcherStateError: batches are in flight, or the group is closed.
-            LearnerError, LearnerTimeoutError: a rank failed, or did not load it in time.
-        """
+    def _load(self, state: Mapping[str, Tensor] | None, optimizer_state: dict | None) -> None:
+        """Every rank loads ``state`` and/or ``optimizer_state`` (before the first batch: the
+        ranks start from them)."""
         self._check_idle("load_state_dict")
-        self._weight_specs.check(state_dict)
-        slot = self._latest % len(self._published)
-        dst = self._latest_weights = self._published[slot]
-        torch._foreach_copy_([dst[k] for k in dst], [state_dict[k].detach() for k in dst])
-        if self._procs:
-            self._load_on_ranks(slot, None)
-        else:
-            torch._foreach_copy_(list(self._published[0].values()), list(dst.values()))
-
-    def load_optimizer_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Loads an optimizer state (e.g. a checkpoint's) into every rank's optimizer. Call it
-        with nothing in flight; before the first batch the ranks start from it.
-
-        Raises:
-            BatcherStateError: batches are in flight, or the group is closed.
-            LearnerError, LearnerTimeoutError: a rank failed (e.g. the state does not fit its
-                optimizer), or did not load it in time.
-        """
-        self._check_idle("load_optimizer_state_dict")
-        buffer = io.BytesIO()
-        torch.save(dict(state_dict), buffer)
-        if self._procs:
-            self._load_on_ranks(None, buffer.getvalue())
-        else:
-            self._to_load = buffer.getvalue()
-
-    @property
-    def optimizer(self) -> RankZeroOptimizer:
-        """An object whose ``state_dict()`` is :meth:`optimizer_state_dict` and whose
-        ``load_state_dict`` is :meth:`load_optimizer_state_dict` (for
-        ``run.checkpoint_state(optimizer=group.optimizer)``)."""
-        return RankZeroOptimizer(self)
+        if state is not None:
+            slot = self._latest % len(self._published)
+            dst = self._latest_weights = self._published[slot]
+            torch._foreach_copy_([dst[k] for k in dst], [state[k].detach() for k in dst])
+            if self._procs:
+                self._load_on_ranks(slot, None)
+            else:
+                torch._foreach_copy_(list(self._published[0].values()), list(dst.values()))
+        if optimizer_state is not None:
+            buffer = io.BytesIO()
+            torch.save(optimizer_state, buffer)
+            if self._procs:
+                self._load_on_ranks(None, buffer.getvalue())
+            else:
+                self._to_load = buffer.getvalue()
 
     def optimizer_state_dict(self) -> dict[str, Any]:
         """Rank 0's optimizer state (identical on every rank), for checkpoints; before the
@@ -425,12 +365,6 @@ class LearnerGroup:
         self._closed = True
         self._finalizer.detach()
         _shutdown(self._procs, self._conns, timeout)
-
-    def __enter__(self) -> LearnerGroup:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # ------------------------------------------------------------------ internals
     def _start(self, shards: list[dict[str, Tensor]]) -> None:
@@ -558,46 +492,6 @@ class LearnerGroup:
             "learn function or env); raise timeout= if learning is legitimately this slow",
             ranks=waiting,
         )
-
-
-def under(state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
-    """The entries of ``state`` whose key starts with ``prefix``, without it (the same tensors;
-    ``state`` itself for ``""``).
-
-    Example:
-        >>> under({"actor.w": 1, "critic.w": 2}, "actor.")
-        {'w': 1}
-    """
-    if not prefix:
-        return state
-    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-
-
-class RankZeroOptimizer:
-    """A learner group's optimizer as checkpoints see it: ``state_dict()`` fetches rank 0's
-    (identical on every rank), ``load_state_dict(state)`` loads ``state`` on every rank.
-
-    Args:
-        group: any learner group with ``optimizer_state_dict`` and
-            ``load_optimizer_state_dict`` (held by a weak reference).
-    """
-
-    def __init__(self, group: Any) -> None:
-        self._group = weakref.ref(group)
-
-    def _get(self) -> Any:
-        group = self._group()
-        if group is None:
-            raise BatcherStateError("the learner group of this optimizer is gone")
-        return group
-
-    def state_dict(self) -> dict[str, Any]:
-        """Rank 0's optimizer state."""
-        return self._get().optimizer_state_dict()
-
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Loads ``state_dict`` into every rank's optimizer."""
-        self._get().load_optimizer_state_dict(state_dict)
 
 
 def _shutdown(procs: list[Any], conns: list[Any], timeout: float) -> None:

@@ -46,9 +46,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rlstruct.batchers.weights import WeightSpecs
 from rlstruct.errors import BatcherStateError, ConfigError, LearnerError, LearnerTimeoutError
-from rlstruct.learner_group import RankZeroOptimizer, under
+from rlstruct.learner_base import LearnerGroupBase, LearnFn, ModelFactory, OptimizerFactory
 from rlstruct.learner_rank import RankContext, _as_metrics
 from rlstruct.staging import pack, split_rows, unpack
 
@@ -260,7 +259,7 @@ def _heartbeat(store: Any, rank: int, stop: threading.Event) -> None:
             return
 
 
-class TorchrunLearnerGroup:
+class TorchrunLearnerGroup(LearnerGroupBase):
     """Rank 0's side of a learner group under torchrun (see the module notes); the same driver
     calls as :class:`~rlstruct.learner_group.LearnerGroup`, learning synchronously in this
     process as rank 0 while ranks 1..N-1 (:func:`serve_rank`) learn on their rows.
@@ -278,33 +277,25 @@ class TorchrunLearnerGroup:
         LearnerTimeoutError: the ranks did not join within ``start_timeout``.
     """
 
-    def __init__(
-        self,
-        make_model: Callable[[], nn.Module],
-        make_optimizer: Callable[..., torch.optim.Optimizer],
-        learn: Callable[..., Mapping[str, float] | None],
-        init_state: Mapping[str, Tensor],
-        device: str | torch.device = "cpu",
-        *,
-        timeout: float = 300.0,
-        start_timeout: float = 1800.0,
-        bucket_mb: float = 25.0,
-    ) -> None:
+    def __init__(self, make_model: ModelFactory, make_optimizer: OptimizerFactory,
+                 learn: LearnFn, init_state: Mapping[str, Tensor],
+                 device: str | torch.device = "cpu", *, timeout: float = 300.0,
+                 start_timeout: float = 1800.0, bucket_mb: float = 25.0) -> None:
         self.n_learners = torchrun_world()
         device = torch.device(device)
+        problems = []
         if self.n_learners < 2 or torchrun_rank() != 0 or device.type not in ("cpu", "cuda"):
-            raise ConfigError(
-                f"TorchrunLearnerGroup runs on rank 0 of a torchrun world on cpu or cuda; got "
+            problems.append(
+                f"it runs on rank 0 of a torchrun world on cpu or cuda; got "
                 f"WORLD_SIZE={self.n_learners}, RANK={os.environ.get('RANK')}, device {device}")
-        self.timeout = float(timeout)
+        self._setup("TorchrunLearnerGroup", problems, make_model, make_optimizer, learn,
+                    init_state, timeout, start_timeout, bucket_mb)
         self._closed, self._failed = False, False
         self._result: dict[str, float] | None = None
         self._submitted = 0
         init_cpu = {k: v.detach().cpu().clone() for k, v in init_state.items()}
-        self._weight_specs = WeightSpecs(init_state, "TorchrunLearnerGroup.load_state_dict",
-                                         "the state_dict", "init_state")
         spec = cloudpickle.dumps((make_model, make_optimizer, learn, init_cpu, device.type,
-                                  max(1, int(bucket_mb * 2**20))))
+                                  self.bucket_bytes))
         try:
             self._store, self._control, self._data = _join(
                 0, self.n_learners, _local_device(device.type), self.timeout, start_timeout)
@@ -372,41 +363,14 @@ class TorchrunLearnerGroup:
         result, self._result = self._result, None
         return result
 
-    def learn(self, batch: Any, **kwargs: Any) -> dict[str, float]:
-        """:meth:`submit` then :meth:`collect`."""
-        self.submit(batch, **kwargs)
-        return self.collect()
+    def _weights(self) -> dict[str, Tensor]:
+        """Rank 0's weights (CPU tensors; copy them to keep them)."""
+        return {k: v.detach().cpu() for k, v in self._replica.model.state_dict().items()}
 
-    def state_dict(self, prefix: str = "") -> dict[str, Tensor]:
-        """Rank 0's weights after the last batch (CPU tensors; copy them to keep them); with
-        ``prefix``, only its keys, without it (as for LearnerGroup)."""
-        return under({k: v.detach().cpu() for k, v in self._replica.model.state_dict().items()},
-                     prefix)
-
-    def load_state_dict(self, state_dict: Mapping[str, Tensor]) -> None:
-        """Loads ``state_dict`` (a checkpoint's model) into every rank's replica.
-
-        Raises:
-            KeyMismatchError, ShapeError: other keys, shapes or dtypes than ``init_state``'s.
-            LearnerError, LearnerTimeoutError: a rank failed or did not load it in time.
-        """
-        self._weight_specs.check(state_dict)
-        self._load({k: v.detach().cpu() for k, v in state_dict.items()}, None)
-
-    def load_optimizer_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Loads an optimizer state (a checkpoint's) into every rank's optimizer.
-
-        Raises:
-            LearnerError, LearnerTimeoutError: a rank failed or did not load it in time.
-        """
-        self._load(None, dict(state_dict))
-
-    @property
-    def optimizer(self) -> RankZeroOptimizer:
-        """Rank 0's optimizer as checkpoints see it (``state_dict``, ``load_state_dict``)."""
-        return RankZeroOptimizer(self)
-
-    def _load(self, state: dict | None, optimizer_state: dict | None) -> None:
+    def _load(self, state: Mapping[str, Tensor] | None, optimizer_state: dict | None) -> None:
+        """Rank 0 broadcasts ``state`` and/or ``optimizer_state``; every rank loads them."""
+        if state is not None:
+            state = {k: v.detach().cpu() for k, v in state.items()}
         if self._closed or self._failed or self._result is not None:
             raise BatcherStateError("load: the torchrun learner group is closed, failed, or "
                                     "has a batch's metrics to collect")
@@ -432,12 +396,6 @@ class TorchrunLearnerGroup:
         if dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
-
-    def __enter__(self) -> TorchrunLearnerGroup:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _collective(self, fn: Callable[[], Any], what: str, batch: int | None) -> Any:
         """Runs ``fn``; turns a failure into an error naming the rank (read from the store)."""

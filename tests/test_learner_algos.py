@@ -16,7 +16,8 @@ from rlstruct import keys as K
 from rlstruct.distributions import space_spec
 from rlstruct.errors import ConfigError
 from rlstruct.experiment import LayoutConfig
-from rlstruct.learner_group import LearnerGroup, under
+from rlstruct.learner_base import under
+from rlstruct.learner_group import LearnerGroup
 from rlstruct.learner_rank import algorithm_learn
 from rlstruct.optim import adam
 
