@@ -5,7 +5,8 @@ splits the batch by rows into N equal shards; each rank computes the algorithm's
 shard, the gradients are averaged over the ranks (one flattened all-reduce per bucket) and every
 rank takes the same optimizer step, so the replicas stay identical. Rank 0 then writes the new
 weights into shared memory, where :meth:`LearnerGroup.state_dict` finds them for
-``batcher.update`` without pickling.
+``batcher.update`` without pickling: after :meth:`LearnerGroup.publish_to`, straight into the
+process Batcher's own weights ring, which ``update`` then commits without a copy.
 
 - Devices: ``cuda:k`` with NCCL where GPUs exist, the CPU with gloo elsewhere (how it is tested).
 - Rendezvous: ``127.0.0.1`` on a free port on one node; across nodes the address is given
