@@ -12,12 +12,10 @@ then takes ``utd`` gradient steps per collected frame on uniform samples of the 
     L_alpha  = -mean log(alpha) (log pi(a~|s) + H_target),   H_target = -dim(A)
     Q'_i    <- tau Q_i + (1 - tau) Q'_i                        (Polyak, after every step)
 
-Speed: a gradient step is ONE backward pass and ONE fused Adam step over the sum of the losses
-(L_pi reads the critics through detached weights and alpha enters L_Q, L_pi detached, so each
-loss moves its own parameters); the twin critics are one batched network (``baddbmm``).
-
-A truncated step bootstraps from the TRUE final observation; only termination does not.
-Run: ``python -m algos.sac --help``; ``python -m algos.sac --env-id Pendulum-v1 --seed 1``.
+Speed: ONE backward and ONE fused Adam step on the sum of the losses; twin critics batched.
+A truncated step bootstraps from the TRUE final observation (termination does not).
+``--n-learners N``: ``k`` buffer samples and their noise per batch, 1/N of the rows per rank.
+Run: ``python -m algos.sac --help``, ``python -m algos.sac --env-id Pendulum-v1 --seed 1``.
 """
 
 from __future__ import annotations
@@ -26,9 +24,9 @@ import copy
 import itertools
 import math
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Annotated, Any
 
-import gymnasium as gym
 import torch
 import tyro
 from torch import Tensor, nn
@@ -53,9 +51,8 @@ STORED_KEYS = (K.OBS_FRAME, STORED_SQUASHED, K.NEXT_FRAME, K.NEXT_REWARD, K.NEXT
 
 @dataclass
 class Config(RunConfig):
-    """SAC with twin critics, Polyak targets and automatic temperature (see algos/sac.py).
-    The defaults solve Pendulum-v1 in 6-7k frames, one gradient step per frame (the cost on a
-    CPU): small nets, a high lr, 4 envs collected in this process between updates."""
+    """SAC with twin critics, Polyak targets and automatic temperature (see algos/sac.py). The
+    defaults solve Pendulum-v1 in 6-7k frames, a step per frame, 4 envs in this process."""
 
     env_id: str = "Pendulum-v1"
     target_return: float | None = -200.0
@@ -79,16 +76,17 @@ class Config(RunConfig):
     target_entropy: float | None = None
     """entropy target of the temperature loss (None: -dim(A))"""
     layout: Annotated[LayoutConfig, tyro.conf.OmitArgPrefixes] = field(
-        default_factory=lambda: LayoutConfig(n_processes=1, n_envs=4)
-    )
+        default_factory=lambda: LayoutConfig(n_processes=1, n_envs=4))
     """where each part runs (default: the 4 envs in this process)"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         problems = [f"{k} must be > 0, got {getattr(self, k)}" for k in
                     ("buffer_size", "batch_size", "utd", "init_alpha") if getattr(self, k) <= 0]
-        if not 0 < self.tau <= 1:
-            problems.append(f"tau must be in (0, 1], got {self.tau}")
+        problems += [] if 0 < self.tau <= 1 else [f"tau must be in (0, 1], got {self.tau}"]
+        if self.batch_size % self.layout.n_learners:
+            problems.append(f"batch_size ({self.batch_size}) must be a multiple of n_learners "
+                            f"({self.layout.n_learners}): each rank learns on 1/N of the rows")
         if problems:
             raise ConfigError("; ".join(problems))
 
@@ -97,7 +95,7 @@ class Config(RunConfig):
 class Actor(nn.Module):
     """``s -> params``: a two-layer ReLU body and the library's tanh-squashed Gaussian head."""
 
-    def __init__(self, obs_dim: int, action_space: gym.spaces.Box | dict, hidden: int) -> None:
+    def __init__(self, obs_dim: int, action_space: dict, hidden: int) -> None:
         super().__init__()
         self.body = nn.Sequential(nn.Linear(obs_dim, hidden), nn.ReLU(),
                                   nn.Linear(hidden, hidden), nn.ReLU())
@@ -113,10 +111,8 @@ class TwinQ(nn.Module):
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: int) -> None:
         super().__init__()
-        sizes = [obs_dim + act_dim, hidden, hidden, 1]
-        self.weights = nn.ParameterList()
-        self.biases = nn.ParameterList()
-        for n_in, n_out in itertools.pairwise(sizes):
+        self.weights, self.biases = nn.ParameterList(), nn.ParameterList()
+        for n_in, n_out in itertools.pairwise([obs_dim + act_dim, hidden, hidden, 1]):
             bound = 1 / math.sqrt(n_in)  # nn.Linear's default initialisation, per critic
             self.weights.append(nn.Parameter(torch.empty(2, n_in, n_out).uniform_(-bound, bound)))
             self.biases.append(nn.Parameter(torch.empty(2, 1, n_out).uniform_(-bound, bound)))
@@ -129,11 +125,20 @@ class TwinQ(nn.Module):
         return x.squeeze(-1)
 
 
-# --------------------------------------------------------------------------------------- agent
+def sac_nets(obs_dim: int, action_space: dict, hidden: int, init_alpha: float,
+             actor: Actor | None = None) -> nn.ModuleDict:
+    """All SAC learns, one module (a learner rank's replica): actor, critic, target, temperature."""
+    actor = actor or Actor(obs_dim, action_space, hidden)
+    critic = TwinQ(obs_dim, actor.head.n_dims, hidden)
+    return nn.ModuleDict({"actor": actor, "critic": critic,
+                          "target": copy.deepcopy(critic).requires_grad_(False),
+                          "temperature": nn.ParameterDict({"log_alpha": torch.tensor(
+                              math.log(init_alpha))})})
+
+
 class SACAgent(Agent):
-    """Samples ``u ~ N(mu(s), sigma(s))`` with a seeded ``HeadSampler`` (``u = mu`` on rows with
-    ``agent_info["greedy"]``); returns the env's ``action`` and ``squashed`` = ``tanh(u)`` in
-    ``(-1, 1)``, what the critics read."""
+    """Samples ``u ~ N(mu(s), sigma(s))`` with a seeded ``HeadSampler`` (``u = mu`` where
+    ``agent_info["greedy"]``); returns the env's ``action`` and ``squashed = tanh(u)``."""
 
     def __init__(self, model: Actor) -> None:
         self.model, self.sample = model, HeadSampler()
@@ -141,19 +146,14 @@ class SACAgent(Agent):
     def seed(self, seed: int) -> None:
         self.sample.seed(seed)
 
-    def __call__(
-        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
-    ) -> tuple[DictTensor, DictTensor]:
-        params = self.model(observation[K.FRAME])
-        u, action = self.sample(self.model.head, params, agent_info)
+    def __call__(self, state: DictTensor, observation: DictTensor,
+                 agent_info: DictTensor) -> tuple[DictTensor, DictTensor]:
+        u, action = self.sample(self.model.head, self.model(observation[K.FRAME]), agent_info)
         return DictTensor({K.ACTION_KEY: action, SQUASHED: self.model.head.squash(u)}), state
 
 
-# --------------------------------------------------------------------------------------- loss
-def soft_target(
-    reward: Tensor, terminated: Tensor, truncated: Tensor, next_q: Tensor, next_logp: Tensor,
-    alpha: Tensor | float, gamma: float,
-) -> Tensor:
+def soft_target(reward: Tensor, terminated: Tensor, truncated: Tensor, next_q: Tensor,
+                next_logp: Tensor, alpha: Tensor | float, gamma: float) -> Tensor:
     """``y = r + gamma (1 - terminated) (min_i Q'_i(s', a') - alpha log pi(a'|s'))``, ``(N,)``:
     ``reward``, ``terminated``, ``truncated``, ``next_logp`` are ``(N,)``; ``next_q`` ``(2, N)``
     holds the target critics at ``(s', a')``, ``a' ~ pi(s')``."""
@@ -162,16 +162,13 @@ def soft_target(
                         truncated[:, None], gamma).squeeze(1)
 
 
-def sac_losses(
-    q: Tensor, target: Tensor, q_pi: Tensor, logp: Tensor, log_alpha: Tensor,
-    target_entropy: float,
-) -> tuple[Tensor, dict[str, Tensor]]:
+def sac_losses(q: Tensor, target: Tensor, q_pi: Tensor, logp: Tensor, log_alpha: Tensor,
+               target_entropy: float) -> tuple[Tensor, dict[str, Tensor]]:
     """``(L_Q + L_pi + L_alpha, stats)`` (module docstring; stats: 0-d tensors, no host sync)
     from ``q`` ``(2, N)``, the critics at the stored ``(s, a)``; ``target`` ``(N,)``, the soft TD
     targets; ``q_pi`` ``(2, N)``, the critics through detached weights at ``(s, a~)``;
     ``logp`` ``(N,)``, ``log pi(a~|s)`` (reparameterised); ``log_alpha`` 0-d."""
-    alpha = log_alpha.exp().detach()
-    critic = 0.5 * (q - target).pow(2).mean(1).sum()
+    alpha, critic = log_alpha.exp().detach(), 0.5 * (q - target).pow(2).mean(1).sum()
     actor = (alpha * logp - q_pi.min(0).values).mean()
     temperature = -(log_alpha * (logp.detach() + target_entropy)).mean()
     stats = {"critic_loss": critic, "actor_loss": actor, "alpha": alpha, "q": q.mean(),
@@ -185,24 +182,26 @@ def polyak(target: list[Tensor], online: list[Tensor], tau: float) -> None:
     torch._foreach_lerp_(target, online, tau)
 
 
-def learn(
-    actor: Actor, critic: TwinQ, target: TwinQ, log_alpha: Tensor,
-    optimizer: torch.optim.Optimizer, sample: DictTensor, cfg: Config, target_entropy: float,
-) -> dict[str, Tensor]:
-    """One gradient step on a buffer sample (all three losses), then the Polyak update."""
+def learn(nets: nn.ModuleDict, optimizer: torch.optim.Optimizer, sample: DictTensor, cfg: Config,
+          step: Any = gradient_step) -> dict[str, Tensor]:
+    """One gradient step on a buffer sample (all three losses), then the Polyak update. The
+    reparameterisation noise is torch's global RNG, or the sample's ``noise`` (learner ranks)."""
+    actor, critic, log_alpha = nets.actor, nets.critic, nets.temperature["log_alpha"]
     frame, next_frame, n = sample[K.OBS_FRAME], sample[K.NEXT_FRAME], sample.n_elems()
     params = actor(torch.cat([frame, next_frame]))  # s and s' in one call
-    u = actor.head.sample(params)  # reparameterised, torch's global RNG
+    mean, log_std = actor.head.split(params)
+    noise = sample["noise"].transpose(0, 1).flatten(0, 1) if "noise" in sample else None
+    u = mean + log_std.exp() * (torch.randn_like(mean) if noise is None else noise)
     logp, squashed = actor.head.log_prob(params, u), actor.head.squash(u)
     with torch.no_grad():
-        next_q = target(next_frame, squashed[n:])
+        next_q = nets.target(next_frame, squashed[n:])
         y = soft_target(sample[K.NEXT_REWARD], sample[K.NEXT_TERMINATED],
                         sample[K.NEXT_TRUNCATED], next_q, logp[n:], log_alpha.exp(), cfg.gamma)
-    q = critic(frame, sample[STORED_SQUASHED])
-    q_pi = critic(frame, squashed[:n], frozen=True)
-    loss, stats = sac_losses(q, y, q_pi, logp[:n], log_alpha, target_entropy)
-    gradient_step(optimizer, loss, cfg.max_grad_norm)
-    polyak(list(target.parameters()), list(critic.parameters()), cfg.tau)
+    q, q_pi = critic(frame, sample[STORED_SQUASHED]), critic(frame, squashed[:n], frozen=True)
+    entropy = cfg.target_entropy if cfg.target_entropy is not None else -actor.head.n_dims
+    loss, stats = sac_losses(q, y, q_pi, logp[:n], log_alpha, entropy)
+    step(optimizer, loss, cfg.max_grad_norm)
+    polyak(list(nets.target.parameters()), list(critic.parameters()), cfg.tau)
     return stats
 
 
@@ -210,33 +209,39 @@ def learn(
 def main(cfg: Config) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("sac", cfg) as run:
-        actor = run.model(Actor, run.obs_dim, space_spec(run.action_space), cfg.hidden)  # CPU
+        spec = space_spec(run.action_space)
+        actor = run.model(Actor, run.obs_dim, spec, cfg.hidden)  # on the CPU: the batchers copy it
         batcher = run.training_batcher(SACAgent, {"model": actor}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(SACAgent, {"model": actor}, agent_info=greedy_info())
-        actor.to(run.device)  # the batchers and the evaluator have their copies
-        critic = TwinQ(run.obs_dim, actor.head.n_dims, cfg.hidden).to(run.device)
-        target = copy.deepcopy(critic).requires_grad_(False)
-        temperature = nn.ParameterDict({"log_alpha": torch.tensor(math.log(cfg.init_alpha))})
-        log_alpha = temperature.to(run.device)["log_alpha"]
-        entropy = cfg.target_entropy if cfg.target_entropy is not None else -actor.head.n_dims
-        params = [*actor.parameters(), *critic.parameters(), log_alpha]
-        optimizer = adam(params, cfg.lr, run.device)  # fused: one kernel for every update
+        make_nets = partial(sac_nets, run.obs_dim, spec, cfg.hidden, cfg.init_alpha)
+        nets = make_nets(actor=actor).to(run.device)  # critics, targets, temperature too
+        optimizer = adam(nets.parameters(), cfg.lr, run.device)  # fused (targets: no grads)
         buffer = ReplayBuffer(cfg.buffer_size, device=run.device, keys=STORED_KEYS)
-        run.checkpoint_state(model=actor, critic=critic, target=target, temperature=temperature,
-                             optimizer=optimizer)
-        n_updates, owed, stats = 0, 0.0, {}
+        group = run.learner_group(make_nets, nets, partial(adam, lr=cfg.lr), learn,
+                                  stacked=True)  # --n-learners N: checkpoints hold its nets
+        if group is None:
+            run.checkpoint_state(model=actor, critic=nets.critic, target=nets.target,
+                                 temperature=nets.temperature, optimizer=optimizer)
+        n_updates, owed, stats, n = 0, 0.0, {}, 0
+        weights = actor.state_dict if group is None else partial(group.state_dict, "actor.")
         # 1. Store each segment and start the next one (the workers collect it meanwhile).
         for traj in run.segments(batcher):
             buffer.add(traj)
-            run.publish(batcher, actor.state_dict())
-            # 2. utd gradient steps per new frame on uniform samples of the buffer.
+            run.publish(batcher, weights())
+            # 2. utd gradient steps per new frame on uniform buffer samples (ranks: n per batch).
             if len(buffer) >= cfg.learning_starts:
                 owed += cfg.utd * int(traj.lengths.sum())
-            for _ in range(int(owed)):
-                stats = learn(actor, critic, target, log_alpha, optimizer,
-                              buffer.sample(cfg.batch_size), cfg, entropy)
-            n_updates, owed = n_updates + int(owed), owed - int(owed)
-            run.end_iteration(actor.state_dict(), updates=n_updates,
+            n = int(owed) if group is None else n or int(owed)
+            while n and owed >= n:
+                samples = [buffer.sample(cfg.batch_size) for _ in range(n)]
+                if group is None:
+                    stats = [learn(nets, optimizer, sample, cfg) for sample in samples][-1]
+                else:  # and the rows' noise (N, n, 2, D), so rank r's rows get what they would here
+                    batch = DictTensor.stack(samples, dim=1)
+                    batch.set("noise", torch.randn(cfg.batch_size, n, 2, actor.head.n_dims))
+                    stats = group.learn(batch)
+                n_updates, owed = n_updates + n, owed - n
+            run.end_iteration(weights(), updates=n_updates,
                               **{k: float(v) for k, v in stats.items()})
     return run.summary
 

@@ -88,6 +88,10 @@ class Config(RunConfig):
                      if getattr(self, k) < 1]
         if not 0 < self.backtrack < 1:
             problems.append(f"backtrack must be in (0, 1), got {self.backtrack}")
+        if self.layout.n_learners > 1 or self.layout.learner_devices:
+            problems.append("TRPO learns in one process: --n-learners > 1 and --learner-devices "
+                            "are refused (its step is not an averaged gradient step; see "
+                            "docs/guide-learners.md, 'TRPO')")
         if problems:
             raise ConfigError("; ".join(problems))
 

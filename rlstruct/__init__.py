@@ -32,6 +32,7 @@ The experiment layer, which the algorithms of ``algos/`` are written with::
     from rlstruct.sampling import CategoricalSampler, ActorAgent, PolicyAgent, greedy_info
                                                        # seeded sampling, greedy evaluation
     from rlstruct.learner_group import LearnerGroup    # data-parallel learner ranks
+    from rlstruct.learner_base import LearnerGroupBase   # what every learner group shares
     from rlstruct.learner_rank import RankContext      # what a rank's learn function gets
     from rlstruct.staging import StagingRing           # shards staged onto rank devices
     from rlstruct.learner_torchrun import TorchrunLearnerGroup   # rank 0 under torchrun

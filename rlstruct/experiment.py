@@ -13,6 +13,7 @@ same data on any machine (``B = n_processes * n_envs`` rows whatever the core co
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -80,11 +81,22 @@ class LayoutConfig:
     """custom Ray resources each actor needs (--backend ray), e.g. `--ray-resources rollout 1`
     places the actors only on nodes started with `ray start --resources '{"rollout": 8}'`"""
     n_learners: int = 1
-    """learner ranks (ppo, a2c, impala): each learns on 1/N of every batch's rows and the
+    """learner ranks (ppo, a2c, impala, sac): each learns on 1/N of every batch's rows and the
     gradients are averaged (torch.distributed; see docs/guide-learners.md); 1: learn here"""
     learner_devices: str | None = None
     """one device per learner rank, comma-separated (cuda:0,cuda:1); None: learner_device's
     type, cuda:0..N-1 on GPUs"""
+    learner_backend: Literal["local", "ray"] = "local"
+    """learner ranks: processes of this machine, or Ray actors that Ray places (pip install
+    rlstruct[ray]; joins --ray-address like the batcher; see docs/guide-learners.md)"""
+    learner_num_gpus: float = 0.0
+    """GPUs Ray reserves for each learner rank (--learner-backend ray; 1: a GPU each, NCCL;
+    fractions share a GPU with gloo; 0: the CPU)"""
+    learner_num_cpus: float = 1.0
+    """CPUs Ray reserves for each learner rank (--learner-backend ray)"""
+    learner_resources: dict[str, float] = field(default_factory=dict)
+    """custom Ray resources each learner rank needs (--learner-backend ray), e.g.
+    `--learner-resources learner 1` places the ranks on nodes started with that resource"""
 
     def batcher_options(self) -> dict[str, Any]:
         """The keyword arguments of :func:`make_batcher` that come from this layout besides the
@@ -108,6 +120,7 @@ class LayoutConfig:
         if devices and len(devices) != self.n_learners:
             problems.append(f"learner_devices names {len(devices)} device(s) ({devices}) for "
                             f"n_learners={self.n_learners}: give one per rank")
+        problems += self._learner_problems()
         if self.n_envs < 1:
             problems.append(f"n_envs must be >= 1, got {self.n_envs}")
         if self.n_processes < 0:
@@ -121,6 +134,26 @@ class LayoutConfig:
                     torch.device(value)
                 except (RuntimeError, TypeError) as err:
                     problems.append(f"{name} {value!r} is not a device: {err}")
+        return problems
+
+    def _learner_problems(self) -> list[str]:
+        problems = []
+        if self.learner_backend == "ray":
+            if importlib.util.find_spec("ray") is None:
+                problems.append("learner_backend 'ray' needs Ray, an optional extra: pip install "
+                                "rlstruct[ray]")
+            if self.learner_devices:
+                problems.append("learner_devices places local ranks; with learner_backend 'ray' "
+                                "Ray places them: ask for learner_num_gpus instead")
+            for name in ("learner_num_gpus", "learner_num_cpus"):
+                if not getattr(self, name) >= 0:
+                    problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
+            bad = {k: v for k, v in self.learner_resources.items() if not v >= 0}
+            if bad:
+                problems.append(f"learner_resources must be >= 0, got {bad}")
+        elif self.learner_num_gpus or self.learner_resources or self.learner_num_cpus != 1.0:
+            problems.append("learner_num_gpus, learner_num_cpus and learner_resources are Ray's "
+                            "placement of the learner ranks: add --learner-backend ray")
         return problems
 
 

@@ -5,7 +5,8 @@ splits the batch by rows into N equal shards; each rank computes the algorithm's
 shard, the gradients are averaged over the ranks (one flattened all-reduce per bucket) and every
 rank takes the same optimizer step, so the replicas stay identical. Rank 0 then writes the new
 weights into shared memory, where :meth:`LearnerGroup.state_dict` finds them for
-``batcher.update`` without pickling.
+``batcher.update`` without pickling: after :meth:`LearnerGroup.publish_to`, straight into the
+process Batcher's own weights ring, which ``update`` then commits without a copy.
 
 - Devices: ``cuda:k`` with NCCL where GPUs exist, the CPU with gloo elsewhere (how it is tested).
 - Rendezvous: ``127.0.0.1`` on a free port on one node; across nodes the address is given
@@ -37,20 +38,23 @@ import contextlib
 import io
 import math
 import socket
+import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from multiprocessing.connection import wait as wait_ready
 from typing import Any
 
 import cloudpickle
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from rlstruct.batchers.multiprocess import worker_context
 from rlstruct.devices import resolve_device
 from rlstruct.dicttensor import DictTensor
 from rlstruct.errors import BatcherStateError, ConfigError, LearnerError, LearnerTimeoutError
+from rlstruct.learner_base import LearnerGroupBase, LearnFn, ModelFactory, OptimizerFactory
 from rlstruct.learner_rank import PHASES, RankSpec, rank_main
 from rlstruct.staging import StagingRing, pack, split_rows
 from rlstruct.trajectories import Trajectories
@@ -68,7 +72,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-class LearnerGroup:
+class LearnerGroup(LearnerGroupBase):
     """``n_learners`` learner processes ("ranks") that learn data-parallel on each batch.
 
     Ranks start at the first :meth:`submit` (the staging buffers are allocated from its shards).
@@ -106,39 +110,18 @@ class LearnerGroup:
                 run.publish(batcher, group.state_dict())    # rank 0's weights, shared memory
     """
 
-    def __init__(
-        self,
-        make_model: Callable[[], nn.Module],
-        make_optimizer: Callable[..., torch.optim.Optimizer],
-        learn: Callable[..., Mapping[str, float] | None],
-        init_state: Mapping[str, Tensor],
-        n_learners: int = 1,
-        devices: Sequence[str | torch.device] | None = None,
-        *,
-        backend: str | None = None,
-        master_addr: str | None = None,
-        master_port: int | None = None,
-        timeout: float = 300.0,
-        start_timeout: float = 120.0,
-        seed: int = 0,
-        n_threads: int = 1,
-        n_slots: int = 2,
-        bucket_mb: float = 25.0,
-    ) -> None:
-        problems = [f"{name} must be callable, got {type(fn).__name__}"
-                    for name, fn in (("make_model", make_model), ("make_optimizer", make_optimizer),
-                                     ("learn", learn)) if not callable(fn)]
+    def __init__(self, make_model: ModelFactory, make_optimizer: OptimizerFactory,
+                 learn: LearnFn, init_state: Mapping[str, Tensor], n_learners: int = 1,
+                 devices: Sequence[str | torch.device] | None = None, *,
+                 backend: str | None = None, master_addr: str | None = None,
+                 master_port: int | None = None, timeout: float = 300.0,
+                 start_timeout: float = 120.0, seed: int = 0, n_threads: int = 1,
+                 n_slots: int = 2, bucket_mb: float = 25.0) -> None:
+        problems = []
         for name, value, low in (("n_learners", n_learners, 1), ("n_threads", n_threads, 1),
                                  ("n_slots", n_slots, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 problems.append(f"{name} must be an integer >= {low}, got {value!r}")
-        for name, value in (("timeout", timeout), ("start_timeout", start_timeout),
-                            ("bucket_mb", bucket_mb)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                problems.append(f"{name} must be a finite number > 0, got {value!r}")
-        if not (isinstance(init_state, Mapping) and init_state
-                and all(isinstance(v, Tensor) for v in init_state.values())):
-            problems.append("init_state must be a non-empty state_dict (str -> Tensor)")
         if master_port is not None and not (isinstance(master_port, int) and
                                             0 < master_port < 65536):
             problems.append(f"master_port must be a port number in 1..65535, got {master_port!r}")
@@ -169,19 +152,18 @@ class LearnerGroup:
         elif backend == "nccl" and any(d.type != "cuda" for d in resolved):
             problems.append(f"backend 'nccl' needs a CUDA device per rank, got "
                             f"{[str(d) for d in resolved]}")
-        if problems:
-            raise ConfigError("LearnerGroup: " + "; ".join(problems))
+        self._setup("LearnerGroup", problems, make_model, make_optimizer, learn, init_state,
+                    timeout, start_timeout, bucket_mb)
         addr = master_addr or "127.0.0.1"
         port = master_port or free_port(addr)
         self.n_learners, self.devices, self.backend = n_learners, resolved, backend
-        self.timeout, self.start_timeout = float(timeout), float(start_timeout)
         self.n_slots = n_slots
         self._make_model, self._make_optimizer = make_model, make_optimizer
         self._spec = RankSpec(
             factories=cloudpickle.dumps((make_model, make_optimizer, learn)),
             devices=[str(d) for d in resolved], backend=backend,
             init_method=f"tcp://{addr}:{port}", seed=seed, n_threads=n_threads,
-            pg_timeout=max(self.timeout, 30.0), bucket_bytes=max(1, int(bucket_mb * 2**20)),
+            pg_timeout=max(self.timeout, 30.0), bucket_bytes=self.bucket_bytes,
         )
         self.address = (addr, port)
         # Rank 0 writes the weights after batch k into slot k % 3 (the driver reads a slot while
@@ -205,6 +187,12 @@ class LearnerGroup:
         self._failures: list[tuple[int, int | None, str, str, str, bool, int | None]] = []
         self._error: LearnerError | None = None
         self._optimizer_state: bytes | None = None
+        self._to_load: bytes | None = None  # an optimizer state for the ranks to start from
+        self._loaded_state: set[int] = set()
+        self._latest_weights: dict[str, Tensor] = self._published[0]
+        self._target: Any = None  # publish_to: (weakref to the batcher, the driver's thread)
+        self._ring: Any = None  # the batcher's SharedWeights, once sent to rank 0
+        self._direct: dict[int, tuple[Any, int]] = {}  # batch -> (ring, version) reserved
         self._ready: set[int] = set()
         self._closed = False
         self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns, 5.0)
@@ -246,10 +234,11 @@ class LearnerGroup:
         self._wait(lambda: min(self._loaded) >= index - self.n_slots, self.timeout,
                    f"loading batch {index - self.n_slots}", index - self.n_slots)
         self._queue_sizes[index] = self.pending
+        ring_slot = self._reserve(index)
         for rank, (ring, shard) in enumerate(zip(self._rings, shards)):
             ring.write(slot, shard)
             try:
-                self._conns[rank].send(("batch", index, slot, kind, kwargs))
+                self._conns[rank].send(("batch", index, slot, kind, kwargs, ring_slot))
             except OSError:  # the rank is gone: _wait names it
                 self._wait(lambda: False, _GRACE_S, f"staging batch {index}", index)
         self._results[index] = {}
@@ -276,6 +265,9 @@ class LearnerGroup:
         answers = self._results.pop(index)
         self._collected += 1
         self._latest = index + 1
+        ring, version = self._direct.pop(index, (None, 0))
+        self._latest_weights = (self._published[self._latest % len(self._published)]
+                                if ring is None else ring.slots[version % ring.n_slots])
         metrics: dict[str, float] = {}
         for key in answers[0][0]:
             metrics[key] = sum(a[0].get(key, math.nan) for a in answers.values()) / len(answers)
@@ -285,22 +277,63 @@ class LearnerGroup:
         metrics["learner_queue"] = float(self._queue_sizes.pop(index))
         return metrics
 
-    def learn(self, batch: DictTensor | Trajectories, **kwargs: Any) -> dict[str, float]:
-        """:meth:`submit` then :meth:`collect` (of this batch when nothing else is in flight)."""
-        self.submit(batch, **kwargs)
-        return self.collect()
+    def _weights(self) -> dict[str, Tensor]:
+        """CPU tensors in shared memory written by rank 0 (after :meth:`publish_to`, the
+        batcher's own ring slot that rank 0 filled). Read-only."""
+        return self._latest_weights
 
-    def state_dict(self) -> dict[str, Tensor]:
-        """The weights after the last collected batch (the initial ones before): CPU tensors in
-        shared memory written by rank 0. Read-only; valid until the next :meth:`collect`
-        (``batcher.update`` copies them at once; clone them to keep them longer)."""
-        return self._published[self._latest % len(self._published)]
+    def publish_to(self, batcher: Any) -> bool:
+        """Direct publication: from now on rank 0 writes the weights of each batch submitted
+        from this thread with nothing in flight straight into ``batcher``'s shared ring, in
+        the slot of the batcher's next version (``batcher.reserve_weights``), and
+        :meth:`state_dict` returns that slot: ``batcher.update(group.state_dict())`` checks it
+        (keys, shapes, finite values, as ever) and commits it without a copy. The loop must be
+        ``learn`` then that ``update``, nothing else updating the batcher in between (a learner
+        thread, as IMPALA's, submits from another thread: it keeps the shared copy).
 
-    @property
-    def optimizer(self) -> _RankZeroOptimizer:
-        """An object whose ``state_dict()`` is :meth:`optimizer_state_dict` (for
-        ``run.checkpoint_state(optimizer=group.optimizer)``)."""
-        return _RankZeroOptimizer(self)
+        Returns:
+            True for a process Batcher of this node (with ``reserve_weights``); False for the
+            others (Serial, Ray...), which keep rank 0's shared copy and the batcher's.
+        """
+        if not callable(getattr(batcher, "reserve_weights", None)):
+            return False
+        self._target = (weakref.ref(batcher), threading.get_ident())
+        return True
+
+    def _reserve(self, index: int) -> int | None:
+        """The ring slot rank 0 writes batch ``index``'s weights into (publish_to), or None."""
+        if self._target is None or self.pending or threading.get_ident() != self._target[1]:
+            return None
+        batcher = self._target[0]()
+        reserved = batcher.reserve_weights() if batcher is not None else None
+        if reserved is None or reserved[0].specs != self._weight_specs.specs:
+            return None  # before the batcher's first update, or other weights (a submodule)
+        ring, version = reserved
+        if ring is not self._ring:
+            self._conns[0].send(("ring", ring))
+            self._ring = ring
+        self._direct[index] = reserved
+        return version % ring.n_slots
+
+    def _load(self, state: Mapping[str, Tensor] | None, optimizer_state: dict | None) -> None:
+        """Every rank loads ``state`` and/or ``optimizer_state`` (before the first batch: the
+        ranks start from them)."""
+        self._check_idle("load_state_dict")
+        if state is not None:
+            slot = self._latest % len(self._published)
+            dst = self._latest_weights = self._published[slot]
+            torch._foreach_copy_([dst[k] for k in dst], [state[k].detach() for k in dst])
+            if self._procs:
+                self._load_on_ranks(slot, None)
+            else:
+                torch._foreach_copy_(list(self._published[0].values()), list(dst.values()))
+        if optimizer_state is not None:
+            buffer = io.BytesIO()
+            torch.save(optimizer_state, buffer)
+            if self._procs:
+                self._load_on_ranks(None, buffer.getvalue())
+            else:
+                self._to_load = buffer.getvalue()
 
     def optimizer_state_dict(self) -> dict[str, Any]:
         """Rank 0's optimizer state (identical on every rank), for checkpoints; before the
@@ -309,14 +342,15 @@ class LearnerGroup:
         Raises:
             BatcherStateError: batches are in flight.
         """
-        self._check_usable()
-        if self.pending:
-            raise BatcherStateError(
-                f"optimizer_state_dict: {self.pending} batches in flight (collect them first)")
+        self._check_idle("optimizer_state_dict")
         if not self._procs:
             model = self._make_model()
             model.load_state_dict(self._published[0])
-            return self._make_optimizer(model.parameters(), device=torch.device("cpu")).state_dict()
+            optimizer = self._make_optimizer(model.parameters(), device=torch.device("cpu"))
+            if self._to_load is not None:
+                optimizer.load_state_dict(torch.load(io.BytesIO(self._to_load),
+                                                     weights_only=False))
+            return optimizer.state_dict()
         self._optimizer_state = None
         self._conns[0].send(("optimizer_state",))
         self._wait(lambda: self._optimizer_state is not None, self.timeout,
@@ -333,21 +367,16 @@ class LearnerGroup:
         self._finalizer.detach()
         _shutdown(self._procs, self._conns, timeout)
 
-    def __enter__(self) -> LearnerGroup:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # ------------------------------------------------------------------ internals
     def _start(self, shards: list[dict[str, Tensor]]) -> None:
         ctx = worker_context(start=True)  # the batchers' forkserver: torch is imported already
+        spec = replace(self._spec, optimizer_state=self._to_load)
         self._rings = [StagingRing(shard, self.n_slots) for shard in shards]
         for rank in range(self.n_learners):
             mine, theirs = ctx.Pipe(duplex=True)
             proc = ctx.Process(
                 target=rank_main, name=f"rlstruct-learner-rank{rank}", daemon=True,
-                args=(rank, self._spec, theirs, self._rings[rank].slots, self._status,
+                args=(rank, spec, theirs, self._rings[rank].slots, self._status,
                       self._published),
             )
             proc.start()
@@ -356,6 +385,21 @@ class LearnerGroup:
             self._conns.append(mine)
         self._wait(lambda: len(self._ready) == self.n_learners, self.start_timeout,
                    "starting and joining the process group", None)
+
+    def _check_idle(self, call: str) -> None:
+        self._check_usable()
+        if self.pending:
+            raise BatcherStateError(
+                f"{call}: {self.pending} batches in flight (collect them first)")
+
+    def _load_on_ranks(self, slot: int | None, optimizer_state: bytes | None) -> None:
+        """Every rank loads the weights of publication slot ``slot`` and/or the optimizer
+        state; returns once all have."""
+        self._loaded_state = set()
+        for conn in self._conns:
+            conn.send(("load", slot, optimizer_state))
+        self._wait(lambda: len(self._loaded_state) == self.n_learners, self.timeout,
+                   "loading a state", None)
 
     def _check_usable(self) -> None:
         if self._error is not None:
@@ -373,6 +417,8 @@ class LearnerGroup:
             self._results[msg[2]][rank] = (msg[3], msg[4])
         elif tag == "optimizer_state":
             self._optimizer_state = msg[2]
+        elif tag == "state_loaded":
+            self._loaded_state.add(rank)
         elif tag == "error":
             _, _, batch, exc_type, text, tb, collective = msg
             self._failures.append((rank, batch, exc_type, text, tb, collective, None))
@@ -447,19 +493,6 @@ class LearnerGroup:
             "learn function or env); raise timeout= if learning is legitimately this slow",
             ranks=waiting,
         )
-
-
-class _RankZeroOptimizer:
-    """``state_dict()``: the group's optimizer state, fetched from rank 0 when called."""
-
-    def __init__(self, group: LearnerGroup) -> None:
-        self._group = weakref.ref(group)
-
-    def state_dict(self) -> dict[str, Any]:
-        group = self._group()
-        if group is None:
-            raise BatcherStateError("the learner group of this optimizer is gone")
-        return group.optimizer_state_dict()
 
 
 def _shutdown(procs: list[Any], conns: list[Any], timeout: float) -> None:

@@ -63,6 +63,8 @@ class RankSpec:
         n_threads: torch threads per rank.
         pg_timeout: seconds a collective may wait for a peer before it fails.
         bucket_bytes: gradient bytes per all-reduce bucket.
+        optimizer_state: ``torch.save`` of an optimizer state to start from (a resume), or
+            None.
     """
 
     factories: bytes
@@ -73,6 +75,7 @@ class RankSpec:
     n_threads: int
     pg_timeout: float
     bucket_bytes: int = _BUCKET_BYTES
+    optimizer_state: bytes | None = None
 
 
 class RankContext:
@@ -151,8 +154,8 @@ class RankContext:
 
 def algorithm_learn(
     ctx: RankContext, batch: Any, *, learn: Callable[..., Mapping[str, float]],
-    make_agent: Callable[[nn.Module], Any], cfg: Any, per_rank: tuple[str, ...] = (),
-    lr: float | None = None,
+    make_agent: Callable[[nn.Module], Any] | None, cfg: Any, per_rank: tuple[str, ...] = (),
+    lr: float | None = None, stacked: bool = False,
 ) -> Mapping[str, float]:
     """Runs an algorithm's ``learn(agent, optimizer, batch, cfg, step)`` on one rank, with
     ``step=ctx.step`` (gradients averaged over the ranks); bind the keywords with
@@ -162,11 +165,14 @@ def algorithm_learn(
         ctx: the rank's context.
         batch: the rank's rows of the batch, on its device.
         learn: the algorithm's learn function; every gradient step goes through ``step``.
-        make_agent: ``make_agent(ctx.model)``, the agent the loss replays.
+        make_agent: ``make_agent(ctx.model)``, the agent the loss replays (None: the model).
         cfg: the algorithm's config.
         per_rank: integer fields of ``cfg`` divided by the number of ranks on each rank (e.g.
             ``minibatch_size``: the global minibatch keeps its size, and so the step count).
         lr: the learning rate of this batch (annealing), if it changes.
+        stacked: the batch holds ``k`` minibatches stacked as ``(n, k, *feat)`` (an off-policy
+            learner's ``k`` replay samples, ``DictTensor.stack(samples, dim=1)``): ``learn``
+            runs once on the rank's rows of each, in order; the last one's metrics are returned.
     """
     if lr is not None:
         for group in ctx.optimizer.param_groups:
@@ -175,7 +181,14 @@ def algorithm_learn(
         cfg = copy.copy(cfg)
         for name in per_rank:
             setattr(cfg, name, max(1, getattr(cfg, name) // ctx.world_size))
-    return learn(make_agent(ctx.model), ctx.optimizer, batch, cfg, ctx.step)
+    agent = ctx.model if make_agent is None else make_agent(ctx.model)
+    if not stacked:
+        return learn(agent, ctx.optimizer, batch, cfg, ctx.step)
+    out: Mapping[str, float] = {}
+    for j in range(next(iter(batch.values())).shape[1]):
+        out = learn(agent, ctx.optimizer, batch.apply(lambda v: v[:, j]), cfg,  # noqa: B023
+                    ctx.step)
+    return out
 
 
 class _Reducer:
@@ -256,10 +269,10 @@ def _loader(conn: Any, send: Callable[[tuple], None], stager: DeviceStager, rank
             local.put(("stop",))
             return
         if msg[0] == "batch":
-            _, index, slot, kind, kwargs = msg
+            _, index, slot, kind, kwargs, ring_slot = msg
             tensors, event = stager.stage(slot, slots[slot])
             send(("loaded", rank, index))
-            local.put(("batch", index, kind, tensors, event, kwargs))
+            local.put(("batch", index, kind, tensors, event, kwargs, ring_slot))
         else:
             local.put(msg)
             if msg[0] == "stop":
@@ -273,6 +286,7 @@ def rank_main(
     """The body of rank ``rank``'s process (see the module notes)."""
     lock = threading.Lock()
     index: int | None = None
+    ring: Any = None
     ctx: RankContext | None = None
     exitcode = 0
 
@@ -295,6 +309,8 @@ def rank_main(
         model = make_model().to(device)
         model.load_state_dict(published[0])  # the initial weights, written by the driver
         optimizer = make_optimizer(model.parameters(), device=device)
+        if spec.optimizer_state is not None:
+            optimizer.load_state_dict(_load_bytes(spec.optimizer_state))
         ctx = RankContext(rank, world, device, model, optimizer, status, spec.bucket_bytes)
         stager = DeviceStager(device)
         local: queue.Queue = queue.Queue(maxsize=1)  # one staged shard ahead of learn
@@ -312,7 +328,17 @@ def rank_main(
                 torch.save(optimizer.state_dict(), buffer)
                 send(("optimizer_state", rank, buffer.getvalue()))
                 continue
-            _, index, kind, tensors, event, kwargs = msg
+            if msg[0] == "ring":  # the batcher's weights ring (LearnerGroup.publish_to)
+                ring = msg[1]
+                continue
+            if msg[0] == "load":  # a resume: every rank loads the same state
+                if msg[1] is not None:
+                    model.load_state_dict(published[msg[1]])
+                if msg[2] is not None:
+                    optimizer.load_state_dict(_load_bytes(msg[2]))
+                send(("state_loaded", rank))
+                continue
+            _, index, kind, tensors, event, kwargs, ring_slot = msg
             del msg
             stager.ready(tensors, event)
             ctx.allreduce_ms, ctx.n_allreduce = 0.0, 0
@@ -326,7 +352,8 @@ def rank_main(
             learn_ms = (time.perf_counter() - start) * 1e3
             if rank == 0:
                 ctx._set_status(_PUBLISH)
-                dst = published[(index + 1) % len(published)]
+                dst = (published[(index + 1) % len(published)] if ring_slot is None
+                       else ring.slots[ring_slot])  # straight into the batcher's ring
                 state = model.state_dict()
                 torch._foreach_copy_([dst[k] for k in dst], [state[k] for k in dst])
             ctx._set_status(_IDLE)
@@ -346,6 +373,10 @@ def rank_main(
     # Everything is sent and the group destroyed: skip the interpreter's teardown (seconds with
     # torch loaded), which would make close() slow.
     os._exit(exitcode)
+
+
+def _load_bytes(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), weights_only=False)
 
 
 def _as_metrics(out: Any) -> dict[str, float]:

@@ -21,19 +21,21 @@ in bounded time.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
 import cloudpickle
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from rlstruct.errors import BatcherStateError, ConfigError, LearnerError, LearnerTimeoutError
+from rlstruct.errors import BatcherStateError, LearnerError, LearnerTimeoutError
+from rlstruct.learner_base import LearnerGroupBase, LearnFn, ModelFactory, OptimizerFactory
 from rlstruct.learner_rank import RankContext, _as_metrics
 from rlstruct.staging import pack, split_rows, unpack
 
@@ -110,6 +112,14 @@ class _Rank:
         assert self.ctx is not None
         return self.ctx.optimizer.state_dict()
 
+    def load(self, state: dict[str, Tensor] | None, optimizer_state: dict | None) -> None:
+        """Loads weights and/or an optimizer state (a resume; the same on every rank)."""
+        assert self.ctx is not None
+        if state is not None:
+            self.ctx.model.load_state_dict(state)
+        if optimizer_state is not None:
+            self.ctx.optimizer.load_state_dict(optimizer_state)
+
     def leave(self) -> None:
         """Destroys the process group."""
         import torch.distributed as dist
@@ -118,7 +128,7 @@ class _Rank:
             dist.destroy_process_group()
 
 
-class RayLearnerGroup:
+class RayLearnerGroup(LearnerGroupBase):
     """``n_learners`` ranks as Ray actors (see the module notes).
 
     Args:
@@ -128,53 +138,48 @@ class RayLearnerGroup:
             NCCL); 0: the CPU.
         num_cpus: CPUs per rank.
         resources: custom Ray resources per rank (e.g. ``{"learner": 1}``).
+        address: the Ray cluster, when this process is not connected yet (as for RayBatcher:
+            ``None`` joins ``RAY_ADDRESS``, else starts a local loopback cluster); the group
+            then owns the connection with the batchers, and the last to close shuts it down.
         timeout: seconds a batch may take before :class:`LearnerTimeoutError`.
         start_timeout: seconds for the actors to be placed and join.
         n_threads: torch threads per rank.
         bucket_mb: megabytes of gradients per all-reduce bucket.
 
     Raises:
-        ConfigError: Ray is not connected (``ray.init`` first), or bad arguments (listed).
+        ConfigError: bad arguments (listed).
     """
 
-    def __init__(
-        self,
-        make_model: Callable[[], nn.Module],
-        make_optimizer: Callable[..., torch.optim.Optimizer],
-        learn: Callable[..., Mapping[str, float] | None],
-        init_state: Mapping[str, Tensor],
-        n_learners: int = 1,
-        *,
-        num_gpus: float = 0.0,
-        num_cpus: float = 1.0,
-        resources: dict[str, float] | None = None,
-        timeout: float = 300.0,
-        start_timeout: float = 120.0,
-        n_threads: int = 1,
-        bucket_mb: float = 25.0,
-    ) -> None:
+    def __init__(self, make_model: ModelFactory, make_optimizer: OptimizerFactory,
+                 learn: LearnFn, init_state: Mapping[str, Tensor], n_learners: int = 1, *,
+                 num_gpus: float = 0.0, num_cpus: float = 1.0,
+                 resources: dict[str, float] | None = None, address: str | None = None,
+                 timeout: float = 300.0, start_timeout: float = 120.0, n_threads: int = 1,
+                 bucket_mb: float = 25.0) -> None:
         ray = _ray()
         problems = []
-        if not ray.is_initialized():
-            problems.append("Ray is not connected: call ray.init(address) first")
         if isinstance(n_learners, bool) or not isinstance(n_learners, int) or n_learners < 1:
             problems.append(f"n_learners must be an integer >= 1, got {n_learners!r}")
         for name, value in (("num_gpus", num_gpus), ("num_cpus", num_cpus)):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 problems.append(f"{name} must be a finite number >= 0, got {value!r}")
-        if problems:
-            raise ConfigError("RayLearnerGroup: " + "; ".join(problems))
-        self.n_learners, self.timeout = n_learners, float(timeout)
+        self._setup("RayLearnerGroup", problems, make_model, make_optimizer, learn, init_state,
+                    timeout, start_timeout, bucket_mb)
+        from rlstruct.batchers import ray as backend
+
+        self._session = backend._SESSION
+        self._owns_ray = self._session.acquire(address, max(1, math.ceil(n_learners * num_cpus)))
+        self.n_learners = n_learners
         mode = "nccl" if num_gpus >= 1 else "gloo-cuda" if num_gpus > 0 else ""
         spec = cloudpickle.dumps((make_model, make_optimizer, learn,
                                   {k: v.detach().cpu() for k, v in init_state.items()},
-                                  mode, n_threads, max(1, int(bucket_mb * 2**20))))
+                                  mode, n_threads, self.bucket_bytes))
         actor = ray.remote(_Rank).options(num_gpus=num_gpus, num_cpus=num_cpus,
                                           resources=resources or {}, max_restarts=0)
         self._actors = [actor.remote(r, n_learners, spec) for r in range(n_learners)]
         self._closed = False
         self._pending: list[Any] | None = None
-        self._weights = {k: v.detach().cpu().clone() for k, v in init_state.items()}
+        self._latest = {k: v.detach().cpu().clone() for k, v in init_state.items()}
         self._index = 0
         try:
             host, port = self._get([self._actors[0].address.remote()], start_timeout,
@@ -222,7 +227,7 @@ class RayLearnerGroup:
         answers = self._get(refs, self.timeout if timeout is None else timeout,
                             f"learning batch {self._index}")
         self._index += 1
-        self._weights = answers[0][2]
+        self._latest = answers[0][2]
         metrics = {k: sum(a[0].get(k, math.nan) for a in answers) / len(answers)
                    for k in answers[0][0]}
         for key in ("rank_learn_ms", "allreduce_ms"):
@@ -230,19 +235,26 @@ class RayLearnerGroup:
         metrics["n_allreduce"] = answers[0][1]["n_allreduce"]
         return metrics
 
-    def learn(self, batch: Any, **kwargs: Any) -> dict[str, float]:
-        """:meth:`submit` then :meth:`collect`."""
-        self.submit(batch, **kwargs)
-        return self.collect()
-
-    def state_dict(self) -> dict[str, Tensor]:
-        """Rank 0's weights after the last collected batch (the initial ones before)."""
-        return self._weights
+    def _weights(self) -> dict[str, Tensor]:
+        """Rank 0's weights, returned with its answer."""
+        return self._latest
 
     def optimizer_state_dict(self) -> dict[str, Any]:
         """Rank 0's optimizer state."""
         return self._get([self._actors[0].optimizer_state.remote()], self.timeout,
                          "sending its optimizer state")[0]
+
+    def _load(self, state: Mapping[str, Tensor] | None, optimizer_state: dict | None) -> None:
+        """Every rank loads ``state`` and/or ``optimizer_state``."""
+        if self._closed or self._pending is not None:
+            raise BatcherStateError("load: the Ray learner group is closed or has a batch in "
+                                    "flight (collect it first)")
+        if state is not None:
+            state = {k: v.detach().cpu().clone() for k, v in state.items()}
+        self._get([a.load.remote(state, optimizer_state) for a in self._actors], self.timeout,
+                  "loading a state")
+        if state is not None:
+            self._latest = state
 
     def close(self, timeout: float = 10.0) -> None:
         """Asks the ranks to leave their group, then kills every actor. Idempotent."""
@@ -251,15 +263,13 @@ class RayLearnerGroup:
             return
         self._closed = True
         refs = [a.leave.remote() for a in self._actors]
-        ray.wait(refs, num_returns=len(refs), timeout=max(0.0, timeout - 1.0))
+        with contextlib.suppress(Exception):
+            ray.wait(refs, num_returns=len(refs), timeout=max(0.0, timeout - 1.0))
         for a in self._actors:
-            ray.kill(a, no_restart=True)
-
-    def __enter__(self) -> RayLearnerGroup:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+            with contextlib.suppress(Exception):
+                ray.kill(a, no_restart=True)
+        if self._owns_ray:
+            self._session.release()
 
     def _get(self, refs: list[Any], seconds: float, what: str) -> list[Any]:
         """Every result; or the error of the first culprit (an actor that died, then a rank that

@@ -47,6 +47,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from rlstruct.errors import BatcherStateError, ConfigError, LearnerError, LearnerTimeoutError
+from rlstruct.learner_base import LearnerGroupBase, LearnFn, ModelFactory, OptimizerFactory
 from rlstruct.learner_rank import RankContext, _as_metrics
 from rlstruct.staging import pack, split_rows, unpack
 
@@ -87,15 +88,16 @@ def torchrun_group(
     on ``cuda:LOCAL_RANK`` or the CPU) and starts the group from ``model``'s weights.
 
     Raises:
-        ConfigError: ``layout.learner_devices`` given, or ``layout.n_learners`` neither 1 nor
-            ``WORLD_SIZE``.
+        ConfigError: ``layout.learner_devices`` or a Ray learner backend given, or
+            ``layout.n_learners`` neither 1 nor ``WORLD_SIZE``.
     """
     world = torchrun_world()
-    if layout.learner_devices is not None or layout.n_learners not in (1, world):
+    if (layout.learner_devices is not None or layout.n_learners not in (1, world)
+            or layout.learner_backend != "local"):
         raise ConfigError(
             f"{algo} runs under torchrun (WORLD_SIZE={world}): one rank per process on "
-            f"cuda:LOCAL_RANK or the CPU; drop --learner-devices, and --n-learners must be 1 "
-            f"or {world} (got {layout.n_learners})")
+            f"cuda:LOCAL_RANK or the CPU; drop --learner-devices and --learner-backend, and "
+            f"--n-learners must be 1 or {world} (got {layout.n_learners})")
     return TorchrunLearnerGroup(make_model, make_optimizer, learn, model.state_dict(), device)
 
 
@@ -164,6 +166,13 @@ class _Replica:
                                bucket_bytes=bucket)
         self.learn, self.rank, self.store = learn, rank, store
 
+    def load(self, state: Mapping[str, Tensor] | None, optimizer_state: dict | None) -> None:
+        """Loads weights and/or an optimizer state (a resume; the same on every rank)."""
+        if state is not None:
+            self.model.load_state_dict(state)
+        if optimizer_state is not None:
+            self.optimizer.load_state_dict(optimizer_state)
+
     def step(self, index: int, kind: str, shard: dict[str, Tensor], kwargs: dict) -> tuple:
         """Learns on the shard; returns ``(metrics, timings, checksum, rows)``."""
         self.store.set(f"phase/{self.rank}", f"learning batch {index}")
@@ -213,6 +222,10 @@ def serve_rank(device_type: str = "cpu", timeout: float = 1800.0) -> None:
             dist.broadcast_object_list(header, src=0, group=control)
             if header[0][0] == "stop":
                 break
+            if header[0][0] == "load":  # a resume: every rank loads what rank 0 loads
+                replica.load(*header[0][1:])
+                dist.barrier(group=data)
+                continue
             _, index, kind, specs, kwargs = header[0]
             size = sum(math.prod(s) * torch.empty((), dtype=d).element_size()
                        for s, d in specs.values())
@@ -246,7 +259,7 @@ def _heartbeat(store: Any, rank: int, stop: threading.Event) -> None:
             return
 
 
-class TorchrunLearnerGroup:
+class TorchrunLearnerGroup(LearnerGroupBase):
     """Rank 0's side of a learner group under torchrun (see the module notes); the same driver
     calls as :class:`~rlstruct.learner_group.LearnerGroup`, learning synchronously in this
     process as rank 0 while ranks 1..N-1 (:func:`serve_rank`) learn on their rows.
@@ -264,31 +277,25 @@ class TorchrunLearnerGroup:
         LearnerTimeoutError: the ranks did not join within ``start_timeout``.
     """
 
-    def __init__(
-        self,
-        make_model: Callable[[], nn.Module],
-        make_optimizer: Callable[..., torch.optim.Optimizer],
-        learn: Callable[..., Mapping[str, float] | None],
-        init_state: Mapping[str, Tensor],
-        device: str | torch.device = "cpu",
-        *,
-        timeout: float = 300.0,
-        start_timeout: float = 1800.0,
-        bucket_mb: float = 25.0,
-    ) -> None:
+    def __init__(self, make_model: ModelFactory, make_optimizer: OptimizerFactory,
+                 learn: LearnFn, init_state: Mapping[str, Tensor],
+                 device: str | torch.device = "cpu", *, timeout: float = 300.0,
+                 start_timeout: float = 1800.0, bucket_mb: float = 25.0) -> None:
         self.n_learners = torchrun_world()
         device = torch.device(device)
+        problems = []
         if self.n_learners < 2 or torchrun_rank() != 0 or device.type not in ("cpu", "cuda"):
-            raise ConfigError(
-                f"TorchrunLearnerGroup runs on rank 0 of a torchrun world on cpu or cuda; got "
+            problems.append(
+                f"it runs on rank 0 of a torchrun world on cpu or cuda; got "
                 f"WORLD_SIZE={self.n_learners}, RANK={os.environ.get('RANK')}, device {device}")
-        self.timeout = float(timeout)
+        self._setup("TorchrunLearnerGroup", problems, make_model, make_optimizer, learn,
+                    init_state, timeout, start_timeout, bucket_mb)
         self._closed, self._failed = False, False
         self._result: dict[str, float] | None = None
         self._submitted = 0
         init_cpu = {k: v.detach().cpu().clone() for k, v in init_state.items()}
         spec = cloudpickle.dumps((make_model, make_optimizer, learn, init_cpu, device.type,
-                                  max(1, int(bucket_mb * 2**20))))
+                                  self.bucket_bytes))
         try:
             self._store, self._control, self._data = _join(
                 0, self.n_learners, _local_device(device.type), self.timeout, start_timeout)
@@ -356,24 +363,22 @@ class TorchrunLearnerGroup:
         result, self._result = self._result, None
         return result
 
-    def learn(self, batch: Any, **kwargs: Any) -> dict[str, float]:
-        """:meth:`submit` then :meth:`collect`."""
-        self.submit(batch, **kwargs)
-        return self.collect()
-
-    def state_dict(self) -> dict[str, Tensor]:
-        """Rank 0's weights after the last batch (CPU tensors; copy them to keep them)."""
+    def _weights(self) -> dict[str, Tensor]:
+        """Rank 0's weights (CPU tensors; copy them to keep them)."""
         return {k: v.detach().cpu() for k, v in self._replica.model.state_dict().items()}
 
-    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
-        """Not supported: a torchrun group starts from the model it was given."""
-        raise ConfigError("resuming a run under torchrun is not supported; resume it with "
-                          "--n-learners N instead")
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        """Rank 0's optimizer (identical on every rank), for checkpoints."""
-        return self._replica.optimizer
+    def _load(self, state: Mapping[str, Tensor] | None, optimizer_state: dict | None) -> None:
+        """Rank 0 broadcasts ``state`` and/or ``optimizer_state``; every rank loads them."""
+        if state is not None:
+            state = {k: v.detach().cpu() for k, v in state.items()}
+        if self._closed or self._failed or self._result is not None:
+            raise BatcherStateError("load: the torchrun learner group is closed, failed, or "
+                                    "has a batch's metrics to collect")
+        header = [("load", state, optimizer_state)]
+        self._collective(lambda: dist.broadcast_object_list(header, src=0, group=self._control),
+                         "receiving a state to load", None)
+        self._replica.load(state, optimizer_state)
+        self._collective(lambda: dist.barrier(group=self._data), "loading a state", None)
 
     def optimizer_state_dict(self) -> dict[str, Any]:
         """Rank 0's optimizer state."""
@@ -391,12 +396,6 @@ class TorchrunLearnerGroup:
         if dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
-
-    def __enter__(self) -> TorchrunLearnerGroup:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _collective(self, fn: Callable[[], Any], what: str, batch: int | None) -> Any:
         """Runs ``fn``; turns a failure into an error naming the rank (read from the store)."""

@@ -148,6 +148,7 @@ class Run:
         self._saved: dict[str, Any] = {}
         self._constructors: list[tuple[Any, dict[str, Any]]] = []
         self._eval_agent: tuple[Any, dict[str, Any], DictTensor | None] | None = None
+        self._training_batcher: Any = None
         self._stack = contextlib.ExitStack()
         self.logger = RunLogger(
             algo, cfg.env_id, cfg, cfg.runs_dir, total_frames=cfg.max_frames,
@@ -223,6 +224,7 @@ class Run:
             pipeline=layout.pipeline, backend=layout.backend, ray_address=layout.ray_address,
             **layout.batcher_options(),  # --max-restarts, the Ray actors' resources
         )
+        self._training_batcher = batcher  # Run.learner_group publishes into it
         return self._stack.enter_context(batcher)
 
     def evaluator(
@@ -265,15 +267,18 @@ class Run:
     def learner_group(
         self, make_model: Callable[[], torch.nn.Module], model: torch.nn.Module,
         make_optimizer: Callable[..., torch.optim.Optimizer], learn: Callable[..., Any],
-        make_agent: Callable[[torch.nn.Module], Agent], per_rank: tuple[str, ...] = (),
+        make_agent: Callable[[torch.nn.Module], Agent] | None = None,
+        per_rank: tuple[str, ...] = (), stacked: bool = False,
     ) -> Any:
         """``--n-learners N`` (or ``--learner-devices``): a
         :class:`~rlstruct.learner_group.LearnerGroup` whose ranks run the algorithm's
         ``learn(agent, optimizer, batch, cfg, step)`` on 1/N of each batch's rows
         (:func:`~rlstruct.learner_rank.algorithm_learn`), starting from ``model``'s weights;
         checkpoints then hold rank 0's model and optimizer. Closed with the run. None with
-        one learner (the algorithm learns in this process). Under torchrun, rank 0's
-        :func:`~rlstruct.learner_torchrun.torchrun_group`."""
+        one learner (the algorithm learns in this process). ``--learner-backend ray``: a
+        :class:`~rlstruct.learner_ray.RayLearnerGroup`. Under torchrun, rank 0's
+        :func:`~rlstruct.learner_torchrun.torchrun_group`. ``make_agent`` None: ``learn`` gets
+        the model; ``stacked``: batches of ``k`` stacked minibatches, one ``learn`` each."""
         from functools import partial
 
         from rlstruct.learner_group import LearnerGroup
@@ -281,12 +286,23 @@ class Run:
 
         layout = self.cfg.layout
         rank_learn = partial(algorithm_learn, learn=learn, make_agent=make_agent, cfg=self.cfg,
-                             per_rank=per_rank)
-        if torchrun_world() == 1 and layout.n_learners == 1 and layout.learner_devices is None:
+                             per_rank=per_rank, stacked=stacked)
+        if (torchrun_world() == 1 and layout.n_learners == 1 and layout.learner_devices is None
+                and layout.learner_backend == "local"):
             return None
         if torchrun_world() > 1:  # torchrun: this is rank 0, the others wait in serve_rank
             group = self._stack.enter_context(torchrun_group(
                 self.algo, layout, make_model, make_optimizer, rank_learn, model, self.device))
+            self.checkpoint_state(model=group, optimizer=group.optimizer)
+            return group
+        if layout.learner_backend == "ray":  # ranks as Ray actors, placed by Ray
+            from rlstruct.learner_ray import RayLearnerGroup
+
+            group = self._stack.enter_context(RayLearnerGroup(
+                make_model, make_optimizer, rank_learn, model.state_dict(),
+                n_learners=layout.n_learners, num_gpus=layout.learner_num_gpus,
+                num_cpus=layout.learner_num_cpus, resources=layout.learner_resources,
+                address=layout.ray_address, n_threads=self.cfg.n_threads))
             self.checkpoint_state(model=group, optimizer=group.optimizer)
             return group
         devices = (layout.learner_devices.split(",") if layout.learner_devices
@@ -297,6 +313,8 @@ class Run:
             n_learners=layout.n_learners, devices=devices, seed=self.cfg.seed,
             n_threads=self.cfg.n_threads,
         ))
+        if self._training_batcher is not None:  # rank 0 writes into its ring where it can
+            group.publish_to(self._training_batcher)
         self.checkpoint_state(model=group, optimizer=group.optimizer)
         return group
 

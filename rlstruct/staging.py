@@ -25,8 +25,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlstruct.batchers.weights import WeightSpecs
 from rlstruct.dicttensor import DictTensor
-from rlstruct.errors import KeyMismatchError, ShapeError
+from rlstruct.errors import ShapeError
 from rlstruct.temporal import TemporalDictTensor
 from rlstruct.trajectories import Trajectories
 
@@ -85,10 +86,11 @@ def split_rows(tensors: Mapping[str, Tensor], n_shards: int) -> list[dict[str, T
     return [{k: v[i * size:(i + 1) * size] for k, v in tensors.items()} for i in range(n_shards)]
 
 
-class StagingRing:
+class StagingRing(WeightSpecs):
     """``n_slots`` shared-memory CPU copies of one rank's shard, written by the driver.
 
-    Allocated from the first shard (keys, shapes, dtypes); a later shard must match it.
+    Allocated from the first shard (keys, shapes, dtypes); a later shard must match it
+    (:meth:`~rlstruct.batchers.weights.WeightSpecs.check`).
 
     Args:
         example: the first shard.
@@ -98,7 +100,8 @@ class StagingRing:
 
     def __init__(self, example: Mapping[str, Tensor], n_slots: int = 2) -> None:
         assert n_slots >= 1, n_slots
-        self.specs = {k: (tuple(v.shape), v.dtype) for k, v in example.items()}
+        super().__init__(example, "learner group", "the batch shard", "the first batch",
+                         " (the staging buffers were allocated from the first batch)")
         self.slots = [
             {k: torch.empty(s, dtype=d).share_memory_() for k, (s, d) in self.specs.items()}
             for _ in range(n_slots)
@@ -108,29 +111,6 @@ class StagingRing:
     def n_slots(self) -> int:
         """The number of slots."""
         return len(self.slots)
-
-    def check(self, shard: Mapping[str, Tensor]) -> None:
-        """Raises unless ``shard`` has the ring's keys, shapes and dtypes.
-
-        Raises:
-            KeyMismatchError: missing or unexpected keys (named).
-            ShapeError: a key with another shape or dtype (named, with both).
-        """
-        missing = sorted(set(self.specs) - set(shard))
-        extra = sorted(set(shard) - set(self.specs))
-        if missing or extra:
-            raise KeyMismatchError(
-                f"learner group: this batch has other keys than the first one: missing "
-                f"{missing}, unexpected {extra} (the staging buffers were allocated from the "
-                "first batch)"
-            )
-        for k, v in shard.items():
-            shape, dtype = self.specs[k]
-            if tuple(v.shape) != shape or v.dtype != dtype:
-                raise ShapeError(
-                    f"learner group: batch[{k!r}] shard is {tuple(v.shape)} {v.dtype}, but the "
-                    f"first batch's was {shape} {dtype} (the staging buffers have fixed shapes)"
-                )
 
     def write(self, slot: int, shard: Mapping[str, Tensor]) -> None:
         """Copies ``shard`` (checked, any device) into ``slot``."""

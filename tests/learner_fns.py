@@ -121,3 +121,24 @@ def failing_model() -> nn.Module:
     if dist.get_rank() == 1:
         raise RuntimeError("no checkpoint at weights.pt")
     return toy_model()
+
+
+# ------------------------------------------------------------------- direct publication
+def mlp_model() -> nn.Module:
+    """The model of tests/agents.py's ``MLPAgent(obs_dim=3, n_actions=3, hidden=16)``."""
+    return nn.Sequential(nn.Linear(3, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def mlp_learn(ctx, batch: DictTensor) -> dict[str, float]:
+    """Two full-shard regression steps through the group's averaging step."""
+    for _ in range(2):
+        loss = (ctx.model(batch["x"]) - batch["y"]).square().mean()
+        ctx.step(ctx.optimizer, loss, 1.0)
+    return {"loss": float(loss.detach())}
+
+
+def mlp_reference(model: nn.Module, batch: DictTensor,
+                  optimizer: torch.optim.Optimizer) -> None:
+    """:func:`mlp_learn`'s steps by a single learner in this process, on all the rows."""
+    for _ in range(2):
+        gradient_step(optimizer, (model(batch["x"]) - batch["y"]).square().mean(), 1.0)

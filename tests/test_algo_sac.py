@@ -140,13 +140,12 @@ def test_learn_on_replayed_pendulum_segments_moves_every_part():
     assert buffer.add(traj) == 32
     squashed = buffer.transitions()[sac.STORED_SQUASHED]
     assert squashed.abs().max() < 1  # tanh(u): what the critics read
-    critic = sac.TwinQ(3, 1, hidden=16)
-    target = copy.deepcopy(critic).requires_grad_(False)
-    log_alpha = torch.nn.Parameter(torch.tensor(0.0))
+    nets = sac.sac_nets(3, space_spec(space), 16, init_alpha=1.0, actor=actor)
+    critic, target, log_alpha = nets.critic, nets.target, nets.temperature["log_alpha"]
     optimizer = torch.optim.Adam([*actor.parameters(), *critic.parameters(), log_alpha], lr=0.01)
     before = [copy.deepcopy(m.state_dict()) for m in (actor, critic, target)]
     old_target = [p.clone() for p in target.parameters()]
-    stats = sac.learn(actor, critic, target, log_alpha, optimizer, buffer.sample(32), cfg, -1.0)
+    stats = sac.learn(nets, optimizer, buffer.sample(32), cfg)  # H_target = -dim(A) = -1
     assert all(math.isfinite(float(v)) for v in stats.values())
     for module, old in zip((actor, critic, target), before):
         assert any(not torch.equal(v, old[k]) for k, v in module.state_dict().items())

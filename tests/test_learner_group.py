@@ -69,7 +69,7 @@ def test_staging_ring_checks_keys_and_shapes_and_stages_a_copy():
     assert event is None and staged["x"].sum() == 12
     with pytest.raises(KeyMismatchError, match=r"missing \['x'\], unexpected \['z'\]"):
         ring.check({"z": torch.zeros(4, 3)})
-    with pytest.raises(ShapeError, match=r"batch\['x'\] shard is \(4, 2\)"):
+    with pytest.raises(ShapeError, match=r"shard\['x'\] is \(4, 2\)"):
         ring.check({"x": torch.zeros(4, 2)})
 
 
@@ -167,7 +167,7 @@ def test_one_rank_group_is_bitwise_a_single_learner_and_pipelines_batches():
         optimizer = learner_fns.adam(model.parameters())
         for batch in batches:
             learner_fns.toy_reference(model, batch, optimizer=optimizer)
-        with pytest.raises(ShapeError, match="shard is"):
+        with pytest.raises(ShapeError, match=r"shard\[.*\] is"):
             g.submit(toy_batch(n=32))
         assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
     with pytest.raises(BatcherStateError, match="closed"):
@@ -285,6 +285,34 @@ def test_layout_refuses_a_device_list_of_the_wrong_length():
     problems = LayoutConfig(n_learners=0, learner_devices="cpu,cpu").problems()
     assert any("n_learners must be >= 1" in p for p in problems)
     assert any("names 2 device(s)" in p for p in problems)
+
+
+def test_the_ray_learner_flags_parse_and_every_problem_is_listed(monkeypatch):
+    import importlib.util
+
+    import tyro
+
+    from algos import ppo
+    from rlstruct.experiment import LayoutConfig
+
+    cfg = tyro.cli(ppo.Config, args=["--backend", "ray", "--learner-backend", "ray",
+                                     "--n-learners", "2", "--learner-num-gpus", "0.5",
+                                     "--learner-resources", "learner", "1"])
+    layout = cfg.layout
+    assert (layout.learner_backend, layout.learner_num_gpus) == ("ray", 0.5)
+    assert layout.learner_resources == {"learner": 1.0}
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "ray" else real(name, *a))
+    with pytest.raises(ConfigError) as err:
+        ppo.Config(layout=LayoutConfig(learner_backend="ray", learner_devices="cpu",
+                                       learner_num_gpus=-1, learner_resources={"x": -1}))
+    for text in ("needs Ray, an optional extra: pip install rlstruct[ray]",
+                 "learner_devices places local ranks", "learner_num_gpus must be >= 0",
+                 "learner_resources must be >= 0"):
+        assert text in str(err.value), text
+    problems = LayoutConfig(learner_num_gpus=1).problems()
+    assert any("add --learner-backend ray" in p for p in problems)
 
 
 @pytest.mark.slow

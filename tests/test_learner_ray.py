@@ -149,3 +149,26 @@ def test_a_ray_rank_that_raises_or_dies_is_named(cluster):
             group.learn(batch, index=1)
     assert err.value.rank == 1
     assert _alive_ranks() == []
+
+
+@pytest.mark.timeout(300)
+def test_ppo_places_its_learner_ranks_on_ray_from_its_flags(cluster, tmp_path):
+    import csv
+
+    import tyro
+
+    from algos import ppo
+
+    cfg = tyro.cli(ppo.Config, args=[
+        "--learner-device", "cpu", "--backend", "ray", "--n-processes", "2", "--n-envs", "1",
+        "--learner-backend", "ray", "--n-learners", "2", "--learner-num-cpus", "0",
+        "--learner-resources", "learner", "1", "--n-timesteps", "16", "--max-frames", "160",
+        "--eval-every", "0", "--n-epochs", "1", "--runs-dir", str(tmp_path)])
+    summary = ppo.main(cfg)  # Run.learner_group: a RayLearnerGroup beside the RayBatcher
+    assert summary["stopped_by"] == "max_frames"
+    with open(tmp_path / summary["run_dir"] / "progress.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("n_allreduce") not in (None, "", "nan")]
+    assert rows and all(float(r["n_allreduce"]) >= 1 and float(r["allreduce_ms"]) > 0
+                        for r in rows)  # two ranks averaged their gradients
+    assert _alive_ranks() == []  # closed with the run
+    assert ray.is_initialized()  # the fixture's connection: not the group's to shut down

@@ -103,3 +103,31 @@ def test_a_failing_rank_is_named_by_rank_0_within_its_deadline(fault, expected, 
     assert rank0.returncode == 0, rank0.stdout  # rank 0 caught the error and closed
     assert rank1.returncode != 0  # the faulty rank did not pretend to succeed
     assert took < 45, took  # deadline 3 s + heartbeat check + orphan grace + start-up
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_torchrun_run_resumes_with_every_rank_on_the_checkpoint(tmp_path):
+    base = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            "2", "-m", "algos.ppo", "--eval-every", "0", "--n-processes", "1", "--n-envs", "4",
+            "--runs-dir", str(tmp_path / "runs")]
+    env = {"PYTHONPATH": str(ROOT)}
+    [first] = _run([([*base, "--max-frames", "1024"], env)], cwd=tmp_path, timeout=180)
+    assert first.returncode == 0, first.stdout
+    [run_dir] = list((tmp_path / "runs").iterdir())
+    import torch
+
+    steps = torch.load(run_dir / "checkpoints" / "latest.pt",
+                       weights_only=False)["optimizer"]["state"][0]["step"]
+    [second] = _run([([*base, "--max-frames", "2048", "--resume", str(run_dir)], env)],
+                    cwd=tmp_path, timeout=180)
+    assert second.returncode == 0, second.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumes"] == 1 and summary["frames"] >= 2048
+    with open(run_dir / "progress.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["n_allreduce"] not in ("", "nan")
+                and int(r["frames"]) > 1024]
+    # Rank 1 loaded rank 0's optimizer state too: a fresh Adam there would part the replicas.
+    assert rows and all(float(r["replica_spread"]) == 0.0 for r in rows)
+    after = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=False)
+    assert after["optimizer"]["state"][0]["step"] > steps  # Adam's count went on

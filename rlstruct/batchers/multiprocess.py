@@ -467,8 +467,17 @@ class Batcher(WorkerPool):
             self._weights = SharedWeights(state_dict, max(2, self.pipeline + 1))
             for w in range(len(self._procs)):
                 self._send(w, (Command.WEIGHTS, (self._weights, None)), "update")
+        self._wait_for_slot(version)
+        if self._weights.is_slot(version, state_dict):  # filled in place (reserve_weights)
+            self._weights.commit(version)
+        else:
+            self._weights.write(version, state_dict)
+        self._shared_version = version
+
+    def _wait_for_slot(self, version: int) -> None:
+        """Never overwrite a version that a queued segment has yet to load."""
+        assert self._weights is not None
         ring = self._weights.n_slots
-        # Never overwrite a version that a queued segment has yet to load.
         self._pump(
             lambda: not any(
                 load is not None and load % ring == version % ring
@@ -478,8 +487,21 @@ class Batcher(WorkerPool):
             lambda: self._last_progress + self.timeout,
             "execute (update)",
         )
-        self._weights.write(version, state_dict)
-        self._shared_version = version
+
+    @serialized
+    def reserve_weights(self) -> tuple[SharedWeights, int] | None:
+        """``(ring, version)``: the shared ring and the version the next ``update`` makes, its
+        slot reserved (tagged as being written) for a writer in any process of this node to fill
+        in place; ``update(ring.slots[version % ring.n_slots])`` then checks it (keys, shapes,
+        finite values) and commits it without a copy. None before the first state_dict update
+        (which allocates the ring). Nothing else may update the batcher in between."""
+        self._require("reserve_weights", Phase.NEW, Phase.READY, Phase.RUNNING, Phase.STREAMING)
+        if self._weights is None:
+            return None
+        version = self._version + 1
+        self._wait_for_slot(version)
+        self._weights.reserve(version)
+        return self._weights, version
 
     def _publish_info(self, version: int, info: Any) -> None:
         """Pickles ``info`` once and sends it to every worker, applied between segments."""

@@ -66,36 +66,45 @@ def check_finite(state_dict: Mapping[str, Tensor]) -> None:
 
 
 class WeightSpecs:
-    """The keys, shapes and dtypes of the first state_dict a batcher was given; every later one
-    must match (the workers' copies were made from it).
+    """The keys, shapes and dtypes of a first mapping of tensors (a batcher's first state_dict,
+    a learner group's first batch shard); every later one must match (the copies in shared
+    memory were allocated from it).
 
     Args:
-        example: the first state_dict (any device).
+        example: the first mapping (any device).
+        where: who checks, the start of every message (``"update()"``).
+        what: what is checked (``"the state_dict"``); a key's tensor is ``what[key]``.
+        first: what the specs came from (``"the first update"``).
+        hint: appended to every message (e.g. why the shapes are fixed).
     """
 
-    def __init__(self, example: Mapping[str, Tensor]) -> None:
+    def __init__(
+        self, example: Mapping[str, Tensor], where: str = "update()",
+        what: str = "the state_dict", first: str = "the first update", hint: str = "",
+    ) -> None:
         self.specs = {k: (tuple(v.shape), v.dtype) for k, v in example.items()}
+        self._where, self._what, self._first, self._hint = where, what, first, hint
 
-    def check(self, state_dict: Mapping[str, Tensor]) -> None:
-        """Raises unless ``state_dict`` has exactly the first one's keys, shapes and dtypes.
+    def check(self, tensors: Mapping[str, Tensor]) -> None:
+        """Raises unless ``tensors`` has exactly the first one's keys, shapes and dtypes.
 
         Raises:
             KeyMismatchError: a missing or extra key (named).
             ShapeError: a key with another shape or dtype (named, with both).
         """
-        missing = [k for k in self.specs if k not in state_dict]
-        extra = [k for k in state_dict if k not in self.specs]
+        missing = [k for k in self.specs if k not in tensors]
+        extra = [k for k in tensors if k not in self.specs]
         if missing or extra:
             raise KeyMismatchError(
-                f"update(): the state_dict has other keys than the first one: missing "
-                f"{missing}, unexpected {extra}"
+                f"{self._where}: {self._what} has other keys than {self._first}: missing "
+                f"{missing}, unexpected {extra}{self._hint}"
             )
-        for k, v in state_dict.items():
+        for k, v in tensors.items():
             shape, dtype = self.specs[k]
             if tuple(v.shape) != shape or v.dtype != dtype:
                 raise ShapeError(
-                    f"update(): state_dict[{k!r}] is {tuple(v.shape)} {v.dtype}, but the first "
-                    f"update had {shape} {dtype}"
+                    f"{self._where}: {self._what}[{k!r}] is {tuple(v.shape)} {v.dtype}, but "
+                    f"{self._first} had {shape} {dtype}{self._hint}"
                 )
 
 
@@ -129,13 +138,26 @@ class SharedWeights(WeightSpecs):
         """Bytes of one slot."""
         return sum(t.numel() * t.element_size() for t in self.slots[0].values())
 
-    def write(self, version: int, state_dict: Mapping[str, Tensor]) -> None:
-        """Copies ``state_dict`` (checked, any device) into the slot of ``version``."""
+    def reserve(self, version: int) -> dict[str, Tensor]:
+        """The slot of ``version``, tagged as being written (no reader takes it): a writer (the
+        batcher, or a learner rank in another process) fills it, then :meth:`commit`."""
         slot = version % self.n_slots
         self.tags[slot] = -1
-        dst = self.slots[slot]
+        return self.slots[slot]
+
+    def commit(self, version: int) -> None:
+        """Tags the slot of ``version`` (filled since :meth:`reserve`) as holding it."""
+        self.tags[version % self.n_slots] = version
+
+    def is_slot(self, version: int, tensors: Mapping[str, Tensor]) -> bool:
+        """True when ``tensors`` is the very slot of ``version`` (filled in place)."""
+        return tensors is self.slots[version % self.n_slots]
+
+    def write(self, version: int, state_dict: Mapping[str, Tensor]) -> None:
+        """Copies ``state_dict`` (checked, any device) into the slot of ``version``."""
+        dst = self.reserve(version)
         torch._foreach_copy_([dst[k] for k in self.keys], [state_dict[k] for k in self.keys])
-        self.tags[slot] = version
+        self.commit(version)
 
     def staging(self) -> dict[str, Tensor]:
         """A worker-local copy of one slot's tensors, to load versions into."""
