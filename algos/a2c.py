@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import tyro
@@ -48,7 +48,7 @@ from rlstruct.sampling import HeadSampler, greedy_info
 @dataclass
 class Config(RunConfig):
     """A2C with GAE on auto-reset segments (see algos/a2c.py); defaults tuned for CartPole-v1."""
-
+    learner_ranks: ClassVar[bool] = True  # --n-learners: Run.learner_group
     eval_every: int = 50
     checkpoint_every: int = 200
     lr: float = 4e-3

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import torch
 import tyro
@@ -47,7 +47,7 @@ from rlstruct.sampling import ActorAgent, greedy_info
 @dataclass
 class Config(RunConfig):
     """IMPALA with V-trace on a pipelined batcher (see algos/impala.py); tuned for CartPole-v1."""
-
+    learner_ranks: ClassVar[bool] = True  # --n-learners: Run.learner_group
     vf_coef: float = 0.5
     """weight of the value loss"""
     ent_coef: float = 0.0

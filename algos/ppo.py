@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import tyro
@@ -50,7 +50,7 @@ from rlstruct.sampling import PolicyAgent, greedy_info
 @dataclass
 class Config(RunConfig):
     """Clipped PPO on auto-reset segments (see algos/ppo.py); defaults tuned for CartPole-v1."""
-
+    learner_ranks: ClassVar[bool] = True  # --n-learners: Run.learner_group
     max_frames: int = 300_000
     gamma: float = 0.98
     anneal_lr: bool = True

@@ -25,7 +25,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import torch
 import tyro
@@ -53,7 +53,7 @@ STORED_KEYS = (K.OBS_FRAME, STORED_SQUASHED, K.NEXT_FRAME, K.NEXT_REWARD, K.NEXT
 class Config(RunConfig):
     """SAC with twin critics, Polyak targets and automatic temperature (see algos/sac.py). The
     defaults solve Pendulum-v1 in 6-7k frames, a step per frame, 4 envs in this process."""
-
+    learner_ranks: ClassVar[bool] = True  # --n-learners: Run.learner_group
     env_id: str = "Pendulum-v1"
     target_return: float | None = -200.0
     n_timesteps: int = 8

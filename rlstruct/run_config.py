@@ -14,10 +14,11 @@ from typing import Annotated, ClassVar, Literal
 
 import tyro
 
-from rlstruct.checkpoint import config_changes
+from rlstruct.checkpoint import config_changes, object_path
 from rlstruct.env_registry import env_id_problems, env_module_problems
 from rlstruct.errors import ConfigError
 from rlstruct.experiment import LayoutConfig
+from rlstruct.learner_torchrun import torchrun_world
 from rlstruct.logger import config_to_dict
 
 __all__ = ["RunConfig", "RESUMABLE"]
@@ -87,6 +88,10 @@ class RunConfig:
     """where each part runs"""
     #: The smallest ``n_timesteps`` an algorithm accepts (REINFORCE: 0, the episode's length).
     min_timesteps: ClassVar[int] = 1
+    #: Whether the algorithm learns through :meth:`~rlstruct.run.Run.learner_group`, so it takes
+    #: learner ranks (``--n-learners``, ``--learner-devices``, ``--learner-backend ray``,
+    #: torchrun); an algorithm that does not refuses them rather than ignore them.
+    learner_ranks: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         """Applies ``layout_file``, then checks everything (:meth:`problems`).
@@ -125,7 +130,7 @@ class RunConfig:
             problems.append(f"time_budget must be > 0 seconds, got {self.time_budget}")
         if not 0 < self.gamma <= 1:
             problems.append(f"gamma must be in (0, 1], got {self.gamma}")
-        problems += self.layout.problems()
+        problems += self.layout.problems() + self._learner_rank_problems()
         module_problems = env_module_problems(self.env_module)
         problems += module_problems
         if not module_problems:
@@ -133,3 +138,16 @@ class RunConfig:
         if self.resume is not None:
             problems += config_changes(self.resume, config_to_dict(self), RESUMABLE)
         return problems
+
+    def _learner_rank_problems(self) -> list[str]:
+        layout = self.layout
+        asked = [flag for flag, on in (
+            (f"n_learners={layout.n_learners}", layout.n_learners > 1),
+            ("learner_devices", bool(layout.learner_devices)),
+            ("learner_backend 'ray'", layout.learner_backend == "ray"),
+            (f"torchrun (WORLD_SIZE={torchrun_world()})", torchrun_world() > 1)) if on]
+        if not asked or self.learner_ranks:
+            return []
+        algorithm = object_path(type(self)).split(":")[0]  # algos.dqn, also as __main__
+        return [f"{', '.join(asked)}: {algorithm} learns in one process and takes no learner "
+                f"ranks (ppo, a2c, impala and sac do; docs/guide-learners.md)"]

@@ -129,3 +129,19 @@ def test_help_from_any_folder(name, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "usage:" in done.stdout and "--learner-device" in done.stdout
     assert inspect.getdoc(ALGOS[name].Config).split("\n")[0][:40] in done.stdout
+
+
+@pytest.mark.parametrize("name", ["dqn", "reinforce", "appo"])
+def test_an_algorithm_without_learner_ranks_refuses_them(name, monkeypatch):
+    """DQN, REINFORCE and APPO learn in one process: --n-learners, --learner-devices, the Ray
+    learner backend and torchrun are refused with the algorithm's name, never ignored."""
+    config, layout = ALGOS[name].Config, LayoutConfig
+    for fields in ({"n_learners": 2}, {"learner_devices": "cpu"}):
+        with pytest.raises(ConfigError, match=f"algos.{name} learns in one process"):
+            config(layout=layout(**fields))
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it on every rank
+    with pytest.raises(ConfigError, match=r"torchrun \(WORLD_SIZE=2\)"):
+        config()
+    monkeypatch.delenv("WORLD_SIZE")
+    config()  # the default layout has one learner
+    ppo.Config(layout=layout(n_learners=2))  # an algorithm with learner ranks takes them
