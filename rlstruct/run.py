@@ -146,6 +146,9 @@ class Run:
         self._tracker = EpisodeTracker()
         self._evaluator: Evaluator | None = None
         self._saved: dict[str, Any] = {}
+        #: name -> the module a saved object stands for (a learner group for the model it
+        #: replicates): how the checkpoint's constructors and evaluation agent find it.
+        self._stands_for: dict[str, Any] = {}
         self._constructors: list[tuple[Any, dict[str, Any]]] = []
         self._eval_agent: tuple[Any, dict[str, Any], DictTensor | None] | None = None
         self._training_batcher: Any = None
@@ -293,7 +296,7 @@ class Run:
         if torchrun_world() > 1:  # torchrun: this is rank 0, the others wait in serve_rank
             group = self._stack.enter_context(torchrun_group(
                 self.algo, layout, make_model, make_optimizer, rank_learn, model, self.device))
-            self.checkpoint_state(model=group, optimizer=group.optimizer)
+            self._checkpoint_group(group, model)
             return group
         if layout.learner_backend == "ray":  # ranks as Ray actors, placed by Ray
             from rlstruct.learner_ray import RayLearnerGroup
@@ -303,7 +306,7 @@ class Run:
                 n_learners=layout.n_learners, num_gpus=layout.learner_num_gpus,
                 num_cpus=layout.learner_num_cpus, resources=layout.learner_resources,
                 address=layout.ray_address, n_threads=self.cfg.n_threads))
-            self.checkpoint_state(model=group, optimizer=group.optimizer)
+            self._checkpoint_group(group, model)
             return group
         devices = (layout.learner_devices.split(",") if layout.learner_devices
                    else [str(torch.device(self.device.type, k)) for k in range(layout.n_learners)]
@@ -315,8 +318,15 @@ class Run:
         ))
         if self._training_batcher is not None:  # rank 0 writes into its ring where it can
             group.publish_to(self._training_batcher)
-        self.checkpoint_state(model=group, optimizer=group.optimizer)
+        self._checkpoint_group(group, model)
         return group
+
+    def _checkpoint_group(self, group: Any, model: torch.nn.Module) -> None:
+        """Checkpoints hold the group's (rank 0's) model and optimizer under the names a
+        single learner uses; the group stands for ``model``, so the checkpoint still records
+        how to rebuild it and the evaluation agent (``python -m rlstruct evaluate``)."""
+        self._stands_for["model"] = model
+        self.checkpoint_state(model=group, optimizer=group.optimizer)
 
     def checkpoint_state(self, **objects: Any) -> None:
         """What checkpoints hold: ``name -> obj.state_dict()`` for each object given (model,
@@ -480,15 +490,16 @@ class Run:
             CheckpointError: the write failed (e.g. a full disk; the last good one is kept).
         """
         state = {name: obj.state_dict() for name, obj in self._saved.items()}
+        modules = {name: self._stands_for.get(name, obj) for name, obj in self._saved.items()}
         state.update(
             algo=self.algo, config=config_to_dict(self.cfg), frames=self.frames,
             iteration=self.iteration, episodes=self.logger.episodes, resumes=self.n_resumes,
             wall_time=time.monotonic() - self.start, eval_return=self.eval_return,
             solved_at=None if self._solved_at is None else list(self._solved_at),
             best_score=self.logger.best_score, rng=rng_state(),
-            constructors={name: spec for name, obj in self._saved.items()
+            constructors={name: spec for name, obj in modules.items()
                           for built, spec in self._constructors if obj is built},
-            agent=None if self._eval_agent is None else agent_spec(*self._eval_agent, self._saved),
+            agent=None if self._eval_agent is None else agent_spec(*self._eval_agent, modules),
         )
         self.logger.checkpoint(state, score=self.logger.train_return())
 

@@ -220,15 +220,17 @@ def test_a_custom_env_module_reaches_ray_actors(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("algo", ["reinforce", "a2c", "ppo", "dqn", "impala", "appo", "trpo",
-                                  "sac"])
+                                  "sac", "ppo --n-learners 2"])
 def test_every_algorithms_checkpoint_is_evaluated_from_the_command_line(algo, tmp_path):
     # The model is rebuilt from the checkpoint alone: its recorded constructor must be
-    # importable (a class of `python -m algos.x` lives in __main__) and take plain values.
+    # importable (a class of `python -m algos.x` lives in __main__) and take plain values. A
+    # learner group's checkpoint holds rank 0's model under the same name, rebuilt the same way.
+    algo, *extra = algo.split()
     frames = "600" if algo == "sac" else "2000"
     processes = "2" if algo in ("impala", "appo") else "1"  # pipelined: worker processes
     trained = python(["-m", f"algos.{algo}", "--max-frames", frames, "--eval-every", "0",
-                      "--n-processes", processes, "--target-return", "None"], cwd=tmp_path,
-                     timeout=150)
+                      "--n-processes", processes, "--target-return", "None", *extra],
+                     cwd=tmp_path, timeout=150)
     assert trained.returncode == 0, trained.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
     done = python(["-m", "rlstruct", "evaluate", str(run_dir), "--episodes", "2"], cwd=tmp_path,
