@@ -123,15 +123,16 @@ RL_Agent_CheckDevice = CheckDevice
 class RL_Batcher:  # noqa: N801 - rlstructures' name
     """rlstructures' ``RL_Batcher`` constructor over rlstruct's batchers.
 
-    The arguments keep rlstructures' order, so positional calls port unchanged: it is
-    ``Batcher``'s order up to ``device`` (whose declaration this signature is derived from), with
-    no default for ``n_processes``, ``seeds``, ``agent_info`` and ``env_info``, then
-    ``store_agent_state``. On the CPU the
+    The arguments keep rlstructures' order, so positional calls port unchanged. On the CPU the
     batcher is a :class:`~rlstruct.Batcher` with ``n_processes`` worker processes. On any other
     device it is a :class:`~rlstruct.SerialBatcher` on that device: one process whose envs run on
     the CPU behind a :class:`~rlstruct.envs.DeviceEnv` (``create_env`` may also return a
     DeviceEnv itself, as rlstructures required), so ``n_processes`` must be 1 there (give the
     envs of all processes to ``env_args`` instead). The underlying batcher is :attr:`batcher`.
+
+    rlstructures' order is ``Batcher``'s up to ``device``, so the signature is derived from
+    ``Batcher``'s declaration: the same arguments, with no default for ``n_processes``,
+    ``seeds``, ``agent_info`` and ``env_info``, then ``store_agent_state``.
 
     Args:
         n_timesteps: ``T``, the maximum number of steps of a segment.
@@ -159,8 +160,8 @@ class RL_Batcher:  # noqa: N801 - rlstructures' name
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        # The arguments are bound to rlstructures' signature (_rlstructures_signature: Batcher's
-        # own order, as below), so a wrong call raises the TypeError of any Python call.
+        # Bound to rlstructures' signature (_rlstructures_signature), which help() and
+        # inspect.signature show: a wrong call raises a TypeError like any Python call's.
         try:
             bound = _RL_BATCHER_SIGNATURE.bind(*args, **kwargs)
         except TypeError as e:
