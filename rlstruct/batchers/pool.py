@@ -38,13 +38,15 @@ from rlstruct.agent import Agent
 from rlstruct.batchers.base import BatcherBase, Phase, serialized
 from rlstruct.batchers.buffer import SlotBuffer, Specs
 from rlstruct.batchers.restart import Fault, RestartPolicy, exhausted, restart_env_seed
-from rlstruct.batchers.seeding import env_seed_bases
+from rlstruct.batchers.rollout import infer_specs
+from rlstruct.batchers.rows import broadcast_rows
+from rlstruct.batchers.seeding import env_seed_bases, isolated_rngs
 from rlstruct.batchers.validation import check_picklable, find_non_cpu
 from rlstruct.batchers.weights import WeightSpecs, is_state_dict
 from rlstruct.batchers.weights import check_finite as check_finite_weights
 from rlstruct.dicttensor import DeviceLike, DictTensor
 from rlstruct.envs.base import VecEnv
-from rlstruct.errors import WorkerError, WorkerTimeoutError
+from rlstruct.errors import ConfigError, WorkerError, WorkerTimeoutError
 from rlstruct.trajectories import Trajectories
 
 __all__ = ["WorkerPool", "pool_arguments", "worker_error", "external_cpu_seconds", "CLOSE_GRACE_S"]
@@ -54,6 +56,10 @@ __all__ = ["WorkerPool", "pool_arguments", "worker_error", "external_cpu_seconds
 CLOSE_GRACE_S = 1.0
 
 _Init = TypeVar("_Init", bound=Callable[..., None])
+
+#: ``(create_env, env_args, create_agent, agent_args)``: what every worker builds its env and
+#: agent from (pickled into :attr:`~rlstruct.batchers.core.CoreSpec.factories`), and the probe.
+Factories = tuple[Callable[..., VecEnv], dict[str, Any], Callable[..., Agent], dict[str, Any]]
 
 
 def worker_error(payload: Mapping[str, Any], w: int, prefix: str = "") -> WorkerError:
@@ -163,16 +169,15 @@ class WorkerPool(BatcherBase):
         self.n_timesteps, self.n_processes, self.timeout = n_timesteps, n_processes, timeout
         self.pipeline, self.restart = pipeline, restart
         self._n_threads, self._start_timeout = n_threads, start_timeout
+        factories: Factories = (create_env, env_args, create_agent, agent_args)
         self._before_probe()
-        n, step_specs, info_specs = self._probe(
-            create_env, env_args, create_agent, agent_args, agent_info, env_info, n_processes
-        )
+        n, step_specs, info_specs = self._probe(factories, agent_info, env_info)
         self._env_bases, default_agent_seeds = env_seed_bases(seeds, n_processes, n)
         self._agent_seeds = list(agent_seeds) if agent_seeds is not None else default_agent_seeds
         self._n_envs, self._n_rows = n, n * n_processes
         self._agent_info_specs = self._agent_info.specs()
         self._env_info_specs = self._env_info.specs()
-        self._factories = cloudpickle.dumps((create_env, env_args, create_agent, agent_args))
+        self._factories = cloudpickle.dumps(factories)
         self._version = 0
         self._weight_specs: WeightSpecs | None = None
         #: Every worker fault a restart absorbed, oldest first.
@@ -202,6 +207,38 @@ class WorkerPool(BatcherBase):
         """Sets up what ``close`` needs, before anything can fail; returns the problems of the
         backend's own arguments (``device`` among them), listed with the others."""
         raise NotImplementedError
+
+    def _probe(
+        self, factories: Factories, agent_info: DictTensor | None, env_info: DictTensor | None
+    ) -> tuple[int, Specs, Specs]:
+        """Builds a throwaway env and agent in this process, from the ``factories`` every worker
+        gets, to learn ``n`` (envs per worker) and every spec before any worker starts, under
+        saved-and-restored generators (the caller's random streams are not consumed); sets
+        ``_agent_info``/``_env_info`` to the examples broadcast to ``n * n_processes`` rows.
+
+        Returns:
+            ``(n, step_specs, info_specs)``.
+        """
+        create_env, env_args, create_agent, agent_args = factories
+        n_workers = self.n_processes
+        with isolated_rngs():
+            probe_env = create_env(**env_args, seed=0)
+            try:
+                if not isinstance(probe_env, VecEnv):
+                    raise ConfigError(
+                        f"create_env returned a {type(probe_env).__name__}, not a VecEnv"
+                    )
+                n = probe_env.n_envs()
+                probe_agent = create_agent(**agent_args)
+                self._agent_info = broadcast_rows(agent_info, n * n_workers, "agent_info")
+                self._env_info = broadcast_rows(env_info, n * n_workers, "env_info")
+                step_specs, info_specs = infer_specs(
+                    probe_env, probe_agent, self._agent_info.slice(0, n), self._env_info.slice(0, n)
+                )
+                probe_agent.close()
+            finally:
+                probe_env.close()
+        return n, step_specs, info_specs
 
     def _before_probe(self) -> None:
         """Called once the checks passed, before the probe (e.g. to start something in the
