@@ -28,14 +28,14 @@ instead of assertions and hangs, ...) are listed in ``docs/migrating-from-rlstru
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import inspect
 from typing import Any
 
 from rlstruct.agent import Agent
 from rlstruct.batchers import Batcher, SerialBatcher
 from rlstruct.checks import CheckDevice
 from rlstruct.devices import resolve_device
-from rlstruct.dicttensor import DeviceLike, DictTensor, masked_dicttensor, masked_tensor
+from rlstruct.dicttensor import DictTensor, masked_dicttensor, masked_tensor
 from rlstruct.envs import DeviceEnv, GymEnv, GymEnvInf, VecEnv
 from rlstruct.errors import ConfigError
 from rlstruct.replay import replay_agent as _replay_agent
@@ -130,6 +130,10 @@ class RL_Batcher:  # noqa: N801 - rlstructures' name
     DeviceEnv itself, as rlstructures required), so ``n_processes`` must be 1 there (give the
     envs of all processes to ``env_args`` instead). The underlying batcher is :attr:`batcher`.
 
+    rlstructures' order is ``Batcher``'s up to ``device``, so the signature is derived from
+    ``Batcher``'s declaration: the same arguments, with no default for ``n_processes``,
+    ``seeds``, ``agent_info`` and ``env_info``, then ``store_agent_state``.
+
     Args:
         n_timesteps: ``T``, the maximum number of steps of a segment.
         create_agent: ``create_agent(**agent_args) -> Agent``.
@@ -155,22 +159,17 @@ class RL_Batcher:  # noqa: N801 - rlstructures' name
         WorkerError: a worker failed while starting.
     """
 
-    def __init__(
-        self,
-        n_timesteps: int,
-        create_agent: Callable[..., Agent],
-        agent_args: Mapping[str, Any] | None,
-        create_env: Callable[..., VecEnv],
-        env_args: Mapping[str, Any] | None,
-        n_processes: int,
-        seeds: int | Sequence[int],
-        agent_info: DictTensor | None,
-        env_info: DictTensor | None,
-        agent_seeds: Sequence[int] | None = None,
-        device: DeviceLike = "cpu",
-        store_agent_state: bool = False,
-    ) -> None:
-        if store_agent_state:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Bound to rlstructures' signature (_rlstructures_signature), which help() and
+        # inspect.signature show: a wrong call raises a TypeError like any Python call's.
+        try:
+            bound = _RL_BATCHER_SIGNATURE.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"RL_Batcher(): {e}") from None
+        bound.apply_defaults()
+        given = dict(bound.arguments)
+        device = given.pop("device")
+        if given.pop("store_agent_state"):
             raise ConfigError(
                 "store_agent_state=True: rlstruct stores the agent state at the start of each "
                 "segment in info['agent_state/*'] (not at every step); replay_agent recomputes "
@@ -179,37 +178,16 @@ class RL_Batcher:  # noqa: N801 - rlstructures' name
         resolved = resolve_device(device)
         self.batcher: Batcher | SerialBatcher
         if resolved.type == "cpu":
-            self.batcher = Batcher(
-                n_timesteps,
-                create_agent,
-                agent_args,
-                create_env,
-                env_args,
-                n_processes=n_processes,
-                seeds=seeds,
-                agent_info=agent_info,
-                env_info=env_info,
-                agent_seeds=agent_seeds,
-            )
+            self.batcher = Batcher(**given)
             return
+        n_processes = given.pop("n_processes")
         if n_processes != 1:
             raise ConfigError(
                 f"RL_Batcher(device={device!r}, n_processes={n_processes!r}): a non-CPU batcher "
                 "is one process (rlstruct's SerialBatcher with the envs behind a DeviceEnv); "
                 "pass n_processes=1 and give all the envs to env_args, or collect on the CPU"
             )
-        self.batcher = SerialBatcher(
-            n_timesteps,
-            create_agent,
-            agent_args,
-            create_env,
-            env_args,
-            seeds=seeds,
-            agent_info=agent_info,
-            env_info=env_info,
-            agent_seeds=agent_seeds,
-            device=resolved,
-        )
+        self.batcher = SerialBatcher(**given, device=resolved)
 
     def reset(
         self, agent_info: DictTensor | None = None, env_info: DictTensor | None = None
@@ -248,6 +226,30 @@ class RL_Batcher:  # noqa: N801 - rlstructures' name
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _rlstructures_signature() -> inspect.Signature:
+    """``RL_Batcher.__init__``'s signature, as rlstructures had it: ``Batcher``'s arguments up to
+    ``device``, in its order, of which ``n_processes``, ``seeds``, ``agent_info`` and ``env_info``
+    have no default, then ``store_agent_state``."""
+    required = {"n_processes", "seeds", "agent_info", "env_info"}
+    params = [
+        p.replace(default=inspect.Parameter.empty) if p.name in required else p
+        for p in inspect.signature(Batcher.__init__).parameters.values()
+        if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and p.name != "self"
+    ]
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    store = inspect.Parameter("store_agent_state", kind, default=False, annotation="bool")
+    return inspect.Signature([*params, store], return_annotation="None")
+
+
+_RL_BATCHER_SIGNATURE = _rlstructures_signature()
+RL_Batcher.__init__.__signature__ = _RL_BATCHER_SIGNATURE.replace(  # type: ignore[attr-defined]
+    parameters=[
+        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        *_RL_BATCHER_SIGNATURE.parameters.values(),
+    ]
+)
 
 
 def replay_agent(

@@ -76,7 +76,35 @@ def _row_index(idx: Index, n: int, device: torch.device | None) -> Tensor | slic
     return idx
 
 
-class DictTensor:
+class _NamedTensors:
+    """The read-only mapping protocol of a container of named tensors, over its
+    ``{key: tensor}`` dict ``_tensors``: ``keys``, ``values``, ``items``, iteration and ``in``.
+    :class:`DictTensor` holds that dict; :class:`~rlstruct.TemporalDictTensor` reads its
+    DictTensor's."""
+
+    __slots__ = ()
+    _tensors: dict[str, Tensor]
+
+    def keys(self) -> Iterable[str]:
+        """The keys, in insertion order."""
+        return self._tensors.keys()
+
+    def values(self) -> Iterable[Tensor]:
+        """The tensors, in key order."""
+        return self._tensors.values()
+
+    def items(self) -> Iterable[tuple[str, Tensor]]:
+        """``(key, tensor)`` pairs, in key order."""
+        return self._tensors.items()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._tensors
+
+
+class DictTensor(_NamedTensors):
     """A mapping ``str -> Tensor`` whose tensors are batch-first ``(B, *feat)`` on one device.
 
     Args:
@@ -127,24 +155,6 @@ class DictTensor:
         return out
 
     # ------------------------------------------------------------------ mapping protocol
-    def keys(self) -> Iterable[str]:
-        """The keys, in insertion order."""
-        return self._tensors.keys()
-
-    def values(self) -> Iterable[Tensor]:
-        """The tensors, in key order."""
-        return self._tensors.values()
-
-    def items(self) -> Iterable[tuple[str, Tensor]]:
-        """``(key, tensor)`` pairs, in key order."""
-        return self._tensors.items()
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._tensors)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._tensors
-
     def __getitem__(self, key: str) -> Tensor:
         if not isinstance(key, str):
             raise TypeError(

@@ -8,18 +8,26 @@ Invariant (checked at construction and on every write):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
-from rlstruct.dicttensor import DeviceLike, DictTensor, Index, _as_device, _row_index, _same_device
+from rlstruct.dicttensor import (
+    DeviceLike,
+    DictTensor,
+    Index,
+    _as_device,
+    _NamedTensors,
+    _row_index,
+    _same_device,
+)
 from rlstruct.errors import DeviceContractError, KeyMismatchError, ShapeError
 
 __all__ = ["TemporalDictTensor"]
 
 
-class TemporalDictTensor:
+class TemporalDictTensor(_NamedTensors):
     """Batch-first, time-second named tensors with a valid length per row.
 
     Args:
@@ -105,23 +113,11 @@ class TemporalDictTensor:
         return out
 
     # ------------------------------------------------------------------ mapping protocol
-    def keys(self) -> Iterable[str]:
-        """The keys, in insertion order."""
-        return self._dt.keys()
-
-    def values(self) -> Iterable[Tensor]:
-        """The ``(B, T, *feat)`` tensors."""
-        return self._dt.values()
-
-    def items(self) -> Iterable[tuple[str, Tensor]]:
-        """``(key, tensor)`` pairs."""
-        return self._dt.items()
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._dt)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._dt
+    # keys, values, items, iteration and ``in`` are _NamedTensors', over this dict.
+    @property
+    def _tensors(self) -> dict[str, Tensor]:
+        """The ``{key: (B, T, *feat) tensor}`` dict of the underlying DictTensor."""
+        return self._dt._tensors
 
     def __getitem__(self, key: str) -> Tensor:
         return self._dt[key]

@@ -8,14 +8,10 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from rlstruct.agent import Agent
 from rlstruct.batchers.buffer import Specs
 from rlstruct.batchers.restart import RestartPolicy
-from rlstruct.batchers.rollout import infer_specs
 from rlstruct.batchers.rows import broadcast_rows
-from rlstruct.batchers.seeding import isolated_rngs
 from rlstruct.dicttensor import DeviceLike, DictTensor
-from rlstruct.envs.base import VecEnv
 from rlstruct.errors import BatcherStateError, ConfigError, ShapeError
 from rlstruct.trajectories import Trajectories
 
@@ -136,43 +132,6 @@ class BatcherBase:
                 f"got {pipeline!r}"
             ]
         return []
-
-    def _probe(
-        self,
-        create_env: Callable[..., VecEnv],
-        env_args: Mapping[str, Any],
-        create_agent: Callable[..., Agent],
-        agent_args: Mapping[str, Any],
-        agent_info: DictTensor | None,
-        env_info: DictTensor | None,
-        n_workers: int,
-    ) -> tuple[int, Specs, Specs]:
-        """Builds a throwaway env and agent in this process to learn ``n`` (envs per worker)
-        and every spec before any worker starts, under saved-and-restored generators (the
-        caller's random streams are not consumed); sets ``_agent_info``/``_env_info`` to the
-        examples broadcast to ``n * n_workers`` rows.
-
-        Returns:
-            ``(n, step_specs, info_specs)``.
-        """
-        with isolated_rngs():
-            probe_env = create_env(**env_args, seed=0)
-            try:
-                if not isinstance(probe_env, VecEnv):
-                    raise ConfigError(
-                        f"create_env returned a {type(probe_env).__name__}, not a VecEnv"
-                    )
-                n = probe_env.n_envs()
-                probe_agent = create_agent(**agent_args)
-                self._agent_info = broadcast_rows(agent_info, n * n_workers, "agent_info")
-                self._env_info = broadcast_rows(env_info, n * n_workers, "env_info")
-                step_specs, info_specs = infer_specs(
-                    probe_env, probe_agent, self._agent_info.slice(0, n), self._env_info.slice(0, n)
-                )
-                probe_agent.close()
-            finally:
-                probe_env.close()
-        return n, step_specs, info_specs
 
     @staticmethod
     def _raise_problems(problems: list[str]) -> None:

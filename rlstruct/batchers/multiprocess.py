@@ -26,10 +26,9 @@ from typing import Any
 import torch
 import torch.multiprocessing as tmp
 
-from rlstruct.agent import Agent
 from rlstruct.batchers import transport
 from rlstruct.batchers.base import Phase, serialized
-from rlstruct.batchers.buffer import SlotBuffer
+from rlstruct.batchers.buffer import SlotBuffer, Specs
 from rlstruct.batchers.pool import WorkerPool, worker_error
 from rlstruct.batchers.processes import (
     FORKSERVER_MAX_FDS,
@@ -37,21 +36,14 @@ from rlstruct.batchers.processes import (
     shutdown,
     worker_context,
 )
-from rlstruct.batchers.restart import RestartPolicy
 from rlstruct.batchers.weights import SharedWeights
 from rlstruct.batchers.worker import Command, Reply, WorkerSpec, worker_main
 from rlstruct.dicttensor import DeviceLike, DictTensor
-from rlstruct.envs.base import VecEnv
 from rlstruct.errors import WorkerError
 from rlstruct.trajectories import Trajectories
 
 __all__ = ["Batcher", "worker_context"]
 
-#: What a tensor or module not on the CPU in the arguments is told.
-_NON_CPU = (
-    "Batcher workers are CPU-only; pass CPU tensors/models (the batcher copies them) or use "
-    "SerialBatcher(device=...) for a GPU"
-)
 
 class Batcher(WorkerPool):
     """Collects trajectories with ``n_processes`` CPU worker processes.
@@ -112,45 +104,33 @@ class Batcher(WorkerPool):
         WorkerError: a worker failed while starting (env or agent factory raised).
     """
 
-    def __init__(
-        self,
-        n_timesteps: int,
-        create_agent: Callable[..., Agent],
-        agent_args: Mapping[str, Any] | None,
-        create_env: Callable[..., VecEnv],
-        env_args: Mapping[str, Any] | None,
-        n_processes: int = 1,
-        seeds: int | Sequence[int] = 0,
-        agent_info: DictTensor | None = None,
-        env_info: DictTensor | None = None,
-        agent_seeds: Sequence[int] | None = None,
-        device: DeviceLike = "cpu",
-        *,
-        n_threads: int = 1,
-        timeout: float = 300.0,
-        start_timeout: float = 120.0,
-        pipeline: int = 1,
-        restart: RestartPolicy | None = None,
-    ) -> None:
+    #: What a tensor or module not on the CPU in the arguments is told.
+    _NON_CPU = (
+        "Batcher workers are CPU-only; pass CPU tensors/models (the batcher copies them) or use "
+        "SerialBatcher(device=...) for a GPU"
+    )
+
+    # The constructor is the WorkerPool's (the arguments above); these are the transport's parts.
+    def _prepare(self, device: DeviceLike) -> list[str]:
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
-        problems = []
+        self._contexts: list[multiprocessing.context.BaseContext] = []
         if torch.device(device).type != "cpu":
-            problems.append(
+            return [
                 f"device={device!r}: Batcher workers are CPU-only; use SerialBatcher(device=...) "
                 "to collect on a GPU (one process, DeviceEnv)"
-            )
-        contexts: list[multiprocessing.context.BaseContext] = []
+            ]
+        return []
+
+    def _before_probe(self) -> None:
         # The forkserver imports torch and rlstruct while the probe runs.
-        step_specs, info_specs = self._setup(
-            n_timesteps, (create_agent, agent_args), (create_env, env_args), (agent_info, env_info),
-            n_processes, seeds, agent_seeds, (n_threads, timeout, start_timeout, pipeline, restart),
-            problems, _NON_CPU, before_probe=lambda: contexts.append(worker_context(start=True)),
-        )  # fmt: skip
-        ctx = contexts[0]
+        self._contexts.append(worker_context(start=True))
+
+    def _start(self, device: DeviceLike, step_specs: Specs, info_specs: Specs) -> None:
+        ctx = self._contexts.pop()
         self.buffers = [
-            SlotBuffer(self._n_rows, n_timesteps, step_specs, info_specs, shared=True)
-            for _ in range(pipeline)
+            SlotBuffer(self._n_rows, self.n_timesteps, step_specs, info_specs, shared=True)
+            for _ in range(self.pipeline)
         ]
         self.buffer = self.buffers[0]
         self._agent_info_in = {k: v.clone().share_memory_() for k, v in self._agent_info.items()}
@@ -163,27 +143,24 @@ class Batcher(WorkerPool):
         self._finalizer = weakref.finalize(self, shutdown, self._procs, self._conns)
         self._ctx = ctx
         started = time.monotonic()
-        for p in range(n_processes):
+        for p in range(self.n_processes):
             proc, conn = self._start_worker(p, self._env_bases[p])
             self._procs.append(proc)
             self._conns.append(conn)
         self._weights: SharedWeights | None = None
         self._shared_version: int | None = None
-        self._requested: list[int | None] = [None] * n_processes  # last load asked of each
+        self._requested: list[int | None] = [None] * self.n_processes  # last load asked of each
         self._inflight: list[deque[tuple[int, int | None]]] = [deque() for _ in self._procs]
-        self._waiting: set[int] = set(range(n_processes))  # READY / RESET_DONE expected
+        self._waiting: set[int] = set(range(self.n_processes))  # READY / RESET_DONE expected
         self._reset_results: dict[int, int] = {}
         self._last_progress = started
         self._last_blob: tuple[int, bytes] | None = None
         try:
-            self._pump(lambda: not self._waiting, lambda: started + start_timeout, "start")
+            self._pump(lambda: not self._waiting, lambda: started + self._start_timeout, "start")
         except BaseException:
             self.close()  # nobody gets this object to close it: stop the workers now
             raise
         self.startup_seconds = time.monotonic() - started
-        self._n_running: int | None = None
-        self._phase = Phase.NEW
-        self._started = True
 
     def _start_worker(self, p: int, env_seed: int) -> tuple[Any, Connection]:
         spec = WorkerSpec(

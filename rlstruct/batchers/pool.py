@@ -4,8 +4,9 @@
 The pool owns the decisions; a backend keeps only its transport (start a worker, send it a call,
 wait for answers, kill it):
 
-- the arguments: every check, the probe of a throwaway env and agent, the seeds
-  (:meth:`WorkerPool._setup`);
+- the constructor: its arguments, every check, the probe of a throwaway env and agent, the
+  seeds (``WorkerPool.__init__``; a backend adds its own checks in ``_prepare`` and starts its
+  workers in ``_start``);
 - the restart policy's bookkeeping: faults, the rows a fault spoils, the delay, the budget
   (:meth:`WorkerPool._absorb`, :meth:`WorkerPool._replace`);
 - the errors: a worker's error payload becomes a :class:`WorkerError` naming worker, env and
@@ -14,19 +15,20 @@ wait for answers, kill it):
 - the weights: ``update`` checks every state_dict against the first one and counts versions
   (:meth:`WorkerPool.update`).
 
-A backend implements ``_stop_hung``, ``_stop_worker``, ``_start_replacement``,
-``_publish_weights`` and ``_publish_info`` (and may add to ``_after_update`` and
-``_timeout_hint``).
+A backend implements ``_prepare``, ``_start``, ``_stop_hung``, ``_stop_worker``,
+``_start_replacement``, ``_publish_weights`` and ``_publish_info`` (and may add to
+``_before_probe``, ``_after_update`` and ``_timeout_hint``).
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import socket
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import cloudpickle
 import psutil
@@ -36,20 +38,28 @@ from rlstruct.agent import Agent
 from rlstruct.batchers.base import BatcherBase, Phase, serialized
 from rlstruct.batchers.buffer import SlotBuffer, Specs
 from rlstruct.batchers.restart import Fault, RestartPolicy, exhausted, restart_env_seed
-from rlstruct.batchers.seeding import env_seed_bases
+from rlstruct.batchers.rollout import infer_specs
+from rlstruct.batchers.rows import broadcast_rows
+from rlstruct.batchers.seeding import env_seed_bases, isolated_rngs
 from rlstruct.batchers.validation import check_picklable, find_non_cpu
 from rlstruct.batchers.weights import WeightSpecs, is_state_dict
 from rlstruct.batchers.weights import check_finite as check_finite_weights
 from rlstruct.dicttensor import DeviceLike, DictTensor
 from rlstruct.envs.base import VecEnv
-from rlstruct.errors import WorkerError, WorkerTimeoutError
+from rlstruct.errors import ConfigError, WorkerError, WorkerTimeoutError
 from rlstruct.trajectories import Trajectories
 
-__all__ = ["WorkerPool", "worker_error", "external_cpu_seconds", "CLOSE_GRACE_S"]
+__all__ = ["WorkerPool", "pool_arguments", "worker_error", "external_cpu_seconds", "CLOSE_GRACE_S"]
 
 #: Seconds ``close`` gives workers to leave by themselves (closing their envs and agent) before
 #: the next, harder step (SIGTERM then SIGKILL for a process, ``ray.kill`` for an actor).
 CLOSE_GRACE_S = 1.0
+
+_Init = TypeVar("_Init", bound=Callable[..., None])
+
+#: ``(create_env, env_args, create_agent, agent_args)``: what every worker builds its env and
+#: agent from (pickled into :attr:`~rlstruct.batchers.core.CoreSpec.factories`), and the probe.
+Factories = tuple[Callable[..., VecEnv], dict[str, Any], Callable[..., Agent], dict[str, Any]]
 
 
 def worker_error(payload: Mapping[str, Any], w: int, prefix: str = "") -> WorkerError:
@@ -70,6 +80,23 @@ def worker_error(payload: Mapping[str, Any], w: int, prefix: str = "") -> Worker
         exc_type=payload["type"],
         remote_traceback=payload["traceback"],
     )
+
+
+def pool_arguments(init: _Init) -> _Init:
+    """Decorates a backend's thin ``__init__(self, *args, <its own keyword-only options>,
+    **kwargs)``, which hands ``args`` and ``kwargs`` to :meth:`WorkerPool.__init__`: its
+    signature, as ``help()``, ``inspect.signature`` and the API reference show it, becomes the
+    pool's arguments followed by the backend's own options (the pool's are declared once)."""
+    own = [
+        p
+        for p in inspect.signature(init).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    shared = list(inspect.signature(WorkerPool.__init__).parameters.values())
+    init.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        shared + own, return_annotation=inspect.signature(init).return_annotation
+    )
+    return init
 
 
 #: The live pools (for :func:`external_cpu_seconds`), and the external CPU seconds of pools that
@@ -94,48 +121,36 @@ class WorkerPool(BatcherBase):
     _started = False
 
     # ------------------------------------------------------------------ construction
-    def _setup(
+    def __init__(
         self,
         n_timesteps: int,
-        agent: tuple[Callable[..., Agent], Mapping[str, Any] | None],
-        env: tuple[Callable[..., VecEnv], Mapping[str, Any] | None],
-        infos: tuple[DictTensor | None, DictTensor | None],
-        n_processes: int,
-        seeds: int | Sequence[int],
-        agent_seeds: Sequence[int] | None,
-        options: tuple[int, float, float, int, RestartPolicy | None],
-        problems: list[str],
-        non_cpu_hint: str,
-        before_probe: Callable[[], None] | None = None,
-    ) -> tuple[Specs, Specs]:
-        """Checks every argument (``problems``: the backend's own, listed with the others), then
-        probes a throwaway env and agent and derives the seeds; nothing is started before all
-        checks passed.
-
-        Args:
-            n_timesteps: ``T``.
-            agent: ``(create_agent, agent_args)``.
-            env: ``(create_env, env_args)``.
-            infos: the example ``(agent_info, env_info)``.
-            n_processes: ``P``.
-            seeds: the run seed or one per worker.
-            agent_seeds: one agent seed per worker, or None.
-            options: ``(n_threads, timeout, start_timeout, pipeline, restart)``.
-            problems: the backend's own problems with its arguments.
-            non_cpu_hint: what to say about a tensor or module that is not on the CPU.
-            before_probe: called once the checks passed, before the probe (e.g. to start
-                something in the background while the probe runs).
-
-        Returns:
-            The step and info specs of the buffers.
+        create_agent: Callable[..., Agent],
+        agent_args: Mapping[str, Any] | None,
+        create_env: Callable[..., VecEnv],
+        env_args: Mapping[str, Any] | None,
+        n_processes: int = 1,
+        seeds: int | Sequence[int] = 0,
+        agent_info: DictTensor | None = None,
+        env_info: DictTensor | None = None,
+        agent_seeds: Sequence[int] | None = None,
+        device: DeviceLike = "cpu",
+        *,
+        n_threads: int = 1,
+        timeout: float = 300.0,
+        start_timeout: float = 120.0,
+        pipeline: int = 1,
+        restart: RestartPolicy | None = None,
+    ) -> None:
+        """The one constructor of every worker-pool backend (the arguments are documented by
+        each backend's class): checks every argument, the backend's own among them
+        (:meth:`_prepare`), then probes a throwaway env and agent and derives the seeds, and
+        only then asks the backend to start its workers (:meth:`_start`).
 
         Raises:
-            ConfigError: every problem at once.
+            ConfigError: every problem at once, before anything starts.
             TypeError: a factory or argument that cannot be pickled.
         """
-        (create_agent, agent_args), (create_env, env_args) = agent, env
-        agent_info, env_info = infos
-        n_threads, timeout, start_timeout, pipeline, restart = options
+        own = self._prepare(device)
         found = self._validate_common(
             n_timesteps, create_agent, agent_args, create_env, env_args, seeds, agent_info, env_info
         )
@@ -143,10 +158,10 @@ class WorkerPool(BatcherBase):
             n_processes, seeds, agent_seeds, n_threads, restart, timeout, start_timeout
         )
         found += self._validate_pipeline(pipeline)
-        found += problems
+        found += own
         named = {"agent_args": agent_args, "env_args": env_args}
         for name, value in {**named, "agent_info": agent_info, "env_info": env_info}.items():
-            found += [f"{where}: {non_cpu_hint}" for where in find_non_cpu(value, name)]
+            found += [f"{where}: {self._NON_CPU}" for where in find_non_cpu(value, name)]
         self._raise_problems(found)
         agent_args, env_args = dict(agent_args or {}), dict(env_args or {})
         check_picklable(create_env=create_env, env_args=env_args)
@@ -154,17 +169,15 @@ class WorkerPool(BatcherBase):
         self.n_timesteps, self.n_processes, self.timeout = n_timesteps, n_processes, timeout
         self.pipeline, self.restart = pipeline, restart
         self._n_threads, self._start_timeout = n_threads, start_timeout
-        if before_probe is not None:
-            before_probe()
-        n, step_specs, info_specs = self._probe(
-            create_env, env_args, create_agent, agent_args, agent_info, env_info, n_processes
-        )
+        factories: Factories = (create_env, env_args, create_agent, agent_args)
+        self._before_probe()
+        n, step_specs, info_specs = self._probe(factories, agent_info, env_info)
         self._env_bases, default_agent_seeds = env_seed_bases(seeds, n_processes, n)
         self._agent_seeds = list(agent_seeds) if agent_seeds is not None else default_agent_seeds
         self._n_envs, self._n_rows = n, n * n_processes
         self._agent_info_specs = self._agent_info.specs()
         self._env_info_specs = self._env_info.specs()
-        self._factories = cloudpickle.dumps((create_env, env_args, create_agent, agent_args))
+        self._factories = cloudpickle.dumps(factories)
         self._version = 0
         self._weight_specs: WeightSpecs | None = None
         #: Every worker fault a restart absorbed, oldest first.
@@ -182,7 +195,60 @@ class WorkerPool(BatcherBase):
         self._external = [False] * n_processes  # runs outside this process tree
         self._retired_cpu = [0.0, 0.0]  # (all, external) of the workers that were replaced
         _POOLS.add(self)
-        return step_specs, info_specs
+        self._start(device, step_specs, info_specs)
+        self._n_running: int | None = None
+        self._phase = Phase.NEW
+        self._started = True
+
+    #: What a tensor or module not on the CPU in the arguments is told (a backend's words).
+    _NON_CPU = "pass CPU tensors/models"
+
+    def _prepare(self, device: DeviceLike) -> list[str]:
+        """Sets up what ``close`` needs, before anything can fail; returns the problems of the
+        backend's own arguments (``device`` among them), listed with the others."""
+        raise NotImplementedError
+
+    def _probe(
+        self, factories: Factories, agent_info: DictTensor | None, env_info: DictTensor | None
+    ) -> tuple[int, Specs, Specs]:
+        """Builds a throwaway env and agent in this process, from the ``factories`` every worker
+        gets, to learn ``n`` (envs per worker) and every spec before any worker starts, under
+        saved-and-restored generators (the caller's random streams are not consumed); sets
+        ``_agent_info``/``_env_info`` to the examples broadcast to ``n * n_processes`` rows.
+
+        Returns:
+            ``(n, step_specs, info_specs)``.
+        """
+        create_env, env_args, create_agent, agent_args = factories
+        n_workers = self.n_processes
+        with isolated_rngs():
+            probe_env = create_env(**env_args, seed=0)
+            try:
+                if not isinstance(probe_env, VecEnv):
+                    raise ConfigError(
+                        f"create_env returned a {type(probe_env).__name__}, not a VecEnv"
+                    )
+                n = probe_env.n_envs()
+                probe_agent = create_agent(**agent_args)
+                self._agent_info = broadcast_rows(agent_info, n * n_workers, "agent_info")
+                self._env_info = broadcast_rows(env_info, n * n_workers, "env_info")
+                step_specs, info_specs = infer_specs(
+                    probe_env, probe_agent, self._agent_info.slice(0, n), self._env_info.slice(0, n)
+                )
+                probe_agent.close()
+            finally:
+                probe_env.close()
+        return n, step_specs, info_specs
+
+    def _before_probe(self) -> None:
+        """Called once the checks passed, before the probe (e.g. to start something in the
+        background while the probe runs)."""
+
+    def _start(self, device: DeviceLike, step_specs: Specs, info_specs: Specs) -> None:
+        """Allocates the buffers, starts every worker and waits (within ``start_timeout``) for
+        them to be ready; on failure, closes what it started and raises. Sets
+        ``startup_seconds``."""
+        raise NotImplementedError
 
     # ------------------------------------------------------------------ CPU accounting
     @property

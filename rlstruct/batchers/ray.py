@@ -32,19 +32,16 @@ from typing import Any
 
 import torch
 
-from rlstruct.agent import Agent
 from rlstruct.batchers.base import Phase, serialized
-from rlstruct.batchers.buffer import SlotBuffer
-from rlstruct.batchers.pool import CLOSE_GRACE_S, WorkerPool, worker_error
+from rlstruct.batchers.buffer import SlotBuffer, Specs
+from rlstruct.batchers.pool import CLOSE_GRACE_S, WorkerPool, pool_arguments, worker_error
 from rlstruct.batchers.ray_actor import ActorBody, ActorSpec
 from rlstruct.batchers.ray_options import check_ray_options
 from rlstruct.batchers.ray_session import RaySession
 from rlstruct.batchers.ray_updates import UpdateLog
 from rlstruct.batchers.ray_wire import from_wire, readonly_ok, to_wire
-from rlstruct.batchers.restart import RestartPolicy
 from rlstruct.batchers.transport import to_cpu_bytes
 from rlstruct.dicttensor import DeviceLike, DictTensor
-from rlstruct.envs.base import VecEnv
 from rlstruct.errors import WorkerError
 from rlstruct.trajectories import Trajectories
 
@@ -58,9 +55,6 @@ else:
     RAY_IMPORT_ERROR = None
 
 __all__ = ["RayBatcher", "INSTALL_HINT"]
-
-#: What a tensor or module not on the CPU in the arguments is told.
-_NON_CPU = "pass CPU tensors/models (each actor builds its own copy, and moves it to its device)"
 
 #: What the ImportError says when Ray is missing.
 INSTALL_HINT = "RayBatcher needs Ray, an optional extra: pip install rlstruct[ray]"
@@ -168,49 +162,45 @@ class RayBatcher(WorkerPool):
         WorkerTimeoutError: the actors did not start within ``start_timeout``.
     """
 
+    #: What a tensor or module not on the CPU in the arguments is told.
+    _NON_CPU = (
+        "pass CPU tensors/models (each actor builds its own copy, and moves it to its device)"
+    )
+
+    @pool_arguments
     def __init__(
         self,
-        n_timesteps: int,
-        create_agent: Callable[..., Agent],
-        agent_args: Mapping[str, Any] | None,
-        create_env: Callable[..., VecEnv],
-        env_args: Mapping[str, Any] | None,
-        n_processes: int = 1,
-        seeds: int | Sequence[int] = 0,
-        agent_info: DictTensor | None = None,
-        env_info: DictTensor | None = None,
-        agent_seeds: Sequence[int] | None = None,
-        device: DeviceLike = "cpu",
-        *,
-        n_threads: int = 1,
-        timeout: float = 300.0,
-        start_timeout: float = 120.0,
-        pipeline: int = 1,
-        restart: RestartPolicy | None = None,
+        *args: Any,
         address: str | None = None,
         num_cpus_per_actor: float = 1,
         num_gpus_per_actor: float = 0,
         actor_options: Mapping[str, Any] | None = None,
+        **kwargs: Any,
     ) -> None:
+        # The arguments every worker pool takes (``args``, ``kwargs``: ``n_timesteps`` to
+        # ``restart``, see the class docstring) go to WorkerPool.__init__, which checks them
+        # with these, the options of Ray, and calls _prepare and _start.
         _require_ray()
-        begun = time.monotonic()
-        self._actors: list[Any] = []
-        problems = check_ray_options(
-            device, address, num_cpus_per_actor, num_gpus_per_actor, actor_options
-        )
-        step_specs, info_specs = self._setup(
-            n_timesteps, (create_agent, agent_args), (create_env, env_args), (agent_info, env_info),
-            n_processes, seeds, agent_seeds, (n_threads, timeout, start_timeout, pipeline, restart),
-            problems, _NON_CPU,
-        )  # fmt: skip
-        self._device = torch.device(device)
+        self._begun = time.monotonic()
+        self._address, self._actor_options_given = address, actor_options
         self._num_cpus, self._num_gpus = num_cpus_per_actor, num_gpus_per_actor
-        self._actor_options = dict(actor_options or {})
+        super().__init__(*args, **kwargs)
+
+    def _prepare(self, device: DeviceLike) -> list[str]:
+        self._actors: list[Any] = []
+        return check_ray_options(
+            device, self._address, self._num_cpus, self._num_gpus, self._actor_options_given
+        )
+
+    def _start(self, device: DeviceLike, step_specs: Specs, info_specs: Specs) -> None:
+        n_processes = self.n_processes
+        self._device = torch.device(device)
+        self._actor_options = dict(self._actor_options_given or {})
         self._step_specs, self._info_specs = step_specs, info_specs
         #: The driver's copy of every actor's rows, one per segment slot, read like a
         #: Batcher's shared buffers.
         self.buffers = [
-            SlotBuffer(self._n_rows, n_timesteps, step_specs, info_specs)
+            SlotBuffer(self._n_rows, self.n_timesteps, step_specs, info_specs)
             for _ in range(self.pipeline)
         ]
         self.buffer = self.buffers[0]
@@ -227,27 +217,24 @@ class RayBatcher(WorkerPool):
         session = _SESSION
         assert session is not None  # _require_ray() passed
         owns = session.acquire(
-            address, max(os.cpu_count() or 1, math.ceil(n_processes * num_cpus_per_actor))
+            self._address, max(os.cpu_count() or 1, math.ceil(n_processes * self._num_cpus))
         )
         self._owns_ray = owns
         self._finalizer = weakref.finalize(self, session.finalize, self._actors, owns)
         try:
             if owns:
-                session.check_room(n_processes, num_cpus_per_actor, num_gpus_per_actor)
+                session.check_room(n_processes, self._num_cpus, self._num_gpus)
             started = time.monotonic()
             for p in range(n_processes):
                 actor, ref = self._spawn(p, self._env_bases[p])
                 self._actors.append(actor)
                 self._outstanding[p] = ref
             self._last_progress = started
-            self._pump("start", lambda: started + start_timeout)
+            self._pump("start", lambda: started + self._start_timeout)
         except BaseException:
             self.close()  # nobody gets this object to close it: stop the actors now
             raise
-        self._started = True
-        self._n_running: int | None = None
-        self._phase = Phase.NEW
-        self.startup_seconds = time.monotonic() - begun
+        self.startup_seconds = time.monotonic() - self._begun
 
     # ------------------------------------------------------------------ actors
     def _spawn(self, p: int, env_seed: int) -> tuple[Any, Any]:
