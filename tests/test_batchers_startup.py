@@ -43,12 +43,14 @@ def test_worker_context_imports_dynamo_in_a_background_thread_once():
 
 
 @pytest.mark.slow
-def test_optimizer_built_while_the_preload_runs():
-    """A user's script builds its optimizer right after the Batcher: the main thread's import of
-    ``torch._dynamo`` meets the background one (Python's import lock), and both finish."""
+def test_the_batcher_leaves_no_preload_thread_and_the_optimizer_follows():
+    """A user's script builds its optimizer right after the Batcher: the constructor has waited
+    for the background import (no thread of its making outlives it), and the optimizer is
+    built."""
     done = run_fresh("""
+        import threading
         import torch
-        from rlstruct.batchers import Batcher
+        from rlstruct.batchers import Batcher, processes
         from rlstruct.envs import GymEnvInf
         from rlstruct.nets import MLPActorCritic
         from rlstruct.sampling import ActorAgent
@@ -58,6 +60,10 @@ def test_optimizer_built_while_the_preload_runs():
             batcher = Batcher(4, ActorAgent, {"model": model}, GymEnvInf,
                               {"env": "CartPole-v1", "n_envs": 2}, n_processes=2)
             try:
+                assert processes._preload_thread is not None
+                assert not processes._preload_thread.is_alive(), "the preload outlived start"
+                names = [t.name for t in threading.enumerate()]
+                assert "rlstruct-preload" not in names, names
                 optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
                 batcher.reset()
                 batcher.execute()

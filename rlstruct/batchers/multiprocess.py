@@ -33,6 +33,7 @@ from rlstruct.batchers.buffer import SlotBuffer
 from rlstruct.batchers.pool import WorkerPool, worker_error
 from rlstruct.batchers.processes import (
     FORKSERVER_MAX_FDS,
+    finish_preload,
     send_close,
     shutdown,
     worker_context,
@@ -345,6 +346,8 @@ class Batcher(WorkerPool):
                     if final is not None:
                         raise self._fail(final)
             if done():
+                if what == "start":  # the workers are up: so is, usually, the preload
+                    finish_preload()
                 return True
             remaining = limit - time.monotonic()
             if remaining <= 0:

@@ -28,7 +28,8 @@ from rlstruct.batchers import transport
 from rlstruct.batchers.pool import CLOSE_GRACE_S
 from rlstruct.batchers.worker import Command
 
-__all__ = ["worker_context", "send_close", "shutdown", "FORKSERVER_MAX_FDS", "PRELOAD"]
+__all__ = ["worker_context", "finish_preload", "send_close", "shutdown", "FORKSERVER_MAX_FDS",
+           "PRELOAD"]
 
 #: The forkserver hands at most 256 descriptors to a new process (multiprocessing's limit);
 #: a buffer with more shared tensors starts its workers with ``spawn`` instead.
@@ -58,6 +59,15 @@ def _preload_in_background() -> threading.Thread | None:
         )
         _preload_thread.start()
         return _preload_thread
+
+
+def finish_preload(timeout: float = 30.0) -> None:
+    """Waits, at most ``timeout`` seconds, for the background import of
+    :func:`_preload_in_background` (the Batcher calls it once its workers are up, so that no
+    thread of its making outlives its constructor, and the import is usually done by then)."""
+    thread = _preload_thread
+    if thread is not None:
+        thread.join(timeout)
 
 
 def _import_quietly(name: str) -> None:
