@@ -66,8 +66,9 @@ class Config(RunConfig):
     gamma: float = 0.98
     anneal_lr: bool = True
     """decay the learning rate linearly from lr to 0 over max_frames (frames learned)"""
-    n_epochs: int = 20
-    """passes over each segment"""
+    n_epochs: int = 10
+    """passes over each segment (10 over 2 x 16 envs x 32 steps: half the gradient steps per
+    frame of 20 over 2 x 8 envs, in about as many frames; docs/algorithms.md)"""
     minibatch_size: int = 256
     """transitions per gradient step"""
     clip_coef: float = 0.2
@@ -85,9 +86,9 @@ class Config(RunConfig):
     """0: learn in the main thread while the pipelined workers collect the next segment (one
     update of lag); N: in a learner thread, which collection waits for when N segments behind"""
     layout: Annotated[LayoutConfig, tyro.conf.OmitArgPrefixes] = field(
-        default_factory=lambda: LayoutConfig(pipeline=2)
+        default_factory=lambda: LayoutConfig(pipeline=2, n_envs=16)
     )
-    """where each part runs (APPO pipelines by default)"""
+    """where each part runs (APPO pipelines by default, 16 envs per worker: cheaper frames)"""
 
     def problems(self) -> list[str]:  # listed with the shared fields' problems, all at once
         problems = super().problems() + [f"{name} must be >= 1, got {getattr(self, name)}"

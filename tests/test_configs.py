@@ -110,8 +110,11 @@ def test_the_algorithms_share_the_defaults_of_the_run_config():
         # SAC collects its 4 envs in the learner's process: beside a gradient step per frame,
         # collection costs little and workers would mostly add their start-up; 4 envs end
         # episodes often enough for the 20-episode stop test (16 end them in waves of 16).
+        # APPO learns 10 epochs on 2 x 16 envs: half PPO's gradient steps per frame, in about
+        # as many frames, and cheaper frames (docs/algorithms.md, "Where APPO's time goes").
         layout = (LayoutConfig(n_processes=1, n_envs=4) if name == "sac"
-                  else LayoutConfig(pipeline=2 if name in ("impala", "appo") else 1))  # async
+                  else LayoutConfig(pipeline=2, n_envs=16) if name == "appo"
+                  else LayoutConfig(pipeline=2 if name == "impala" else 1))  # async
         assert cfg.layout == layout
         assert cfg.target_window == 20
         # The CartPole algorithms stop at 475; TRPO's and SAC's defaults are Pendulum's.
