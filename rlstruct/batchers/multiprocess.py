@@ -32,7 +32,6 @@ from rlstruct.batchers.buffer import SlotBuffer, Specs
 from rlstruct.batchers.pool import WorkerPool, worker_error
 from rlstruct.batchers.processes import (
     FORKSERVER_MAX_FDS,
-    finish_preload,
     send_close,
     shutdown,
     worker_context,
@@ -323,8 +322,6 @@ class Batcher(WorkerPool):
                     if final is not None:
                         raise self._fail(final)
             if done():
-                if what == "start":  # the workers are up: so is, usually, the preload
-                    finish_preload()
                 return True
             remaining = limit - time.monotonic()
             if remaining <= 0:

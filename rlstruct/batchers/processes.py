@@ -4,10 +4,7 @@ Workers are forked from a forkserver process that has torch and rlstruct importe
 (multiprocessing's ``forkserver`` start method with a preload list): the first Batcher of a
 program pays for those imports once, later ones start in a fraction of a second. The forkserver
 is a fresh single-threaded process, so no CUDA context or thread of the caller is ever forked.
-While it imports, the caller imports in a background thread what torch loads lazily on the
-learner's first optimizer (``torch._dynamo``, about a second): a cost that would otherwise come
-after the workers are up. Stopping is bounded: CLOSE, then SIGTERM, then SIGKILL, each after a
-grace period.
+Stopping is bounded: CLOSE, then SIGTERM, then SIGKILL, each after a grace period.
 """
 
 from __future__ import annotations
@@ -15,8 +12,6 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import multiprocessing.forkserver
-import sys
-import threading
 import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
@@ -28,8 +23,7 @@ from rlstruct.batchers import transport
 from rlstruct.batchers.pool import CLOSE_GRACE_S
 from rlstruct.batchers.worker import Command
 
-__all__ = ["worker_context", "finish_preload", "send_close", "shutdown", "FORKSERVER_MAX_FDS",
-           "PRELOAD"]
+__all__ = ["worker_context", "send_close", "shutdown", "FORKSERVER_MAX_FDS", "PRELOAD"]
 
 #: The forkserver hands at most 256 descriptors to a new process (multiprocessing's limit);
 #: a buffer with more shared tensors starts its workers with ``spawn`` instead.
@@ -37,42 +31,6 @@ FORKSERVER_MAX_FDS = 240
 
 #: Modules the forkserver imports once, so that workers forked from it start without importing.
 PRELOAD = ["rlstruct.batchers.worker", "rlstruct.envs"]
-
-#: What the caller imports in the background while the forkserver starts: ``torch.optim``'s
-#: optimizers import ``torch._dynamo`` when the first one is built (~1 s on one core).
-CALLER_PRELOAD = "torch._dynamo"
-_preload_lock = threading.Lock()
-_preload_thread: threading.Thread | None = None
-
-
-def _preload_in_background() -> threading.Thread | None:
-    """Imports :data:`CALLER_PRELOAD` in a daemon thread of this process, once per program,
-    so that it overlaps the workers' start (the caller mostly waits for them meanwhile); a
-    later ``import`` of it waits for the thread through Python's import lock. Returns the
-    thread, or ``None`` when the module is imported already."""
-    global _preload_thread
-    with _preload_lock:
-        if CALLER_PRELOAD in sys.modules or _preload_thread is not None:
-            return _preload_thread
-        _preload_thread = threading.Thread(
-            target=_import_quietly, args=(CALLER_PRELOAD,), daemon=True, name="rlstruct-preload"
-        )
-        _preload_thread.start()
-        return _preload_thread
-
-
-def finish_preload(timeout: float = 30.0) -> None:
-    """Waits, at most ``timeout`` seconds, for the background import of
-    :func:`_preload_in_background` (the Batcher calls it once its workers are up, so that no
-    thread of its making outlives its constructor, and the import is usually done by then)."""
-    thread = _preload_thread
-    if thread is not None:
-        thread.join(timeout)
-
-
-def _import_quietly(name: str) -> None:
-    with contextlib.suppress(Exception):  # an optional speed-up: the real import reports errors
-        __import__(name)
 
 
 def worker_context(start: bool = False) -> multiprocessing.context.BaseContext:
@@ -88,7 +46,6 @@ def worker_context(start: bool = False) -> multiprocessing.context.BaseContext:
         ctx.set_forkserver_preload(PRELOAD)
         if start:
             multiprocessing.forkserver.ensure_running()
-            _preload_in_background()
         return ctx
     return tmp.get_context("spawn")
 
