@@ -39,8 +39,9 @@ TASKS = {
     "halfcheetah": Task("HalfCheetah-v5", None, 100_000, 3600.0),
 }
 ALGOS = ("reinforce", "a2c", "ppo", "ppo_pipelined", "ppo_torch_env", "dqn", "impala", "appo",
-         "appo_thread", "appo_20x8", "sac_pendulum", "trpo_pendulum", "ppo_pendulum", "sac_halfcheetah",
-         "ppo_halfcheetah", "trpo_serial12", "trpo_2x6", "trpo_ray2x6", "ppo_tuned")
+         "appo_thread", "appo_20x8", "sac_pendulum", "trpo_pendulum", "ppo_pendulum",
+         "sac_halfcheetah", "ppo_halfcheetah", "trpo_serial12", "trpo_2x6", "trpo_ray2x6",
+         "ppo_tuned")
 PPO_BOX = {"gae_lambda": 0.95, "n_epochs": 10, "normalize_obs": True}  # PPO's Box settings
 #: Rows that run an algorithm otherwise: name -> (module, task, layout fields, config fields).
 #: Any other row name is ``algos/<name>.py`` on CartPole with its defaults.
@@ -77,9 +78,9 @@ VARIANTS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
 TUNED_LAYOUT = "<tuned layout>"  # replaced by the path of the layout file the tuner wrote
 TUNED_MAX_RATIO = 1.0  # PPO --layout (freshly tuned) / PPO with its default layout
 #: rows left out of the default run (name them to run them): an hour per seed with SB3's SAC,
-#: or the layout table of docs/guide-resources.md
-NOT_BY_DEFAULT = ("appo_20x8", "sac_halfcheetah", "ppo_halfcheetah", "trpo_serial12", "trpo_2x6", "trpo_ray2x6",
-                  "ppo_tuned")
+#: the layout table of docs/guide-resources.md, a tuner run, APPO's earlier default
+NOT_BY_DEFAULT = ("sac_halfcheetah", "ppo_halfcheetah", "trpo_serial12", "trpo_2x6",
+                  "trpo_ray2x6", "ppo_tuned", "appo_20x8")
 IMPALA_MAX_RATIO = 0.6  # IMPALA / rlstruct PPO median launch->solve
 IMPALA_MIN_CORES = 1.8  # cores busy during an IMPALA run
 #: rlstruct row -> its peer's class, with its defaults ("MlpPolicy") on the row's task
