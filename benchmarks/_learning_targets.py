@@ -39,7 +39,7 @@ TASKS = {
     "halfcheetah": Task("HalfCheetah-v5", None, 100_000, 3600.0),
 }
 ALGOS = ("reinforce", "a2c", "ppo", "ppo_pipelined", "ppo_torch_env", "dqn", "impala", "appo",
-         "appo_thread", "appo_20x8", "sac_pendulum", "trpo_pendulum", "ppo_pendulum",
+         "appo_thread", "appo_20x8", "appo_2t", "sac_pendulum", "trpo_pendulum", "ppo_pendulum",
          "sac_halfcheetah", "ppo_halfcheetah", "trpo_serial12", "trpo_2x6", "trpo_ray2x6",
          "ppo_tuned")
 PPO_BOX = {"gae_lambda": 0.95, "n_epochs": 10, "normalize_obs": True}  # PPO's Box settings
@@ -51,6 +51,7 @@ VARIANTS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
     # defaults: fewer frames than 10 epochs x 16 envs in paired runs, docs/algorithms.md)
     "appo_thread": ("appo", "cartpole", {"n_envs": 8}, {"queue": 1, "n_epochs": 20}),
     "appo_20x8": ("appo", "cartpole", {"n_envs": 8}, {"n_epochs": 20}),  # the earlier default
+    "appo_2t": ("appo", "cartpole", {}, {"n_threads": 2}),  # the learner on 2 torch threads
     # torch-native CartPole in a SerialBatcher on the learner's device (the CPU here)
     "ppo_torch_env": ("ppo", "cartpole", {"n_processes": 1, "n_envs": 16},
                       {"env_backend": "torch"}),
@@ -80,7 +81,7 @@ TUNED_MAX_RATIO = 1.0  # PPO --layout (freshly tuned) / PPO with its default lay
 #: rows left out of the default run (name them to run them): an hour per seed with SB3's SAC,
 #: the layout table of docs/guide-resources.md, a tuner run, APPO's earlier default
 NOT_BY_DEFAULT = ("sac_halfcheetah", "ppo_halfcheetah", "trpo_serial12", "trpo_2x6",
-                  "trpo_ray2x6", "ppo_tuned", "appo_20x8")
+                  "trpo_ray2x6", "ppo_tuned", "appo_20x8", "appo_2t")
 IMPALA_MAX_RATIO = 0.6  # IMPALA / rlstruct PPO median launch->solve
 IMPALA_MIN_CORES = 1.8  # cores busy during an IMPALA run
 #: rlstruct row -> its peer's class, with its defaults ("MlpPolicy") on the row's task
