@@ -5,6 +5,7 @@ statistics), inside the trust region; both run from the command line with two ra
 
 from __future__ import annotations
 
+import sys
 from functools import partial
 
 import gymnasium as gym
@@ -87,6 +88,29 @@ def test_a_lone_rank_context_leaves_tensors_alone():
     assert ctx.all_gather_rows(x) is x and ctx.n_allreduce == 0
     group_ctx = RankContext(0, 1, torch.device("cpu"), torch.nn.Linear(2, 1))
     assert RankContext.of(group_ctx.step) is group_ctx  # what algorithm_learn hands learn
+
+
+def _collectives_learn(ctx: RankContext, batch: DictTensor) -> dict[str, float]:
+    x = batch["x"][: ctx.rank + 1]  # rank r keeps r + 1 of its rows: unequal counts
+    whole = ctx.all_gather_rows(x)
+    (mean,) = ctx.all_reduce_mean(x.mean(0), weight=x.shape[0])
+    plain, ones = ctx.all_reduce_mean(torch.tensor(float(ctx.rank)), torch.ones(2, 3))
+    return {"rows": whole.shape[0], "first": whole[0, 0], "last": whole[-1, 0],
+            "middle": whole[1, 1], "weighted": mean[0], "plain": plain, "ones": ones.sum()}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_rank_collectives_gather_rows_in_rank_order_and_weigh_means():
+    batch = DictTensor({"x": torch.arange(16.0).view(8, 2)})  # rank 0: rows 0-3, rank 1: 4-7
+    make = partial(torch.nn.Linear, 2, 1)
+    with LearnerGroup(make, partial(adam, lr=1e-3), _collectives_learn, make().state_dict(),
+                      n_learners=2, devices=["cpu", "cpu"], timeout=60) as group:
+        metrics = group.learn(batch)  # the ranks' metrics are averaged: equal if identical
+    assert metrics["rows"] == 3 and metrics["n_allreduce"] == 3  # rows 0, 4 and 5
+    assert (metrics["first"], metrics["middle"], metrics["last"]) == (0.0, 9.0, 10.0)
+    assert metrics["weighted"] == pytest.approx((0 + 8 + 10) / 3)  # over the 3 rows
+    assert metrics["plain"] == 0.5 and metrics["ones"] == 6.0
 
 
 # ------------------------------------------------------------------------------------- TRPO
@@ -194,3 +218,20 @@ def test_trpo_runs_with_two_learner_ranks_from_the_command_line(tmp_path):
     assert count == 1024 * len(learned), count
     critic = len(list(_trpo_model().critic.parameters()))
     assert len(state["optimizer"]["param_groups"][0]["params"]) == critic  # the critic's Adam
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_torchrun_trpo_is_one_run_of_two_ranks(tmp_path):
+    from algo_runs import check_run_dir
+    from test_learner_torchrun import ROOT, _run  # each command in its own, reaped, session
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "algos.trpo", "--max-frames", "4096", "--eval-every", "0", "--n-processes", "1",
+           "--n-envs", "4", "--n-timesteps", "256", "--runs-dir", str(tmp_path / "runs")]
+    [done] = _run([(cmd, {"PYTHONPATH": str(ROOT)})], cwd=tmp_path, timeout=240)
+    assert done.returncode == 0, done.stdout
+    [run_dir] = (tmp_path / "runs").iterdir()  # one run: rank 0's
+    learned = [r for r in check_run_dir(run_dir) if r.get("kl") not in (None, "", "nan")]
+    assert len(learned) >= 3 and all(float(r["n_allreduce"]) > 10 for r in learned)
+    assert all(0 < float(r["kl"]) <= 1.5 * trpo.Config().max_kl for r in learned)
