@@ -22,13 +22,23 @@ One iteration:
    optimizer (``--lr``).
 5. **Publish**: ``run.publish`` (``batcher.update(state_dict)``, then ``execute()``).
 
+With ``--n-learners N`` each rank holds ``B / N`` of the trajectories and every whole-batch
+quantity is all-reduced (:class:`~rlstruct.learner_rank.RankContext`): the observation
+statistics and the advantages' mean and std (from the gathered rows), ``g``, each ``F v``
+and each line-search try's surrogate and KL (row-weighted means over the ranks); CG then runs
+identically on every rank and every rank accepts the same step. The critic's minibatches are
+``minibatch_size / N`` rows per rank, their gradients averaged. N ranks compute what one
+learner computes on the whole batch (``tests/test_learner_algos.py``).
+
 Run: ``python -m algos.trpo --help``; ``python -m algos.trpo --env-id Pendulum-v1``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, ClassVar
 
 import torch
 import tyro
@@ -40,7 +50,8 @@ from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.distributions import space_spec
 from rlstruct.envs import GymEnvInf
-from rlstruct.errors import ConfigError
+from rlstruct.errors import ConfigError, ShapeError
+from rlstruct.learner_rank import RankContext
 from rlstruct.nets import HeadActorCritic, head_actor_critic
 from rlstruct.optim import adam, gradient_step
 from rlstruct.run import Run, RunConfig
@@ -50,7 +61,7 @@ from rlstruct.sampling import PolicyAgent, greedy_info
 @dataclass
 class Config(RunConfig):
     """TRPO on auto-reset segments (see algos/trpo.py); defaults tuned for Pendulum-v1."""
-
+    learner_ranks: ClassVar[bool] = True  # --n-learners: Run.learner_group
     env_id: str = "Pendulum-v1"
     max_frames: int = 300_000
     target_return: float | None = -250.0
@@ -88,10 +99,6 @@ class Config(RunConfig):
                      if getattr(self, k) < 1]
         if not 0 < self.backtrack < 1:
             problems.append(f"backtrack must be in (0, 1), got {self.backtrack}")
-        if self.layout.n_learners > 1 or self.layout.learner_devices:
-            problems.append("TRPO learns in one process: --n-learners > 1 and --learner-devices "
-                            "are refused (its step is not an averaged gradient step; see "
-                            "docs/guide-learners.md, 'TRPO')")
         if problems:
             raise ConfigError("; ".join(problems))
 
@@ -99,6 +106,11 @@ class Config(RunConfig):
 # ---------------------------------------------------------------------------- model and agent
 # HeadActorCritic (rlstruct/nets.py): actor MLP ending in the policy head, critic MLP, optional
 # RunningNorm; PolicyAgent (rlstruct/sampling.py) stores action, sample, logp and value.
+def critic_adam(params: Iterable[Tensor], device: Any = None, *, lr: float,
+                n_critic: int) -> torch.optim.Optimizer:
+    """Adam over the critic: the last ``n_critic`` of ``HeadActorCritic.parameters()`` (the
+    actor's come first). A factory of the parameters, so the learner ranks build theirs."""
+    return adam(list(params)[-n_critic:], lr, device)
 
 
 # --------------------------------------------------------------------------------------- losses
@@ -115,29 +127,34 @@ def mean_kl(model: HeadActorCritic, x: Tensor, params_old: Tensor) -> Tensor:
 
 
 def fisher_vector_product(model: HeadActorCritic, x: Tensor, params_old: Tensor,
-                          damping: float) -> Any:
-    """``v -> F v + damping v``: the Hessian of the mean KL at ``theta_old`` times ``v``."""
+                          damping: float,
+                          mean: Callable[..., tuple[Tensor, ...]] = lambda *t: t) -> Any:
+    """``v -> F v + damping v``: the Hessian of the mean KL at ``theta_old`` times ``v``, the
+    Hessian-vector product of these rows averaged over the ranks by ``mean``."""
     params = list(model.actor.parameters())
     grads = torch.autograd.grad(mean_kl(model, x, params_old), params, create_graph=True)
     flat = torch.cat([g.reshape(-1) for g in grads])
 
     def fvp(v: Tensor) -> Tensor:
         hv = torch.autograd.grad(flat @ v, params, retain_graph=True)
-        return torch.cat([h.reshape(-1) for h in hv]) + damping * v
+        return mean(torch.cat([h.reshape(-1) for h in hv]))[0] + damping * v
 
     return fvp
 
 
 def policy_step(model: HeadActorCritic, x: Tensor, sample: Tensor, advantage: Tensor,
-                cfg: Config) -> dict[str, float]:
-    """The natural-gradient step with a backtracking line search (see the module docstring)."""
+                cfg: Config, ctx: RankContext | None = None) -> dict[str, float]:
+    """The natural-gradient step with a backtracking line search (see the module docstring);
+    ``g``, ``F v``, the surrogate and the KL are means over all the ranks' rows."""
+    ctx = ctx or RankContext.of()  # its collectives are the identity for one learner
+    mean = partial(ctx.all_reduce_mean, weight=x.shape[0])
     params = list(model.actor.parameters())
     with torch.no_grad():
         params_old = model.actor(x)
         logp_old = model.head.log_prob(params_old, sample)
     loss_old = surrogate(model, x, sample, logp_old, advantage)
-    g = parameters_to_vector(torch.autograd.grad(loss_old, params))
-    fvp = fisher_vector_product(model, x, params_old, cfg.cg_damping)
+    g = mean(parameters_to_vector(torch.autograd.grad(loss_old, params)))[0]
+    fvp = fisher_vector_product(model, x, params_old, cfg.cg_damping, mean)
     direction = F.conjugate_gradient(fvp, g, cfg.cg_iters)
     shs = (direction @ fvp(direction)).clamp(min=1e-12)
     step = direction * torch.sqrt(2 * cfg.max_kl / shs)
@@ -145,8 +162,8 @@ def policy_step(model: HeadActorCritic, x: Tensor, sample: Tensor, advantage: Te
     with torch.no_grad():
         for i in range(cfg.line_search_steps):
             vector_to_parameters(theta_old + cfg.backtrack**i * step, params)
-            improve = surrogate(model, x, sample, logp_old, advantage) - loss_old
-            kl = mean_kl(model, x, params_old)
+            improve, kl = mean(surrogate(model, x, sample, logp_old, advantage) - loss_old,
+                               mean_kl(model, x, params_old))
             if kl <= cfg.max_kl and improve > 0:
                 return {"kl": float(kl), "improvement": float(improve), "line_search": i}
         vector_to_parameters(theta_old, params)  # no step qualified: keep pi_old
@@ -154,21 +171,26 @@ def policy_step(model: HeadActorCritic, x: Tensor, sample: Tensor, advantage: Te
 
 
 def critic_step(model: HeadActorCritic, optimizer: torch.optim.Optimizer, x: Tensor,
-                returns: Tensor, cfg: Config) -> float:
-    """``critic_epochs`` passes of minibatch steps on ``0.5 (V(s) - R)^2``; the last loss."""
+                returns: Tensor, cfg: Config, step: Any = gradient_step) -> float:
+    """``critic_epochs`` passes of minibatch steps on ``0.5 (V(s) - R)^2`` through ``step``
+    (a rank's averages the gradients over the ranks); the last loss."""
     loss = torch.zeros(())
     for _ in range(cfg.critic_epochs):
         for rows in torch.randperm(x.shape[0], device=x.device).split(cfg.minibatch_size):
             loss = 0.5 * (model.critic(x[rows]).squeeze(-1) - returns[rows]).square().mean()
-            gradient_step(optimizer, loss, cfg.max_grad_norm)
+            step(optimizer, loss, cfg.max_grad_norm)
     return float(loss.detach())
 
 
 def learn(model: HeadActorCritic, optimizer: torch.optim.Optimizer, traj: Trajectories,
-          cfg: Config) -> dict[str, float]:
-    """Statistics, advantages, one policy step and the critic's steps on one batch."""
+          cfg: Config, step: Any = gradient_step) -> dict[str, float]:
+    """Statistics, advantages, one policy step and the critic's steps on one batch. With
+    ``--n-learners N`` each rank runs it on ``B / N`` trajectories with its rank's ``step``,
+    whose :class:`RankContext` all-reduces the rest (with one learner: the identity)."""
+    ctx = RankContext.of(step)
     steps = traj.trajectories
-    model.observe(steps.get([K.OBS_FRAME]).to_transitions()[K.OBS_FRAME])  # valid steps only
+    valid = steps.get([K.OBS_FRAME]).to_transitions()[K.OBS_FRAME]  # valid steps only
+    model.observe(ctx.all_gather_rows(valid))  # the whole batch's, on every rank
     reward = steps[K.NEXT_REWARD]
     with torch.no_grad():
         value = model.value(steps[K.OBS_FRAME].flatten(0, 1)).view(reward.shape)
@@ -183,9 +205,13 @@ def learn(model: HeadActorCritic, optimizer: torch.optim.Optimizer, traj: Trajec
     batch = batch.to_transitions()  # the N valid steps
     with torch.no_grad():
         x = model.features(batch[K.OBS_FRAME])
-    adv = F.normalize_advantages(batch["advantage"])
-    stats = policy_step(model, x, batch[K.STORED_SAMPLE], adv, cfg)
-    stats["value_loss"] = critic_step(model, optimizer, x, batch["return"], cfg)
+    whole = ctx.all_gather_rows(batch["advantage"])  # normalised over the whole batch:
+    adv = (batch["advantage"] - whole.mean()) / (whole.std(correction=0) + 1e-8)  # as F's
+    if whole.shape[0] != x.shape[0] * ctx.world_size:  # the critic's step counts would differ
+        raise ShapeError(f"TRPO rank {ctx.rank}: {x.shape[0]} valid steps, but the "
+                         f"{ctx.world_size} ranks hold {whole.shape[0]}: shards must be equal")
+    stats = policy_step(model, x, batch[K.STORED_SAMPLE], adv, cfg, ctx)
+    stats["value_loss"] = critic_step(model, optimizer, x, batch["return"], cfg, step)
     return stats
 
 
@@ -193,20 +219,29 @@ def learn(model: HeadActorCritic, optimizer: torch.optim.Optimizer, traj: Trajec
 def main(cfg: Config) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("trpo", cfg) as run:
-        model = run.model(head_actor_critic, run.obs_dim, space_spec(run.action_space),  # CPU
-                          cfg.hidden, cfg.log_std_init, cfg.normalize_obs)
+        make_model = partial(head_actor_critic, run.obs_dim, space_spec(run.action_space),
+                             cfg.hidden, cfg.log_std_init, cfg.normalize_obs)  # ranks' too
+        model = run.model(make_model)  # on the CPU: the batchers copy it
         batcher = run.training_batcher(PolicyAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(PolicyAgent, {"model": model}, agent_info=greedy_info())
         run.learner(PolicyAgent(model))  # moves the model to the learner device
-        optimizer = adam(model.critic.parameters(), cfg.lr, run.device)  # the critic's own
+        make_optimizer = partial(critic_adam, lr=cfg.lr,
+                                 n_critic=len(list(model.critic.parameters())))
+        optimizer = make_optimizer(model.parameters(), run.device)  # the critic's own
         run.checkpoint_state(model=model, optimizer=optimizer)
+        group = run.learner_group(make_model, model, make_optimizer, learn,
+                                  per_rank=("minibatch_size",))  # --n-learners N
         # 1. Each segment the workers collected with pi_old, until the stop test.
         for traj in run.segments(batcher):
             # 2-4. Advantages, the trust-region policy step and the critic's steps.
-            stats = learn(model, optimizer, traj.to(run.device), cfg)
+            if group is None:
+                stats = learn(model, optimizer, traj.to(run.device), cfg)
+            else:  # each rank on 1/N of the rows, every whole-batch quantity all-reduced
+                stats = group.learn(traj)
+            weights = model.state_dict() if group is None else group.state_dict()
             # 5. Publish the weights (and the observation statistics) and collect again.
-            run.publish(batcher, model.state_dict())
-            run.end_iteration(model.state_dict(), **stats)
+            run.publish(batcher, weights)
+            run.end_iteration(weights, **stats)
     return run.summary
 
 

@@ -81,8 +81,9 @@ class LayoutConfig:
     """custom Ray resources each actor needs (--backend ray), e.g. `--ray-resources rollout 1`
     places the actors only on nodes started with `ray start --resources '{"rollout": 8}'`"""
     n_learners: int = 1
-    """learner ranks (ppo, a2c, impala, sac): each learns on 1/N of every batch's rows and the
-    gradients are averaged (torch.distributed; see docs/guide-learners.md); 1: learn here"""
+    """learner ranks (ppo, a2c, impala, sac, trpo): each learns on 1/N of every batch's rows
+    and the gradients (TRPO: also its Fisher-vector products, line search and statistics) are
+    averaged (torch.distributed; see docs/guide-learners.md); 1: learn here"""
     learner_devices: str | None = None
     """one device per learner rank, comma-separated (cuda:0,cuda:1); None: learner_device's
     type, cuda:0..N-1 on GPUs"""

@@ -85,20 +85,26 @@ class RankContext:
         rank: this rank, ``0 <= rank < world_size``.
         world_size: the number of ranks.
         device: this rank's device (the shard is already on it).
-        model: this rank's replica (identical on every rank after every step).
-        optimizer: this rank's optimizer over ``model``'s parameters.
+        model: this rank's replica (identical on every rank after every step); None in the
+            one-rank stand-in of :meth:`of`.
+        optimizer: this rank's optimizer over ``model``'s parameters (None likewise).
+
+    Beyond :meth:`step`, an update that is not an averaged gradient step (TRPO's) uses
+    :meth:`all_reduce_mean` (gradients, Fisher-vector products, losses, statistics) and
+    :meth:`all_gather_rows` (what must be computed from the whole batch's rows); both count in
+    ``n_allreduce`` and ``allreduce_ms``.
     """
 
     def __init__(
-        self, rank: int, world_size: int, device: torch.device, model: nn.Module,
-        optimizer: torch.optim.Optimizer, status: Tensor | None = None,
+        self, rank: int, world_size: int, device: torch.device, model: nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None, status: Tensor | None = None,
         bucket_bytes: int = _BUCKET_BYTES,
     ) -> None:
         self.rank, self.world_size, self.device = rank, world_size, device
         self.model, self.optimizer = model, optimizer
         self._status = status
-        self._reducer = (_Reducer(list(model.parameters()), bucket_bytes) if world_size > 1
-                         else None)
+        self._reducer = (_Reducer(list(model.parameters()), bucket_bytes)
+                         if world_size > 1 and model is not None else None)
         self.allreduce_ms = 0.0
         self.n_allreduce = 0
         self.in_collective = False
@@ -138,6 +144,87 @@ class RankContext:
         self._reducer.finish(self.world_size)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # honest all-reduce timings
+        self.in_collective = False
+        self._set_status(_LEARN)
+        self.n_allreduce += 1
+        self.allreduce_ms += (time.perf_counter() - start) * 1e3
+
+    # ------------------------------------------------ collectives beyond gradient averaging
+    @staticmethod
+    def of(step: Callable[..., Any] | None = None) -> RankContext:
+        """The context a learn function was handed through its ``step`` argument
+        (:func:`algorithm_learn` passes ``ctx.step``); for any other step function (a learner
+        without a group: ``gradient_step``) a context of one rank, whose collectives return
+        their inputs untouched (also ``RankContext.of()``). A learn function then reads the
+        same with or without a group.
+
+        Examples:
+            >>> from rlstruct.optim import gradient_step
+            >>> ctx = RankContext.of(gradient_step)
+            >>> x = torch.ones(2)
+            >>> ctx.world_size, ctx.all_reduce_mean(x)[0] is x, ctx.all_gather_rows(x) is x
+            (1, True, True)
+        """
+        ctx = getattr(step, "__self__", None)
+        return ctx if isinstance(ctx, RankContext) else RankContext(0, 1, torch.device("cpu"))
+
+    def all_reduce_mean(self, *tensors: Tensor, weight: float | None = None) -> tuple[Tensor, ...]:
+        """The mean over the ranks of each tensor (each the same shape on every rank), in one
+        all-reduce; with ``weight`` (e.g. this rank's number of rows) the weighted mean
+        ``sum_r w_r t_r / sum_r w_r``, i.e. a mean over the whole batch's rows when each
+        tensor is a mean over the rank's rows. Every rank must call it the same number of
+        times, in the same order. One rank: the tensors themselves (bitwise a single learner).
+
+        Args:
+            *tensors: floating tensors on :attr:`device`; reduced in float64, returned in their
+                own dtype.
+            weight: this rank's weight (> 0), or None for the plain mean.
+
+        Returns:
+            The means, in the order given.
+        """
+        if self.world_size == 1:
+            return tensors
+        w = 1.0 if weight is None else float(weight)
+        flat = torch.cat([t.detach().reshape(-1).double() * w for t in tensors]
+                         + [torch.full((1,), w, dtype=torch.float64, device=self.device)])
+        with self._collective():
+            dist.all_reduce(flat)
+        flat = flat[:-1] / flat[-1]
+        views = flat.split([t.numel() for t in tensors])
+        return tuple(v.view_as(t).to(t.dtype) for v, t in zip(views, tensors))
+
+    def all_gather_rows(self, x: Tensor) -> Tensor:
+        """The ranks' ``x`` ``(n_r, *feat)`` concatenated along dim 0 in rank order: the whole
+        batch's rows (rank ``r`` holds the ``r``-th block of rows), on every rank. The ranks
+        may hold different numbers of rows (two collectives then: the counts, the rows). One
+        rank: ``x`` itself.
+
+        Returns:
+            ``(sum_r n_r, *feat)``.
+        """
+        if self.world_size == 1:
+            return x
+        with self._collective():
+            counts = [torch.zeros(1, dtype=torch.int64, device=self.device)
+                      for _ in range(self.world_size)]
+            dist.all_gather(counts, torch.tensor([x.shape[0]], device=self.device))
+            sizes = [int(c) for c in counts]
+            padded = x.new_zeros((max(sizes), *x.shape[1:]))
+            padded[:x.shape[0]] = x
+            parts = [torch.empty_like(padded) for _ in range(self.world_size)]
+            dist.all_gather(parts, padded.contiguous())
+        return torch.cat([p[:n] for p, n in zip(parts, sizes)])
+
+    @contextlib.contextmanager
+    def _collective(self) -> Any:
+        """Status, ``in_collective`` and the all-reduce counters around one collective."""
+        start = time.perf_counter()
+        self._set_status(_COLLECTIVE)
+        self.in_collective = True
+        yield
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         self.in_collective = False
         self._set_status(_LEARN)
         self.n_allreduce += 1

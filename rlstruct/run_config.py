@@ -150,4 +150,4 @@ class RunConfig:
             return []
         algorithm = object_path(type(self)).split(":")[0]  # algos.dqn, also as __main__
         return [f"{', '.join(asked)}: {algorithm} learns in one process and takes no learner "
-                f"ranks (ppo, a2c, impala and sac do; docs/guide-learners.md)"]
+                f"ranks (ppo, a2c, impala, sac and trpo do; docs/guide-learners.md)"]
