@@ -65,7 +65,7 @@ VARIANTS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
     "sac_halfcheetah": ("sac", "halfcheetah", {},
                         {"hidden": 256, "lr": 1e-3, "batch_size": 256, "learning_starts": 5000}),
     "ppo_halfcheetah": ("ppo", "halfcheetah", {}, PPO_BOX | {  # docs/algorithms.md's MuJoCo flags
-        "lr": 3e-4, "gamma": 0.99, "minibatch_size": 64, "n_timesteps": 256}),
+        "lr": 3e-4, "gamma": 0.99, "minibatch_size": 64, "n_timesteps": 128, "anneal_lr": False}),
     # garage's sampler table (docs/guide-resources.md): TRPO on Pendulum, 12 envs in all,
     # collected in the learner's process (garage's VecWorker), by 2 worker processes, by 2 Ray
     # actors
