@@ -345,8 +345,11 @@ def test_r09_workers_exit_when_the_main_process_is_killed():
 
 
 def test_r10_sigint_during_get_closes_cleanly():
+    # Ctrl-C in an interactive program: SIGINT raises KeyboardInterrupt. A job a shell started
+    # in the background (`make test &`) inherits SIGINT ignored, so the script restores it.
     proc = run_script("""
-        import time
+        import signal, time
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from agents import DeterministicAgent
         from batcher_helpers import counter_env
         from rlstruct.batchers import Batcher
