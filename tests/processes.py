@@ -30,3 +30,24 @@ def children() -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             pass
     return out
+
+
+def _is_ray(proc: psutil.Process) -> bool:
+    try:
+        cmd = " ".join(proc.cmdline())
+        return cmd.startswith("ray::") or "/ray/" in cmd or proc.name() in ("raylet", "gcs_server")
+    except psutil.Error:
+        return True  # gone
+
+
+def _parents(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return proc.parents()
+    except psutil.Error:
+        return []
+
+
+def non_ray_children() -> list[psutil.Process]:
+    """:func:`children` but Ray's daemons and workers and their descendants (a loopback
+    cluster's fixture owns them for a whole module)."""
+    return [p for p in children() if not _is_ray(p) and not any(map(_is_ray, _parents(p)))]

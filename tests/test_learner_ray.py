@@ -14,7 +14,7 @@ import psutil
 import pytest
 import torch
 from learner_fns import toy_batch, toy_model
-from processes import children
+from processes import non_ray_children
 
 from rlstruct.errors import LearnerError
 
@@ -58,7 +58,7 @@ def no_leftover_processes():
     yield
     deadline = time.monotonic() + 5.0
     while True:
-        left = [p for p in children() if not _is_ray(p) and not any(map(_is_ray, _parents(p)))]
+        left = non_ray_children()
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.1)
@@ -66,21 +66,6 @@ def no_leftover_processes():
         with contextlib.suppress(psutil.Error):
             proc.kill()
     assert not left, f"the test left processes behind (now killed): {[p.pid for p in left]}"
-
-
-def _is_ray(proc: psutil.Process) -> bool:
-    try:
-        cmd = " ".join(proc.cmdline())
-        return cmd.startswith("ray::") or "/ray/" in cmd or proc.name() in ("raylet", "gcs_server")
-    except psutil.Error:
-        return True  # gone
-
-
-def _parents(proc: psutil.Process) -> list[psutil.Process]:
-    try:
-        return proc.parents()
-    except psutil.Error:
-        return []
 
 
 def _alive_ranks() -> list[str]:

@@ -38,7 +38,7 @@ from fault_envs import (
     broken_worker_env,
     flaky_counter_env,
 )
-from processes import children
+from processes import non_ray_children
 from torch import nn
 
 from rlstruct.agent import Agent
@@ -217,14 +217,6 @@ def cluster():
             c.shutdown()
 
 
-def _is_ray(proc: psutil.Process) -> bool:
-    try:
-        cmd = " ".join(proc.cmdline())
-        return cmd.startswith("ray::") or "/ray/" in cmd or proc.name() in ("raylet", "gcs_server")
-    except psutil.Error:
-        return True  # gone
-
-
 def _alive_actors() -> list[str]:
     """RayBatcher actors the cluster still holds alive (any state but DEAD)."""
     if not ray.is_initialized():
@@ -246,7 +238,7 @@ def no_leftover_processes():
     yield
     deadline = time.monotonic() + 5.0
     while True:
-        left = [p for p in children() if not _is_ray(p) and not any(map(_is_ray, _parents(p)))]
+        left = non_ray_children()
         actors = _alive_actors()
         if (not left and not actors) or time.monotonic() > deadline:
             break
@@ -256,13 +248,6 @@ def no_leftover_processes():
             proc.kill()
     assert not left, f"the test left processes behind (now killed): {[p.pid for p in left]}"
     assert not actors, f"the test left RayBatcher actors alive: {actors}"
-
-
-def _parents(proc: psutil.Process) -> list[psutil.Process]:
-    try:
-        return proc.parents()
-    except psutil.Error:
-        return []
 
 
 # ------------------------------------------------------------------------------ no Ray
