@@ -7,7 +7,10 @@ when it ends.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
+from collections.abc import Callable
 
 import psutil
 
@@ -51,3 +54,20 @@ def non_ray_children() -> list[psutil.Process]:
     """:func:`children` but Ray's daemons and workers and their descendants (a loopback
     cluster's fixture owns them for a whole module)."""
     return [p for p in children() if not _is_ray(p) and not any(map(_is_ray, _parents(p)))]
+
+
+def reap_non_ray_children(also: Callable[[], list] = list, seconds: float = 5.0) -> list:
+    """Waits up to ``seconds`` for :func:`non_ray_children` (and ``also()``, e.g. actors still
+    alive) to be empty; kills and fails on the processes left; returns ``also()``'s last value
+    for the caller to check."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left, others = non_ray_children(), also()
+        if (not left and not others) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for proc in left:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    assert not left, f"the test left processes behind (now killed): {[p.pid for p in left]}"
+    return others

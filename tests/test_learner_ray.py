@@ -4,17 +4,14 @@ equal one learner on the whole batch, and failures are named by rank. Skipped wi
 
 from __future__ import annotations
 
-import contextlib
 import os
-import time
 
 import cloudpickle
 import learner_fns
-import psutil
 import pytest
 import torch
 from learner_fns import toy_batch, toy_model
-from processes import non_ray_children
+from processes import reap_non_ray_children
 
 from rlstruct.errors import LearnerError
 
@@ -56,16 +53,7 @@ def no_leftover_processes():
     """Replaces conftest.py's check: Ray's daemons and idle workers are the cluster fixture's,
     but no other process may be left (the tests check that no rank actor is left alive)."""
     yield
-    deadline = time.monotonic() + 5.0
-    while True:
-        left = non_ray_children()
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    for proc in left:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    assert not left, f"the test left processes behind (now killed): {[p.pid for p in left]}"
+    reap_non_ray_children()
 
 
 def _alive_ranks() -> list[str]:

@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
 import torch
 from agents import DeterministicAgent, RecurrentAgent
@@ -38,7 +37,7 @@ from fault_envs import (
     broken_worker_env,
     flaky_counter_env,
 )
-from processes import non_ray_children
+from processes import reap_non_ray_children
 from torch import nn
 
 from rlstruct.agent import Agent
@@ -236,17 +235,7 @@ def no_leftover_processes():
     cluster fixture owns them), but no other process may be left behind, and every RayBatcher
     actor of the test must be dead."""
     yield
-    deadline = time.monotonic() + 5.0
-    while True:
-        left = non_ray_children()
-        actors = _alive_actors()
-        if (not left and not actors) or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    for proc in left:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    assert not left, f"the test left processes behind (now killed): {[p.pid for p in left]}"
+    actors = reap_non_ray_children(_alive_actors)
     assert not actors, f"the test left RayBatcher actors alive: {actors}"
 
 
