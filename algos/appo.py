@@ -53,7 +53,7 @@ from rlstruct.envs import GymEnvInf
 from rlstruct.experiment import LayoutConfig
 from rlstruct.learner import LatestWeights
 from rlstruct.nets import MLPActorCritic
-from rlstruct.optim import adam, gradient_step
+from rlstruct.optim import flat_adam, gradient_step
 from rlstruct.run import Run, RunConfig
 from rlstruct.sampling import ActorAgent, greedy_info
 
@@ -147,7 +147,8 @@ def appo_loss(agent: Agent, minibatch: DictTensor, cfg: Config) -> tuple[Tensor,
     advantage = F.normalize_advantages(minibatch["advantage"])
     policy = F.clipped_surrogate(logp, minibatch[K.STORED_LOGP], advantage, cfg.clip_coef).mean()
     values = 0.5 * (new[K.VALUE] - minibatch["target"]).square().mean()
-    entropy = F.categorical_entropy(new["logits"]).mean()
+    with torch.set_grad_enabled(cfg.ent_coef != 0):  # no backward through an unused term
+        entropy = F.categorical_entropy(new["logits"]).mean()
     loss = policy + cfg.vf_coef * values - cfg.ent_coef * entropy
     with torch.no_grad():
         ratio = (logp - minibatch[K.STORED_LOGP]).exp()
@@ -164,7 +165,8 @@ class Learner:
 
     def __init__(self, agent: Agent, cfg: Config, device: torch.device) -> None:
         self.agent, self.model, self.cfg, self.device = agent, agent.model, cfg, device
-        self.optimizer = adam(self.model.parameters(), cfg.lr, device, eps=1e-5)
+        # one flat buffer for the weights: zero, clip and update are a few operations in all
+        self.optimizer = flat_adam(self.model.parameters(), cfg.lr, device, eps=1e-5)
         self.weights = LatestWeights()
         self.frames = 0  # learned so far: the learning rate anneals over them
         self.thread: LearnerThread | None = None

@@ -39,7 +39,7 @@ from rlstruct.envs import GymEnvInf
 from rlstruct.experiment import LayoutConfig
 from rlstruct.learner import LatestWeights
 from rlstruct.nets import MLPActorCritic
-from rlstruct.optim import adam, gradient_step
+from rlstruct.optim import adam, flat_adam, gradient_step
 from rlstruct.run import Run, RunConfig
 from rlstruct.sampling import ActorAgent, greedy_info
 
@@ -133,7 +133,7 @@ class Learner:
 
     def __init__(self, agent: Agent, cfg: Config, device: torch.device) -> None:
         self.agent, self.model, self.cfg, self.device = agent, agent.model, cfg, device
-        self.optimizer = adam(self.model.parameters(), cfg.lr, device, eps=1e-5)
+        self.optimizer = flat_adam(self.model.parameters(), cfg.lr, device, eps=1e-5)
         self.weights = LatestWeights()
         self.thread: LearnerThread | None = None
         self.group: Any = None  # --n-learners N: a LearnerGroup learns instead

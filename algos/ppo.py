@@ -42,7 +42,7 @@ from rlstruct import keys as K
 from rlstruct.distributions import space_spec
 from rlstruct.envs import GymEnvInf
 from rlstruct.nets import CNNActorCritic, HeadActorCritic, head_actor_critic
-from rlstruct.optim import adam, gradient_step
+from rlstruct.optim import adam, flat_adam, gradient_step
 from rlstruct.run import Run, RunConfig
 from rlstruct.sampling import PolicyAgent, greedy_info
 
@@ -213,7 +213,7 @@ def main(cfg: Config) -> dict[str, Any]:
         batcher = run.training_batcher(PPOAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(PPOAgent, {"model": model}, agent_info=greedy_info())
         agent = run.learner(PPOAgent(model))
-        optimizer = adam(model.parameters(), cfg.lr, run.device, eps=1e-5)
+        optimizer = flat_adam(model.parameters(), cfg.lr, run.device, eps=1e-5)  # one buffer
         run.checkpoint_state(model=model, optimizer=optimizer)
         group = run.learner_group(make_model, model, partial(adam, lr=cfg.lr, eps=1e-5), learn,
                                   PPOAgent, per_rank=("minibatch_size",))  # --n-learners N

@@ -12,6 +12,18 @@ Example:
     True
     >>> adam([w], lr=1e-3, device=torch.device("cpu")).defaults["fused"]  # one kernel
     True
+
+A small net's step is mostly per-tensor overhead (zero the gradients, clip them, update them:
+each a few operations per parameter tensor). :class:`FlatAdam` keeps the parameters and their
+gradients in one flat buffer each, so these are a few operations in all:
+
+    >>> net = torch.nn.Linear(3, 2)
+    >>> optimizer = flat_adam(net.parameters(), lr=1e-3, device="cpu")
+    >>> optimizer.flat.shape, net.weight.shape  # the net's parameters are views of it
+    (torch.Size([8]), torch.Size([2, 3]))
+    >>> norm = gradient_step(optimizer, net(torch.ones(1, 3)).sum(), max_grad_norm=0.5)
+    >>> round(float(norm), 3), round(float(optimizer.flat_grad().norm()), 3)  # clipped
+    (2.828, 0.5)
 """
 
 from __future__ import annotations
@@ -23,8 +35,9 @@ from torch import Tensor, nn
 
 from rlstruct.devices import resolve_device
 from rlstruct.dicttensor import DeviceLike
+from rlstruct.errors import ConfigError, LearnerError
 
-__all__ = ["adam", "gradient_step"]
+__all__ = ["adam", "flat_adam", "FlatAdam", "gradient_step"]
 
 _FUSED_DEVICE_TYPES = ("cpu", "cuda")
 
@@ -78,8 +91,150 @@ def gradient_step(
     if around_backward is not None:
         around_backward[1]()
     norm = None
-    if max_grad_norm > 0:
+    if max_grad_norm > 0 and isinstance(optimizer, FlatAdam):
+        grad = optimizer.flat_grad()  # clip_grad_norm_'s formula, on one tensor
+        norm = torch.linalg.vector_norm(grad)
+        grad.mul_(torch.clamp(max_grad_norm / (norm + 1e-6), max=1.0))
+    elif max_grad_norm > 0:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         norm = nn.utils.clip_grad_norm_(params, max_grad_norm)
     optimizer.step()
     return norm
+
+
+def flat_adam(
+    params: Iterable[Tensor], lr: float, device: DeviceLike, eps: float = 1e-8
+) -> FlatAdam:
+    """:func:`adam` over one flat buffer that the parameters become views of (:class:`FlatAdam`).
+
+    Args:
+        params: the parameters (tensors, not groups), all on ``device``, one dtype.
+        lr: the learning rate.
+        device: where the parameters live (e.g. ``run.device``).
+        eps: Adam's epsilon.
+
+    Returns:
+        The optimizer; its ``flat`` parameter holds the values of all of ``params``.
+    """
+    fused = resolve_device(device).type in _FUSED_DEVICE_TYPES
+    return FlatAdam(params, lr=lr, eps=eps, fused=fused)
+
+
+class FlatAdam(torch.optim.Adam):
+    """``torch.optim.Adam`` over ONE flat parameter whose storage backs ``params``.
+
+    On construction each parameter's values move into a slice of one buffer (``flat``) and the
+    parameter becomes a view of its slice; its ``.grad`` becomes a view of the same slice of one
+    gradient buffer, into which ``backward`` accumulates in place. Zeroing, clipping
+    (:func:`gradient_step`) and the update then cost a few operations for the whole net rather
+    than a few per parameter tensor: for the 64-wide actor-critic MLPs of the CartPole examples
+    the step is about 15 % cheaper on the CPU (docs/algorithms.md, "Where APPO's time goes").
+
+    The module keeps its parameters: ``state_dict``, ``load_state_dict`` (an in-place copy) and
+    the forward pass see the flat buffer's values. Gradients that bypass the buffer (a
+    ``model.zero_grad()`` sets them to None, and the next ``backward`` makes new ones) are copied
+    back into it before clipping and stepping, so any way of zeroing works. Giving a parameter
+    new storage (``param.data = ...``, ``model.to(other_device)``) would unlink it from the
+    optimizer: :meth:`step` raises a :class:`~rlstruct.errors.LearnerError` naming it.
+
+    The optimizer's ``state_dict`` holds the state of the one flat parameter (shape ``(n,)``,
+    ``n`` the number of values of all ``params``); it loads into a FlatAdam over the same
+    parameters, not into a plain Adam.
+
+    Args:
+        params: the parameters (tensors, not groups): leaf tensors that require gradients, on
+            one device, of one floating dtype, each given once.
+        lr: the learning rate.
+        eps: Adam's epsilon.
+        fused: use the fused implementation (``torch.optim.Adam``'s ``fused``).
+
+    Raises:
+        ConfigError: no parameter, a parameter given twice, or parameters on several devices or
+            of several dtypes.
+    """
+
+    def __init__(self, params: Iterable[Tensor], lr: float, eps: float = 1e-8,
+                 fused: bool | None = None) -> None:
+        tensors = list(params)
+        _check_flattenable(tensors)
+        first = tensors[0]
+        sizes = [p.numel() for p in tensors]
+        flat = torch.empty(sum(sizes), device=first.device, dtype=first.dtype)
+        grad = torch.zeros_like(flat)
+        self._params = tensors
+        self._value_views = list(flat.split(sizes))
+        self._grad_views = [g.view_as(p) for g, p in zip(grad.split(sizes), tensors)]
+        with torch.no_grad():
+            for p, view in zip(tensors, self._value_views):
+                view.copy_(p.reshape(-1))
+                p.data = view.view_as(p)
+        #: The one parameter Adam updates: every value of ``params``.
+        self.flat = nn.Parameter(flat)
+        self.flat.grad = self._grad = grad
+        super().__init__([self.flat], lr=lr, eps=eps, fused=fused)
+        self._link()
+
+    def _link(self) -> None:
+        """Points each parameter's ``.grad`` at its slice of the buffer again, copying in a
+        gradient that was accumulated elsewhere (zero if it was set to None)."""
+        for p, view in zip(self._params, self._grad_views):
+            g = p.grad
+            if g is not view:
+                if g is None:
+                    view.zero_()
+                else:
+                    view.copy_(g)
+                p.grad = view
+        if self.flat.grad is not self._grad:  # set to None by torch.optim's own zero_grad
+            self.flat.grad = self._grad
+
+    def flat_grad(self) -> Tensor:
+        """The gradients of all the parameters, as one tensor ``(n,)`` (a view: scaling it
+        scales them)."""
+        self._link()
+        return self._grad
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zeroes the gradient buffer in place (``set_to_none`` is ignored: the parameters'
+        gradients are views of the buffer and stay so)."""
+        self._link()
+        self._grad.zero_()
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """One Adam update of every parameter (``closure`` as in ``torch.optim``).
+
+        Raises:
+            LearnerError: a parameter no longer lives in the flat buffer (new storage was given
+                to it after the optimizer was built).
+        """
+        for i, (p, view) in enumerate(zip(self._params, self._value_views)):
+            if p.data_ptr() != view.data_ptr() or p.device != view.device:
+                raise LearnerError(
+                    f"FlatAdam: parameter {i} (shape {tuple(p.shape)}) no longer lives in the "
+                    "optimizer's flat buffer: it was given new storage (param.data = ..., "
+                    "module.to(...)) after the optimizer was built; build the optimizer after "
+                    "moving the model")
+        self._link()
+        return super().step(closure)
+
+
+def _check_flattenable(tensors: list[Tensor]) -> None:
+    """Raises a :class:`ConfigError` listing why ``tensors`` cannot share one flat buffer."""
+    problems = []
+    if not tensors:
+        problems.append("no parameter")
+    if any(isinstance(t, dict) for t in tensors):
+        problems.append("parameter groups are not supported: give the tensors")
+        tensors = []
+    if len({id(t) for t in tensors}) != len(tensors):
+        problems.append("a parameter is given twice")
+    for i, t in enumerate(tensors):
+        if not (t.is_leaf and t.requires_grad and t.is_floating_point()):
+            problems.append(f"parameter {i} (shape {tuple(t.shape)}) is not a floating-point "
+                            "leaf tensor that requires gradients")
+    if len({(t.device, t.dtype) for t in tensors}) > 1:
+        found = sorted({f"{t.device}/{t.dtype}" for t in tensors})
+        problems.append(f"parameters on several devices or dtypes: {found}")
+    if problems:
+        raise ConfigError("FlatAdam: " + "; ".join(problems))

@@ -335,7 +335,8 @@ class Run:
         checkpoint here, and the RNG states.
 
         Raises:
-            CheckpointError: the checkpoint being resumed holds no state for one of them.
+            CheckpointError: the checkpoint being resumed holds no state for one of them, or a
+                state that does not load into it.
         """
         self._saved.update(objects)
         if not self._resumed:
@@ -344,7 +345,13 @@ class Run:
             if name not in self._resumed:
                 raise CheckpointError(f"resume: {self.cfg.resume} has no state for {name!r} "
                                       f"(it holds {sorted(self._resumed)})")
-            obj.load_state_dict(self._resumed[name])
+            try:
+                obj.load_state_dict(self._resumed[name])
+            except (ValueError, RuntimeError, KeyError) as err:  # torch's words for "not this"
+                raise CheckpointError(
+                    f"resume: the state of {name!r} in {self.cfg.resume} does not fit this "
+                    f"run's {type(obj).__name__} (a checkpoint of another model or optimizer "
+                    f"layout, or of an earlier rlstruct version): {err}") from err
         set_rng_state(self._resumed["rng"])
 
     def out_of_time(self) -> bool:

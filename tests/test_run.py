@@ -21,7 +21,7 @@ from algo_runs import check_run_dir, evaluated_rows, read_rows
 import rlstruct.run as run_module
 from rlstruct import Agent, DictTensor
 from rlstruct.envs import GymEnvInf
-from rlstruct.errors import BatcherStateError, ConfigError
+from rlstruct.errors import BatcherStateError, CheckpointError, ConfigError
 from rlstruct.experiment import LayoutConfig
 from rlstruct.logger import git_commit
 from rlstruct.run import Run, RunConfig, env_dims, env_spaces
@@ -348,6 +348,18 @@ def test_resume_refuses_a_changed_model_or_env_and_a_missing_checkpoint(tmp_path
     assert "max_frames" not in message  # budgets may change
     with pytest.raises(ConfigError, match=r"holds no checkpoints/latest\.pt"):
         config(tmp_path, resume=str(tmp_path))
+
+
+def test_resume_names_a_state_that_does_not_load(tmp_path):
+    # e.g. an optimizer's state from another layout (FlatAdam's one flat parameter, or not)
+    first = train(config(tmp_path, target_return=None, max_frames=20))
+    ckpt = first.logger.dir / "checkpoints" / "latest.pt"
+    state = torch.load(ckpt)
+    state["model"]["bias"] = torch.zeros(3)
+    torch.save(state, ckpt)
+    with pytest.raises(CheckpointError, match=r"(?s)state of 'model' .* does not fit this run's "
+                                              r"Linear.*size mismatch"):
+        train(config(tmp_path, target_return=None, max_frames=40, resume=str(first.logger.dir)))
 
 
 def test_evaluate_rebuilds_the_policy_from_the_checkpoint_alone(tmp_path, capsys):
