@@ -39,7 +39,7 @@ from rlstruct.envs import GymEnvInf
 from rlstruct.experiment import LayoutConfig
 from rlstruct.learner import LatestWeights
 from rlstruct.nets import MLPActorCritic
-from rlstruct.optim import adam, flat_adam, gradient_step
+from rlstruct.optim import flat_adam, gradient_step
 from rlstruct.run import Run, RunConfig
 from rlstruct.sampling import ActorAgent, greedy_info
 
@@ -162,8 +162,9 @@ def main(cfg: Config) -> dict[str, Any]:
         latest = {k: v.clone() for k, v in model.state_dict().items()}
         learner = Learner(run.learner(BehaviourAgent(model)), cfg, run.device)
         run.checkpoint_state(model=model, optimizer=learner.optimizer)
-        learner.group = run.learner_group(make_model, model, partial(adam, lr=cfg.lr, eps=1e-5),
-                                          learn, BehaviourAgent)  # --n-learners N
+        learner.group = run.learner_group(make_model, model,  # --n-learners N
+                                          partial(flat_adam, lr=cfg.lr, eps=1e-5), learn,
+                                          BehaviourAgent)
         with LearnerThread(learner, max_queue=cfg.queue, name="impala-learner") as thread:
             learner.thread = thread
             # 1. The workers stream segments; the loop ends when the stop test fires.

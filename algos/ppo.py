@@ -42,7 +42,7 @@ from rlstruct import keys as K
 from rlstruct.distributions import space_spec
 from rlstruct.envs import GymEnvInf
 from rlstruct.nets import CNNActorCritic, HeadActorCritic, head_actor_critic
-from rlstruct.optim import adam, flat_adam, gradient_step
+from rlstruct.optim import flat_adam, gradient_step
 from rlstruct.run import Run, RunConfig
 from rlstruct.sampling import PolicyAgent, greedy_info
 
@@ -215,7 +215,7 @@ def main(cfg: Config) -> dict[str, Any]:
         agent = run.learner(PPOAgent(model))
         optimizer = flat_adam(model.parameters(), cfg.lr, run.device, eps=1e-5)  # one buffer
         run.checkpoint_state(model=model, optimizer=optimizer)
-        group = run.learner_group(make_model, model, partial(adam, lr=cfg.lr, eps=1e-5), learn,
+        group = run.learner_group(make_model, model, partial(flat_adam, lr=cfg.lr, eps=1e-5), learn,
                                   PPOAgent, per_rank=("minibatch_size",))  # --n-learners N
         # 1. Each segment the workers collected with the current policy, until the stop test.
         for traj in run.segments(batcher):

@@ -28,7 +28,9 @@ gradients in one flat buffer each, so these are a few operations in all:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -68,7 +70,7 @@ def adam(
 
 
 def gradient_step(
-    optimizer: torch.optim.Optimizer, loss: Tensor, max_grad_norm: float,
+    optimizer: torch.optim.Optimizer | FlatAdam, loss: Tensor, max_grad_norm: float,
     around_backward: tuple[Callable[[], None], Callable[[], None]] | None = None,
 ) -> Tensor | None:
     """``zero_grad``, ``backward``, clip the global gradient norm, ``step``.
@@ -105,7 +107,8 @@ def gradient_step(
 def flat_adam(
     params: Iterable[Tensor], lr: float, device: DeviceLike, eps: float = 1e-8
 ) -> FlatAdam:
-    """:func:`adam` over one flat buffer that the parameters become views of (:class:`FlatAdam`).
+    """A :class:`FlatAdam` over ``params``: Adam with the parameters and gradients in one flat
+    buffer each.
 
     Args:
         params: the parameters (tensors, not groups), all on ``device``, one dtype.
@@ -114,21 +117,38 @@ def flat_adam(
         eps: Adam's epsilon.
 
     Returns:
-        The optimizer; its ``flat`` parameter holds the values of all of ``params``.
+        The optimizer; its ``flat`` buffer holds the values of all of ``params``.
+
+    Raises:
+        ConfigError: ``params`` are not all on ``device`` (or see :class:`FlatAdam`).
     """
-    fused = resolve_device(device).type in _FUSED_DEVICE_TYPES
-    return FlatAdam(params, lr=lr, eps=eps, fused=fused)
+    tensors = list(params)
+    where = resolve_device(device)
+    wrong = sorted({str(t.device) for t in tensors if isinstance(t, Tensor)
+                    and resolve_device(t.device) != where})
+    if wrong:
+        raise ConfigError(f"flat_adam: the parameters are on {wrong}, not on {where}")
+    return FlatAdam(tensors, lr=lr, eps=eps)
 
 
-class FlatAdam(torch.optim.Adam):
-    """``torch.optim.Adam`` over ONE flat parameter whose storage backs ``params``.
+class FlatAdam:
+    """Adam (Kingma and Ba, 2015; ``torch.optim.Adam``'s update, without weight decay) over
+    parameters that live in ONE flat buffer, their gradients in another.
 
     On construction each parameter's values move into a slice of one buffer (``flat``) and the
     parameter becomes a view of its slice; its ``.grad`` becomes a view of the same slice of one
     gradient buffer, into which ``backward`` accumulates in place. Zeroing, clipping
-    (:func:`gradient_step`) and the update then cost a few operations for the whole net rather
-    than a few per parameter tensor: for the 64-wide actor-critic MLPs of the CartPole examples
-    the step is about 15 % cheaper on the CPU (docs/algorithms.md, "Where APPO's time goes").
+    (:func:`gradient_step`) and the update are then a few operations for the whole net rather
+    than a few per parameter tensor, which is most of a small net's step: for the 64-wide
+    actor-critic MLPs of the CartPole examples, about 10 % of APPO's gradient step on the CPU
+    (docs/algorithms.md, "Where APPO's time goes").
+
+    It is not a ``torch.optim.Optimizer``: building the first of those in a process imports
+    ``torch._dynamo`` (about a second on one core), which every algorithm paid before its first
+    segment. It has what the algorithms and checkpoints use: ``param_groups[0]["lr"]`` (set it
+    to anneal), :meth:`zero_grad`, :meth:`step`, :meth:`state_dict` and
+    :meth:`load_state_dict`. The update is ``torch.optim.Adam``'s (``foreach=False``), operation
+    for operation.
 
     The module keeps its parameters: ``state_dict``, ``load_state_dict`` (an in-place copy) and
     the forward pass see the flat buffer's values. Gradients that bypass the buffer (a
@@ -137,41 +157,39 @@ class FlatAdam(torch.optim.Adam):
     new storage (``param.data = ...``, ``model.to(other_device)``) would unlink it from the
     optimizer: :meth:`step` raises a :class:`~rlstruct.errors.LearnerError` naming it.
 
-    The optimizer's ``state_dict`` holds the state of the one flat parameter (shape ``(n,)``,
-    ``n`` the number of values of all ``params``); it loads into a FlatAdam over the same
-    parameters, not into a plain Adam.
-
     Args:
         params: the parameters (tensors, not groups): leaf tensors that require gradients, on
             one device, of one floating dtype, each given once.
         lr: the learning rate.
+        betas: the decay rates of the first and second moment estimates.
         eps: Adam's epsilon.
-        fused: use the fused implementation (``torch.optim.Adam``'s ``fused``).
 
     Raises:
         ConfigError: no parameter, a parameter given twice, or parameters on several devices or
             of several dtypes.
     """
 
-    def __init__(self, params: Iterable[Tensor], lr: float, eps: float = 1e-8,
-                 fused: bool | None = None) -> None:
+    def __init__(self, params: Iterable[Tensor], lr: float,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
         tensors = list(params)
         _check_flattenable(tensors)
-        first = tensors[0]
         sizes = [p.numel() for p in tensors]
-        flat = torch.empty(sum(sizes), device=first.device, dtype=first.dtype)
-        grad = torch.zeros_like(flat)
+        #: Every value of ``params``, in their order: the parameters are views of it.
+        self.flat = torch.empty(sum(sizes), device=tensors[0].device, dtype=tensors[0].dtype)
+        self._grad = torch.zeros_like(self.flat)
         self._params = tensors
-        self._value_views = list(flat.split(sizes))
-        self._grad_views = [g.view_as(p) for g, p in zip(grad.split(sizes), tensors)]
+        self._value_ptrs = [v.data_ptr() for v in self.flat.split(sizes)]
+        self._grad_views = [g.view_as(p) for g, p in zip(self._grad.split(sizes), tensors)]
         with torch.no_grad():
-            for p, view in zip(tensors, self._value_views):
+            for p, view in zip(tensors, self.flat.split(sizes)):
                 view.copy_(p.reshape(-1))
                 p.data = view.view_as(p)
-        #: The one parameter Adam updates: every value of ``params``.
-        self.flat = nn.Parameter(flat)
-        self.flat.grad = self._grad = grad
-        super().__init__([self.flat], lr=lr, eps=eps, fused=fused)
+        #: As in ``torch.optim``: one group; algorithms anneal ``param_groups[0]["lr"]``.
+        self.param_groups: list[dict[str, Any]] = [
+            {"lr": lr, "betas": betas, "eps": eps, "params": tensors}]
+        self._step = 0
+        self._exp_avg = torch.zeros_like(self.flat)
+        self._exp_avg_sq = torch.zeros_like(self.flat)
         self._link()
 
     def _link(self) -> None:
@@ -185,8 +203,6 @@ class FlatAdam(torch.optim.Adam):
                 else:
                     view.copy_(g)
                 p.grad = view
-        if self.flat.grad is not self._grad:  # set to None by torch.optim's own zero_grad
-            self.flat.grad = self._grad
 
     def flat_grad(self) -> Tensor:
         """The gradients of all the parameters, as one tensor ``(n,)`` (a view: scaling it
@@ -201,22 +217,67 @@ class FlatAdam(torch.optim.Adam):
         self._grad.zero_()
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        """One Adam update of every parameter (``closure`` as in ``torch.optim``).
+    def step(self) -> None:
+        """One Adam update of every parameter.
 
         Raises:
             LearnerError: a parameter no longer lives in the flat buffer (new storage was given
                 to it after the optimizer was built).
         """
-        for i, (p, view) in enumerate(zip(self._params, self._value_views)):
-            if p.data_ptr() != view.data_ptr() or p.device != view.device:
+        for i, (p, ptr) in enumerate(zip(self._params, self._value_ptrs)):
+            if p.data_ptr() != ptr:
                 raise LearnerError(
                     f"FlatAdam: parameter {i} (shape {tuple(p.shape)}) no longer lives in the "
                     "optimizer's flat buffer: it was given new storage (param.data = ..., "
                     "module.to(...)) after the optimizer was built; build the optimizer after "
                     "moving the model")
         self._link()
-        return super().step(closure)
+        group = self.param_groups[0]
+        lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+        self._step += 1
+        self._exp_avg.lerp_(self._grad, 1 - beta1)
+        self._exp_avg_sq.mul_(beta2).addcmul_(self._grad, self._grad, value=1 - beta2)
+        step_size = lr / (1 - beta1**self._step)
+        denom = (self._exp_avg_sq.sqrt() / math.sqrt(1 - beta2**self._step)).add_(eps)
+        self.flat.addcdiv_(self._exp_avg, denom, value=-step_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``torch.optim``'s layout for one parameter (the flat buffer): ``{"state": {0:
+        {"step", "exp_avg", "exp_avg_sq"}}, "param_groups": [{"lr", "betas", "eps", "params":
+        [0]}]}`` (the moments are not copied)."""
+        group = {k: v for k, v in self.param_groups[0].items() if k != "params"}
+        return {"state": {0: {"step": torch.tensor(float(self._step)), "exp_avg": self._exp_avg,
+                              "exp_avg_sq": self._exp_avg_sq}},
+                "param_groups": [{**group, "params": [0]}]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads a :meth:`state_dict` (the moments are copied), or the ``state_dict`` of a
+        ``torch.optim.Adam`` over the same parameters in the same order (its per-parameter
+        moments are flattened: checkpoints written before an algorithm used FlatAdam resume).
+
+        Raises:
+            ValueError: the state is neither, or its sizes differ from this optimizer's.
+        """
+        try:
+            states = [state_dict["state"][i] for i in sorted(state_dict["state"])]
+            group = dict(state_dict["param_groups"][0])
+        except (KeyError, IndexError, TypeError) as err:
+            raise ValueError(f"not an Adam state ({err!r} missing)") from err
+        if len(states) == 1 and states[0]["exp_avg"].shape == self.flat.shape:
+            moments = [states[0]["exp_avg"]], [states[0]["exp_avg_sq"]]
+        elif [tuple(s["exp_avg"].shape) for s in states] == [tuple(p.shape) for p in
+                                                               self._params]:
+            moments = ([s["exp_avg"].reshape(-1) for s in states],
+                       [s["exp_avg_sq"].reshape(-1) for s in states])
+        else:
+            raise ValueError(
+                f"an Adam state for {[tuple(s['exp_avg'].shape) for s in states]} does not fit "
+                f"FlatAdam over {[tuple(p.shape) for p in self._params]} "
+                f"({self.flat.numel()} values)")
+        self._exp_avg.copy_(torch.cat(moments[0]))
+        self._exp_avg_sq.copy_(torch.cat(moments[1]))
+        self._step = int(states[0]["step"]) if states else 0
+        self.param_groups[0].update({k: group[k] for k in ("lr", "betas", "eps") if k in group})
 
 
 def _check_flattenable(tensors: list[Tensor]) -> None:

@@ -59,7 +59,6 @@ def test_any_way_of_zeroing_the_gradients_still_trains() -> None:
     opt = flat_adam(model.parameters(), 0.1, "cpu")
     x = torch.ones(4, 3)
     for zero in (lambda: model.zero_grad(), lambda: opt.zero_grad(),
-                 lambda: torch.optim.Optimizer.zero_grad(opt, set_to_none=True),
                  lambda: setattr(model.weight, "grad", None)):
         zero()
         before = model.weight.detach().clone()
@@ -112,6 +111,50 @@ def test_the_optimizer_state_round_trips_through_a_state_dict() -> None:
     for opt, net in ((opt_a, a), (opt_b, b)):
         gradient_step(opt, net(torch.ones(2, 3)).sum(), 1.0)
     assert torch.equal(opt_a.flat, opt_b.flat)
+
+
+def test_the_update_is_torchs_adam_operation_for_operation() -> None:
+    a, b = _pair()
+    b.load_state_dict(a.state_dict())
+    ours = FlatAdam(a.parameters(), lr=0.05, eps=1e-5)
+    torchs = torch.optim.Adam(b.parameters(), lr=0.05, eps=1e-5, foreach=False)
+    for i in range(6):
+        x = torch.full((2, 3), float(i))
+        for opt, net in ((ours, a), (torchs, b)):
+            opt.zero_grad()
+            net(x).square().sum().backward()
+            opt.step()
+        ours.param_groups[0]["lr"] *= 0.5  # annealed as the algorithms do
+        torchs.param_groups[0]["lr"] *= 0.5
+    assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias)
+
+
+def test_a_state_of_another_size_is_refused_and_torchs_adam_state_loads() -> None:
+    a, b = _pair()
+    opt = flat_adam(a.parameters(), 0.1, "cpu")
+    other = flat_adam(nn.Linear(2, 2).parameters(), 0.1, "cpu")
+    with pytest.raises(ValueError, match=r"for \[\(6,\)\] does not fit .* \(8 values\)"):
+        opt.load_state_dict(other.state_dict())
+    with pytest.raises(ValueError, match="not an Adam state"):
+        opt.load_state_dict({"step": 3})
+    with pytest.raises(ConfigError, match=r"on \['meta'\], not on cpu"):
+        flat_adam(nn.Linear(2, 2, device="meta").parameters(), 0.1, "cpu")
+    # a checkpoint of torch's Adam over the same parameters (written before FlatAdam) resumes
+    b.load_state_dict(a.state_dict())
+    torchs = torch.optim.Adam(b.parameters(), lr=0.05, eps=1e-5, foreach=False)
+    for net, o in ((a, opt), (b, torchs)):
+        o.zero_grad()
+        net(torch.ones(2, 3)).square().sum().backward()
+    torchs.step()
+    ours = FlatAdam(a.parameters(), lr=0.0)
+    ours.load_state_dict(torchs.state_dict())
+    a.load_state_dict(b.state_dict())
+    for net, o in ((a, ours), (b, torchs)):
+        o.zero_grad()
+        net(torch.ones(2, 3)).square().sum().backward()
+        o.step()
+    assert ours.param_groups[0]["lr"] == 0.05 and ours.state_dict()["state"][0]["step"] == 2
+    assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias)
 
 
 def _pair() -> tuple[nn.Linear, nn.Linear]:
