@@ -39,9 +39,9 @@ TASKS = {
     "halfcheetah": Task("HalfCheetah-v5", None, 100_000, 3600.0),
 }
 ALGOS = ("reinforce", "a2c", "ppo", "ppo_pipelined", "ppo_torch_env", "dqn", "impala", "appo",
-         "appo_thread", "appo_20x8", "appo_2t", "sac_pendulum", "trpo_pendulum", "ppo_pendulum",
-         "sac_halfcheetah", "ppo_halfcheetah", "trpo_serial12", "trpo_2x6", "trpo_ray2x6",
-         "ppo_tuned")
+         "appo_thread", "appo_20x8", "appo_2t", "appo_8x64", "sac_pendulum", "trpo_pendulum",
+         "ppo_pendulum", "sac_halfcheetah", "ppo_halfcheetah", "trpo_serial12", "trpo_2x6",
+         "trpo_ray2x6", "ppo_tuned")
 PPO_BOX = {"gae_lambda": 0.95, "n_epochs": 10, "normalize_obs": True}  # PPO's Box settings
 #: Rows that run an algorithm otherwise: name -> (module, task, layout fields, config fields).
 #: Any other row name is ``algos/<name>.py`` on CartPole with its defaults.
@@ -52,6 +52,9 @@ VARIANTS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
     "appo_thread": ("appo", "cartpole", {"n_envs": 8}, {"queue": 1, "n_epochs": 20}),
     "appo_20x8": ("appo", "cartpole", {"n_envs": 8}, {"n_epochs": 20}),  # the earlier default
     "appo_2t": ("appo", "cartpole", {}, {"n_threads": 2}),  # the learner on 2 torch threads
+    # the same 1024-frame segments from 2 x 8 envs x 64 steps: each frame costs the workers
+    # about as much as the learner, so they keep the second core busy (docs/algorithms.md)
+    "appo_8x64": ("appo", "cartpole", {"n_envs": 8}, {"n_timesteps": 64}),
     # torch-native CartPole in a SerialBatcher on the learner's device (the CPU here)
     "ppo_torch_env": ("ppo", "cartpole", {"n_processes": 1, "n_envs": 16},
                       {"env_backend": "torch"}),
@@ -81,7 +84,7 @@ TUNED_MAX_RATIO = 1.0  # PPO --layout (freshly tuned) / PPO with its default lay
 #: rows left out of the default run (name them to run them): an hour per seed with SB3's SAC,
 #: the layout table of docs/guide-resources.md, a tuner run, APPO's earlier default
 NOT_BY_DEFAULT = ("sac_halfcheetah", "ppo_halfcheetah", "trpo_serial12", "trpo_2x6",
-                  "trpo_ray2x6", "ppo_tuned", "appo_20x8", "appo_2t")
+                  "trpo_ray2x6", "ppo_tuned", "appo_20x8", "appo_2t", "appo_8x64")
 IMPALA_MAX_RATIO = 0.6  # IMPALA / rlstruct PPO median launch->solve
 IMPALA_MIN_CORES = 1.8  # cores busy during an IMPALA run
 #: rlstruct row -> its peer's class, with its defaults ("MlpPolicy") on the row's task
