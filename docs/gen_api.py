@@ -45,6 +45,7 @@ MODULES = (
     "rlstruct.batchers",
     "rlstruct.batchers.ray",
     "rlstruct.learner",
+    "rlstruct.learner_parts",
     "rlstruct.learner_base",
     "rlstruct.learner_group",
     "rlstruct.learner_rank",

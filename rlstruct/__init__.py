@@ -29,8 +29,10 @@ The experiment layer, which the algorithms of ``algos/`` are written with::
     from rlstruct.distributions import make_head       # policy heads for any action space
     from rlstruct.normalization import RunningNorm     # observation statistics in the weights
     from rlstruct.optim import adam, gradient_step     # fused Adam; one meaning of clipping
+    from rlstruct.optim import flat_adam               # Adam over one flat buffer: small nets
     from rlstruct.sampling import CategoricalSampler, ActorAgent, PolicyAgent, greedy_info
                                                        # seeded sampling, greedy evaluation
+    from rlstruct.learner_parts import in_threads      # actor and critic steps at once
     from rlstruct.learner_group import LearnerGroup    # data-parallel learner ranks
     from rlstruct.learner_base import LearnerGroupBase   # what every learner group shares
     from rlstruct.learner_rank import RankContext      # what a rank's learn function gets

@@ -1,0 +1,228 @@
+"""Where a CartPole learner's gradient step goes: APPO's step, part by part, and what was tried.
+
+APPO's learner bounds its speed on 2 cores (docs/algorithms.md, "Where APPO's time goes"): the
+workers wait for it, so cores busy stays at about 1 + collection / learning cost per frame. This
+script measures, on one torch thread, APPO's minibatch step (``algos.appo.actor_loss`` and
+``critic_loss`` on the default ``MLPActorCritic``, 4 -> 64 -> 64 -> 2 and 1, 256 transitions,
+``gradient_step``):
+
+1. the two terms as one loss with ``torch.optim.Adam`` (fused) and with
+   ``rlstruct.optim.FlatAdam``; then APPO's actor step and critic step (a FlatAdam each), part
+   by part: minibatch index, forward and loss terms, zero_grad, backward, clip, update;
+2. the element-wise cost of ``torch.tanh`` against ``torch.sigmoid`` and numpy's ``tanh`` on a
+   hidden layer's ``(256, 64)`` activations (torch's tanh runs scalar code on this CPU);
+3. APPO's ``Learner.epochs`` for the actor and the critic over one segment, in two threads of
+   one process (``--learner-threads 2``, the default) against one after the other: how much
+   of a second core threads put to work despite the GIL;
+4. with ``--compile``: the same step with the loss under ``torch.compile`` (the first call's
+   compile time, then the step; about 20 s the first time on 2 cores).
+
+Usage::
+
+    python benchmarks/learner_step.py                 # ~30 s
+    python benchmarks/learner_step.py --compile       # + torch.compile (~40 s more)
+    python benchmarks/learner_step.py --json out.json
+
+Figures depend on load: the JSON holds the load average before and after.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import _common
+import numpy as np
+import torch
+
+from algos import appo
+from rlstruct import DictTensor
+from rlstruct import keys as K
+from rlstruct.learner_parts import in_threads
+from rlstruct.nets import MLPActorCritic
+from rlstruct.optim import adam, flat_adam, gradient_step
+
+N, MINIBATCH = 1024, 256  # a segment of APPO's default layout: 2 x 16 envs x 32 steps
+
+
+def _segment() -> DictTensor:
+    g = torch.Generator().manual_seed(0)
+    return DictTensor({K.OBS_FRAME: torch.randn(N, 4, generator=g),
+                       K.STORED_ACTION: torch.randint(0, 2, (N,), generator=g),
+                       K.STORED_LOGP: torch.full((N,), -0.69),
+                       "advantage": torch.randn(N, generator=g),
+                       "target": torch.randn(N, generator=g)})
+
+
+def joint_loss(model: MLPActorCritic, minibatch: DictTensor, cfg: appo.Config) -> Any:
+    """APPO's actor and critic terms as one loss (one optimizer, one thread)."""
+    actor, stats = appo.actor_loss(model, minibatch, cfg)
+    critic, more = appo.critic_loss(model, minibatch, cfg)
+    return actor + critic, {**stats, **more}
+
+
+def _per_call_us(fn: Callable[[], Any], seconds: float) -> float:
+    """Median over 5 windows of the microseconds per call of ``fn``."""
+    for _ in range(20):
+        fn()
+    samples = []
+    for _ in range(5):
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds / 5:
+            fn()
+            n += 1
+        samples.append((time.perf_counter() - start) / n * 1e6)
+    return _common.summarize(samples)["median"]
+
+
+def step_cost(make_optimizer: Callable[..., Any], seconds: float,
+              loss_fn: Callable[..., Any] = joint_loss) -> float:
+    """Microseconds per minibatch step of APPO's terms as one loss, epochs of shuffled
+    minibatches."""
+    torch.manual_seed(0)
+    model, batch, cfg = MLPActorCritic(4, 2, 64), _segment(), appo.Config()
+    optimizer = make_optimizer(model.parameters(), cfg.lr, "cpu", eps=1e-5)
+
+    def epoch() -> None:
+        for rows in torch.randperm(N).split(MINIBATCH):
+            loss, _ = loss_fn(model, batch.index(rows), cfg)
+            gradient_step(optimizer, loss, cfg.max_grad_norm)
+
+    return _per_call_us(epoch, seconds) / (N // MINIBATCH)
+
+
+def step_parts(seconds: float) -> dict[str, float]:
+    """Microseconds per minibatch in each part of APPO's actor step and critic step (one
+    thread, FlatAdam each): index, forward and loss terms, zero_grad, backward, clip, update."""
+    torch.manual_seed(0)
+    model, batch, cfg = MLPActorCritic(4, 2, 64), _segment(), appo.Config()
+    parts = {"actor": (appo.actor_loss, flat_adam(model.actor.parameters(), cfg.lr, "cpu")),
+             "critic": (appo.critic_loss, flat_adam(model.critic.parameters(), cfg.lr, "cpu"))}
+    spent: dict[str, float] = {}
+
+    def step(part: str, rows: torch.Tensor) -> None:
+        loss_fn, optimizer = parts[part]
+        clock = [time.perf_counter()]
+
+        def tick(name: str) -> None:
+            now = time.perf_counter()
+            spent[f"{part}: {name}"] = spent.get(f"{part}: {name}", 0.0) + now - clock[0]
+            clock[0] = now
+
+        mb = batch.index(rows)
+        tick("index the minibatch")
+        loss, _ = loss_fn(model, mb, cfg)
+        tick("forward and loss terms")
+        optimizer.zero_grad()
+        tick("zero_grad")
+        loss.backward()
+        tick("backward")
+        grad = optimizer.flat_grad()
+        norm = torch.linalg.vector_norm(grad)
+        grad.mul_(torch.clamp(cfg.max_grad_norm / (norm + 1e-6), max=1.0))
+        tick("clip")
+        optimizer.step()
+        tick("update (FlatAdam)")
+
+    n_steps = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for rows in torch.randperm(N).split(MINIBATCH):
+            step("actor", rows)
+            step("critic", rows)
+            n_steps += 1
+    return {k: v / n_steps * 1e6 for k, v in spent.items()}
+
+
+def activations(seconds: float) -> dict[str, float]:
+    """Microseconds per call on a ``(256, 64)`` float32 tensor."""
+    x = torch.randn(MINIBATCH, 64)
+    xn = x.numpy()
+    return {"torch.tanh": _per_call_us(lambda: torch.tanh(x), seconds),
+            "torch.sigmoid": _per_call_us(lambda: torch.sigmoid(x), seconds),
+            "numpy tanh": _per_call_us(lambda: np.tanh(xn), seconds),
+            "torch.relu": _per_call_us(lambda: torch.relu(x), seconds)}
+
+
+def two_threads(seconds: float) -> dict[str, float]:
+    """Wall ms and cores per segment of APPO's ``Learner.epochs``: the actor's and the critic's
+    epochs in turn (``--learner-threads 1``) vs at once in two threads (the default)."""
+    torch.manual_seed(0)
+    batch, cfg = _segment(), appo.Config()
+    learner = appo.Learner(appo.BehaviourAgent(MLPActorCritic(4, 2, 64)), cfg,
+                           torch.device("cpu"))
+
+    def runs() -> list[Callable[[], Any]]:
+        orders = [torch.randperm(N) for _ in range(cfg.n_epochs)]
+        return [partial(learner.epochs, part, batch, orders) for part in learner.parts]
+
+    out = {}
+    for name, fn in (("in turn", lambda: [run() for run in runs()]),
+                     ("two threads", lambda: in_threads(runs(), names=list(learner.parts)))):
+        fn()
+        wall, cpu, n = time.perf_counter(), time.process_time(), 0
+        while time.perf_counter() - wall < seconds:
+            fn()
+            n += 1
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        out[f"{name} ms/segment"] = wall / n * 1e3
+        out[f"{name} cores"] = cpu / wall
+    return out
+
+
+def compiled(seconds: float) -> dict[str, float]:
+    """The step with the joint loss under ``torch.compile``: compile seconds, then us per step."""
+    loss_fn = torch.compile(joint_loss, dynamic=False)
+    start = time.perf_counter()
+    step_cost(flat_adam, 0.0, loss_fn)  # the first calls compile
+    first = time.perf_counter() - start
+    return {"compile and first epoch s": first,
+            "step us": step_cost(flat_adam, seconds, loss_fn)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="time per measurement")
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args()
+    _common.pin_threads(1)
+    load_before = os.getloadavg()
+    results: dict[str, Any] = {
+        "joint step us": {"torch.optim.Adam (fused)": step_cost(adam, args.seconds),
+                          "FlatAdam": step_cost(flat_adam, args.seconds)},
+        "actor and critic step parts us": step_parts(args.seconds),
+        "activation us (256 x 64)": activations(args.seconds / 4),
+        "actor and critic epochs of a segment": two_threads(args.seconds),
+    }
+    if args.compile:
+        results["torch.compile"] = compiled(args.seconds)
+    results["environment"] = _common.environment(load_before=load_before,
+                                                 load_after=os.getloadavg())
+    for section, values in results.items():
+        if section == "environment":
+            continue
+        print(section)
+        for k, v in values.items():
+            print(f"  {k:38s} {v:9.1f}")
+    parts = results["actor and critic step parts us"]
+    print(f"  {'(sum of the parts)':38s} {sum(parts.values()):9.1f}")
+    print(f"load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
