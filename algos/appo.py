@@ -16,14 +16,14 @@ Three things run at once, as in IMPALA (algos/impala.py) with ``--queue 1``; by 
      policy-gradient advantages ``A_t = rho_t (r_t + gamma v_{t+1} - V(x_t))``; terminated
      steps do not bootstrap, truncated steps and segment cuts bootstrap from V of the TRUE
      next observation;
-   - ``n_epochs`` passes over the segment's valid steps in shuffled minibatches: the actor
-     minimises ``-min(r A, clip(r, 1-eps, 1+eps) A) - ent_coef H`` with ``r = pi(a) / mu(a)``
-     (``F.clipped_surrogate``; A normalised per minibatch), the critic ``vf_coef 0.5 (V -
-     v)^2``, each with its own Adam and gradient clipping, at once in two threads (separate
-     nets: ``rlstruct.learner_parts``). Many steps per segment, as PPO takes (IMPALA takes one).
-     The trust region is centred on mu, the policy that collected the segment, not on pi_old,
-     so a learner k updates ahead of its data cannot push the same way k more times (centred on
-     pi_old, the entropy collapsed at a lag of 3 updates, see docs/algorithms.md);
+   - ``n_epochs`` passes over the segment's valid steps in shuffled minibatches minimise
+     ``-min(r A, clip(r, 1-eps, 1+eps) A) + vf_coef 0.5 (V - v)^2 - ent_coef H`` with
+     ``r = pi(a) / mu(a)`` (``F.clipped_surrogate``; A normalised per minibatch): many steps
+     per segment, as PPO takes, where IMPALA takes one. The trust region is centred on mu, the
+     policy that collected the segment, not on pi_old: the updates made since mu acted count
+     against the clip range, so a learner that is k updates ahead of its data cannot push the
+     same way k more times (centred on pi_old, the entropy collapsed within 10 segments at a
+     lag of 3 updates, see docs/algorithms.md);
    - the learner publishes a CPU copy of its weights (``LatestWeights``).
 3. **Drive** (the main thread): takes each finished segment, records episodes, learns on it or
    hands it to the learner thread (``put`` waits while it is ``--queue`` segments behind) and
@@ -40,20 +40,18 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Annotated, Any
 
 import torch
 import tyro
 from torch import Tensor
 
-from rlstruct import Agent, DictTensor, LearnerThread, Trajectories
+from rlstruct import Agent, DictTensor, LearnerThread, Trajectories, replay_agent_stateless
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.envs import GymEnvInf
 from rlstruct.experiment import LayoutConfig
 from rlstruct.learner import LatestWeights
-from rlstruct.learner_parts import in_threads
 from rlstruct.nets import MLPActorCritic
 from rlstruct.optim import flat_adam, gradient_step
 from rlstruct.run import Run, RunConfig
@@ -84,8 +82,6 @@ class Config(RunConfig):
     c_bar: float = 0.8
     """V-trace: truncation of the trace coefficients (below 1 it also shortens the traces
     on-policy, like GAE's lambda)"""
-    learner_threads: int = 2
-    """2: the actor's and the critic's steps at once, in two threads; 1: one after the other"""
     queue: int = 0
     """0: learn in the main thread while the pipelined workers collect the next segment (one
     update of lag); N: in a learner thread, which collection waits for when N segments behind"""
@@ -97,8 +93,6 @@ class Config(RunConfig):
     def problems(self) -> list[str]:  # listed with the shared fields' problems, all at once
         problems = super().problems() + [f"{name} must be >= 1, got {getattr(self, name)}"
                     for name in ("n_epochs", "minibatch_size") if getattr(self, name) < 1]
-        if self.learner_threads not in (1, 2):
-            problems.append(f"learner_threads must be 1 or 2, got {self.learner_threads}")
         if self.queue < 0:
             problems.append(f"queue must be >= 0 (0: no learner thread), got {self.queue}")
         if not 0 < self.clip_coef < 1:
@@ -118,7 +112,8 @@ ActorCritic = MLPActorCritic  # separate actor and critic MLPs (rlstruct/nets.py
 # --------------------------------------------------------------------------------------- agent
 def BehaviourAgent(model: ActorCritic) -> ActorAgent:  # noqa: N802 - a create_agent factory
     """Samples ``a ~ softmax(logits)`` (the argmax with ``agent_info["greedy"]``) and stores
-    ``action`` and its behaviour log-probability ``logp`` (the learner runs the nets itself)."""
+    ``action`` and its behaviour log-probability ``logp``; replayed on the learner (through
+    ``CheckDevice`` with ``--check-devices``) it returns differentiable ``logits`` and ``value``."""
     return ActorAgent(model, store_value=False)
 
 
@@ -145,71 +140,57 @@ def vtrace_batch(model: ActorCritic, traj: Trajectories, cfg: Config) -> tuple[D
     return batch.to_transitions(), log_rho.exp()[steps.mask()]
 
 
-def actor_loss(model: ActorCritic, minibatch: DictTensor, cfg: Config) -> tuple[Tensor, dict]:
-    """The policy terms of a minibatch (they move the actor alone):
-    ``-min(r A, clip(r, 1-eps, 1+eps) A) - ent_coef H``; returns ``(loss, detached stats)``."""
-    logits = model.logits(minibatch[K.OBS_FRAME])
-    logp = F.categorical_log_prob(logits, minibatch[K.STORED_ACTION])
+def appo_loss(agent: Agent, minibatch: DictTensor, cfg: Config) -> tuple[Tensor, dict[str, Tensor]]:
+    """The APPO loss of a minibatch of transitions; returns ``(loss, detached stats)``."""
+    new = replay_agent_stateless(agent, minibatch)
+    logp = F.categorical_log_prob(new["logits"], minibatch[K.STORED_ACTION])
     advantage = F.normalize_advantages(minibatch["advantage"])
     policy = F.clipped_surrogate(logp, minibatch[K.STORED_LOGP], advantage, cfg.clip_coef).mean()
+    values = 0.5 * (new[K.VALUE] - minibatch["target"]).square().mean()
     with torch.set_grad_enabled(cfg.ent_coef != 0):  # no backward through an unused term
-        entropy = F.categorical_entropy(logits).mean()
+        entropy = F.categorical_entropy(new["logits"]).mean()
+    loss = policy + cfg.vf_coef * values - cfg.ent_coef * entropy
     with torch.no_grad():
-        clipped = ((logp - minibatch[K.STORED_LOGP]).exp().sub(1).abs() > cfg.clip_coef).float()
-    stats = {"policy_loss": policy, "entropy": entropy, "clip_fraction": clipped.mean()}
-    return policy - cfg.ent_coef * entropy, {k: v.detach() for k, v in stats.items()}
-
-
-def critic_loss(model: ActorCritic, minibatch: DictTensor, cfg: Config) -> tuple[Tensor, dict]:
-    """The value term (it moves the critic alone): ``vf_coef 0.5 (V - v)^2``."""
-    values = 0.5 * (model.value(minibatch[K.OBS_FRAME]) - minibatch["target"]).square().mean()
-    return cfg.vf_coef * values, {"value_loss": values.detach()}
+        ratio = (logp - minibatch[K.STORED_LOGP]).exp()
+        clipped = ((ratio - 1).abs() > cfg.clip_coef).float().mean()
+    stats = {"policy_loss": policy.detach(), "value_loss": values.detach(),
+             "entropy": entropy.detach(), "clip_fraction": clipped}
+    return loss, stats
 
 
 class Learner:
-    """What the learner (main thread or learner thread) runs on each segment: V-trace targets,
-    then ``n_epochs`` of minibatch steps for the actor and for the critic, each with its own
-    Adam and gradient clipping, at once in two threads (``--learner-threads 2``); then a CPU
-    copy of the weights in ``weights``. ``agent`` is the learner's ``BehaviourAgent``."""
+    """What the learner thread runs on each segment: V-trace targets, ``n_epochs`` of
+    minibatch steps, then a CPU copy of the weights in ``weights`` for the main thread. ``agent``
+    is the learner's ``BehaviourAgent`` from ``run.learner``."""
 
     def __init__(self, agent: Agent, cfg: Config, device: torch.device) -> None:
         self.agent, self.model, self.cfg, self.device = agent, agent.model, cfg, device
-        self.parts = {name: (loss, flat_adam(getattr(self.model, name).parameters(), cfg.lr,
-                                             device, eps=1e-5))
-                      for name, loss in (("actor", actor_loss), ("critic", critic_loss))}
+        # one flat buffer for the weights: zero, clip and update are a few operations in all
+        self.optimizer = flat_adam(self.model.parameters(), cfg.lr, device, eps=1e-5)
         self.weights = LatestWeights()
         self.frames = 0  # learned so far: the learning rate anneals over them
         self.thread: LearnerThread | None = None
-
-    def epochs(self, part: str, batch: DictTensor, orders: list[Tensor]) -> dict[str, Tensor]:
-        """One part's minibatch steps over ``batch`` in each order; the last epoch's stat sums."""
-        loss_fn, optimizer = self.parts[part]
-        for order in orders:
-            totals: dict[str, Tensor] = {}
-            for rows in order.split(self.cfg.minibatch_size):
-                loss, stats = loss_fn(self.model, batch.index(rows), self.cfg)
-                gradient_step(optimizer, loss, self.cfg.max_grad_norm)
-                totals = {k: totals.get(k, 0.0) + v for k, v in stats.items()}
-        return totals
 
     def __call__(self, traj: Trajectories) -> dict[str, float]:
         cfg = self.cfg
         self.frames += int(traj.lengths.sum())
         lr = cfg.lr * max(0.0, 1 - self.frames / cfg.max_frames) if cfg.anneal_lr else cfg.lr
-        for _, optimizer in self.parts.values():
-            optimizer.param_groups[0]["lr"] = lr
+        self.optimizer.param_groups[0]["lr"] = lr
         batch, rho = vtrace_batch(self.model, traj.to(self.device), cfg)
-        orders = [torch.randperm(batch.n_elems(), device=batch.device())
-                  for _ in range(cfg.n_epochs)]
-        runs = [partial(self.epochs, part, batch, orders) for part in self.parts]
-        totals = (in_threads(runs, names=list(self.parts)) if cfg.learner_threads == 2
-                  else [run() for run in runs])  # 2: the critic in a second thread
+        totals: dict[str, Tensor] = {}
+        for _ in range(cfg.n_epochs):
+            totals = {}
+            order = torch.randperm(batch.n_elems(), device=batch.device())
+            for rows in order.split(cfg.minibatch_size):
+                loss, stats = appo_loss(self.agent, batch.index(rows), cfg)
+                gradient_step(self.optimizer, loss, cfg.max_grad_norm)
+                totals = {k: totals.get(k, 0.0) + v for k, v in stats.items()}
         self.weights.put(self.model.state_dict())
         if self.thread is not None:
             self.thread.count_publication()
         n = math.ceil(batch.n_elems() / cfg.minibatch_size)
         clipped = float((rho > cfg.rho_bar * (1 + 1e-4)).float().mean())
-        return {**{k: float(v) / n for t in totals for k, v in t.items()}, "lr": lr,
+        return {**{k: float(v) / n for k, v in totals.items()}, "lr": lr,
                 "rho_mean": float(rho.mean()), "rho_clipped": clipped}
 
 
@@ -223,8 +204,7 @@ def main(cfg: Config) -> dict[str, Any]:
         run.evaluator(BehaviourAgent, {"model": model}, agent_info=greedy_info())
         latest = {k: v.clone() for k, v in model.state_dict().items()}
         learner = Learner(run.learner(BehaviourAgent(model)), cfg, run.device)
-        run.checkpoint_state(model=model, **{f"{k}_optimizer": opt for k, (_, opt) in
-                                             learner.parts.items()})
+        run.checkpoint_state(model=model, optimizer=learner.optimizer)
         thread = LearnerThread(learner, cfg.queue, name="appo-learner") if cfg.queue else None
         with thread or contextlib.nullcontext():
             learner.thread = thread

@@ -2,18 +2,19 @@
 
 APPO's learner bounds its speed on 2 cores (docs/algorithms.md, "Where APPO's time goes"): the
 workers wait for it, so cores busy stays at about 1 + collection / learning cost per frame. This
-script measures, on one torch thread, APPO's minibatch step (``algos.appo.actor_loss`` and
-``critic_loss`` on the default ``MLPActorCritic``, 4 -> 64 -> 64 -> 2 and 1, 256 transitions,
-``gradient_step``):
+script measures, on one torch thread, APPO's own minibatch step (``algos.appo.appo_loss`` on
+the default ``MLPActorCritic``, 4 -> 64 -> 64 -> 2 and 1, 256 transitions, ``gradient_step``):
 
-1. the two terms as one loss with ``torch.optim.Adam`` (fused) and with
-   ``rlstruct.optim.FlatAdam``; then APPO's actor step and critic step (a FlatAdam each), part
-   by part: minibatch index, forward and loss terms, zero_grad, backward, clip, update;
+1. the step with ``torch.optim.Adam`` (fused) and with ``rlstruct.optim.FlatAdam`` (APPO's,
+   PPO's and IMPALA's now), and the step's parts with FlatAdam: minibatch index, replay (the
+   model's forward), the loss terms, zero_grad, backward, clip, update;
 2. the element-wise cost of ``torch.tanh`` against ``torch.sigmoid`` and numpy's ``tanh`` on a
    hidden layer's ``(256, 64)`` activations (torch's tanh runs scalar code on this CPU);
-3. APPO's ``Learner.epochs`` for the actor and the critic over one segment, in two threads of
-   one process (``--learner-threads 2``, the default) against one after the other: how much
-   of a second core threads put to work despite the GIL;
+3. APPO's epochs of one segment split into the actor's terms and the critic's (separate nets,
+   an optimizer each), run in two threads of one process against one after the other: how
+   much of a second core threads put to work despite the GIL. Alone on 2 cores they overlap
+   (about 1.5 cores); inside a run, where the workers need the second core too, they did not
+   shorten APPO's learn phase (commit fbf888d had it as ``--learner-threads 2``; reverted);
 4. with ``--compile``: the same step with the loss under ``torch.compile`` (the first call's
    compile time, then the step; about 20 s the first time on 2 cores).
 
@@ -35,9 +36,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import argparse
 import json
 import sys
+import threading
 import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +49,9 @@ import numpy as np
 import torch
 
 from algos import appo
-from rlstruct import DictTensor
+from rlstruct import DictTensor, replay_agent_stateless
+from rlstruct import functional as F
 from rlstruct import keys as K
-from rlstruct.learner_parts import in_threads
 from rlstruct.nets import MLPActorCritic
 from rlstruct.optim import adam, flat_adam, gradient_step
 
@@ -64,13 +65,6 @@ def _segment() -> DictTensor:
                        K.STORED_LOGP: torch.full((N,), -0.69),
                        "advantage": torch.randn(N, generator=g),
                        "target": torch.randn(N, generator=g)})
-
-
-def joint_loss(model: MLPActorCritic, minibatch: DictTensor, cfg: appo.Config) -> Any:
-    """APPO's actor and critic terms as one loss (one optimizer, one thread)."""
-    actor, stats = appo.actor_loss(model, minibatch, cfg)
-    critic, more = appo.critic_loss(model, minibatch, cfg)
-    return actor + critic, {**stats, **more}
 
 
 def _per_call_us(fn: Callable[[], Any], seconds: float) -> float:
@@ -88,43 +82,51 @@ def _per_call_us(fn: Callable[[], Any], seconds: float) -> float:
 
 
 def step_cost(make_optimizer: Callable[..., Any], seconds: float,
-              loss_fn: Callable[..., Any] = joint_loss) -> float:
-    """Microseconds per minibatch step of APPO's terms as one loss, epochs of shuffled
-    minibatches."""
+              loss_fn: Callable[..., Any] = appo.appo_loss) -> float:
+    """Microseconds per minibatch step of APPO's loss, epochs of shuffled minibatches."""
     torch.manual_seed(0)
     model, batch, cfg = MLPActorCritic(4, 2, 64), _segment(), appo.Config()
+    agent = appo.BehaviourAgent(model)
     optimizer = make_optimizer(model.parameters(), cfg.lr, "cpu", eps=1e-5)
 
     def epoch() -> None:
         for rows in torch.randperm(N).split(MINIBATCH):
-            loss, _ = loss_fn(model, batch.index(rows), cfg)
+            loss, _ = loss_fn(agent, batch.index(rows), cfg)
             gradient_step(optimizer, loss, cfg.max_grad_norm)
 
     return _per_call_us(epoch, seconds) / (N // MINIBATCH)
 
 
 def step_parts(seconds: float) -> dict[str, float]:
-    """Microseconds per minibatch in each part of APPO's actor step and critic step (one
-    thread, FlatAdam each): index, forward and loss terms, zero_grad, backward, clip, update."""
+    """Microseconds per step in each part of APPO's step with FlatAdam (appo_loss inlined)."""
     torch.manual_seed(0)
     model, batch, cfg = MLPActorCritic(4, 2, 64), _segment(), appo.Config()
-    parts = {"actor": (appo.actor_loss, flat_adam(model.actor.parameters(), cfg.lr, "cpu")),
-             "critic": (appo.critic_loss, flat_adam(model.critic.parameters(), cfg.lr, "cpu"))}
+    agent = appo.BehaviourAgent(model)
+    optimizer = flat_adam(model.parameters(), cfg.lr, "cpu", eps=1e-5)
     spent: dict[str, float] = {}
 
-    def step(part: str, rows: torch.Tensor) -> None:
-        loss_fn, optimizer = parts[part]
+    def step(rows: torch.Tensor) -> None:
         clock = [time.perf_counter()]
 
         def tick(name: str) -> None:
             now = time.perf_counter()
-            spent[f"{part}: {name}"] = spent.get(f"{part}: {name}", 0.0) + now - clock[0]
+            spent[name] = spent.get(name, 0.0) + now - clock[0]
             clock[0] = now
 
         mb = batch.index(rows)
         tick("index the minibatch")
-        loss, _ = loss_fn(model, mb, cfg)
-        tick("forward and loss terms")
+        new = replay_agent_stateless(agent, mb)
+        tick("replay (the model's forward)")
+        logp = F.categorical_log_prob(new["logits"], mb[K.STORED_ACTION])
+        advantage = F.normalize_advantages(mb["advantage"])
+        policy = F.clipped_surrogate(logp, mb[K.STORED_LOGP], advantage, cfg.clip_coef).mean()
+        values = 0.5 * (new[K.VALUE] - mb["target"]).square().mean()
+        with torch.no_grad():
+            entropy = F.categorical_entropy(new["logits"]).mean()
+            ratio = (logp - mb[K.STORED_LOGP]).exp()
+            ((ratio - 1).abs() > cfg.clip_coef).float().mean()
+        loss = policy + cfg.vf_coef * values - cfg.ent_coef * entropy
+        tick("loss terms and statistics")
         optimizer.zero_grad()
         tick("zero_grad")
         loss.backward()
@@ -140,8 +142,7 @@ def step_parts(seconds: float) -> dict[str, float]:
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:
         for rows in torch.randperm(N).split(MINIBATCH):
-            step("actor", rows)
-            step("critic", rows)
+            step(rows)
             n_steps += 1
     return {k: v / n_steps * 1e6 for k, v in spent.items()}
 
@@ -157,20 +158,44 @@ def activations(seconds: float) -> dict[str, float]:
 
 
 def two_threads(seconds: float) -> dict[str, float]:
-    """Wall ms and cores per segment of APPO's ``Learner.epochs``: the actor's and the critic's
-    epochs in turn (``--learner-threads 1``) vs at once in two threads (the default)."""
+    """Wall ms and cores per segment: APPO's epochs split into the actor's terms and the
+    critic's (separate nets, a FlatAdam each, the same minibatches), in turn vs in two threads
+    of this process."""
     torch.manual_seed(0)
-    batch, cfg = _segment(), appo.Config()
-    learner = appo.Learner(appo.BehaviourAgent(MLPActorCritic(4, 2, 64)), cfg,
-                           torch.device("cpu"))
+    model, batch, cfg = MLPActorCritic(4, 2, 64), _segment(), appo.Config()
+    obs, act, old = batch[K.OBS_FRAME], batch[K.STORED_ACTION], batch[K.STORED_LOGP]
+    actor_opt = flat_adam(model.actor.parameters(), cfg.lr, "cpu", eps=1e-5)
+    critic_opt = flat_adam(model.critic.parameters(), cfg.lr, "cpu", eps=1e-5)
 
-    def runs() -> list[Callable[[], Any]]:
+    def actor(orders: list[torch.Tensor]) -> None:
+        for order in orders:
+            for rows in order.split(MINIBATCH):
+                logp = F.categorical_log_prob(model.actor(obs[rows]), act[rows])
+                adv = F.normalize_advantages(batch["advantage"][rows])
+                loss = F.clipped_surrogate(logp, old[rows], adv, cfg.clip_coef).mean()
+                gradient_step(actor_opt, loss, cfg.max_grad_norm)
+
+    def critic(orders: list[torch.Tensor]) -> None:
+        for order in orders:
+            for rows in order.split(MINIBATCH):
+                v = model.critic(obs[rows]).squeeze(-1)
+                loss = cfg.vf_coef * 0.5 * (v - batch["target"][rows]).square().mean()
+                gradient_step(critic_opt, loss, cfg.max_grad_norm)
+
+    def in_turn() -> None:
         orders = [torch.randperm(N) for _ in range(cfg.n_epochs)]
-        return [partial(learner.epochs, part, batch, orders) for part in learner.parts]
+        actor(orders)
+        critic(orders)
+
+    def in_threads() -> None:
+        orders = [torch.randperm(N) for _ in range(cfg.n_epochs)]
+        other = threading.Thread(target=critic, args=(orders,), daemon=True)
+        other.start()
+        actor(orders)
+        other.join(timeout=60)
 
     out = {}
-    for name, fn in (("in turn", lambda: [run() for run in runs()]),
-                     ("two threads", lambda: in_threads(runs(), names=list(learner.parts)))):
+    for name, fn in (("in turn", in_turn), ("two threads", in_threads)):
         fn()
         wall, cpu, n = time.perf_counter(), time.process_time(), 0
         while time.perf_counter() - wall < seconds:
@@ -183,8 +208,8 @@ def two_threads(seconds: float) -> dict[str, float]:
 
 
 def compiled(seconds: float) -> dict[str, float]:
-    """The step with the joint loss under ``torch.compile``: compile seconds, then us per step."""
-    loss_fn = torch.compile(joint_loss, dynamic=False)
+    """The step with ``appo_loss`` under ``torch.compile``: compile seconds, then us per step."""
+    loss_fn = torch.compile(appo.appo_loss, dynamic=False)
     start = time.perf_counter()
     step_cost(flat_adam, 0.0, loss_fn)  # the first calls compile
     first = time.perf_counter() - start
@@ -201,9 +226,9 @@ def main() -> None:
     _common.pin_threads(1)
     load_before = os.getloadavg()
     results: dict[str, Any] = {
-        "joint step us": {"torch.optim.Adam (fused)": step_cost(adam, args.seconds),
-                          "FlatAdam": step_cost(flat_adam, args.seconds)},
-        "actor and critic step parts us": step_parts(args.seconds),
+        "step us": {"torch.optim.Adam (fused)": step_cost(adam, args.seconds),
+                    "FlatAdam": step_cost(flat_adam, args.seconds)},
+        "FlatAdam step parts us": step_parts(args.seconds),
         "activation us (256 x 64)": activations(args.seconds / 4),
         "actor and critic epochs of a segment": two_threads(args.seconds),
     }
@@ -217,7 +242,7 @@ def main() -> None:
         print(section)
         for k, v in values.items():
             print(f"  {k:38s} {v:9.1f}")
-    parts = results["actor and critic step parts us"]
+    parts = results["FlatAdam step parts us"]
     print(f"  {'(sum of the parts)':38s} {sum(parts.values()):9.1f}")
     print(f"load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}")
     if args.json:

@@ -45,7 +45,6 @@ MODULES = (
     "rlstruct.batchers",
     "rlstruct.batchers.ray",
     "rlstruct.learner",
-    "rlstruct.learner_parts",
     "rlstruct.learner_base",
     "rlstruct.learner_group",
     "rlstruct.learner_rank",

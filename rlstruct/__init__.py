@@ -32,7 +32,6 @@ The experiment layer, which the algorithms of ``algos/`` are written with::
     from rlstruct.optim import flat_adam               # Adam over one flat buffer: small nets
     from rlstruct.sampling import CategoricalSampler, ActorAgent, PolicyAgent, greedy_info
                                                        # seeded sampling, greedy evaluation
-    from rlstruct.learner_parts import in_threads      # actor and critic steps at once
     from rlstruct.learner_group import LearnerGroup    # data-parallel learner ranks
     from rlstruct.learner_base import LearnerGroupBase   # what every learner group shares
     from rlstruct.learner_rank import RankContext      # what a rank's learn function gets

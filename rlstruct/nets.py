@@ -73,11 +73,6 @@ class MLPActorCritic(nn.Module):
         """``V(frame)``, ``(n,)``."""
         return self.critic(frame.flatten(1).float()).squeeze(-1)
 
-    def logits(self, frame: Tensor) -> Tensor:
-        """The actor's logits alone, ``(n, A)`` (a learner that steps the actor and the critic
-        apart runs one network each)."""
-        return self.actor(frame.flatten(1).float())
-
     def forward(self, frame: Tensor) -> tuple[Tensor, Tensor]:
         x = frame.flatten(1).float()
         return self.actor(x), self.critic(x).squeeze(-1)
