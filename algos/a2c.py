@@ -39,7 +39,7 @@ from rlstruct import keys as K
 from rlstruct.distributions import ActionHead, make_head, space_from_spec, space_spec
 from rlstruct.envs import GymEnvInf
 from rlstruct.nets import HeadActorCritic, linear
-from rlstruct.optim import adam, gradient_step
+from rlstruct.optim import Optimizer, flat_adam, gradient_step
 from rlstruct.replay import replay_agent, replay_agent_stateless
 from rlstruct.run import Run, RunConfig
 from rlstruct.sampling import HeadSampler, greedy_info
@@ -211,7 +211,7 @@ def a2c_loss(
     return loss, {k: float(v.detach()) for k, v in stats.items()}
 
 
-def learn(agent: A2CAgent, optimizer: torch.optim.Optimizer, traj: Trajectories, cfg: Config,
+def learn(agent: A2CAgent, optimizer: Optimizer, traj: Trajectories, cfg: Config,
           step: Any = gradient_step) -> dict[str, float]:
     """Replay, the loss, one gradient step (``step`` averages it over --n-learners ranks)."""
     out = replay(agent, traj)
@@ -231,9 +231,9 @@ def main(cfg: Config) -> dict[str, Any]:
         batcher = run.training_batcher(A2CAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(A2CAgent, {"model": model}, agent_info=greedy_info())
         agent = run.learner(A2CAgent(model))
-        optimizer = adam(model.parameters(), cfg.lr, run.device)
+        optimizer = flat_adam(model.parameters(), cfg.lr, run.device)  # one buffer
         run.checkpoint_state(model=model, optimizer=optimizer)
-        group = run.learner_group(make_model, model, partial(adam, lr=cfg.lr), learn, A2CAgent)
+        group = run.learner_group(make_model, model, partial(flat_adam, lr=cfg.lr), learn, A2CAgent)
         # 1. Each segment the workers collected with the current policy, until the stop test.
         for traj in run.segments(batcher):
             # 2-3. Replay on the learner device, one gradient step (--n-learners: on N ranks).

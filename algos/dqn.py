@@ -33,7 +33,7 @@ from rlstruct import Agent, DictTensor, Trajectories, replay_agent_stateless
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.envs import GymEnvInf
-from rlstruct.optim import adam, gradient_step
+from rlstruct.optim import Optimizer, flat_adam, gradient_step
 from rlstruct.replay_buffer import ReplayBuffer
 from rlstruct.run import Run, RunConfig
 
@@ -195,7 +195,7 @@ def epsilon(frames: int, n_rows: int, cfg: Config) -> DictTensor:
 
 
 def learn(
-    agent: Agent, target: nn.Module, optimizer: torch.optim.Optimizer, sample: DictTensor,
+    agent: Agent, target: nn.Module, optimizer: Optimizer, sample: DictTensor,
     cfg: Config,
 ) -> dict[str, float]:
     """One gradient step on a buffer sample. Q(s, .) and Q(s', .) come from replaying the agent
@@ -223,7 +223,7 @@ def main(cfg: Config) -> dict[str, Any]:
         run.evaluator(QAgent, {"model": model}, agent_info=DictTensor({"epsilon": torch.zeros(1)}))
         agent = run.learner(QAgent(model))
         target = copy.deepcopy(model).requires_grad_(False)
-        optimizer = adam(model.parameters(), cfg.lr, run.device)
+        optimizer = flat_adam(model.parameters(), cfg.lr, run.device)  # one buffer
         buffer = ReplayBuffer(cfg.buffer_size, device=run.device, keys=STORED_KEYS)
         run.checkpoint_state(model=model, target=target, optimizer=optimizer)
         n_rows, n_updates, stats = batcher.n_elems(), 0, {}

@@ -39,7 +39,7 @@ from rlstruct.envs import GymEnvInf
 from rlstruct.experiment import LayoutConfig
 from rlstruct.learner import LatestWeights
 from rlstruct.nets import MLPActorCritic
-from rlstruct.optim import flat_adam, gradient_step
+from rlstruct.optim import Optimizer, flat_adam, gradient_step
 from rlstruct.run import Run, RunConfig
 from rlstruct.sampling import ActorAgent, greedy_info
 
@@ -117,7 +117,7 @@ def vtrace_loss(agent: Agent, traj: Trajectories, cfg: Config) -> tuple[Tensor, 
     return loss, stats
 
 
-def learn(agent: Agent, optimizer: torch.optim.Optimizer, traj: Trajectories, cfg: Config,
+def learn(agent: Agent, optimizer: Optimizer, traj: Trajectories, cfg: Config,
           step: Any = gradient_step) -> dict[str, float]:
     """One gradient step on a segment (``step`` averages it over --n-learners ranks)."""
     loss, stats = vtrace_loss(agent, traj, cfg)

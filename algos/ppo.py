@@ -42,7 +42,7 @@ from rlstruct import keys as K
 from rlstruct.distributions import space_spec
 from rlstruct.envs import GymEnvInf
 from rlstruct.nets import CNNActorCritic, HeadActorCritic, head_actor_critic
-from rlstruct.optim import flat_adam, gradient_step
+from rlstruct.optim import Optimizer, flat_adam, gradient_step
 from rlstruct.run import Run, RunConfig
 from rlstruct.sampling import PolicyAgent, greedy_info
 
@@ -174,7 +174,7 @@ def relabel(agent: Agent, traj: Trajectories) -> Trajectories:
 
 
 def learn(
-    agent: Agent, optimizer: torch.optim.Optimizer, traj: Trajectories, cfg: Config,
+    agent: Agent, optimizer: Optimizer, traj: Trajectories, cfg: Config,
     step: Any = gradient_step, out_of_time: Callable[[], bool] = lambda: False,
 ) -> dict[str, float]:
     """``n_epochs`` of minibatch steps over one batch, stopping early once ``out_of_time()``

@@ -31,7 +31,7 @@ from rlstruct import keys as K
 from rlstruct.batchers import Batcher, SerialBatcher
 from rlstruct.envs import GymEnv
 from rlstruct.nets import mlp
-from rlstruct.optim import adam, gradient_step
+from rlstruct.optim import flat_adam, gradient_step
 from rlstruct.run import Run, RunConfig
 from rlstruct.sampling import CategoricalSampler, greedy_info
 
@@ -187,7 +187,7 @@ def main(cfg: Config) -> dict[str, Any]:
                                        pipelined=False)
         run.evaluator(PolicyAgent, {"model": model}, agent_info=greedy_info())
         agent = run.learner(PolicyAgent(model))
-        optimizer = adam(model.parameters(), cfg.lr, run.device)
+        optimizer = flat_adam(model.parameters(), cfg.lr, run.device)  # one buffer
         run.checkpoint_state(model=model, optimizer=optimizer)
         while not run.done:
             # 1. Publish the current weights and collect B new episodes with them.

@@ -18,11 +18,11 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from rlstruct.batchers.weights import WeightSpecs
 from rlstruct.errors import BatcherStateError, ConfigError
+from rlstruct.optim import Optimizer
 
 __all__ = ["LearnerGroupBase", "RankZeroOptimizer", "under", "ModelFactory", "OptimizerFactory",
            "LearnFn"]
@@ -30,7 +30,7 @@ __all__ = ["LearnerGroupBase", "RankZeroOptimizer", "under", "ModelFactory", "Op
 #: ``make_model()``: builds a rank's replica (after ``torch.manual_seed``).
 ModelFactory = Callable[[], nn.Module]
 #: ``make_optimizer(params, device=device)``, e.g. ``partial(rlstruct.optim.adam, lr=1e-3)``.
-OptimizerFactory = Callable[..., torch.optim.Optimizer]
+OptimizerFactory = Callable[..., Optimizer]
 #: ``learn(ctx, shard, **kwargs) -> Mapping[str, float] | None`` on each rank.
 LearnFn = Callable[..., Mapping[str, float] | None]
 

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rlstruct.optim import gradient_step
+from rlstruct.optim import Optimizer, gradient_step
 from rlstruct.staging import DeviceStager, unpack
 
 __all__ = ["RankContext", "algorithm_learn"]
@@ -97,7 +97,7 @@ class RankContext:
 
     def __init__(
         self, rank: int, world_size: int, device: torch.device, model: nn.Module | None = None,
-        optimizer: torch.optim.Optimizer | None = None, status: Tensor | None = None,
+        optimizer: Optimizer | None = None, status: Tensor | None = None,
         bucket_bytes: int = _BUCKET_BYTES,
     ) -> None:
         self.rank, self.world_size, self.device = rank, world_size, device
@@ -110,7 +110,7 @@ class RankContext:
         self.in_collective = False
 
     def step(
-        self, optimizer: torch.optim.Optimizer, loss: Tensor, max_grad_norm: float
+        self, optimizer: Optimizer, loss: Tensor, max_grad_norm: float
     ) -> Tensor | None:
         """:func:`rlstruct.optim.gradient_step` with the gradients averaged over the ranks:
         ``zero_grad``, ``backward``, all-reduce mean, clip the global norm (0: no clipping),

@@ -81,7 +81,7 @@ def torchrun_rank() -> int:
 
 def torchrun_group(
     algo: str, layout: Any, make_model: Callable[[], nn.Module],
-    make_optimizer: Callable[..., torch.optim.Optimizer], learn: Callable[..., Any],
+    make_optimizer: OptimizerFactory, learn: Callable[..., Any],
     model: nn.Module, device: torch.device,
 ) -> TorchrunLearnerGroup:
     """``Run.learner_group`` on rank 0 under torchrun: checks the layout (one rank per process,

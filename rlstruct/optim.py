@@ -39,7 +39,7 @@ from rlstruct.devices import resolve_device
 from rlstruct.dicttensor import DeviceLike
 from rlstruct.errors import ConfigError, LearnerError
 
-__all__ = ["adam", "flat_adam", "FlatAdam", "gradient_step"]
+__all__ = ["adam", "flat_adam", "FlatAdam", "Optimizer", "gradient_step"]
 
 _FUSED_DEVICE_TYPES = ("cpu", "cuda")
 
@@ -70,7 +70,7 @@ def adam(
 
 
 def gradient_step(
-    optimizer: torch.optim.Optimizer | FlatAdam, loss: Tensor, max_grad_norm: float,
+    optimizer: Optimizer, loss: Tensor, max_grad_norm: float,
     around_backward: tuple[Callable[[], None], Callable[[], None]] | None = None,
 ) -> Tensor | None:
     """``zero_grad``, ``backward``, clip the global gradient norm, ``step``.
@@ -278,6 +278,11 @@ class FlatAdam:
         self._exp_avg_sq.copy_(torch.cat(moments[1]))
         self._step = int(states[0]["step"]) if states else 0
         self.param_groups[0].update({k: group[k] for k in ("lr", "betas", "eps") if k in group})
+
+
+#: What :func:`gradient_step` and the learner groups take: a ``torch.optim`` optimizer or a
+#: :class:`FlatAdam`.
+Optimizer = torch.optim.Optimizer | FlatAdam
 
 
 def _check_flattenable(tensors: list[Tensor]) -> None:

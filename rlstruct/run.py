@@ -74,6 +74,7 @@ from rlstruct.episodes import EpisodeTracker
 from rlstruct.errors import CheckpointError, ConfigError
 from rlstruct.evaluation import Evaluator
 from rlstruct.experiment import make_batcher
+from rlstruct.learner_base import OptimizerFactory
 from rlstruct.learner_torchrun import serve_rank, torchrun_group, torchrun_rank, torchrun_world
 from rlstruct.logger import RunLogger, config_to_dict
 from rlstruct.monitor import ResourceMonitor
@@ -269,7 +270,7 @@ class Run:
 
     def learner_group(
         self, make_model: Callable[[], torch.nn.Module], model: torch.nn.Module,
-        make_optimizer: Callable[..., torch.optim.Optimizer], learn: Callable[..., Any],
+        make_optimizer: OptimizerFactory, learn: Callable[..., Any],
         make_agent: Callable[[torch.nn.Module], Agent] | None = None,
         per_rank: tuple[str, ...] = (), stacked: bool = False,
     ) -> Any:
