@@ -74,7 +74,7 @@ def _per_call_us(fn: Callable[[], Any], seconds: float) -> float:
     samples = []
     for _ in range(5):
         n, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds / 5:
+        while n == 0 or time.perf_counter() - start < seconds / 5:
             fn()
             n += 1
         samples.append((time.perf_counter() - start) / n * 1e6)
