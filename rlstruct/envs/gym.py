@@ -107,8 +107,11 @@ class _GymVecEnv(VecEnv):
         self._n = n
         # What each step call goes to, and the time limit this VecEnv applies itself (0: none).
         self._steppers, limits = zip(*(stepper(e) for e in self._envs))
-        self._limits = np.asarray(limits, dtype=np.int64)
-        self._own_limits = bool(self._limits.any())
+        self._step_fns = [s.step for s in self._steppers]  # bound once: no lookup per step
+        limits = np.asarray(limits, dtype=np.int64)
+        self._own_limits = bool(limits.any())
+        # The step at which each env is truncated (no limit: never), compared in one operation.
+        self._limits = np.where(limits > 0, limits, np.iinfo(np.int64).max)
         self._seed = int(seed)
         self._offset = int(env_id_offset)
         self._check_finite = bool(check_finite)
@@ -205,11 +208,11 @@ class _GymVecEnv(VecEnv):
         self._running = None
         for k in range(self._n):
             self._reset_env(k)
-        obs = {key: torch.from_numpy(a.copy()) for key, a in self._reset_buf.items()}
+        obs = {key: a.copy() for key, a in self._reset_buf.items()}
         if self._check_finite:
             self._finite(obs, np.arange(self._n))
         self._running = np.arange(self._n)
-        return DictTensor._trusted(obs, self._n, _CPU), torch.from_numpy(self._arange.copy())
+        return _dicttensor(obs, self._n), torch.from_numpy(self._arange.copy())
 
     def close(self) -> None:
         """Closes every env (idempotent); the first error raised by an env's close is re-raised."""
@@ -241,20 +244,28 @@ class _GymVecEnv(VecEnv):
     def _step_envs(self, run: np.ndarray, a: np.ndarray) -> list[np.ndarray]:
         """Steps env ``run[j]`` with ``a[j]``; returns fresh arrays (row j = env ``run[j]``):
         one per observation leaf, then reward, terminated and truncated."""
-        envs = self._steppers
         infos = self._step_info
-        self._t[run] += 1
+        full = run.shape[0] == self._n  # then ``run`` is arange(N): whole arrays, no gather
+        if full:
+            self._t += 1
+            fns = self._step_fns
+        else:
+            self._t[run] += 1
+            fns = [self._step_fns[k] for k in run.tolist()]
         acts = list(a)  # numpy scalars / rows: what gymnasium's own vector envs pass
         # ``k`` is the env being stepped while the loops run; once they are done it goes back to
         # -1, and the checks that follow name their culprit themselves (``exc.env_index``).
         k = -1
         try:
             if self._frame_only:  # the common case: collect, then build each array in one call
-                answers = []
+                answers: list[Any] = []
                 append = answers.append
-                for k, act in zip(run.tolist(), acts):
-                    append(envs[k].step(act))
-                k = -1
+                try:
+                    for step, act in zip(fns, acts):
+                        append(step(act))
+                except BaseException:
+                    k = int(run[len(answers)])  # the env whose step raised
+                    raise
                 if not answers:
                     return self._empty_step()
                 try:
@@ -269,8 +280,8 @@ class _GymVecEnv(VecEnv):
             else:
                 leaves, all_leaves = self._step_leaves, self._leaves
                 rew, te, tr = [], [], []
-                for j, (k, act) in enumerate(zip(run.tolist(), acts)):
-                    obs_k, r, terminated, truncated, info = envs[k].step(act)
+                for j, (k, step, act) in enumerate(zip(run.tolist(), fns, acts)):
+                    obs_k, r, terminated, truncated, info = step(act)
                     write_leaves(obs_k, all_leaves, leaves, j, self._offset + k)
                     rew.append(r)
                     te.append(terminated)
@@ -282,8 +293,10 @@ class _GymVecEnv(VecEnv):
                 out = [x[:n].copy() for x in leaves]
             truncated = np.asarray(tr, dtype=bool)
             if self._own_limits:  # gymnasium's TimeLimit, for envs stepped past their wrappers
-                limit = self._limits[run]
-                truncated |= (limit > 0) & (self._t[run] >= limit)
+                if full:
+                    truncated |= self._t >= self._limits
+                else:
+                    truncated |= self._t[run] >= self._limits[run]
             out += [self._check.rewards(rew, run), np.asarray(te, dtype=bool), truncated]
         except BaseException as e:
             self._fail(e, k, "step")
@@ -299,20 +312,23 @@ class _GymVecEnv(VecEnv):
             np.zeros(0, bool),
         ]
 
-    def _step_obs(self, run: np.ndarray, a: np.ndarray, arrays: list[np.ndarray]) -> dict:
-        """The ``obs_t1`` tensors of the rows just stepped (from the fresh arrays)."""
+    def _step_obs(
+        self, run: np.ndarray, a: np.ndarray, arrays: list[np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        """The ``obs_t1`` arrays of the rows just stepped (fresh: none aliases a staging array,
+        so each becomes a tensor with ``torch.from_numpy`` and no further copy)."""
         n = run.shape[0]
         *leaves, reward, term, trunc = arrays
-        obs = {lf.key: torch.from_numpy(x) for lf, x in zip(self._leaves, leaves)}
-        obs[K.REWARD] = torch.from_numpy(reward)
-        obs[K.TERMINATED] = torch.from_numpy(term)
-        obs[K.TRUNCATED] = torch.from_numpy(trunc)
-        obs[K.DONE] = torch.from_numpy(term | trunc)
-        obs[K.INITIAL_STATE] = torch.zeros(n, dtype=torch.bool)
-        obs[K.LAST_ACTION] = torch.from_numpy(a)
-        obs[K.ENV_STEP] = torch.from_numpy(self._t[run])
+        obs = {lf.key: x for lf, x in zip(self._leaves, leaves)}
+        obs[K.REWARD] = reward
+        obs[K.TERMINATED] = term
+        obs[K.TRUNCATED] = trunc
+        obs[K.DONE] = term | trunc
+        obs[K.INITIAL_STATE] = np.zeros(n, bool)
+        obs[K.LAST_ACTION] = a
+        obs[K.ENV_STEP] = self._t.copy() if n == self._n else self._t[run]
         for name, x in zip(self._info_keys, self._step_info):
-            obs[_INFO + name] = torch.from_numpy(x[:n].copy())
+            obs[_INFO + name] = x[:n].copy()
         if self._check_finite:
             self._finite(obs, run)
         return obs
@@ -348,9 +364,9 @@ class _GymVecEnv(VecEnv):
                 err.env_index = k  # type: ignore[attr-defined]
                 raise err from None
 
-    def _finite(self, obs: Mapping[str, Tensor], run: np.ndarray) -> None:
+    def _finite(self, obs: Mapping[str, np.ndarray], run: np.ndarray) -> None:
         for key in self._float_keys:
-            x = obs[key].numpy()
+            x = obs[key]
             ok = np.isfinite(x).reshape(x.shape[0], -1).all(axis=1)
             if not ok.all():
                 j = int(np.flatnonzero(~ok)[0])
@@ -452,10 +468,11 @@ class GymEnv(_GymVecEnv):
             RewardError: a reward is not a real scalar number.
         """
         run, a = self._begin_step(action)
-        t1 = self._step_obs(run, a, self._step_envs(run, a))
+        arrays = self._step_obs(run, a, self._step_envs(run, a))
         n = run.shape[0]
+        t1 = {key: torch.from_numpy(x) for key, x in arrays.items()}
         obs_t1 = DictTensor._trusted(t1, n, _CPU)
-        keep = ~t1[K.DONE].numpy()
+        keep = ~arrays[K.DONE]
         if keep.all():
             still = run
             obs_next = DictTensor._trusted(dict(t1), n, _CPU)
@@ -505,26 +522,61 @@ class GymEnvInf(_GymVecEnv):
             RewardError: a reward is not a real scalar number.
         """
         run, a = self._begin_step(action)
-        arrays = self._step_envs(run, a)
-        t1 = self._step_obs(run, a, arrays)
+        t1 = self._step_obs(run, a, self._step_envs(run, a))
         n = self._n
-        done = arrays[-2] | arrays[-1]
+        done = t1[K.DONE]
         if done.any():
             ended = np.flatnonzero(done)
             for k in ended.tolist():
                 self._reset_env(k)
-            nxt = {}
-            for key, v in t1.items():
-                # numpy views of t1's tensors: patch a copy with the reset rows.
-                x = v.numpy().copy()
-                x[ended] = self._reset_buf[key][ended]
-                nxt[key] = torch.from_numpy(x)
+            nxt = self._next_obs(t1, ended)
             if self._check_finite:
                 self._finite(nxt, run)
+            nxt_dt = _dicttensor(nxt, n)
         else:
-            nxt = dict(t1)
+            nxt_dt = None
+        t1_dt = _dicttensor(t1, n)
+        if nxt_dt is None:
+            nxt_dt = DictTensor._trusted(dict(t1_dt._tensors), n, _CPU)
         # Fresh index tensors: a caller may modify them in place.
-        return (DictTensor._trusted(t1, n, _CPU), torch.from_numpy(run.copy())), (
-            DictTensor._trusted(nxt, n, _CPU),
-            torch.from_numpy(run.copy()),
-        )
+        return (t1_dt, torch.from_numpy(run.copy())), (nxt_dt, torch.from_numpy(run.copy()))
+
+    def _next_obs(self, t1: dict[str, np.ndarray], ended: np.ndarray) -> dict[str, np.ndarray]:
+        """``obs_next``'s arrays: ``t1``'s, with the reset observation in the rows ``ended``
+        (the rows whose ``done`` is set; row k is env k here).
+
+        Only the keys whose reset value differs from row to row are patched by index. The
+        others follow from ``done``: a row goes on only if it is not done, so ``terminated``,
+        ``truncated`` and ``done`` are False everywhere (reset rows included), ``initial_state``
+        is ``done`` itself, ``reward`` is 0 in the reset rows, and ``env_step`` is the envs'
+        step counters, which the resets set to 0.
+        """
+        reset = self._reset_buf
+        nxt = {}
+        for lf in self._leaves:
+            x = t1[lf.key].copy()
+            x[ended] = reset[lf.key][ended]
+            nxt[lf.key] = x
+        reward = t1[K.REWARD].copy()
+        reward[ended] = 0
+        nxt[K.REWARD] = reward
+        n = self._n
+        nxt[K.TERMINATED] = np.zeros(n, bool)
+        nxt[K.TRUNCATED] = np.zeros(n, bool)
+        nxt[K.DONE] = np.zeros(n, bool)
+        nxt[K.INITIAL_STATE] = t1[K.DONE].copy()
+        last = t1[K.LAST_ACTION].copy()
+        last[ended] = self._act.default
+        nxt[K.LAST_ACTION] = last
+        nxt[K.ENV_STEP] = self._t.copy()
+        for name in self._info_keys:
+            key = _INFO + name
+            x = t1[key].copy()
+            x[ended] = reset[key][ended]
+            nxt[key] = x
+        return nxt
+
+
+def _dicttensor(arrays: dict[str, np.ndarray], n: int) -> DictTensor:
+    """A CPU DictTensor over fresh numpy arrays of ``n`` rows (shared memory, no copy)."""
+    return DictTensor._trusted({k: torch.from_numpy(x) for k, x in arrays.items()}, n, _CPU)

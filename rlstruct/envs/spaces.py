@@ -206,12 +206,12 @@ class ActionSpec:
                 its value and the space, and ``env_index`` holds its local index.
         """
         n = env_ids.shape[0]
-        if tuple(action.shape[1:]) != self.shape:
+        if action.shape[1:] != self.shape:
             raise ActionError(
                 f"action has shape {tuple(action.shape)}, expected {(n, *self.shape)} for the "
                 f"action space {self.space!r} (one row per running env)"
             )
-        a = action.detach().numpy()
+        a = (action.detach() if action.requires_grad else action).numpy()
         if self.is_float:
             if a.dtype.kind not in "fiub":
                 raise ActionError(f"action dtype {action.dtype} is not numeric for {self.space!r}")
