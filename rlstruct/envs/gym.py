@@ -152,6 +152,9 @@ class _GymVecEnv(VecEnv):
         )
         self._options: list[dict[str, Any] | None] = [None] * n
         self._unseeded = [True] * n
+        # What each reset calls: the whole chain the first time (gymnasium's checks and
+        # OrderEnforcing see it), then what ``step`` calls (see rlstruct.envs.unwrap.stepper).
+        self._resetters: list[gym.Env] = list(self._envs)
         self._running: np.ndarray | None = None  # local env indices; None before reset
 
     def _setup_spaces(self, seed: int) -> None:
@@ -339,8 +342,9 @@ class _GymVecEnv(VecEnv):
         if self._unseeded[k]:
             seed = self._seed + k
         try:
-            obs, info = self._envs[k].reset(seed=seed, options=self._options[k])
+            obs, info = self._resetters[k].reset(seed=seed, options=self._options[k])
             self._unseeded[k] = False
+            self._resetters[k] = self._steppers[k]
             write_leaves(obs, self._leaves, self._reset_leaves, k, self._offset + k)
             if self._info_keys:
                 self._write_info(info, k, k, self._reset_info)
@@ -525,8 +529,8 @@ class GymEnvInf(_GymVecEnv):
         t1 = self._step_obs(run, a, self._step_envs(run, a))
         n = self._n
         done = t1[K.DONE]
-        if done.any():
-            ended = np.flatnonzero(done)
+        if np.count_nonzero(done):  # (``any()`` costs 4x more on a few dozen rows)
+            ended = done.nonzero()[0]
             for k in ended.tolist():
                 self._reset_env(k)
             nxt = self._next_obs(t1, ended)

@@ -225,7 +225,7 @@ class ActionSpec:
                 )
             a = a.astype(np.int64)  # checked wide, so that no value wraps around before the check
             bad = (a < self.low) | (a > self.high)
-        if bad.any():
+        if np.count_nonzero(bad):
             row = int(np.flatnonzero(bad.reshape(n, -1).any(axis=1))[0])
             why = " (NaN/Inf or out of [low, high])" if self.is_box else ""
             err = ActionError(
