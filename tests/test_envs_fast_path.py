@@ -79,7 +79,7 @@ def test_auto_reset_rows_of_obs_next():
         (t1, _), (nxt, _) = env.step(action)
         done = t1["done"]
         assert torch.equal(done, t1["terminated"] | t1["truncated"])
-        for k in t1.keys():
+        for k in t1:
             assert torch.equal(nxt[k][~done], t1[k][~done]), k
             assert nxt[k].data_ptr() != t1[k].data_ptr() or not done.any(), k
         assert torch.equal(nxt["initial_state"], done)
@@ -89,3 +89,37 @@ def test_auto_reset_rows_of_obs_next():
         assert torch.equal(nxt["frame"][done], torch.from_numpy(env._reset_leaves[0])[done])
         n_reset += int(done.sum())
     assert n_reset >= 4
+
+
+_I64 = np.iinfo(np.int64)
+
+
+@pytest.mark.parametrize(
+    ("space", "rows"),
+    [
+        (gym.spaces.Discrete(3, start=-1), [-1, 0, 1, -2, 2, _I64.min, _I64.max]),
+        (gym.spaces.Discrete(2), [0, 1, -1, 2, _I64.min]),
+        (gym.spaces.MultiDiscrete([2, 3], start=[1, 0]), [[1, 0], [2, 2], [0, 0], [1, 3], [1, -1]]),
+        (gym.spaces.MultiBinary(3), [[0, 1, 1], [2, 0, 0], [0, -1, 0]]),
+        (
+            gym.spaces.Box(np.array([0, -5]), np.array([3, 5]), dtype=np.int64),
+            [[0, 5], [3, -5], [4, 0], [0, -6], [_I64.max, 0]],
+        ),
+    ],
+)
+def test_integer_action_range_check_agrees_with_the_space(space, rows):
+    """The action check (one unsigned comparison per value) accepts exactly what the space
+    contains, at the int64 extremes too, and names the first row out of the space."""
+    from rlstruct.envs.spaces import ActionSpec
+
+    spec = ActionSpec(space)
+    for row in rows:
+        action = torch.tensor([row, row])
+        inside = space.contains(np.asarray(row, dtype=space.dtype))
+        if inside:
+            out = spec.to_numpy(action, np.array([4, 7]), 10)
+            assert out.dtype == space.dtype and np.array_equal(out, action.numpy())
+        else:
+            with pytest.raises(ActionError, match=r"env 14: action ") as info:
+                spec.to_numpy(action, np.array([4, 7]), 10)
+            assert info.value.env_index == 4

@@ -2,10 +2,12 @@
 
 Both step their envs one after the other in the calling process (worker processes are the
 batchers' business). This is the batchers' hot path, so a step costs, beyond the envs themselves:
-one vectorised numpy check of all actions, one write by index per key and env into numpy staging
-arrays allocated once at construction, and one copy plus ``torch.from_numpy`` per key. The copy
-is what lets the returned tensors outlive the next step: nothing returned ever aliases a staging
-array.
+one vectorised numpy check of all actions, one fresh numpy array per key (a one-array observation
+is built in one call from the envs' answers; a Dict or Tuple one is written by index into staging
+arrays allocated once, then copied), and one ``torch.from_numpy`` per key. Nothing returned ever
+aliases a staging array, so the returned tensors outlive the next step. ``GymEnvInf``'s
+``obs_next`` patches by index only the keys whose reset value varies by row (observation,
+``reward``, ``last_action``, ``info/*``); the others follow from ``done``.
 
 Observation keys and dtypes follow :mod:`rlstruct.envs.spaces`; every observation also holds
 ``reward`` (float32), ``terminated``, ``truncated``, ``done`` (bool), ``initial_state`` (bool, True
@@ -556,10 +558,12 @@ class GymEnvInf(_GymVecEnv):
         step counters, which the resets set to 0.
         """
         reset = self._reset_buf
+        done = t1[K.DONE]
         nxt = {}
         for lf in self._leaves:
             x = t1[lf.key].copy()
-            x[ended] = reset[lf.key][ended]
+            # The rows of ``ended``, as a mask that broadcasts over the leaf's feature dims.
+            np.copyto(x, reset[lf.key], where=done.reshape(-1, *(1,) * len(lf.shape)))
             nxt[lf.key] = x
         reward = t1[K.REWARD].copy()
         reward[ended] = 0
@@ -568,7 +572,7 @@ class GymEnvInf(_GymVecEnv):
         nxt[K.TERMINATED] = np.zeros(n, bool)
         nxt[K.TRUNCATED] = np.zeros(n, bool)
         nxt[K.DONE] = np.zeros(n, bool)
-        nxt[K.INITIAL_STATE] = t1[K.DONE].copy()
+        nxt[K.INITIAL_STATE] = done.copy()
         last = t1[K.LAST_ACTION].copy()
         last[ended] = self._act.default
         nxt[K.LAST_ACTION] = last
