@@ -347,7 +347,16 @@ class _GymVecEnv(VecEnv):
             obs, info = self._resetters[k].reset(seed=seed, options=self._options[k])
             self._unseeded[k] = False
             self._resetters[k] = self._steppers[k]
-            write_leaves(obs, self._leaves, self._reset_leaves, k, self._offset + k)
+            lf = self._leaves[0] if self._frame_only else None
+            if (
+                lf is not None
+                and obs.__class__ is np.ndarray
+                and obs.dtype == lf.dtype
+                and obs.shape == lf.shape
+            ):  # the common case, what write_leaves accepts at once
+                self._reset_leaves[0][k] = obs
+            else:
+                write_leaves(obs, self._leaves, self._reset_leaves, k, self._offset + k)
             if self._info_keys:
                 self._write_info(info, k, k, self._reset_info)
         except BaseException as e:
