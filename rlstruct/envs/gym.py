@@ -340,21 +340,13 @@ class _GymVecEnv(VecEnv):
 
     def _reset_env(self, k: int) -> None:
         """Resets env ``k``, writing its observation into row ``k`` of the reset staging."""
-        seed = None
-        if self._unseeded[k]:
-            seed = self._seed + k
+        seed = self._seed + k if self._unseeded[k] else None
         try:
             obs, info = self._resetters[k].reset(seed=seed, options=self._options[k])
             self._unseeded[k] = False
             self._resetters[k] = self._steppers[k]
-            lf = self._leaves[0] if self._frame_only else None
-            if (
-                lf is not None
-                and obs.__class__ is np.ndarray
-                and obs.dtype == lf.dtype
-                and obs.shape == lf.shape
-            ):  # the common case, what write_leaves accepts at once
-                self._reset_leaves[0][k] = obs
+            if self._frame_only and _exact(obs, self._leaves[0]):
+                self._reset_leaves[0][k] = obs  # what write_leaves accepts without a look
             else:
                 write_leaves(obs, self._leaves, self._reset_leaves, k, self._offset + k)
             if self._info_keys:
@@ -540,6 +532,7 @@ class GymEnvInf(_GymVecEnv):
         t1 = self._step_obs(run, a, self._step_envs(run, a))
         n = self._n
         done = t1[K.DONE]
+        t1_dt = _dicttensor(t1, n)
         if np.count_nonzero(done):  # (``any()`` costs 4x more on a few dozen rows)
             ended = done.nonzero()[0]
             for k in ended.tolist():
@@ -549,23 +542,16 @@ class GymEnvInf(_GymVecEnv):
                 self._finite(nxt, run)
             nxt_dt = _dicttensor(nxt, n)
         else:
-            nxt_dt = None
-        t1_dt = _dicttensor(t1, n)
-        if nxt_dt is None:
             nxt_dt = DictTensor._trusted(dict(t1_dt._tensors), n, _CPU)
         # Fresh index tensors: a caller may modify them in place.
         return (t1_dt, torch.from_numpy(run.copy())), (nxt_dt, torch.from_numpy(run.copy()))
 
     def _next_obs(self, t1: dict[str, np.ndarray], ended: np.ndarray) -> dict[str, np.ndarray]:
-        """``obs_next``'s arrays: ``t1``'s, with the reset observation in the rows ``ended``
-        (the rows whose ``done`` is set; row k is env k here).
-
-        Only the keys whose reset value differs from row to row are patched by index. The
-        others follow from ``done``: a row goes on only if it is not done, so ``terminated``,
-        ``truncated`` and ``done`` are False everywhere (reset rows included), ``initial_state``
-        is ``done`` itself, ``reward`` is 0 in the reset rows, and ``env_step`` is the envs'
-        step counters, which the resets set to 0.
-        """
+        """``obs_next``'s arrays: ``t1``'s with the reset observation in the rows ``ended`` (where
+        ``done`` is set; row k is env k). Only the observation, ``last_action`` and ``info/*``
+        are patched by index; the rest follows from ``done``: no row that goes on is done, so
+        the end flags are all False, ``initial_state`` is ``done``, ``reward`` is 0 where
+        ``done``, and ``env_step`` is the envs' counters (the resets set them to 0)."""
         reset = self._reset_buf
         done = t1[K.DONE]
         nxt = {}
@@ -577,10 +563,8 @@ class GymEnvInf(_GymVecEnv):
         reward = t1[K.REWARD].copy()
         reward[ended] = 0
         nxt[K.REWARD] = reward
-        n = self._n
-        nxt[K.TERMINATED] = np.zeros(n, bool)
-        nxt[K.TRUNCATED] = np.zeros(n, bool)
-        nxt[K.DONE] = np.zeros(n, bool)
+        for key in (K.TERMINATED, K.TRUNCATED, K.DONE):
+            nxt[key] = np.zeros(self._n, bool)
         nxt[K.INITIAL_STATE] = done.copy()
         last = t1[K.LAST_ACTION].copy()
         last[ended] = self._act.default
@@ -592,6 +576,11 @@ class GymEnvInf(_GymVecEnv):
             x[ended] = reset[key][ended]
             nxt[key] = x
         return nxt
+
+
+def _exact(v: Any, lf: Leaf) -> bool:
+    """True when ``v`` is an ndarray of exactly the leaf's dtype and shape."""
+    return v.__class__ is np.ndarray and v.dtype == lf.dtype and v.shape == lf.shape
 
 
 def _dicttensor(arrays: dict[str, np.ndarray], n: int) -> DictTensor:
