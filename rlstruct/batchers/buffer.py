@@ -18,6 +18,7 @@ workers are writing into.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from operator import itemgetter
 
 import torch
 from torch import Tensor
@@ -89,6 +90,13 @@ class SlotBuffer:
         self._order = (K.OBSERVATION, K.ACTION, K.NEXT_OBSERVATION)
         for prefix in self._order:
             self._plan.setdefault(prefix, [])
+        # What write_steps checks, per prefix: the number of keys and a getter of the tensors in
+        # plan order (KeyError when one is missing); then every tensor's dtype, and its shape
+        # against ``(n, *feat)`` (per n, built once).
+        leaves = [[e[0] for e in self._plan[p]] for p in self._order]
+        self._getters = [(len(ls), itemgetter(*ls) if ls else None) for ls in leaves]
+        self._dtypes = [e[4] for p in self._order for e in self._plan[p]]
+        self._shapes: dict[int, list[torch.Size]] = {}
 
     def nbytes(self) -> int:
         """Bytes of all the buffer's tensors."""
@@ -99,22 +107,23 @@ class SlotBuffer:
         """Buffer bytes per stored transition (one row, one step)."""
         return sum(t[0, 0].numel() * t.element_size() for t in self.steps.values())
 
-    def _mismatch(self, prefix: str, values: DictTensor, n: int, where: str) -> Exception:
+    def _check_group(self, prefix: str, values: DictTensor, n: int, where: str) -> None:
+        """Raises the error that names the first key of ``values`` that does not match the
+        specs of ``prefix`` (the slow path of :meth:`write_steps`, once a check failed)."""
         plan = self._plan.get(prefix, [])
         expected = sorted(p[0] for p in plan)
         if sorted(values.keys()) != expected:
-            return KeyMismatchError(
+            raise KeyMismatchError(
                 f"{where}: {prefix[:-1]} has keys {sorted(values.keys())}, expected {expected} "
                 "(the keys seen at the first step must stay the same)"
             )
         for leaf, _key, _buf, shape, dtype in plan:
             v = values._tensors[leaf]
             if v.dtype != dtype or v.shape[1:] != shape or v.shape[0] != n:
-                return ShapeError(
+                raise ShapeError(
                     f"{where}: {prefix}{leaf} is {tuple(v.shape)} {v.dtype}, expected "
                     f"{(n, *shape)} {dtype} (no silent cast)"
                 )
-        return AssertionError(f"{where}: {prefix} mismatch not found")  # pragma: no cover
 
     def _row_views(self, rows: slice, t: int) -> list[Tensor]:
         """Views ``buf[t, rows]`` of every step key, in plan order (built once, then cached)."""
@@ -141,17 +150,29 @@ class SlotBuffer:
             t: the time step.
             where: context for error messages (worker, step).
         """
-        sources = []
-        for prefix, values in zip(self._order, groups):
-            tensors = values._tensors
-            plan = self._plan[prefix]
-            if len(tensors) != len(plan):
-                raise self._mismatch(prefix, values, n, f"{where}, step {t}")
-            for leaf, _key, _buf, shape, dtype in plan:
-                v = tensors.get(leaf)
-                if v is None or v.dtype != dtype or v.shape[1:] != shape or v.shape[0] != n:
-                    raise self._mismatch(prefix, values, n, f"{where}, step {t}")
-                sources.append(v)
+        sources: list[Tensor] = []
+        try:
+            for (count, get), values in zip(self._getters, groups):
+                tensors = values._tensors
+                if len(tensors) != count:
+                    raise KeyError
+                if count == 1:  # itemgetter of one key returns the tensor, not a tuple
+                    sources.append(get(tensors))
+                elif count:
+                    sources += get(tensors)
+            shapes = self._shapes.get(n)
+            if shapes is None:
+                shapes = self._shapes[n] = [
+                    torch.Size((n, *e[3])) for p in self._order for e in self._plan[p]
+                ]
+            dtypes = [v.dtype for v in sources]
+            ok = dtypes == self._dtypes and [v.shape for v in sources] == shapes
+        except KeyError:
+            ok = False
+        if not ok:
+            for prefix, values in zip(self._order, groups):
+                self._check_group(prefix, values, n, f"{where}, step {t}")
+            raise AssertionError(f"{where}, step {t}: mismatch not found")  # pragma: no cover
         if isinstance(rows, slice):
             # One dispatch for all the copies: per-copy overhead dominates these tiny writes.
             torch._foreach_copy_(self._row_views(rows, t), sources)

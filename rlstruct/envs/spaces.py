@@ -190,6 +190,9 @@ class ActionSpec:
         else:
             low, high = space.low, space.high
         self.low, self.high = low, high
+        if not self.is_float:
+            self._shift = bool(np.any(low != 0))
+            self._span = (np.asarray(high, np.int64) - low).astype(np.uint64)
         self.default = np.clip(np.zeros(self.shape), low, high).astype(self.dtype)
 
     def to_numpy(self, action: Tensor, env_ids: np.ndarray, offset: int) -> np.ndarray:
@@ -206,12 +209,12 @@ class ActionSpec:
                 its value and the space, and ``env_index`` holds its local index.
         """
         n = env_ids.shape[0]
-        if tuple(action.shape[1:]) != self.shape:
+        if action.shape[1:] != self.shape:
             raise ActionError(
                 f"action has shape {tuple(action.shape)}, expected {(n, *self.shape)} for the "
                 f"action space {self.space!r} (one row per running env)"
             )
-        a = action.detach().numpy()
+        a = (action.detach() if action.requires_grad else action).numpy()
         if self.is_float:
             if a.dtype.kind not in "fiub":
                 raise ActionError(f"action dtype {action.dtype} is not numeric for {self.space!r}")
@@ -224,8 +227,9 @@ class ActionSpec:
                     "needs; return integer actions (e.g. .long())"
                 )
             a = a.astype(np.int64)  # checked wide, so that no value wraps around before the check
-            bad = (a < self.low) | (a > self.high)
-        if bad.any():
+            # low <= a <= high as one unsigned comparison: a - low wraps around below low.
+            bad = (a - self.low if self._shift else a).view(np.uint64) > self._span
+        if np.count_nonzero(bad):
             row = int(np.flatnonzero(bad.reshape(n, -1).any(axis=1))[0])
             why = " (NaN/Inf or out of [low, high])" if self.is_box else ""
             err = ActionError(

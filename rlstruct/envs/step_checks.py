@@ -39,6 +39,7 @@ __all__ = ["check_step", "check_running", "action_rows", "AnswerChecker"]
 _CPU = torch.device("cpu")
 _DTYPE = attrgetter("dtype")
 _REAL_KINDS = "biuf"  # numpy dtype kinds a reward may have: bool, int, uint, float
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def check_running(name: str, run: np.ndarray | Tensor | None, failed: str = "") -> None:
@@ -111,7 +112,7 @@ def check_step(
     name = type(env).__name__
     check_running(name, run, " (or after a failed step)")
     a = action_rows(action, run.shape[0])
-    if a.device.type != "cpu":
+    if not a.is_cpu:
         raise DeviceContractError(
             f"{name} steps CPU envs, but the action is on {a.device}; wrap the VecEnv with "
             "DeviceEnv(env, 'cpu', device) to move actions back",
@@ -210,6 +211,10 @@ class AnswerChecker:
         if r is None or r.dtype.kind not in _REAL_KINDS or r.shape != (run.shape[0],):
             r = self._walk_rewards(rew, run)
         if r.dtype.kind == "f" and r.dtype.itemsize > 4:
+            # The usual case, no reward beyond float32's range (an infinity takes the careful
+            # path, which keeps it), costs three cheap calls, without numpy's errstate.
+            if not np.count_nonzero(np.abs(r) > _F32_MAX):  # (NaN passes: it casts quietly)
+                return r.astype(np.float32)
             try:
                 with np.errstate(over="raise"):
                     return r.astype(np.float32)

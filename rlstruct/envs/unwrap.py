@@ -32,10 +32,12 @@ def stepper(env: gym.Env) -> tuple[Any, int]:
     PassiveEnvChecker) is stepped through ``env.unwrapped``: the VecEnv validates actions and
     observations itself, refuses a step before reset, and applies the TimeLimit (truncated once
     ``env_step`` reaches ``max_episode_steps``, as the wrapper does), which saves three calls per
-    env and step. Any other wrapper (a user's, Atari preprocessing) keeps the whole chain. Resets
-    always go through the whole chain. For a ``Discrete`` action space the unwrapped env's
-    ``action_space.contains`` gets a fast path for the int64 scalars the VecEnv passes (the same
-    answer, without numpy's dtype introspection): gymnasium's classic envs assert it every step.
+    env and step. Any other wrapper (a user's, Atari preprocessing) keeps the whole chain. An
+    env's first reset goes through the whole chain (PassiveEnvChecker checks it, OrderEnforcing
+    records it); the VecEnvs send its later resets where its steps go. For a ``Discrete`` action
+    space the unwrapped env's ``action_space.contains`` gets a fast path for the int64 scalars
+    the VecEnv passes (the same answer, without numpy's dtype introspection): gymnasium's
+    classic envs assert it every step.
     """
     limit = 0
     inner = env
