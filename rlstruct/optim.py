@@ -76,7 +76,8 @@ def gradient_step(
     """``zero_grad``, ``backward``, clip the global gradient norm, ``step``.
 
     Args:
-        optimizer: the optimizer; its parameter groups are the parameters clipped together.
+        optimizer: a ``torch.optim`` optimizer (its parameter groups are the parameters clipped
+            together) or a :class:`FlatAdam` (its flat gradient is clipped).
         loss: a scalar with a graph to the parameters.
         max_grad_norm: clip the global norm of all the gradients to this; 0 means no clipping.
         around_backward: ``(before, after)`` called just before and after ``backward`` (a
@@ -140,7 +141,7 @@ class FlatAdam:
     gradient buffer, into which ``backward`` accumulates in place. Zeroing, clipping
     (:func:`gradient_step`) and the update are then a few operations for the whole net rather
     than a few per parameter tensor, which is most of a small net's step: for the 64-wide
-    actor-critic MLPs of the CartPole examples, about 10 % of APPO's gradient step on the CPU
+    actor-critic MLPs of the CartPole examples, about 15 % of APPO's gradient step on the CPU
     (docs/algorithms.md, "Where APPO's time goes").
 
     It is not a ``torch.optim.Optimizer``: building the first of those in a process imports
