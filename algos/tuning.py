@@ -20,7 +20,7 @@ from rlstruct.distributions import space_spec
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
 from rlstruct.nets import head_actor_critic
-from rlstruct.optim import gradient_step
+from rlstruct.optim import flat_adam, gradient_step
 from rlstruct.run import env_spaces
 from rlstruct.trajectories import Trajectories
 from rlstruct.tune import AlgoSetup
@@ -33,21 +33,22 @@ def _setup(module: Any, model_fn: Any, agent: Any, learner: Any, **overrides: An
     shape, space = env_spaces(cfg.env_id)
     model = model_fn(math.prod(shape), space, cfg)
     rows = (cfg.layout.n_processes or 1) * cfg.layout.n_envs
+    learn = learner(model, cfg)  # first: a FlatAdam moves the weights into its buffer
     return AlgoSetup(agent, {"model": model}, GymEnvInf, {"env": cfg.env_id},
                      weights=model.state_dict(), seed=cfg.seed, pipelined=True,
                      name=module.__name__.rsplit(".", 1)[-1], env_id=cfg.env_id,
-                     learn=learner(model, cfg), batch_size=rows * cfg.n_timesteps)
+                     learn=learn, batch_size=rows * cfg.n_timesteps)
 
 
 def _ppo_learner(model: Any, cfg: Any) -> Any:
     agent = _ppo.PPOAgent(model)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, eps=1e-5)
+    optimizer = flat_adam(model.parameters(), cfg.lr, "cpu", eps=1e-5)  # as in ppo.main
     return lambda traj: _ppo.learn(agent, optimizer, traj.to("cpu"), cfg)
 
 
 def _a2c_learner(model: Any, cfg: Any) -> Any:
     agent = _a2c.A2CAgent(model)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    optimizer = flat_adam(model.parameters(), cfg.lr, "cpu")  # as in a2c.main
 
     def learn(traj: Trajectories) -> None:
         traj = traj.to("cpu")

@@ -156,7 +156,10 @@ class FlatAdam:
     ``model.zero_grad()`` sets them to None, and the next ``backward`` makes new ones) are copied
     back into it before clipping and stepping, so any way of zeroing works. Giving a parameter
     new storage (``param.data = ...``, ``model.to(other_device)``) would unlink it from the
-    optimizer: :meth:`step` raises a :class:`~rlstruct.errors.LearnerError` naming it.
+    optimizer: :meth:`step` raises a :class:`~rlstruct.errors.LearnerError` naming it. Tensors
+    taken from the parameters before the optimizer was built (the values of an earlier
+    ``state_dict()``, ``p.data``) keep the old storage and no longer follow the weights: take
+    them after building it, or copy them.
 
     Args:
         params: the parameters (tensors, not groups): leaf tensors that require gradients, on
