@@ -147,8 +147,8 @@ def appo_loss(agent: Agent, minibatch: DictTensor, cfg: Config) -> tuple[Tensor,
     advantage = F.normalize_advantages(minibatch["advantage"])
     policy = F.clipped_surrogate(logp, minibatch[K.STORED_LOGP], advantage, cfg.clip_coef).mean()
     values = 0.5 * (new[K.VALUE] - minibatch["target"]).square().mean()
-    with torch.set_grad_enabled(cfg.ent_coef != 0):  # no backward through an unused term
-        entropy = F.categorical_entropy(new["logits"]).mean()
+    logits = new["logits"] if cfg.ent_coef else new["logits"].detach()  # no unused backward
+    entropy = F.categorical_entropy(logits).mean()
     loss = policy + cfg.vf_coef * values - cfg.ent_coef * entropy
     with torch.no_grad():
         ratio = (logp - minibatch[K.STORED_LOGP]).exp()

@@ -6,10 +6,12 @@ script measures, on one torch thread, APPO's own minibatch step (``algos.appo.ap
 the default ``MLPActorCritic``, 4 -> 64 -> 64 -> 2 and 1, 256 transitions, ``gradient_step``):
 
 1. the step with ``torch.optim.Adam`` (fused) and with ``rlstruct.optim.FlatAdam`` (APPO's,
-   PPO's and IMPALA's now), and the step's parts with FlatAdam: minibatch index, replay (the
-   model's forward), the loss terms, zero_grad, backward, clip, update;
+   PPO's and IMPALA's now), and the step's parts with FlatAdam: minibatch index, ``appo_loss``
+   (and, apart, its first part: the model's forward through ``replay_agent_stateless``),
+   zero_grad, backward, clip, update;
 2. the element-wise cost of ``torch.tanh`` against ``torch.sigmoid`` and numpy's ``tanh`` on a
-   hidden layer's ``(256, 64)`` activations (torch's tanh runs scalar code on this CPU);
+   hidden layer's ``(256, 64)`` activations, and tanh's forward and backward against those of
+   ``2 sigmoid(2x) - 1`` (the same function from a cheaper operation);
 3. APPO's epochs of one segment split into the actor's terms and the critic's (separate nets,
    an optimizer each), run in two threads of one process against one after the other: how
    much of a second core threads put to work despite the GIL. Alone on 2 cores they overlap
@@ -98,7 +100,9 @@ def step_cost(make_optimizer: Callable[..., Any], seconds: float,
 
 
 def step_parts(seconds: float) -> dict[str, float]:
-    """Microseconds per step in each part of APPO's step with FlatAdam (appo_loss inlined)."""
+    """Microseconds per step in each part of APPO's step with FlatAdam (``gradient_step``'s
+    parts timed apart), and the model's forward through ``replay_agent_stateless`` alone (the
+    first part of ``appo_loss``)."""
     torch.manual_seed(0)
     model, batch, cfg = MLPActorCritic(4, 2, 64), _segment(), appo.Config()
     agent = appo.BehaviourAgent(model)
@@ -115,25 +119,13 @@ def step_parts(seconds: float) -> dict[str, float]:
 
         mb = batch.index(rows)
         tick("index the minibatch")
-        new = replay_agent_stateless(agent, mb)
-        tick("replay (the model's forward)")
-        logp = F.categorical_log_prob(new["logits"], mb[K.STORED_ACTION])
-        advantage = F.normalize_advantages(mb["advantage"])
-        policy = F.clipped_surrogate(logp, mb[K.STORED_LOGP], advantage, cfg.clip_coef).mean()
-        values = 0.5 * (new[K.VALUE] - mb["target"]).square().mean()
-        with torch.no_grad():
-            entropy = F.categorical_entropy(new["logits"]).mean()
-            ratio = (logp - mb[K.STORED_LOGP]).exp()
-            ((ratio - 1).abs() > cfg.clip_coef).float().mean()
-        loss = policy + cfg.vf_coef * values - cfg.ent_coef * entropy
-        tick("loss terms and statistics")
+        loss, _ = appo.appo_loss(agent, mb, cfg)
+        tick("appo_loss (forward and loss terms)")
         optimizer.zero_grad()
         tick("zero_grad")
         loss.backward()
         tick("backward")
-        grad = optimizer.flat_grad()
-        norm = torch.linalg.vector_norm(grad)
-        grad.mul_(torch.clamp(cfg.max_grad_norm / (norm + 1e-6), max=1.0))
+        optimizer.clip_grad_norm_(cfg.max_grad_norm)
         tick("clip")
         optimizer.step()
         tick("update (FlatAdam)")
@@ -144,17 +136,30 @@ def step_parts(seconds: float) -> dict[str, float]:
         for rows in torch.randperm(N).split(MINIBATCH):
             step(rows)
             n_steps += 1
-    return {k: v / n_steps * 1e6 for k, v in spent.items()}
+    parts = {k: v / n_steps * 1e6 for k, v in spent.items()}
+    mb = batch.index(torch.arange(MINIBATCH))
+    parts["of appo_loss: the forward alone"] = _per_call_us(
+        lambda: replay_agent_stateless(agent, mb), seconds / 4)
+    return parts
 
 
 def activations(seconds: float) -> dict[str, float]:
-    """Microseconds per call on a ``(256, 64)`` float32 tensor."""
+    """Microseconds per call on a ``(256, 64)`` float32 tensor; then forward and backward of
+    ``tanh`` and of the same function as ``2 sigmoid(2x) - 1``."""
     x = torch.randn(MINIBATCH, 64)
     xn = x.numpy()
+    xg = x.clone().requires_grad_()
+
+    def both(fn: Callable[[torch.Tensor], torch.Tensor]) -> float:
+        return _per_call_us(lambda: fn(xg).sum().backward(), seconds)
+
     return {"torch.tanh": _per_call_us(lambda: torch.tanh(x), seconds),
             "torch.sigmoid": _per_call_us(lambda: torch.sigmoid(x), seconds),
             "numpy tanh": _per_call_us(lambda: np.tanh(xn), seconds),
-            "torch.relu": _per_call_us(lambda: torch.relu(x), seconds)}
+            "torch.relu": _per_call_us(lambda: torch.relu(x), seconds),
+            "tanh, forward and backward": both(torch.tanh),
+            "2 sigmoid(2x) - 1, forward and backward": both(
+                lambda v: torch.sigmoid(2 * v) * 2 - 1)}
 
 
 def two_threads(seconds: float) -> dict[str, float]:
@@ -242,8 +247,8 @@ def main() -> None:
         print(section)
         for k, v in values.items():
             print(f"  {k:38s} {v:9.1f}")
-    parts = results["FlatAdam step parts us"]
-    print(f"  {'(sum of the parts)':38s} {sum(parts.values()):9.1f}")
+    step = sum(v for k, v in results["FlatAdam step parts us"].items() if not k.startswith("of "))
+    print(f"(the step's parts sum to {step:.1f} us)")
     print(f"load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

@@ -95,9 +95,7 @@ def gradient_step(
         around_backward[1]()
     norm = None
     if max_grad_norm > 0 and isinstance(optimizer, FlatAdam):
-        grad = optimizer.flat_grad()  # clip_grad_norm_'s formula, on one tensor
-        norm = torch.linalg.vector_norm(grad)
-        grad.mul_(torch.clamp(max_grad_norm / (norm + 1e-6), max=1.0))
+        norm = optimizer.clip_grad_norm_(max_grad_norm)
     elif max_grad_norm > 0:
         params = [p for group in optimizer.param_groups for p in group["params"]]
         norm = nn.utils.clip_grad_norm_(params, max_grad_norm)
@@ -213,6 +211,18 @@ class FlatAdam:
         scales them)."""
         self._link()
         return self._grad
+
+    def clip_grad_norm_(self, max_norm: float) -> Tensor:
+        """Scales the gradients so that their global norm is at most ``max_norm``
+        (``torch.nn.utils.clip_grad_norm_``'s formula, on the one flat gradient).
+
+        Returns:
+            The global norm before clipping (a 0-d tensor; no host sync).
+        """
+        grad = self.flat_grad()
+        norm = torch.linalg.vector_norm(grad)
+        grad.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+        return norm
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zeroes the gradient buffer in place (``set_to_none`` is ignored: the parameters'

@@ -26,6 +26,7 @@ def test_learner_step_benchmark_runs_every_section(tmp_path: Path) -> None:
     assert set(data["step us"]) == {"torch.optim.Adam (fused)", "FlatAdam"}
     assert all(v > 0 for v in data["step us"].values())
     parts = data["FlatAdam step parts us"]
-    assert {"backward", "update (FlatAdam)", "replay (the model's forward)"} <= set(parts)
+    assert {"backward", "update (FlatAdam)", "of appo_loss: the forward alone"} <= set(parts)
     assert data["actor and critic epochs of a segment"]["two threads ms/segment"] > 0
+    assert data["activation us (256 x 64)"]["tanh, forward and backward"] > 0
     assert "torch.compile" not in data and "load average" in res.stdout

@@ -477,12 +477,11 @@ class GymEnv(_GymVecEnv):
         run, a = self._begin_step(action)
         arrays = self._step_obs(run, a, self._step_envs(run, a))
         n = run.shape[0]
-        t1 = {key: torch.from_numpy(x) for key, x in arrays.items()}
-        obs_t1 = DictTensor._trusted(t1, n, _CPU)
+        obs_t1 = _dicttensor(arrays, n)
         keep = ~arrays[K.DONE]
         if keep.all():
             still = run
-            obs_next = DictTensor._trusted(dict(t1), n, _CPU)
+            obs_next = DictTensor._trusted(dict(obs_t1._tensors), n, _CPU)
         else:
             still = run[keep]
             obs_next = obs_t1.index(torch.from_numpy(keep))
