@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 # The main job: PPO on CartPole-v1 with 2 worker processes (the multi-process batcher), until the mean
 # return of the last 20 training episodes reaches 475 (or 50 s pass). Outputs go to runs/.
 demo: venv
-	$(PY) -m algos.ppo --time-budget 50
+	$(PY) -m rlstruct.algos.ppo --time-budget 50
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -44,7 +44,7 @@ ALGOS = ("reinforce", "a2c", "ppo", "ppo_pipelined", "ppo_torch_env", "dqn", "im
          "trpo_ray2x6", "ppo_tuned")
 PPO_BOX = {"gae_lambda": 0.95, "n_epochs": 10, "normalize_obs": True}  # PPO's Box settings
 #: Rows that run an algorithm otherwise: name -> (module, task, layout fields, config fields).
-#: Any other row name is ``algos/<name>.py`` on CartPole with its defaults.
+#: Any other row name is ``rlstruct/algos/<name>.py`` on CartPole with its defaults.
 VARIANTS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
     "ppo_pipelined": ("ppo", "cartpole", {"pipeline": 2}, {}),
     # APPO with IMPALA's learner thread, on the settings that suit its longer lag (the earlier

@@ -3,7 +3,7 @@
 Three measurements in one run, each rank with one torch thread (gloo on the CPU; NCCL on GPUs
 with ``--device cuda``):
 
-1. ``LearnerGroup`` with 1 and 2 ranks on PPO's own loss (``algos.ppo.ppo_loss``,
+1. ``LearnerGroup`` with 1 and 2 ranks on PPO's own loss (``rlstruct.algos.ppo.ppo_loss``,
    ``CNNActorCritic`` on uint8 84x84x4 frames): each update is one pass over a batch of
    ``--batch`` transitions in global minibatches of ``--minibatch`` (split over the ranks), Adam.
    Batches are submitted one ahead (staged while the previous one is learned), as a pipelined
@@ -43,13 +43,13 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from algos import ppo
 from benchmarks._common import environment, pin_threads
 from rlstruct import DictTensor
 from rlstruct import keys as K
-from rlstruct.batchers.multiprocess import worker_context
-from rlstruct.learner_group import LearnerGroup, free_port
-from rlstruct.nets import CNNActorCritic, nature_cnn
+from rlstruct.algos import ppo
+from rlstruct.learn.nets import CNNActorCritic, nature_cnn
+from rlstruct.learners.group import LearnerGroup, free_port
+from rlstruct.parallel.context import worker_context
 
 N_ACTIONS = 6
 CFG = ppo.Config(adv_norm="minibatch", max_grad_norm=0.5)

@@ -2,10 +2,11 @@
 
 APPO's learner bounds its speed on 2 cores (docs/algorithms.md, "Where APPO's time goes"): the
 workers wait for it, so cores busy stays at about 1 + collection / learning cost per frame. This
-script measures, on one torch thread, APPO's own minibatch step (``algos.appo.appo_loss`` on
+script measures, on one torch thread, APPO's own minibatch step (``rlstruct.algos.appo.appo_loss``
+on
 the default ``MLPActorCritic``, 4 -> 64 -> 64 -> 2 and 1, 256 transitions, ``gradient_step``):
 
-1. the step with ``torch.optim.Adam`` (fused) and with ``rlstruct.optim.FlatAdam`` (APPO's,
+1. the step with ``torch.optim.Adam`` (fused) and with ``rlstruct.learn.optim.FlatAdam`` (APPO's,
    PPO's and IMPALA's now), and the step's parts with FlatAdam: minibatch index, ``appo_loss``
    (and, apart, its first part: the model's forward through ``replay_agent_stateless``),
    zero_grad, backward, clip, update;
@@ -50,12 +51,12 @@ import _common
 import numpy as np
 import torch
 
-from algos import appo
 from rlstruct import DictTensor, replay_agent_stateless
 from rlstruct import functional as F
 from rlstruct import keys as K
-from rlstruct.nets import MLPActorCritic
-from rlstruct.optim import adam, flat_adam, gradient_step
+from rlstruct.algos import appo
+from rlstruct.learn.nets import MLPActorCritic
+from rlstruct.learn.optim import adam, flat_adam, gradient_step
 
 N, MINIBATCH = 1024, 256  # a segment of APPO's default layout: 2 x 16 envs x 32 steps
 

@@ -7,7 +7,8 @@ HalfCheetah-v5 has no target: every run plays 100k frames and the rows compare t
 of the last 20 episodes and the launch->exit time (``pip install rlstruct[mujoco]``).
 Rows (all measured in the same run, over the same seeds):
 
-* rlstruct ``algos/reinforce.py``, ``algos/a2c.py``, ``algos/ppo.py``, ``algos/dqn.py`` with
+* rlstruct ``rlstruct/algos/reinforce.py``, ``rlstruct/algos/a2c.py``, ``rlstruct/algos/ppo.py``,
+``rlstruct/algos/dqn.py`` with
   their own defaults (the seed, the time budget, the target return and the output folder are the
   only settings this script passes);
 * stable-baselines3 ``PPO``, ``A2C`` and ``DQN`` with their DEFAULT hyperparameters:
@@ -17,8 +18,9 @@ Rows (all measured in the same run, over the same seeds):
   "not installed" when stable-baselines3 is missing (``pip install -e .[bench]`` installs the
   peers; keep your torch with ``-c <(echo torch==X)``);
 * continuous control (``sac_pendulum``, ``trpo_pendulum``, ``ppo_pendulum``,
-  ``sac_halfcheetah``, ``ppo_halfcheetah``): ``algos/sac.py``, ``algos/trpo.py`` and
-  ``algos/ppo.py`` with their defaults on the task's env (except PPO: its Box settings, and
+  ``sac_halfcheetah``, ``ppo_halfcheetah``): ``rlstruct/algos/sac.py``, ``rlstruct/algos/trpo.py``
+  and
+  ``rlstruct/algos/ppo.py`` with their defaults on the task's env (except PPO: its Box settings, and
   HalfCheetah SAC: 256-wide nets; see ``VARIANTS``) beside SB3's ``SAC``/``PPO`` and
   sb3-contrib's ``TRPO`` with their defaults;
 * garage's sampler table (``trpo_serial12``, ``trpo_2x6``, ``trpo_ray2x6``, not run by default):
@@ -120,7 +122,7 @@ def run_rlstruct(name: str, seed: int, budget: float, out_root: str,
                  tuned_layout: str | None = None) -> dict[str, Any]:
     """Runs ``algos.<name>`` in this process; returns its summary plus what was passed.
 
-    Every algorithm's ``Config`` subclasses ``rlstruct.run.RunConfig``, so the same fields
+    Every algorithm's ``Config`` subclasses ``rlstruct.runs.run.RunConfig``, so the same fields
     set the seed, the time budget, the output folder and the stop test (the benchmark's own
     definition of solved) everywhere; ``main(cfg)`` returns the run's summary.
     """
@@ -242,9 +244,10 @@ def runner(argv: list[str]) -> int:
 
 
 def tune_layout(tune_args: str, out: Path) -> tuple[Path | None, dict[str, Any]]:
-    """Runs ``python -m rlstruct tune --algo algos.tuning:ppo`` as a user would; returns the
+    """Runs ``python -m rlstruct tune --algo rlstruct.algos.tuning:ppo`` as a user would; returns
+    the
     layout file it wrote (None when it failed) and what it did (command, seconds, pick)."""
-    cmd = [sys.executable, "-m", "rlstruct", "tune", "--algo", "algos.tuning:ppo",
+    cmd = [sys.executable, "-m", "rlstruct", "tune", "--algo", "rlstruct.algos.tuning:ppo",
            *shlex.split(tune_args), "--out", str(out)]
     t0 = time.perf_counter()
     res = subprocess.run(cmd, cwd=ROOT, env=_child_env(), capture_output=True, text=True,
@@ -455,8 +458,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--frames", type=int, default=None,
                    help="frame budget of the rows without a target (HalfCheetah; default 100k)")
     p.add_argument("--tune-args", default="--keep-batch --budget 60",
-                   help="options of the `python -m rlstruct tune --algo algos.tuning:ppo` run "
-                        "that writes the ppo_tuned row's layout (default: %(default)s)")
+                   help="options of the `python -m rlstruct tune --algo "
+                        "rlstruct.algos.tuning:ppo` run that writes the ppo_tuned row's layout "
+                        "(default: %(default)s)")
     p.add_argument("--no-peers", action="store_true", help="skip stable-baselines3")
     p.add_argument("--peers", nargs="+", choices=tuple(SB3_PEERS), default=None,
                    help="run the SB3 peers of these algorithms only (default: of every one run)")
@@ -480,9 +484,11 @@ def main(argv: list[str] | None = None) -> int:
         task_budget = budget or task.budget_s
         rows[f"rlstruct/{algo}"] = {
             "key": f"rlstruct/{algo}", "algo": algo, "impl": "rlstruct", "task": task_name,
-            "label": f"rlstruct algos/{module}.py" + (f" ({algo})" if algo != module else ""),
+            "label": f"rlstruct rlstruct/algos/{module}.py"
+                     + (f" ({algo})" if algo != module else ""),
             "budget_s": task_budget, "runs": [],
-            "status": "pending" if path.exists() else f"missing (algos/{module}.py does not exist)",
+            "status": "pending" if path.exists()
+                      else f"missing (rlstruct/algos/{module}.py does not exist)",
             "cli_help_ok": cli_ok(algo) if path.exists() else None,
             # Which version of the file was measured (the algos change while being tuned).
             "file_sha256": hashlib.sha256(path.read_bytes()).hexdigest()[:16]

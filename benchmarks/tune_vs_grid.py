@@ -1,7 +1,8 @@
 """The layout tuner against the exhaustive grid, in one run, on the same candidates.
 
-Workload: PPO's model and agent (``algos/ppo.py``: ``ActorCritic`` 4->64->64->2 twice,
-``PPOAgent``, handed over by ``algos/tuning.py``) collecting CartPole-v1 with ``GymEnvInf``; the
+Workload: PPO's model and agent (``rlstruct/algos/ppo.py``: ``ActorCritic`` 4->64->64->2 twice,
+``PPOAgent``, handed over by ``rlstruct/algos/tuning.py``) collecting CartPole-v1 with
+``GymEnvInf``; the
 model's ``state_dict`` is published with ``update`` after every batch, as PPO does. After every
 batch, ``--learner`` runs PPO's own learn step on it (steps/s is then the speed of training);
 otherwise the fake learner takes ``--learn-s`` seconds per batch (default 0: pure collection).
@@ -17,7 +18,7 @@ Method:
 1. Warm-up: the workers' forkserver starts and imports once (neither side pays it).
 2. Grid: every candidate measured once for ``--grid-s`` seconds (each measurement also pays its
    start-up, a warm-up batch and the close); its wall time is the grid's time.
-3. Tuner: :func:`rlstruct.tune.search` over the same candidates with a budget of
+3. Tuner: :func:`rlstruct.tools.tune.search` over the same candidates with a budget of
    ``--budget-frac`` (default 0.22) of the grid's time; its wall time is the tuner's time.
 4. Figures: the ratio of the tuner's pick's steps/s *as the grid measured it* to the grid's best
    steps/s (target >= 0.9), and the time ratio tuner / grid (target <= 0.25).
@@ -48,8 +49,8 @@ from pathlib import Path
 
 import torch
 
-from algos import tuning
-from rlstruct.tune import BatcherMeasure, candidate_grid, grid_search, search
+from rlstruct.algos import tuning
+from rlstruct.tools.tune import BatcherMeasure, candidate_grid, grid_search, search
 
 QUALITY_TARGET = 0.9
 TIME_TARGET = 0.25

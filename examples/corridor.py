@@ -8,12 +8,13 @@ one-hot position. Importing this module registers the id with gymnasium.
 Train it with any algorithm, naming the module that registers the env (its folder must be on
 ``PYTHONPATH``; ``--env-module`` may be given several times)::
 
-    PYTHONPATH=examples python -m algos.ppo --env-module corridor --env-id Corridor-v0 \\
+    PYTHONPATH=examples python -m rlstruct.algos.ppo --env-module corridor --env-id Corridor-v0 \\
         --target-return 0.85 --max-frames 50000
 
 or with gymnasium's ``module:Id`` form, which imports the module wherever an env is made::
 
-    PYTHONPATH=examples python -m algos.ppo --env-id corridor:Corridor-v0 --target-return 0.85
+    PYTHONPATH=examples python -m rlstruct.algos.ppo --env-id corridor:Corridor-v0 --target-return
+    0.85
 
 Running this file checks the env with gymnasium's env checker and trains PPO from Python.
 """
@@ -61,7 +62,7 @@ if __name__ == "__main__":
     from gymnasium.utils.env_checker import check_env
 
     check_env(gym.make("Corridor-v0").unwrapped)
-    from algos import ppo
+    from rlstruct.algos import ppo
 
     summary = ppo.main(ppo.Config(env_id="Corridor-v0", env_module=("corridor",),
                                   target_return=0.85, max_frames=50_000, eval_every=5))

@@ -8,48 +8,49 @@ The public surface (everything else is internal). The core::
                           Batcher, SerialBatcher, RestartPolicy, LearnerThread)
     from rlstruct.envs import VecEnv, GymEnv, GymEnvInf, DeviceEnv
     from rlstruct import functional as F     # returns, GAE, V-trace, the policy-loss terms
-    from rlstruct.policy_terms import conjugate_gradient   # also F.conjugate_gradient
+    from rlstruct.learn.policy_terms import conjugate_gradient   # also F.conjugate_gradient
     from rlstruct.errors import RLStructError, ShapeError, DeviceContractError, ...
     from rlstruct.devices import resolve_device
-    from rlstruct.replay_buffer import ReplayBuffer
+    from rlstruct.learn.replay_buffer import ReplayBuffer
 
-The experiment layer, which the algorithms of ``algos/`` are written with::
+The experiment layer, which the algorithms of ``rlstruct/algos/`` are written with::
 
-    from rlstruct.run import Run, RunConfig            # the run scaffold and shared config
-    from rlstruct.env_registry import EnvModules, env_id_problems  # custom envs, id checks
-    from rlstruct.checkpoint import save_checkpoint, load_checkpoint  # safe checkpoint files
-    from rlstruct.evaluate import evaluate             # replay a saved policy greedily
-    from rlstruct.experiment import LayoutConfig, make_batcher   # device layouts
-    from rlstruct.evaluation import Evaluator          # evaluation in a worker process
-    from rlstruct.episodes import EpisodeTracker       # episode returns, keyed by env_id
-    from rlstruct.logger import RunLogger              # the run directory
-    from rlstruct.plotting import plot_runs            # returns.png, comparisons
-    from rlstruct.run_folder import read_run           # a run folder read back
-    from rlstruct.nets import mlp                      # orthogonally initialised MLPs
-    from rlstruct.distributions import make_head       # policy heads for any action space
-    from rlstruct.normalization import RunningNorm     # observation statistics in the weights
-    from rlstruct.optim import adam, gradient_step     # fused Adam; one meaning of clipping
-    from rlstruct.optim import flat_adam               # Adam over one flat buffer: small nets
-    from rlstruct.sampling import CategoricalSampler, ActorAgent, PolicyAgent, greedy_info
+    from rlstruct.runs.run import Run, RunConfig            # the run scaffold and shared config
+    from rlstruct.envs.registry import EnvModules, env_id_problems  # custom envs, id checks
+    from rlstruct.runs.checkpoint import save_checkpoint, load_checkpoint  # safe checkpoint files
+    from rlstruct.tools.evaluate import evaluate             # replay a saved policy greedily
+    from rlstruct.runs.layout import LayoutConfig, make_batcher   # device layouts
+    from rlstruct.runs.evaluator import Evaluator          # evaluation in a worker process
+    from rlstruct.runs.episodes import EpisodeTracker       # episode returns, keyed by env_id
+    from rlstruct.runs.logger import RunLogger              # the run directory
+    from rlstruct.runs.plotting import plot_runs            # returns.png, comparisons
+    from rlstruct.runs.folder import read_run           # a run folder read back
+    from rlstruct.learn.nets import mlp                      # orthogonally initialised MLPs
+    from rlstruct.learn.distributions import make_head       # policy heads for any action space
+    from rlstruct.learn.normalization import RunningNorm     # observation statistics in the weights
+    from rlstruct.learn.optim import adam, gradient_step     # fused Adam; one meaning of clipping
+    from rlstruct.learn.optim import flat_adam               # Adam over one flat buffer: small nets
+    from rlstruct.learn.sampling import CategoricalSampler, ActorAgent, PolicyAgent, greedy_info
                                                        # seeded sampling, greedy evaluation
-    from rlstruct.learner_group import LearnerGroup    # data-parallel learner ranks
-    from rlstruct.learner_base import LearnerGroupBase   # what every learner group shares
-    from rlstruct.learner_rank import RankContext      # what a rank's learn function gets
-    from rlstruct.staging import StagingRing           # shards staged onto rank devices
-    from rlstruct.learner_torchrun import TorchrunLearnerGroup   # rank 0 under torchrun
-    from rlstruct.learner_ray import RayLearnerGroup   # learner ranks as Ray actors
+    from rlstruct.learners.group import LearnerGroup    # data-parallel learner ranks
+    from rlstruct.learners.base import LearnerGroupBase   # what every learner group shares
+    from rlstruct.learners.rank import RankContext      # what a rank's learn function gets
+    from rlstruct.learners.staging import StagingRing           # shards staged onto rank devices
+    from rlstruct.learners.torchrun import TorchrunLearnerGroup   # rank 0 under torchrun
+    from rlstruct.learners.ray import RayLearnerGroup   # learner ranks as Ray actors
 
 ``rlstruct.compat`` keeps rlstructures' names for a port. ``python -m rlstruct plot runs/``
-plots run directories (see :mod:`rlstruct.plotting`); ``python -m rlstruct evaluate RUN_DIR``
-plays a saved policy (see :mod:`rlstruct.evaluate`); ``python -m rlstruct --help`` lists every
+plots run directories (see :mod:`rlstruct.runs.plotting`); ``python -m rlstruct evaluate RUN_DIR``
+plays a saved policy (see :mod:`rlstruct.tools.evaluate`); ``python -m rlstruct --help`` lists every
 command.
 """
-from rlstruct import functional, keys
+from rlstruct import keys
 from rlstruct.agent import Agent
 from rlstruct.batchers import Batcher, RestartPolicy, SerialBatcher
 from rlstruct.checks import CheckDevice
 from rlstruct.dicttensor import DictTensor, masked_dicttensor, masked_tensor
-from rlstruct.learner import LearnerThread
+from rlstruct.learn import functional
+from rlstruct.learners.thread import LearnerThread
 from rlstruct.replay import replay_agent, replay_agent_stateless
 from rlstruct.temporal import TemporalDictTensor
 from rlstruct.trajectories import Trajectories

@@ -7,12 +7,12 @@ Commands:
         ``FOLDER/compare.png`` for one folder of runs, ``./compare.png`` otherwise.
     sweep ALGO [options] [-- algorithm flags]   run an algorithm over seeds (sessions) and
         config variants (trials) in parallel processes, GPUs in rotation; writes a summary CSV
-        and trial graphs (see ``python -m rlstruct sweep --help`` and rlstruct/sweep.py).
+        and trial graphs (see ``python -m rlstruct sweep --help`` and rlstruct/tools/sweep.py).
     tune [options]   measure candidate batcher layouts within a time budget and write the best
         to a JSON file that ``--layout`` accepts (see ``python -m rlstruct tune --help``).
     evaluate RUN_DIR [--checkpoint best|latest] [--episodes N] [--device D] [--video DIR]
         play the saved policy greedily and print the mean ± std return (see
-        :mod:`rlstruct.evaluate`).
+        :mod:`rlstruct.tools.evaluate`).
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the process exit code (argparse errors exit with 2)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["sweep"]:
-        from rlstruct.sweep import main as sweep_main
+        from rlstruct.tools.sweep import main as sweep_main
 
         return sweep_main(argv[1:])
     if argv[:1] == ["tune"]:
-        from rlstruct.tune import main as tune_main
+        from rlstruct.tools.tune import main as tune_main
 
         return tune_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m rlstruct", description=__doc__.split("\n")[0])
@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     plot = commands.add_parser("plot", help="plot the returns of runs into a PNG")
     plot.add_argument("paths", nargs="+", type=Path, metavar="PATH",
-                      help="run directories written by rlstruct.logger.RunLogger, or folders "
+                      help="run directories written by rlstruct.runs.logger.RunLogger, or folders "
                            "of them")
     plot.add_argument("-o", "--out", type=Path, default=None,
                       help="output PNG (default: RUN/returns.png for one run, "
@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _evaluate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from rlstruct.errors import CheckpointError, ConfigError
-    from rlstruct.evaluate import describe, evaluate
+    from rlstruct.tools.evaluate import describe, evaluate
 
     if args.episodes < 1:
         parser.error(f"--episodes must be >= 1, got {args.episodes}")
@@ -88,7 +88,7 @@ def _evaluate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def _plot(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from rlstruct.plotting import is_run_dir, plot_runs
+    from rlstruct.runs.plotting import is_run_dir, plot_runs
 
     missing = [str(p) for p in args.paths if not p.is_dir()]
     if missing:

@@ -146,7 +146,7 @@ class WorkerTimeoutError(WorkerError, TimeoutError):
 
 class LearnerError(RLStructError, RuntimeError):
     """``learn`` raised in the learner thread (or the thread is gone), or a rank of a
-    :class:`~rlstruct.learner_group.LearnerGroup` raised or died.
+    :class:`~rlstruct.learners.group.LearnerGroup` raised or died.
 
     Raised ``from`` the original exception: ``err.__cause__`` is it, with its traceback from the
     learner thread (which keeps the frames of ``learn``, and so the batch, alive while referenced).

@@ -10,11 +10,11 @@ import time
 import torch
 from torch import nn
 
-from algos import ppo
 from rlstruct import DictTensor
 from rlstruct import keys as K
-from rlstruct.nets import head_actor_critic
-from rlstruct.optim import gradient_step
+from rlstruct.algos import ppo
+from rlstruct.learn.nets import head_actor_critic
+from rlstruct.learn.optim import gradient_step
 
 N_STEPS = 5
 

@@ -1,4 +1,5 @@
-"""algos/a2c.py: the loss against a loop, recurrent state continuity across segments, runs."""
+"""rlstruct/algos/a2c.py: the loss against a loop, recurrent state continuity across segments,
+runs."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from algo_runs import check_run_dir, evaluated_rows, run_algo
 from gymnasium.spaces import Box, Discrete
 from trajectory_builders import collect, gae_by_loops, steps
 
-from algos import a2c
 from rlstruct import DictTensor, Trajectories, replay_agent
 from rlstruct import keys as K
-from rlstruct.distributions import CategoricalHead
-from rlstruct.experiment import LayoutConfig
+from rlstruct.algos import a2c
+from rlstruct.learn.distributions import CategoricalHead
+from rlstruct.runs.layout import LayoutConfig
 
 
 def _recurrent_segments(n_segments: int = 3) -> tuple[a2c.GRUActorCritic, list[Trajectories]]:

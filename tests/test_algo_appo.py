@@ -1,4 +1,5 @@
-"""algos/appo.py: the V-trace batch and the clipped loss written out, the learner's epochs and
+"""rlstruct/algos/appo.py: the V-trace batch and the clipped loss written out, the learner's
+epochs and
 publications, a smoke run and a learning test on a frame budget."""
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ import torch
 from algo_runs import check_run_dir, evaluated_rows, run_algo
 from trajectory_builders import collect
 
-from algos import appo
 from rlstruct import functional as F
 from rlstruct import keys as K
+from rlstruct.algos import appo
 
 
 def segments(n: int = 2) -> tuple[appo.ActorCritic, list]:

@@ -1,4 +1,5 @@
-"""algos/impala.py: the V-trace loss written out, the learner thread's publications, a smoke
+"""rlstruct/algos/impala.py: the V-trace loss written out, the learner thread's publications, a
+smoke
 run, a learning test, the configuration checks and the GPU layout."""
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ import torch
 from algo_runs import check_run_dir, evaluated_rows, run_algo
 from trajectory_builders import collect
 
-from algos import impala
 from rlstruct import CheckDevice
 from rlstruct import functional as F
 from rlstruct import keys as K
+from rlstruct.algos import impala
 from rlstruct.errors import ConfigError, DeviceContractError, LearnerError
-from rlstruct.experiment import LayoutConfig
-from rlstruct.sampling import ActorAgent
+from rlstruct.learn.sampling import ActorAgent
+from rlstruct.runs.layout import LayoutConfig
 
 
 def segments(n: int = 2) -> tuple[impala.ActorCritic, list]:

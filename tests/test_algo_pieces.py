@@ -14,11 +14,11 @@ from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError, ShapeError
-from rlstruct.experiment import LayoutConfig
-from rlstruct.nets import MLPActorCritic
-from rlstruct.optim import adam
-from rlstruct.run import Run, RunConfig
-from rlstruct.sampling import GREEDY, ActorAgent, CategoricalSampler, greedy_info
+from rlstruct.learn.nets import MLPActorCritic
+from rlstruct.learn.optim import adam
+from rlstruct.learn.sampling import GREEDY, ActorAgent, CategoricalSampler, greedy_info
+from rlstruct.runs.layout import LayoutConfig
+from rlstruct.runs.run import Run, RunConfig
 
 
 # ----------------------------------------------------------------------------- keys

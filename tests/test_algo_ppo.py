@@ -1,4 +1,5 @@
-"""algos/ppo.py: known-answer tests of the loss pieces, replay, smoke runs, a learning test."""
+"""rlstruct/algos/ppo.py: known-answer tests of the loss pieces, replay, smoke runs, a learning
+test."""
 
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ from algo_runs import check_run_dir, evaluated_rows, run_algo
 from gymnasium import spaces
 from trajectory_builders import collect, gae_by_loops, steps
 
-from algos import ppo
 from rlstruct import DictTensor, Trajectories, replay_agent_stateless
 from rlstruct import keys as K
-from rlstruct.distributions import make_head
+from rlstruct.algos import ppo
 from rlstruct.errors import ConfigError, DeviceContractError
-from rlstruct.experiment import LayoutConfig
-from rlstruct.nets import HeadActorCritic
+from rlstruct.learn.distributions import make_head
+from rlstruct.learn.nets import HeadActorCritic
+from rlstruct.runs.layout import LayoutConfig
 
 
 def actor_critic(obs_dim: int, n_actions: int, hidden: int) -> HeadActorCritic:
@@ -224,7 +225,7 @@ def test_torch_env_backend_trains_in_the_learners_process(tmp_path):
 
 
 def test_torch_env_backend_is_refused_for_episodic_collection(tmp_path):
-    from algos import reinforce
+    from rlstruct.algos import reinforce
 
     cfg = reinforce.Config(layout=layout(), env_backend="torch", runs_dir=str(tmp_path))
     with pytest.raises(ConfigError, match="GymEnvInf"):

@@ -1,4 +1,5 @@
-"""algos/reinforce.py: known-answer tests of the loss pieces, smoke runs, a short learning test."""
+"""rlstruct/algos/reinforce.py: known-answer tests of the loss pieces, smoke runs, a short
+learning test."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import torch
 from algo_runs import check_run_dir, evaluated_rows, run_algo
 from trajectory_builders import steps
 
-from algos import reinforce
 from rlstruct import DictTensor, Trajectories, replay_agent_stateless
-from rlstruct.experiment import LayoutConfig
+from rlstruct.algos import reinforce
+from rlstruct.runs.layout import LayoutConfig
 
 
 # ----------------------------------------------------------------------------- loss pieces

@@ -1,4 +1,5 @@
-"""algos/sac.py: known-answer tests of the soft target and the losses, the twin critics, the
+"""rlstruct/algos/sac.py: known-answer tests of the soft target and the losses, the twin critics,
+the
 Polyak update, the agent, the config checks, and a bounded learning run on Pendulum (slow)."""
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ import pytest
 import torch
 from algo_runs import check_run_dir, run_algo
 
-from algos import sac
 from rlstruct import DictTensor
+from rlstruct.algos import sac
 from rlstruct.batchers import SerialBatcher
-from rlstruct.distributions import space_spec
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
-from rlstruct.experiment import LayoutConfig
-from rlstruct.replay_buffer import ReplayBuffer
+from rlstruct.learn.distributions import space_spec
+from rlstruct.learn.replay_buffer import ReplayBuffer
+from rlstruct.runs.layout import LayoutConfig
 
 
 # ----------------------------------------------------------------------------- soft target

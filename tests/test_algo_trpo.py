@@ -1,4 +1,4 @@
-"""algos/trpo.py: the Fisher-vector product, the trust region held after every update, the
+"""rlstruct/algos/trpo.py: the Fisher-vector product, the trust region held after every update, the
 line search's refusal, smoke runs, and learning Pendulum."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from algo_runs import check_run_dir, evaluated_rows, run_algo
 from gymnasium import spaces
 from torch.nn.utils import parameters_to_vector
 
-from algos import trpo
 from rlstruct import SerialBatcher
-from rlstruct.distributions import make_head
+from rlstruct.algos import trpo
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
-from rlstruct.experiment import LayoutConfig
-from rlstruct.nets import HeadActorCritic
-from rlstruct.sampling import PolicyAgent
+from rlstruct.learn.distributions import make_head
+from rlstruct.learn.nets import HeadActorCritic
+from rlstruct.learn.sampling import PolicyAgent
+from rlstruct.runs.layout import LayoutConfig
 
 PENDULUM_ACTIONS = spaces.Box(-2.0, 2.0, (1,))
 

@@ -12,7 +12,7 @@ import inspect
 import pytest
 
 from rlstruct import Batcher, SerialBatcher
-from rlstruct.batchers.ray import RayBatcher
+from rlstruct.batchers.ray.batcher import RayBatcher
 from rlstruct.compat import RL_Batcher
 
 POSITIONAL = [

@@ -19,7 +19,7 @@ from batcher_helpers import counter_env
 from rlstruct.batchers import Batcher, SerialBatcher
 from rlstruct.batchers.base import BatcherBase
 from rlstruct.errors import ConfigError
-from rlstruct.experiment import make_batcher
+from rlstruct.runs.layout import make_batcher
 
 cloudpickle.register_pickle_by_value(agents)
 cloudpickle.register_pickle_by_value(batcher_helpers)

@@ -110,7 +110,7 @@ def test_a_batcher_refuses_non_finite_weights_before_any_worker_sees_them():
 def test_the_finite_check_names_every_bad_key_of_any_dtype_and_never_a_large_finite_one():
     """The fast path sums each tensor; a sum that overflows (huge but finite weights) is checked
     element by element and accepted."""
-    from rlstruct.batchers.weights import check_finite
+    from rlstruct.parallel.weights import check_finite
 
     fine = {
         "huge": torch.full((4,), 3e38),  # its sum is inf in float32

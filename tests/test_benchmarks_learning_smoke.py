@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow  # worker processes or subprocesses throughout
 @pytest.mark.timeout(300)
 def test_learning_benchmark_quick(tmp_path: Path) -> None:
     if not (ROOT / "algos" / "ppo.py").exists():
-        pytest.skip("algos/ppo.py does not exist yet")
+        pytest.skip("rlstruct/algos/ppo.py does not exist yet")
     out = tmp_path / "learning.json"
     res = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "learning.py"), "--quick", "--algos", "ppo",
@@ -39,8 +39,9 @@ def test_learning_benchmark_quick(tmp_path: Path) -> None:
     row = rows["rlstruct/ppo"]
     assert len(row["runs"]) == 1  # --quick: one seed
     run = row["runs"][0]
-    # The runner reached algos.ppo.main() and read its summary (an error here is a plumbing bug
-    # of the benchmark or a broken algos/ppo.py: the traceback says which).
+    # The runner reached rlstruct.algos.ppo.main() and read its summary (an error here is a
+    # plumbing bug
+    # of the benchmark or a broken rlstruct/algos/ppo.py: the traceback says which).
     assert row["status"] == "ok", (run.get("error"), run.get("traceback"))
     assert run["seed"] == 0 and run["launch_to_exit"] > 0 and run["frames"] > 0
     assert isinstance(run["solved"], bool)

@@ -1,4 +1,4 @@
-"""rlstruct.checkpoint: atomic writes, a full disk, loading, RNG states, rebuilding a model."""
+"""rlstruct.runs.checkpoint: atomic writes, a full disk, loading, RNG states, rebuilding a model."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-import rlstruct.checkpoint as ck
+import rlstruct.runs.checkpoint as ck
 from rlstruct.errors import CheckpointError
-from rlstruct.logger import RunLogger
+from rlstruct.runs.logger import RunLogger
 
 
 def full_disk_after(n_bytes: int):
@@ -82,16 +82,16 @@ def test_build_model_from_a_recorded_constructor_and_unknown_classes():
 
 
 def test_a_class_of_a_script_run_as_a_module_is_named_by_that_module(monkeypatch):
-    # `python -m algos.dqn` defines its classes in __main__, which a later process (the
+    # `python -m rlstruct.algos.dqn` defines its classes in __main__, which a later process (the
     # evaluate command) cannot import: the recorded path names the module it was run as.
     import sys
     import types
 
-    from rlstruct.checkpoint import import_object, object_path
+    from rlstruct.runs.checkpoint import import_object, object_path
 
     cls = type("QNetwork", (), {"__module__": "__main__"})
     main = types.ModuleType("__main__")
-    main.__spec__ = types.SimpleNamespace(name="algos.dqn")
+    main.__spec__ = types.SimpleNamespace(name="rlstruct.algos.dqn")
     monkeypatch.setitem(sys.modules, "__main__", main)
-    assert object_path(cls) == "algos.dqn:QNetwork"
-    assert import_object("algos.dqn:QNetwork").__name__ == "QNetwork"
+    assert object_path(cls) == "rlstruct.algos.dqn:QNetwork"
+    assert import_object("rlstruct.algos.dqn:QNetwork").__name__ == "QNetwork"

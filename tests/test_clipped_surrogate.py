@@ -1,4 +1,4 @@
-"""Tests of rlstruct.functional.clipped_surrogate (APPO's and PPO's objective): known answers,
+"""Tests of rlstruct.learn.functional.clipped_surrogate (APPO's and PPO's objective): known answers,
 a python reference written from the case analysis of the paper, the gradient, errors."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlstruct.errors import ConfigError, ShapeError
-from rlstruct.functional import clipped_surrogate
+from rlstruct.learn.functional import clipped_surrogate
 
 # The `device` fixture (cpu, plus cuda when available) comes from tests/conftest.py.
 

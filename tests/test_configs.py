@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import tyro
 
-from algos import a2c, appo, dqn, impala, ppo, reinforce, sac, trpo
+from rlstruct.algos import a2c, appo, dqn, impala, ppo, reinforce, sac, trpo
 from rlstruct.errors import ConfigError
-from rlstruct.experiment import LayoutConfig
-from rlstruct.logger import config_to_dict
-from rlstruct.run import RunConfig
+from rlstruct.runs.layout import LayoutConfig
+from rlstruct.runs.logger import config_to_dict
+from rlstruct.runs.run import RunConfig
 
 ALGOS = {"ppo": ppo, "a2c": a2c, "dqn": dqn, "reinforce": reinforce, "impala": impala,
          "trpo": trpo, "sac": sac, "appo": appo}

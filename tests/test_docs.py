@@ -3,7 +3,7 @@
 - every public name (``__all__`` of the modules ``docs/gen_api.py`` documents: the core, the
   experiment layer the algorithms import, rlstruct.compat) has its entry in docs/api.md, and
   ``docs/gen_api.py --check`` finds nothing to regenerate;
-- every relative link of README.md, docs/*.md, algos/README.md and tutorials/ points to an
+- every relative link of README.md, docs/*.md, rlstruct/algos/README.md and tutorials/ points to an
   existing file INSIDE the repository, and every ``#anchor`` to a heading of the target page;
   no page names a path that leaves the repository (``../shared/...``) or a Markdown file that
   the repository does not hold (notes kept elsewhere, such as a ``STYLE.md``);

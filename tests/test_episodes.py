@@ -1,4 +1,5 @@
-"""rlstruct.episodes.EpisodeTracker on its own: auto-reset and episodic segments, keyed by env_id.
+"""rlstruct.runs.episodes.EpisodeTracker on its own: auto-reset and episodic segments, keyed by
+env_id.
 
 Known answers on hand-built segments (episodes across cuts, padding garbage, several ends per
 row, rows in any env order, rows that leave the batch, a reset mid-episode), then the tracker
@@ -13,7 +14,7 @@ from trajectory_builders import collect, steps
 
 from rlstruct import Agent, DictTensor, Trajectories
 from rlstruct.envs import GymEnv, GymEnvInf
-from rlstruct.episodes import EpisodeTracker
+from rlstruct.runs.episodes import EpisodeTracker
 
 
 def segment(env_id: list[int], lengths: list[int], **tensors: torch.Tensor) -> Trajectories:

@@ -1,4 +1,4 @@
-"""rlstruct.evaluation.Evaluator: evaluation episodes in a worker process, beside training.
+"""rlstruct.runs.evaluator.Evaluator: evaluation episodes in a worker process, beside training.
 
 The agent is slowed down (a sleep per step) so that "start() returns at once and the episodes
 play meanwhile" is a measurable claim; results are checked against the serial reference.
@@ -13,9 +13,9 @@ import torch
 
 from rlstruct import Agent, DictTensor, SerialBatcher
 from rlstruct.envs import GymEnv
-from rlstruct.episodes import EpisodeTracker
 from rlstruct.errors import DeviceContractError
-from rlstruct.evaluation import Evaluator
+from rlstruct.runs.episodes import EpisodeTracker
+from rlstruct.runs.evaluator import Evaluator
 
 REPEAT = "rlstruct/Repeat-v0"  # 10-step episodes, reward 1 per repeated symbol
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

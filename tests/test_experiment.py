@@ -12,7 +12,7 @@ from batcher_helpers import counter_env
 from rlstruct.batchers import Batcher, SerialBatcher
 from rlstruct.checks import CheckDevice
 from rlstruct.errors import ConfigError, DeviceContractError
-from rlstruct.experiment import LayoutConfig, make_batcher
+from rlstruct.runs.layout import LayoutConfig, make_batcher
 
 
 def build(device, n_processes, **kw):

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from rlstruct.errors import ConfigError, LearnerError
-from rlstruct.nets import MLPActorCritic
-from rlstruct.optim import FlatAdam, adam, flat_adam, gradient_step
+from rlstruct.learn.nets import MLPActorCritic
+from rlstruct.learn.optim import FlatAdam, adam, flat_adam, gradient_step
 
 
 def _loss(model: MLPActorCritic, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Tests of rlstruct.functional: known answers, python reference loops, identities, errors."""
+"""Tests of rlstruct.learn.functional: known answers, python reference loops, identities, errors."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rlstruct.errors import ConfigError, ShapeError
-from rlstruct.functional import (
+from rlstruct.learn.functional import (
     discounted_returns,
     gae,
     masked_mean,
@@ -510,7 +510,7 @@ def test_errors_masked_mean():
 
 
 def test_conjugate_gradient_solves_a_known_spd_system():
-    from rlstruct.functional import conjugate_gradient
+    from rlstruct.learn.functional import conjugate_gradient
 
     g = torch.Generator().manual_seed(0)
     m = torch.randn(12, 12, generator=g, dtype=torch.float64)

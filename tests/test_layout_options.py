@@ -12,7 +12,7 @@ from batcher_helpers import counter_env
 
 from rlstruct.batchers import Batcher
 from rlstruct.errors import ConfigError
-from rlstruct.experiment import LayoutConfig, make_batcher
+from rlstruct.runs.layout import LayoutConfig, make_batcher
 
 cloudpickle.register_pickle_by_value(agents)
 cloudpickle.register_pickle_by_value(batcher_helpers)
@@ -57,7 +57,7 @@ def test_a_bad_restart_budget_is_a_config_error_before_anything_starts(bad):
 
 
 def test_ray_actors_get_the_layouts_resources(monkeypatch):
-    ray_backend = pytest.importorskip("rlstruct.batchers.ray")
+    ray_backend = pytest.importorskip("rlstruct.batchers.ray.batcher")
     if ray_backend.ray is None:
         pytest.skip("Ray is not installed: pip install rlstruct[ray]")
     seen = {}

@@ -1,4 +1,5 @@
-"""Tests of rlstruct.learner.LearnerThread: back-pressure, failure propagation, bounded stop,
+"""Tests of rlstruct.learners.thread.LearnerThread: back-pressure, failure propagation, bounded
+stop,
 metrics, no leftover thread. Blocking is scripted with events, so only generous upper bounds on
 time are asserted (never that something is fast on a loaded machine)."""
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from rlstruct.errors import BatcherStateError, ConfigError, RLStructError
-from rlstruct.learner import LatestWeights, LearnerError, LearnerThread, LearnerTimeoutError
+from rlstruct.learners.thread import LatestWeights, LearnerError, LearnerThread, LearnerTimeoutError
 
 PREFIX = "test-learner-"
 _names = itertools.count()

@@ -12,19 +12,19 @@ import gymnasium as gym
 import pytest
 import torch
 
-from algos import sac, trpo
 from rlstruct import DictTensor, SerialBatcher
 from rlstruct import keys as K
-from rlstruct.distributions import space_spec
+from rlstruct.algos import sac, trpo
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
-from rlstruct.experiment import LayoutConfig
-from rlstruct.learner_base import under
-from rlstruct.learner_group import LearnerGroup
-from rlstruct.learner_rank import RankContext, algorithm_learn
-from rlstruct.nets import head_actor_critic
-from rlstruct.optim import adam, gradient_step
-from rlstruct.sampling import PolicyAgent
+from rlstruct.learn.distributions import space_spec
+from rlstruct.learn.nets import head_actor_critic
+from rlstruct.learn.optim import adam, gradient_step
+from rlstruct.learn.sampling import PolicyAgent
+from rlstruct.learners.base import under
+from rlstruct.learners.group import LearnerGroup
+from rlstruct.learners.rank import RankContext, algorithm_learn
+from rlstruct.runs.layout import LayoutConfig
 
 N_ROWS, N_SAMPLES = 32, 3
 
@@ -227,8 +227,9 @@ def test_torchrun_trpo_is_one_run_of_two_ranks(tmp_path):
     from test_learner_torchrun import ROOT, _run  # each command in its own, reaped, session
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "algos.trpo", "--max-frames", "4096", "--eval-every", "0", "--n-processes", "1",
-           "--n-envs", "4", "--n-timesteps", "256", "--runs-dir", str(tmp_path / "runs")]
+           "-m", "rlstruct.algos.trpo", "--max-frames", "4096", "--eval-every", "0",
+           "--n-processes", "1", "--n-envs", "4", "--n-timesteps", "256",
+           "--runs-dir", str(tmp_path / "runs")]
     [done] = _run([(cmd, {"PYTHONPATH": str(ROOT)})], cwd=tmp_path, timeout=240)
     assert done.returncode == 0, done.stdout
     [run_dir] = (tmp_path / "runs").iterdir()  # one run: rank 0's

@@ -1,4 +1,4 @@
-"""rlstruct.learner_group: data-parallel ranks on gloo (CPU) equal one learner on the full batch,
+"""rlstruct.learners.group: data-parallel ranks on gloo (CPU) equal one learner on the full batch,
 fail loudly and by name, and leave nothing behind; staging and sharding pieces in-process."""
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from rlstruct.errors import (
     LearnerTimeoutError,
     ShapeError,
 )
-from rlstruct.learner_group import LearnerGroup
-from rlstruct.learner_rank import RankContext
-from rlstruct.staging import DeviceStager, StagingRing, pack, split_rows, unpack
+from rlstruct.learners.group import LearnerGroup
+from rlstruct.learners.rank import RankContext
+from rlstruct.learners.staging import DeviceStager, StagingRing, pack, split_rows, unpack
 
 cloudpickle.register_pickle_by_value(learner_fns)
 
@@ -280,7 +280,7 @@ def test_staging_copies_on_a_cuda_side_stream():
 
 # ----------------------------------------------------------------------------- algorithms
 def test_layout_refuses_a_device_list_of_the_wrong_length():
-    from rlstruct.experiment import LayoutConfig
+    from rlstruct.runs.layout import LayoutConfig
 
     problems = LayoutConfig(n_learners=0, learner_devices="cpu,cpu").problems()
     assert any("n_learners must be >= 1" in p for p in problems)
@@ -292,8 +292,8 @@ def test_the_ray_learner_flags_parse_and_every_problem_is_listed(monkeypatch):
 
     import tyro
 
-    from algos import ppo
-    from rlstruct.experiment import LayoutConfig
+    from rlstruct.algos import ppo
+    from rlstruct.runs.layout import LayoutConfig
 
     real = importlib.util.find_spec
     # The flags parse the same with or without the ray extra: Ray counts as installed here
@@ -337,8 +337,8 @@ def test_a2c_and_impala_run_with_two_learner_ranks_from_the_command_line(algo, t
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_ppo_with_two_learner_ranks_solves_cartpole(tmp_path):
-    from algos import ppo
-    from rlstruct.experiment import LayoutConfig
+    from rlstruct.algos import ppo
+    from rlstruct.runs.layout import LayoutConfig
 
     cfg = ppo.Config(layout=LayoutConfig(learner_device="cpu", n_learners=2), eval_every=0,
                      max_frames=200_000, time_budget=840, runs_dir=str(tmp_path))
@@ -351,7 +351,7 @@ def test_ppo_with_two_learner_ranks_solves_cartpole(tmp_path):
 
 
 def test_reducer_reduces_buckets_during_backward_in_order(monkeypatch):
-    from rlstruct import learner_rank
+    from rlstruct.learners import rank as learner_rank
 
     launched: list[int] = []
 
@@ -382,8 +382,8 @@ def test_reducer_reduces_buckets_during_backward_in_order(monkeypatch):
 
 
 def test_torchrun_variables_and_layout_are_checked(monkeypatch, tmp_path):
-    from algos import ppo
-    from rlstruct.experiment import LayoutConfig
+    from rlstruct.algos import ppo
+    from rlstruct.runs.layout import LayoutConfig
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     for name in ("RANK", "MASTER_ADDR", "MASTER_PORT"):

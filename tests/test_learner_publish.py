@@ -18,9 +18,9 @@ from processes import children
 
 from rlstruct import Batcher, DictTensor
 from rlstruct import keys as K
-from rlstruct.batchers.weights import SharedWeights
 from rlstruct.errors import NonFiniteError
-from rlstruct.learner_group import LearnerGroup
+from rlstruct.learners.group import LearnerGroup
+from rlstruct.parallel.weights import SharedWeights
 
 cloudpickle.register_pickle_by_value(learner_fns)
 

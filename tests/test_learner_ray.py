@@ -1,4 +1,4 @@
-"""rlstruct.learner_ray: learner ranks as Ray actors on the local loopback cluster (a head node
+"""rlstruct.learners.ray: learner ranks as Ray actors on the local loopback cluster (a head node
 with 2 CPUs and a ``learner`` resource), beside nothing else: two ranks on half the rows each
 equal one learner on the whole batch, and failures are named by rank. Skipped without Ray."""
 
@@ -17,7 +17,7 @@ from rlstruct.errors import LearnerError
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install rlstruct[ray]")
 
-from rlstruct.learner_ray import RayLearnerGroup  # noqa: E402
+from rlstruct.learners.ray import RayLearnerGroup  # noqa: E402
 
 cloudpickle.register_pickle_by_value(learner_fns)
 pytestmark = pytest.mark.slow
@@ -91,7 +91,7 @@ def test_learner_ranks_and_a_rollout_batcher_share_the_cluster(cluster):
     from agents import DeterministicAgent
     from batcher_helpers import counter_env
 
-    from rlstruct.batchers.ray import RayBatcher
+    from rlstruct.batchers.ray.batcher import RayBatcher
 
     batcher = RayBatcher(4, DeterministicAgent, {"n_actions": 3}, counter_env,
                          {"n_envs": 2, "n_actions": 3}, n_processes=1, num_cpus_per_actor=1,
@@ -130,7 +130,7 @@ def test_ppo_places_its_learner_ranks_on_ray_from_its_flags(cluster, tmp_path):
 
     import tyro
 
-    from algos import ppo
+    from rlstruct.algos import ppo
 
     cfg = tyro.cli(ppo.Config, args=[
         "--learner-device", "cpu", "--backend", "ray", "--n-processes", "2", "--n-envs", "1",

@@ -28,11 +28,11 @@ PROBE = textwrap.dedent("""
     import torch
     import torch.distributed as dist
 
-    from algos import ppo
+    from rlstruct.algos import ppo
     from rlstruct import DictTensor
-    from rlstruct.experiment import LayoutConfig
-    from rlstruct.optim import flat_adam
-    from rlstruct.run import Run
+    from rlstruct.runs.layout import LayoutConfig
+    from rlstruct.learn.optim import flat_adam
+    from rlstruct.runs.run import Run
 
     def probe(model, optimizer, batch, cfg, step):
         state = optimizer.state_dict()["state"]
@@ -87,7 +87,7 @@ def _python(args: list[str], cwd: Path, timeout: float) -> str:
 
 @pytest.mark.timeout(400)
 def test_a_resumed_ppo_run_loads_the_checkpoint_into_every_learner_rank(tmp_path):
-    out = _python(["-m", "algos.ppo", "--n-learners", "2", "--learner-device", "cpu",
+    out = _python(["-m", "rlstruct.algos.ppo", "--n-learners", "2", "--learner-device", "cpu",
                    "--max-frames", "512", "--eval-every", "0", "--n-processes", "2",
                    "--n-envs", "2"], tmp_path, timeout=180)
     run_dir = tmp_path / out.split("outputs in ", 1)[1].splitlines()[0].strip()

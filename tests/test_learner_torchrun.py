@@ -1,4 +1,5 @@
-"""rlstruct.learner_torchrun: ``torchrun --nproc-per-node 2 -m algos.ppo`` is one run whose two
+"""rlstruct.learners.torchrun: ``torchrun --nproc-per-node 2 -m rlstruct.algos.ppo`` is one run
+whose two
 ranks learn on half the rows each; a rank that dies, raises or hangs is named by rank 0 within
 its deadline, and no process is left behind."""
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from rlstruct.learner_group import free_port
+from rlstruct.learners.group import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,8 +55,8 @@ def _group_alive(pgid: int) -> bool:
 @pytest.mark.timeout(300)
 def test_torchrun_ppo_is_one_run_whose_two_ranks_learn_on_half_the_rows(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "algos.ppo", "--max-frames", "4096", "--eval-every", "0", "--n-processes", "1",
-           "--n-envs", "4", "--runs-dir", str(tmp_path / "runs")]
+           "-m", "rlstruct.algos.ppo", "--max-frames", "4096", "--eval-every", "0",
+           "--n-processes", "1", "--n-envs", "4", "--runs-dir", str(tmp_path / "runs")]
     [done] = _run([(cmd, {"PYTHONPATH": str(ROOT)})], cwd=tmp_path, timeout=240)
     assert done.returncode == 0, done.stdout
     [run_dir] = list((tmp_path / "runs").iterdir())  # rank 0 alone writes a run folder
@@ -109,8 +110,8 @@ def test_a_failing_rank_is_named_by_rank_0_within_its_deadline(fault, expected, 
 @pytest.mark.timeout(400)
 def test_a_torchrun_run_resumes_with_every_rank_on_the_checkpoint(tmp_path):
     base = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-            "2", "-m", "algos.ppo", "--eval-every", "0", "--n-processes", "1", "--n-envs", "4",
-            "--runs-dir", str(tmp_path / "runs")]
+            "2", "-m", "rlstruct.algos.ppo", "--eval-every", "0", "--n-processes", "1",
+            "--n-envs", "4", "--runs-dir", str(tmp_path / "runs")]
     env = {"PYTHONPATH": str(ROOT)}
     [first] = _run([([*base, "--max-frames", "1024"], env)], cwd=tmp_path, timeout=180)
     assert first.returncode == 0, first.stdout

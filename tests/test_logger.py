@@ -1,4 +1,4 @@
-"""rlstruct.logger: the run directory, its files, checkpoints, progress lines, config.json and
+"""rlstruct.runs.logger: the run directory, its files, checkpoints, progress lines, config.json and
 the git commit it records (plots: tests/test_plotting.py)."""
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 import torch
 
-import rlstruct.logger as logger_module
+import rlstruct.runs.logger as logger_module
 from rlstruct.errors import ShapeError
-from rlstruct.logger import RunLogger, config_to_dict, git_commit
-from rlstruct.plotting import plot_runs
+from rlstruct.runs.logger import RunLogger, config_to_dict, git_commit
+from rlstruct.runs.plotting import plot_runs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -134,7 +134,7 @@ def test_git_commit_clean_and_dirty(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     assert git_commit(tmp_path) == "abc123"
     assert [c["cmd"][1] for c in calls] == ["rev-parse", "ls-files", "status"]
     assert all(c["cwd"] == tmp_path.resolve() and c["timeout"] <= 10 for c in calls)
-    fake_git(monkeypatch, (0, "abc123\n"), status=" M rlstruct/logger.py\n")
+    fake_git(monkeypatch, (0, "abc123\n"), status=" M rlstruct/runs/logger.py\n")
     assert git_commit(tmp_path) == "abc123-dirty"
 
 

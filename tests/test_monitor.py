@@ -1,4 +1,4 @@
-"""rlstruct.monitor: phase timing, cores busy of the process tree, memory, GPU columns.
+"""rlstruct.runs.monitor: phase timing, cores busy of the process tree, memory, GPU columns.
 
 CPU tests spin child processes (multiprocessing, killed and joined in each test). Nothing asserts
 a duration: CPU figures are compared with loose bounds that a loaded 2-core machine still meets
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from rlstruct.monitor import ResourceMonitor, resources_figure
-from rlstruct.run_folder import RunFolder
+from rlstruct.runs.folder import RunFolder
+from rlstruct.runs.monitor import ResourceMonitor, resources_figure
 
 CTX = mp.get_context("fork") if sys.platform.startswith("linux") else mp.get_context("spawn")
 

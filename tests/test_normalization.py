@@ -1,4 +1,4 @@
-"""RunningNorm (rlstruct.normalization): numpy's mean and variance over the stream, the
+"""RunningNorm (rlstruct.learn.normalization): numpy's mean and variance over the stream, the
 statistics in the state_dict (so batcher.update and checkpoints carry them)."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from rlstruct.distributions import make_head
 from rlstruct.errors import ConfigError, ShapeError
-from rlstruct.nets import HeadActorCritic
-from rlstruct.normalization import RunningNorm
+from rlstruct.learn.distributions import make_head
+from rlstruct.learn.nets import HeadActorCritic
+from rlstruct.learn.normalization import RunningNorm
 
 
 def test_statistics_equal_numpys_over_the_stream():

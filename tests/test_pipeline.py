@@ -11,10 +11,10 @@ from torch import nn
 
 from rlstruct.agent import Agent
 from rlstruct.batchers import Batcher
-from rlstruct.batchers.weights import SharedWeights, is_state_dict
 from rlstruct.dicttensor import DictTensor
 from rlstruct.envs.gym import GymEnvInf
 from rlstruct.errors import BatcherStateError, KeyMismatchError, ShapeError, WorkerError
+from rlstruct.parallel.weights import SharedWeights, is_state_dict
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,4 +1,5 @@
-"""rlstruct.plotting and ``python -m rlstruct plot``: what the curves show, and folders of runs."""
+"""rlstruct.runs.plotting and ``python -m rlstruct plot``: what the curves show, and folders of
+runs."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from rlstruct.__main__ import main as cli_main
-from rlstruct.logger import RunLogger
-from rlstruct.plotting import find_runs, is_run_dir, plot_runs, run_curves, select_runs
+from rlstruct.runs.logger import RunLogger
+from rlstruct.runs.plotting import find_runs, is_run_dir, plot_runs, run_curves, select_runs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -250,20 +250,23 @@ def test_without_ray_the_import_error_says_how_to_install(monkeypatch):
         exec("from rlstruct.batchers import RayBatcher", {})
     # A fresh import of the backend module itself works (doctest collection, API docs) and its
     # constructor says the same.
-    saved = sys.modules.pop("rlstruct.batchers.ray")
-    monkeypatch.setattr(batchers, "ray", saved, raising=False)  # undone after the test
+    names = ("rlstruct.parallel.ray", "rlstruct.batchers.ray.batcher")
+    saved = {name: sys.modules.pop(name) for name in names}
+    packages = (sys.modules["rlstruct.parallel"], sys.modules["rlstruct.batchers.ray"])
+    for package, name in zip(packages, ("ray", "batcher")):  # undone after the test
+        monkeypatch.setattr(package, name, saved[f"{package.__name__}.{name}"])
     try:
-        import rlstruct.batchers.ray as fresh
+        import rlstruct.batchers.ray.batcher as fresh
 
         assert fresh.ray is None
         with pytest.raises(ImportError, match=r"pip install rlstruct\[ray\]"):
             fresh.RayBatcher(2, DeterministicAgent, {}, counter_env, {"n_envs": 2})
     finally:
-        sys.modules["rlstruct.batchers.ray"] = saved
+        sys.modules.update(saved)
 
 
 def test_nothing_else_in_rlstruct_imports_ray():
-    backend = REPO / "rlstruct" / "batchers" / "ray.py"
+    backend = REPO / "rlstruct" / "parallel" / "ray.py"
     importers = []
     for path in sorted((REPO / "rlstruct").rglob("*.py")):
         if path == backend:
@@ -663,12 +666,12 @@ def test_every_actor_reports_its_cpu_time_and_the_monitor_counts_it(cluster, mon
     CPU time with every segment; actors outside the driver's process tree (here: made to look
     remote) are added to the monitor's workers."""
     import rlstruct.batchers.pool as pool
-    from rlstruct.monitor import ResourceMonitor
+    from rlstruct.runs.monitor import ResourceMonitor
 
     monkeypatch.setattr(pool.socket, "gethostname", lambda: "another-machine")
     monitor = ResourceMonitor(gpu=False)
-    before = pool.external_cpu_seconds()
     with RayBatcher(16, GlobalRNGAgent, {}, cartpole, {"n_envs": 4}, n_processes=2) as b:
+        monitor.watch(b)
         assert b.worker_cpu_seconds == 0.0
         b.reset()
         for _ in range(4):
@@ -676,10 +679,10 @@ def test_every_actor_reports_its_cpu_time_and_the_monitor_counts_it(cluster, mon
             b.get()
         used = b.worker_cpu_seconds
         assert used > 0
-        assert pool.external_cpu_seconds() - before == pytest.approx(used)
+        assert b.external_cpu_seconds() == pytest.approx(used)
         row = monitor.sample()
     assert row["cores_workers"] > 0
-    assert pool.external_cpu_seconds() - before == pytest.approx(used)  # kept after close
+    assert b.external_cpu_seconds() == pytest.approx(used)  # kept after close
 
 
 # ------------------------------------------------------------------------------ two nodes
@@ -898,8 +901,8 @@ def test_the_benchmark_runs(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_an_algorithm_runs_on_the_ray_backend(tmp_path, cluster):
-    from algos import ppo
-    from rlstruct.experiment import LayoutConfig
+    from rlstruct.algos import ppo
+    from rlstruct.runs.layout import LayoutConfig
 
     cfg = ppo.Config(
         layout=LayoutConfig(learner_device="cpu", n_processes=2, n_envs=2, backend="ray"),

@@ -23,8 +23,8 @@ from rlstruct.errors import (
     RLStructError,
     ShapeError,
 )
-from rlstruct.functional import td_targets
-from rlstruct.replay_buffer import ReplayBuffer
+from rlstruct.learn.functional import td_targets
+from rlstruct.learn.replay_buffer import ReplayBuffer
 
 SENTINEL = -1e9
 FRAME_PAD = 255

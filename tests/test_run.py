@@ -1,4 +1,5 @@
-"""rlstruct.run: RunConfig checks, and a Run's set-up, stop test, outputs, summary and teardown.
+"""rlstruct.runs.run: RunConfig checks, and a Run's set-up, stop test, outputs, summary and
+teardown.
 
 The loops below train nothing: a fixed agent on ``rlstruct/Repeat-v0`` (10-step episodes,
 reward 1 per repeated symbol) in one process (``n_processes=1``), so every number is known.
@@ -18,13 +19,13 @@ import pytest
 import torch
 from algo_runs import check_run_dir, evaluated_rows, read_rows
 
-import rlstruct.run as run_module
+import rlstruct.runs.run as run_module
 from rlstruct import Agent, DictTensor
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import BatcherStateError, CheckpointError, ConfigError
-from rlstruct.experiment import LayoutConfig
-from rlstruct.logger import git_commit
-from rlstruct.run import Run, RunConfig, env_dims, env_spaces
+from rlstruct.runs.layout import LayoutConfig
+from rlstruct.runs.logger import git_commit
+from rlstruct.runs.run import Run, RunConfig, env_dims, env_spaces
 
 REPEAT = "rlstruct/Repeat-v0"
 

@@ -17,8 +17,8 @@ import pytest
 from algo_runs import evaluated_rows, read_rows
 
 from rlstruct.errors import ConfigError
-from rlstruct.experiment import LayoutConfig
-from rlstruct.run import RunConfig
+from rlstruct.runs.layout import LayoutConfig
+from rlstruct.runs.run import RunConfig
 
 CORRIDOR = textwrap.dedent('''
     import gymnasium as gym
@@ -64,7 +64,7 @@ def test_every_config_problem_is_listed_at_once_before_any_folder(tmp_path):
 
 
 def test_an_algorithms_own_problems_are_listed_with_the_shared_ones():
-    from algos import impala, ppo
+    from rlstruct.algos import impala, ppo
 
     with pytest.raises(ConfigError) as info:
         ppo.Config(lr=0.0, n_epochs=0)
@@ -84,7 +84,7 @@ def test_env_modules_and_backends_are_checked_too():
 
 @pytest.mark.slow
 def test_the_command_line_exits_with_2_and_creates_nothing(tmp_path):
-    done = python(["-m", "algos.ppo", "--env-id", "Cartpole-v1", "--n-envs", "0", "--lr",
+    done = python(["-m", "rlstruct.algos.ppo", "--env-id", "Cartpole-v1", "--n-envs", "0", "--lr",
                    "-0.001", "--time-budget", "-5"], cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     for text in ("4 problem(s)", "lr must be", "time_budget", "n_envs", "'CartPole-v1'"):
@@ -100,7 +100,7 @@ def test_a_custom_env_trains_and_evaluates_from_the_command_line(tmp_path, form)
     flags = ["--env-module", "tmp_corridor", "--env-id", "TmpCorridor-v0"]
     if form == "module:Id":
         flags = ["--env-id", "tmp_corridor:TmpCorridor-v0"]
-    done = python(["-m", "algos.ppo", *flags, "--target-return", "None", "--max-frames",
+    done = python(["-m", "rlstruct.algos.ppo", *flags, "--target-return", "None", "--max-frames",
                    "30000", "--eval-every", "1", "--n-epochs", "2", "--n-processes", "2"],
                   cwd=tmp_path, extra_path=tmp_path, timeout=150)
     assert done.returncode == 0, done.stderr
@@ -116,7 +116,7 @@ def test_a_custom_env_trains_and_evaluates_from_the_command_line(tmp_path, form)
 @pytest.mark.slow
 def test_sigterm_ends_the_run_like_ctrl_c(tmp_path):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "algos.ppo", "--target-return", "None", "--max-frames",
+        [sys.executable, "-m", "rlstruct.algos.ppo", "--target-return", "None", "--max-frames",
          "100000000", "--time-budget", "120", "--checkpoint-every", "1000"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
@@ -163,7 +163,7 @@ def test_help_lists_every_command(capsys):
 def test_ppo_resumed_after_its_time_budget_carries_on_learning(tmp_path):
     import torch
 
-    flags = ["-m", "algos.ppo", "--target-return", "None", "--eval-every", "0",
+    flags = ["-m", "rlstruct.algos.ppo", "--target-return", "None", "--eval-every", "0",
              "--n-processes", "1"]
     # A frame cap no machine reaches in 12 s, so the first run ends on its time budget.
     first = python([*flags, "--max-frames", "3000000", "--time-budget", "12"], cwd=tmp_path,
@@ -208,7 +208,7 @@ def test_the_custom_env_example_runs(tmp_path):
 def test_a_custom_env_module_reaches_ray_actors(tmp_path):
     pytest.importorskip("ray", reason="the ray extra is not installed")
     (tmp_path / "tmp_corridor.py").write_text(CORRIDOR)
-    done = python(["-m", "algos.ppo", "--env-module", "tmp_corridor", "--env-id",
+    done = python(["-m", "rlstruct.algos.ppo", "--env-module", "tmp_corridor", "--env-id",
                    "TmpCorridor-v0", "--backend", "ray", "--n-processes", "2", "--eval-every",
                    "0", "--target-return", "None", "--max-frames", "3000"],
                   cwd=tmp_path, extra_path=tmp_path, timeout=240)
@@ -223,7 +223,8 @@ def test_a_custom_env_module_reaches_ray_actors(tmp_path):
                                   "sac", "ppo --n-learners 2"])
 def test_every_algorithms_checkpoint_is_evaluated_from_the_command_line(algo, tmp_path):
     # The model is rebuilt from the checkpoint alone: its recorded constructor must be
-    # importable (a class of `python -m algos.x` lives in __main__) and take plain values. A
+    # importable (a class of `python -m rlstruct.algos.x` lives in __main__) and take plain
+    # values. A
     # learner group's checkpoint holds rank 0's model under the same name, rebuilt the same way.
     algo, *extra = algo.split()
     frames = "600" if algo == "sac" else "2000"

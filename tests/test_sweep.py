@@ -1,7 +1,7 @@
-"""rlstruct.sweep: trials x sessions as subprocesses, summary, trial graphs, failures, kills.
+"""rlstruct.tools.sweep: trials x sessions as subprocesses, summary, trial graphs, failures, kills.
 
 Fast tests drive a fake algorithm (a module written to tmp_path, put on PYTHONPATH) that writes a
-run folder like Run does, fails, or hangs; the slow test sweeps the real algos.ppo.
+run folder like Run does, fails, or hangs; the slow test sweeps the real rlstruct.algos.ppo.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from rlstruct.errors import ConfigError
-from rlstruct.plotting import trial_curves
-from rlstruct.sweep import (
+from rlstruct.runs.plotting import trial_curves
+from rlstruct.tools.sweep import (
     SUMMARY_COLUMNS,
     main,
     override_flags,
@@ -137,7 +137,7 @@ def test_trial_curves_leave_a_gap_where_no_session_runs(tmp_path):
 
 def test_trial_figure_draws_the_longest_session(tmp_path):
     pytest.importorskip("matplotlib")
-    from rlstruct.plotting import trial_figure
+    from rlstruct.runs.plotting import trial_figure
 
     a = write_run(tmp_path / "a", [(0, 0.0), (100, 10.0)])
     b = write_run(tmp_path / "b", [(0, 0.0), (400, 40.0)])
@@ -180,7 +180,7 @@ def test_gpus_beyond_the_machine_are_refused_before_anything_starts(tmp_path, mo
 
 
 def test_ma_window_flag_reaches_the_sweep(monkeypatch):
-    import rlstruct.sweep as sweep_module
+    import rlstruct.tools.sweep as sweep_module
 
     seen = {}
     monkeypatch.setattr(sweep_module, "sweep", lambda *a, **kw: seen.update(kw) or [])
@@ -253,7 +253,7 @@ def test_timeout_kills_the_session_group(fake_algo, tmp_path):
 
 
 def test_interrupt_kills_running_sessions(fake_algo, tmp_path, monkeypatch):
-    import rlstruct.sweep as sweep_module
+    import rlstruct.tools.sweep as sweep_module
 
     calls = {"n": 0}
     real_sleep = sweep_module.time.sleep
@@ -277,7 +277,7 @@ def test_interrupt_kills_running_sessions(fake_algo, tmp_path, monkeypatch):
 @pytest.mark.timeout(400)
 def test_sweep_ppo_two_seeds_and_a_failing_trial(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
-    monkeypatch.chdir(REPO)  # python -m algos.ppo from the checkout
+    monkeypatch.chdir(REPO)  # python -m rlstruct.algos.ppo from the checkout
     out = tmp_path / "ppo"
     code = main([
         "ppo", "--seeds", "0", "1", "--trials", '[{}, {"n_epochs": 0}]', "--out", str(out),

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from rlstruct.errors import ConfigError
-from rlstruct.experiment import LayoutConfig, make_batcher
-from rlstruct.run import RunConfig
-from rlstruct.tune import (
+from rlstruct.runs.layout import LayoutConfig, make_batcher
+from rlstruct.runs.run import RunConfig
+from rlstruct.tools.tune import (
     AXES,
     AlgoSetup,
     BatcherMeasure,
@@ -29,7 +29,7 @@ from rlstruct.tune import (
     tune_algo,
     write_layout,
 )
-from rlstruct.tune.searches import paired_winner
+from rlstruct.tools.tune.searches import paired_winner
 
 GRID = candidate_grid(processes=(1, 2, 4), n_envs_options=(8, 16, 32, 64),
                       n_timesteps_options=(16, 32, 64), pipelines=(1, 2), devices=())
@@ -264,7 +264,7 @@ def test_bad_layout_files_are_refused(tmp_path, content, match):
 @pytest.mark.timeout(120)
 def test_real_tune_on_cartpole_writes_a_valid_layout(tmp_path, capsys):
     out = tmp_path / "tune.json"
-    code = main(["--algo", "algos.tuning:ppo", "--processes", "1,2", "--n-envs", "8",
+    code = main(["--algo", "rlstruct.algos.tuning:ppo", "--processes", "1,2", "--n-envs", "8",
                  "--n-timesteps", "16", "--pipeline", "1,2", "--devices", "none",
                  "--budget", "10", "--probe-s", "0.2", "--no-learner", "-o", str(out)])
     assert code == 0
@@ -365,7 +365,7 @@ def test_the_measure_runs_the_learner_on_every_batch():
 
 
 def test_tune_algo_measures_under_the_learner_with_the_batch_kept(monkeypatch):
-    import rlstruct.tune.measure as measure_module
+    import rlstruct.tools.tune.measure as measure_module
     from rlstruct.envs import GymEnvInf
 
     seen = {}
@@ -399,8 +399,8 @@ def test_tune_algo_measures_under_the_learner_with_the_batch_kept(monkeypatch):
 @pytest.mark.parametrize("spec, match", [
     ("ppo", "MODULE:FUNCTION"),
     ("no_such_module_xyz:ppo", "cannot import"),
-    ("algos.tuning:nope", "no function 'nope'"),
-    ("rlstruct.tune:candidate_grid", "failed: "),  # does not take the overrides
+    ("rlstruct.algos.tuning:nope", "no function 'nope'"),
+    ("rlstruct.tools.tune:candidate_grid", "failed: "),  # does not take the overrides
     ("builtins:dict", "returned dict, expected an AlgoSetup"),
 ])
 def test_the_command_line_names_the_algorithm_side(spec, match, capsys):
@@ -412,7 +412,7 @@ def test_the_command_line_names_the_algorithm_side(spec, match, capsys):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", ["ppo", "a2c", "impala"])
 def test_the_algorithms_hand_over_a_learn_step_that_trains(name):
-    from algos import tuning
+    from rlstruct.algos import tuning
 
     setup = getattr(tuning, name)(hidden=16)
     assert setup.name == name and setup.env_id == "CartPole-v1" and setup.batch_size > 0
@@ -432,7 +432,7 @@ def test_the_algorithms_hand_over_a_learn_step_that_trains(name):
 @pytest.mark.timeout(120)
 def test_real_tune_under_the_learner_keeps_the_batch(tmp_path, capsys):
     out = tmp_path / "tune.json"
-    code = main(["--algo", "algos.tuning:ppo", "--hidden", "16", "--processes", "1",
+    code = main(["--algo", "rlstruct.algos.tuning:ppo", "--hidden", "16", "--processes", "1",
                  "--n-envs", "8,16", "--devices", "none", "--keep-batch", "--budget", "8",
                  "--probe-s", "0.2", "-o", str(out)])
     assert code == 0

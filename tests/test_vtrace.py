@@ -1,4 +1,5 @@
-"""Tests of rlstruct.functional.vtrace: known answers, python reference, GAE(1) identity, errors."""
+"""Tests of rlstruct.learn.functional.vtrace: known answers, python reference, GAE(1) identity,
+errors."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from rlstruct.errors import ConfigError, ShapeError
-from rlstruct.functional import VTrace, gae, valid_mask, vtrace
+from rlstruct.learn.functional import VTrace, gae, valid_mask, vtrace
 
 GARBAGE = 1e9
 INF = float("inf")

@@ -1,5 +1,5 @@
 """A two-process torchrun world started by hand (the variables torchrun sets), for the fault
-tests of rlstruct.learner_torchrun: ``python tests/torchrun_fns.py FAULT`` with ``RANK``,
+tests of rlstruct.learners.torchrun: ``python tests/torchrun_fns.py FAULT`` with ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` set. Rank 0 learns three toy
 batches and prints ``OK <replica_spread>`` or ``ERROR <type> rank=<rank> <message>``; rank 1
 serves, and misbehaves on batch 1 as FAULT says (``none``, ``die``, ``raise``, ``hang``)."""
@@ -15,7 +15,7 @@ from torch import nn
 
 from rlstruct import DictTensor
 from rlstruct.errors import LearnerError, LearnerTimeoutError
-from rlstruct.learner_torchrun import TorchrunLearnerGroup, serve_rank, torchrun_rank
+from rlstruct.learners.torchrun import TorchrunLearnerGroup, serve_rank, torchrun_rank
 
 
 def make_model() -> nn.Module:

@@ -6,8 +6,8 @@ agent call per step for all of them), the segment length T, and whether the work
 next segment while the learner learns (pipeline 2). The best layout depends on the machine, on
 what else runs on it, on the env and on the model, so rlstruct measures it instead of guessing:
 
-    python -m rlstruct tune --algo algos.tuning:ppo --budget 60 --out tune.json   # shell
-    rlstruct.tune.tune(create_agent, agent_args, create_env, env_args, budget_s=60)  # Python
+    python -m rlstruct tune --algo rlstruct.algos.tuning:ppo --budget 60 --out tune.json   # shell
+    rlstruct.tools.tune.tune(create_agent, agent_args, create_env, env_args, budget_s=60)  # Python
 
 The tuner builds each candidate batcher, collects for a moment and reports steps/s, the cores
 the whole process tree kept busy, steps per CPU-second and the start-up time. It does not try
@@ -35,8 +35,8 @@ from torch import nn
 
 from rlstruct import Agent, DictTensor
 from rlstruct.envs import GymEnvInf
-from rlstruct.experiment import make_batcher
-from rlstruct.tune import candidate_grid, read_layout, tune, write_layout
+from rlstruct.runs.layout import make_batcher
+from rlstruct.tools.tune import candidate_grid, read_layout, tune, write_layout
 
 
 class Policy(Agent):

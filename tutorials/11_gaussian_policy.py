@@ -15,9 +15,10 @@ diagonal Gaussian: a network gives the mean, a free parameter the log-std, and t
    steps through time for a recurrent one and returns the same outputs).
 
 The learning rule is PPO's clipped surrogate on GAE advantages, a few epochs per batch. Then the
-same policy is built from the library's pieces (``rlstruct.distributions.make_head``,
-``rlstruct.nets.HeadActorCritic``, ``rlstruct.sampling.PolicyAgent``): what ``algos/ppo.py``,
-``algos/a2c.py`` and ``algos/trpo.py`` use for any action space.
+same policy is built from the library's pieces (``rlstruct.learn.distributions.make_head``,
+``rlstruct.learn.nets.HeadActorCritic``, ``rlstruct.learn.sampling.PolicyAgent``): what
+``rlstruct/algos/ppo.py``,
+``rlstruct/algos/a2c.py`` and ``rlstruct/algos/trpo.py`` use for any action space.
 
 Run: python tutorials/11_gaussian_policy.py   (about 15 seconds on a CPU)
 """
@@ -32,11 +33,11 @@ from torch import nn
 
 from rlstruct import Agent, DictTensor, SerialBatcher, replay_agent, replay_agent_stateless
 from rlstruct import functional as F
-from rlstruct.distributions import make_head
 from rlstruct.envs import GymEnvInf
-from rlstruct.episodes import EpisodeTracker
-from rlstruct.nets import HeadActorCritic
-from rlstruct.sampling import PolicyAgent
+from rlstruct.learn.distributions import make_head
+from rlstruct.learn.nets import HeadActorCritic
+from rlstruct.learn.sampling import PolicyAgent
+from rlstruct.runs.episodes import EpisodeTracker
 
 N_ENVS, T, ITERATIONS = 16, 64, 40  # 16 x 64 = 1024 steps per batch; 41k steps in all
 GAMMA, LAMBDA, CLIP, EPOCHS, MINIBATCH, LR = 0.9, 0.95, 0.2, 10, 256, 1e-3
@@ -150,7 +151,8 @@ def main() -> None:
                       f"{recent:7.1f}, std {model.log_std.exp().item():.2f}, "
                       f"samples outside [-1, 1] {outside:4.0%}, loss {loss:+.3f}")
     print(f"{ITERATIONS} iterations in {time.perf_counter() - started:.1f} s; a random policy "
-          "scores about -1200 (algos/trpo.py and algos/ppo.py go on to about -200)")
+          "scores about -1200 (rlstruct/algos/trpo.py and rlstruct/algos/ppo.py go on to about "
+          "-200)")
 
     # The same policy from the library's pieces: a head picked from the action space.
     space = spaces.Box(-MAX_TORQUE, MAX_TORQUE, (1,), np.float32)

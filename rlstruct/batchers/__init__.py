@@ -16,13 +16,14 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from rlstruct.batchers.multiprocess import Batcher
+from rlstruct.batchers.process.batcher import Batcher
 from rlstruct.batchers.restart import RestartPolicy
 from rlstruct.batchers.serial import SerialBatcher
 
 __all__ = ["Batcher", "RestartPolicy", "SerialBatcher"]
 
-#: What the ImportError says when Ray is missing (the same words as rlstruct.batchers.ray's).
+#: What the ImportError says when Ray is missing (the same words as
+# rlstruct.batchers.ray.batcher's).
 _RAY_HINT = "RayBatcher needs Ray, an optional extra: pip install rlstruct[ray]"
 
 
@@ -32,9 +33,9 @@ def __getattr__(name: str) -> Any:
         # find_spec imports nothing (and says None for a module blocked in sys.modules).
         if importlib.util.find_spec("ray") is None:
             raise ImportError(_RAY_HINT, name="ray")
-        from rlstruct.batchers import ray as backend
+        from rlstruct.batchers.ray import batcher as backend
 
         if backend.ray is None:  # installed but broken: say why
-            raise ImportError(f"{_RAY_HINT} ({backend.RAY_IMPORT_ERROR})", name="ray")
+            backend.require_ray("RayBatcher")
         return backend.RayBatcher
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

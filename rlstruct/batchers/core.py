@@ -3,7 +3,8 @@
 A :class:`WorkerCore` builds the worker's env, agent and :class:`~rlstruct.batchers.rollout.Rollout`
 from a :class:`CoreSpec`, applies weight and info updates, resets, and collects one segment into
 a :class:`~rlstruct.batchers.buffer.SlotBuffer`. The process worker's pipe loop
-(:mod:`rlstruct.batchers.worker`) serves it, and the Ray actor (:mod:`rlstruct.batchers.ray_actor`)
+(:mod:`rlstruct.batchers.process.worker`) serves it, and the Ray actor
+(:mod:`rlstruct.batchers.ray.actor`)
 wraps it: both backends build, seed, load and collect with the same lines, so they return the
 same data for the same seeds.
 
@@ -36,9 +37,9 @@ from rlstruct.batchers.buffer import SlotBuffer
 from rlstruct.batchers.rollout import Rollout, StepContext
 from rlstruct.batchers.seeding import seed_global_rngs
 from rlstruct.batchers.serial import make_env_on
-from rlstruct.batchers.transport import from_cpu_bytes
 from rlstruct.dicttensor import DictTensor
 from rlstruct.envs.base import VecEnv
+from rlstruct.parallel.transport import from_cpu_bytes
 
 __all__ = ["CoreSpec", "WorkerCore", "error_payload"]
 

@@ -26,7 +26,6 @@ import inspect
 import os
 import socket
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -42,14 +41,14 @@ from rlstruct.batchers.rollout import infer_specs
 from rlstruct.batchers.rows import broadcast_rows
 from rlstruct.batchers.seeding import env_seed_bases, isolated_rngs
 from rlstruct.batchers.validation import check_picklable, find_non_cpu
-from rlstruct.batchers.weights import WeightSpecs, is_state_dict
-from rlstruct.batchers.weights import check_finite as check_finite_weights
 from rlstruct.dicttensor import DeviceLike, DictTensor
 from rlstruct.envs.base import VecEnv
 from rlstruct.errors import ConfigError, WorkerError, WorkerTimeoutError
+from rlstruct.parallel.weights import WeightSpecs, is_state_dict
+from rlstruct.parallel.weights import check_finite as check_finite_weights
 from rlstruct.trajectories import Trajectories
 
-__all__ = ["WorkerPool", "pool_arguments", "worker_error", "external_cpu_seconds", "CLOSE_GRACE_S"]
+__all__ = ["WorkerPool", "pool_arguments", "worker_error", "CLOSE_GRACE_S"]
 
 #: Seconds ``close`` gives workers to leave by themselves (closing their envs and agent) before
 #: the next, harder step (SIGTERM then SIGKILL for a process, ``ray.kill`` for an actor).
@@ -97,21 +96,6 @@ def pool_arguments(init: _Init) -> _Init:
         shared + own, return_annotation=inspect.signature(init).return_annotation
     )
     return init
-
-
-#: The live pools (for :func:`external_cpu_seconds`), and the external CPU seconds of pools that
-#: were closed, so that the total never goes down.
-_POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
-_CLOSED_EXTERNAL_CPU = [0.0]
-
-
-def external_cpu_seconds() -> float:
-    """CPU seconds used so far by the workers of this process's batchers that run OUTSIDE its
-    process tree (Ray actors of another machine, or of a cluster this process did not start),
-    as the workers reported them with their segments; a process-tree meter (the resource
-    monitor) adds them to what it measures itself, so it counts workers wherever they run.
-    Never decreases (closed batchers keep their share)."""
-    return _CLOSED_EXTERNAL_CPU[0] + sum(pool._external_cpu() for pool in list(_POOLS))
 
 
 class WorkerPool(BatcherBase):
@@ -194,7 +178,6 @@ class WorkerPool(BatcherBase):
         self._worker_cpu = [0.0] * n_processes  # CPU seconds each worker reported last
         self._external = [False] * n_processes  # runs outside this process tree
         self._retired_cpu = [0.0, 0.0]  # (all, external) of the workers that were replaced
-        _POOLS.add(self)
         self._start(device, step_specs, info_specs)
         self._n_running: int | None = None
         self._phase = Phase.NEW
@@ -257,7 +240,12 @@ class WorkerPool(BatcherBase):
         (replaced workers included)."""
         return self._retired_cpu[0] + sum(self._worker_cpu)
 
-    def _external_cpu(self) -> float:
+    def external_cpu_seconds(self) -> float:
+        """CPU seconds used so far by this batcher's workers that run OUTSIDE this process's
+        tree (Ray actors of another machine, or of a cluster this process did not start), as
+        the workers reported them with their segments. A process-tree meter cannot see them:
+        :meth:`rlstruct.runs.monitor.ResourceMonitor.watch` adds them. Never decreases
+        (replaced workers and a closed batcher keep their share)."""
         live = sum(c for c, ext in zip(self._worker_cpu, self._external) if ext)
         return self._retired_cpu[1] + live
 
@@ -278,12 +266,6 @@ class WorkerPool(BatcherBase):
         if self._external[w]:
             self._retired_cpu[1] += self._worker_cpu[w]
         self._worker_cpu[w], self._external[w] = 0.0, False
-
-    def _close_accounting(self) -> None:
-        """The batcher closes: its external CPU moves to the closed batchers' total."""
-        if self in _POOLS:
-            _CLOSED_EXTERNAL_CPU[0] += self._external_cpu()
-            _POOLS.discard(self)
 
     def _core_fields(self, w: int, env_seed: int, device: str) -> dict[str, Any]:
         """The :class:`~rlstruct.batchers.core.CoreSpec` fields of worker ``w`` (a backend's

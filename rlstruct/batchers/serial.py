@@ -19,12 +19,12 @@ from rlstruct.batchers.buffer import SlotBuffer
 from rlstruct.batchers.rollout import Rollout, infer_specs
 from rlstruct.batchers.rows import broadcast_rows
 from rlstruct.batchers.seeding import RNGStreams, env_seed_bases, isolated_rngs
-from rlstruct.batchers.transport import cpu_copy
-from rlstruct.batchers.weights import check_finite as check_finite_weights
-from rlstruct.batchers.weights import is_state_dict
 from rlstruct.dicttensor import DeviceLike, DictTensor, _same_device
 from rlstruct.envs.base import VecEnv
 from rlstruct.errors import ConfigError
+from rlstruct.parallel.transport import cpu_copy
+from rlstruct.parallel.weights import check_finite as check_finite_weights
+from rlstruct.parallel.weights import is_state_dict
 from rlstruct.trajectories import Trajectories
 
 __all__ = ["SerialBatcher", "make_env_on"]

@@ -1,4 +1,0 @@
-"""Reference algorithms written with rlstruct: one readable, runnable file each.
-
-Conventions (Config, main(), tests, speed targets): see algos/README.md.
-"""

@@ -1,0 +1,4 @@
+"""Reference algorithms written with rlstruct: one readable, runnable file each.
+
+Conventions (Config, main(), tests, speed targets): see rlstruct/algos/README.md.
+"""

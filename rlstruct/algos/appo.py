@@ -1,0 +1,235 @@
+"""APPO: PPO's clipped objective with V-trace targets, learning while the workers collect.
+
+Three things run at once, as in IMPALA (rlstruct/algos/impala.py) with ``--queue 1``; by default
+(``--queue 0``) the main thread drives and learns, and the workers collect meanwhile:
+
+1. **Collect** (worker processes): a pipelined batcher (``--pipeline 2``) streams segments of
+   ``T`` steps from ``B`` auto-reset envs; the agent stores the sampled ``action`` and its
+   behaviour log-probability ``logp`` under mu, the policy that acted (a few updates old).
+2. **Learn** (the main thread, while the pipelined workers collect the next segment: one update
+   of lag; ``--queue N``: a :class:`~rlstruct.learners.thread.LearnerThread` N segments behind at
+   most,
+   about N + 2 updates of lag), per segment:
+
+   - the current policy pi_old and critic V value the segment once (no gradient); V-trace
+     (``F.vtrace``) corrects for mu != pi_old with ``log_rho = log pi_old(a) - log mu(a)``,
+     truncated at ``rho_bar`` / ``c_bar``, and gives the value targets ``v_t`` and the
+     policy-gradient advantages ``A_t = rho_t (r_t + gamma v_{t+1} - V(x_t))``; terminated
+     steps do not bootstrap, truncated steps and segment cuts bootstrap from V of the TRUE
+     next observation;
+   - ``n_epochs`` passes over the segment's valid steps in shuffled minibatches minimise
+     ``-min(r A, clip(r, 1-eps, 1+eps) A) + vf_coef 0.5 (V - v)^2 - ent_coef H`` with
+     ``r = pi(a) / mu(a)`` (``F.clipped_surrogate``; A normalised per minibatch): many steps
+     per segment, as PPO takes, where IMPALA takes one. The trust region is centred on mu, the
+     policy that collected the segment, not on pi_old: the updates made since mu acted count
+     against the clip range, so a learner that is k updates ahead of its data cannot push the
+     same way k more times (centred on pi_old, the entropy collapsed within 10 segments at a
+     lag of 3 updates, see docs/algorithms.md);
+   - the learner publishes a CPU copy of its weights (``LatestWeights``).
+3. **Drive** (the main thread): takes each finished segment, records episodes, learns on it or
+   hands it to the learner thread (``put`` waits while it is ``--queue`` segments behind) and
+   passes the newest weights to the batcher and the evaluator.
+
+Like IMPALA, runs are not bitwise reproducible: which weights collect which segment depends on
+timing.
+
+Run: ``python -m rlstruct.algos.appo --help``; ``python -m rlstruct.algos.appo --seed 1``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import torch
+import tyro
+from torch import Tensor
+
+from rlstruct import Agent, DictTensor, LearnerThread, Trajectories, replay_agent_stateless
+from rlstruct import functional as F
+from rlstruct import keys as K
+from rlstruct.envs import GymEnvInf
+from rlstruct.learn.nets import MLPActorCritic
+from rlstruct.learn.optim import flat_adam, gradient_step
+from rlstruct.learn.sampling import ActorAgent, greedy_info
+from rlstruct.learners.thread import LatestWeights
+from rlstruct.runs.layout import LayoutConfig
+from rlstruct.runs.run import Run, RunConfig
+
+
+@dataclass
+class Config(RunConfig):
+    """APPO: clipped PPO with V-trace targets on a pipelined batcher (see
+    rlstruct/algos/appo.py)."""
+
+    max_frames: int = 150_000
+    gamma: float = 0.98
+    anneal_lr: bool = True
+    """decay the learning rate linearly from lr to 0 over max_frames (frames learned)"""
+    n_epochs: int = 10
+    """passes over each segment (10 over 2 x 16 envs x 32 steps: half the gradient steps per
+    frame of 20 over 2 x 8 envs, in about as many frames; docs/algorithms.md)"""
+    minibatch_size: int = 256
+    """transitions per gradient step"""
+    clip_coef: float = 0.2
+    """eps: the ratio pi / mu (mu: the policy that collected) is clipped to [1 - eps, 1 + eps]"""
+    vf_coef: float = 0.5
+    """weight of the value loss"""
+    ent_coef: float = 0.0
+    """weight of the entropy bonus"""
+    rho_bar: float = 1.0
+    """V-trace: truncation of the importance weights pi_old / mu in targets and advantages"""
+    c_bar: float = 0.8
+    """V-trace: truncation of the trace coefficients (below 1 it also shortens the traces
+    on-policy, like GAE's lambda)"""
+    queue: int = 0
+    """0: learn in the main thread while the pipelined workers collect the next segment (one
+    update of lag); N: in a learner thread, which collection waits for when N segments behind"""
+    layout: Annotated[LayoutConfig, tyro.conf.OmitArgPrefixes] = field(
+        default_factory=lambda: LayoutConfig(pipeline=2, n_envs=16)
+    )
+    """where each part runs (APPO pipelines by default, 16 envs per worker: cheaper frames)"""
+
+    def problems(self) -> list[str]:  # listed with the shared fields' problems, all at once
+        problems = super().problems() + [f"{name} must be >= 1, got {getattr(self, name)}"
+                    for name in ("n_epochs", "minibatch_size") if getattr(self, name) < 1]
+        if self.queue < 0:
+            problems.append(f"queue must be >= 0 (0: no learner thread), got {self.queue}")
+        if not 0 < self.clip_coef < 1:
+            problems.append(f"clip_coef must be in (0, 1), got {self.clip_coef}")
+        if not (self.rho_bar > 0 and self.c_bar > 0):
+            problems.append(f"rho_bar and c_bar must be > 0, got {self.rho_bar} and {self.c_bar}")
+        if self.layout.pipeline < 2:
+            problems.append(f"APPO learns while the workers collect: need --pipeline >= 2, got "
+                            f"{self.layout.pipeline}")
+        return problems
+
+
+# --------------------------------------------------------------------------------------- model
+ActorCritic = MLPActorCritic  # separate actor and critic MLPs (rlstruct/learn/nets.py)
+
+
+# --------------------------------------------------------------------------------------- agent
+def BehaviourAgent(model: ActorCritic) -> ActorAgent:  # noqa: N802 - a create_agent factory
+    """Samples ``a ~ softmax(logits)`` (the argmax with ``agent_info["greedy"]``) and stores
+    ``action`` and its behaviour log-probability ``logp``; replayed on the learner (through
+    ``CheckDevice`` with ``--check-devices``) it returns differentiable ``logits`` and ``value``."""
+    return ActorAgent(model, store_value=False)
+
+
+# --------------------------------------------------------------------------------------- loss
+def vtrace_batch(model: ActorCritic, traj: Trajectories, cfg: Config) -> tuple[DictTensor, Tensor]:
+    """The segment's ``N`` valid steps as transitions with the behaviour ``logp`` (mu), the
+    V-trace ``advantage`` and value ``target`` under the current policy pi_old; and the
+    importance weights ``pi_old / mu`` of the valid steps, ``(N,)``. One batched forward pass,
+    no gradient."""
+    steps = traj.trajectories
+    shape = steps[K.NEXT_REWARD].shape
+    with torch.no_grad():
+        logits, value = model(steps[K.OBS_FRAME].flatten(0, 1))
+        next_value = model.value(steps[K.NEXT_FRAME].flatten(0, 1)).view(shape)
+        logp = F.categorical_log_prob(logits, steps[K.STORED_ACTION].flatten(0, 1)).view(shape)
+    log_rho = logp - steps[K.STORED_LOGP]
+    targets, advantages = F.vtrace(
+        steps[K.NEXT_REWARD], value.view(shape), next_value, steps[K.NEXT_TERMINATED],
+        steps[K.NEXT_TRUNCATED], steps.lengths, log_rho, cfg.gamma, cfg.rho_bar, cfg.c_bar,
+    )
+    batch = steps.get([K.OBS_FRAME, K.STORED_ACTION, K.STORED_LOGP])
+    batch.set("advantage", advantages)
+    batch.set("target", targets)
+    return batch.to_transitions(), log_rho.exp()[steps.mask()]
+
+
+def appo_loss(agent: Agent, minibatch: DictTensor, cfg: Config) -> tuple[Tensor, dict[str, Tensor]]:
+    """The APPO loss of a minibatch of transitions; returns ``(loss, detached stats)``."""
+    new = replay_agent_stateless(agent, minibatch)
+    logp = F.categorical_log_prob(new["logits"], minibatch[K.STORED_ACTION])
+    advantage = F.normalize_advantages(minibatch["advantage"])
+    policy = F.clipped_surrogate(logp, minibatch[K.STORED_LOGP], advantage, cfg.clip_coef).mean()
+    values = 0.5 * (new[K.VALUE] - minibatch["target"]).square().mean()
+    logits = new["logits"] if cfg.ent_coef else new["logits"].detach()  # no unused backward
+    entropy = F.categorical_entropy(logits).mean()
+    loss = policy + cfg.vf_coef * values - cfg.ent_coef * entropy
+    with torch.no_grad():
+        ratio = (logp - minibatch[K.STORED_LOGP]).exp()
+        clipped = ((ratio - 1).abs() > cfg.clip_coef).float().mean()
+    stats = {"policy_loss": policy.detach(), "value_loss": values.detach(),
+             "entropy": entropy.detach(), "clip_fraction": clipped}
+    return loss, stats
+
+
+class Learner:
+    """What the learner thread runs on each segment: V-trace targets, ``n_epochs`` of
+    minibatch steps, then a CPU copy of the weights in ``weights`` for the main thread. ``agent``
+    is the learner's ``BehaviourAgent`` from ``run.learner``."""
+
+    def __init__(self, agent: Agent, cfg: Config, device: torch.device) -> None:
+        self.agent, self.model, self.cfg, self.device = agent, agent.model, cfg, device
+        # one flat buffer for the weights: zero, clip and update are a few operations in all
+        self.optimizer = flat_adam(self.model.parameters(), cfg.lr, device, eps=1e-5)
+        self.weights = LatestWeights()
+        self.frames = 0  # learned so far: the learning rate anneals over them
+        self.thread: LearnerThread | None = None
+
+    def __call__(self, traj: Trajectories) -> dict[str, float]:
+        cfg = self.cfg
+        self.frames += int(traj.lengths.sum())
+        lr = cfg.lr * max(0.0, 1 - self.frames / cfg.max_frames) if cfg.anneal_lr else cfg.lr
+        self.optimizer.param_groups[0]["lr"] = lr
+        batch, rho = vtrace_batch(self.model, traj.to(self.device), cfg)
+        totals: dict[str, Tensor] = {}
+        for _ in range(cfg.n_epochs):
+            totals = {}
+            order = torch.randperm(batch.n_elems(), device=batch.device())
+            for rows in order.split(cfg.minibatch_size):
+                loss, stats = appo_loss(self.agent, batch.index(rows), cfg)
+                gradient_step(self.optimizer, loss, cfg.max_grad_norm)
+                totals = {k: totals.get(k, 0.0) + v for k, v in stats.items()}
+        self.weights.put(self.model.state_dict())
+        if self.thread is not None:
+            self.thread.count_publication()
+        n = math.ceil(batch.n_elems() / cfg.minibatch_size)
+        clipped = float((rho > cfg.rho_bar * (1 + 1e-4)).float().mean())
+        return {**{k: float(v) / n for k, v in totals.items()}, "lr": lr,
+                "rho_mean": float(rho.mean()), "rho_clipped": clipped}
+
+
+# --------------------------------------------------------------------------------------- main
+def main(cfg: Config) -> dict[str, Any]:
+    """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
+    with Run("appo", cfg) as run:
+        model = run.model(ActorCritic, run.obs_dim, run.n_actions, cfg.hidden)  # on the CPU
+        batcher = run.training_batcher(BehaviourAgent, {"model": model}, GymEnvInf,
+                                       cfg.n_timesteps)
+        run.evaluator(BehaviourAgent, {"model": model}, agent_info=greedy_info())
+        latest = {k: v.clone() for k, v in model.state_dict().items()}
+        learner = Learner(run.learner(BehaviourAgent(model)), cfg, run.device)
+        run.checkpoint_state(model=model, optimizer=learner.optimizer)
+        thread = LearnerThread(learner, cfg.queue, name="appo-learner") if cfg.queue else None
+        with thread or contextlib.nullcontext():
+            learner.thread = thread
+            # 1. The workers stream segments; the loop ends when the stop test fires.
+            for traj in run.segments(batcher):
+                # 2. Learn: the thread takes the segment (waiting while cfg.queue are queued);
+                #    or the main thread learns on it while the workers collect the next one.
+                if thread is None:
+                    stats = learner(traj)
+                else:
+                    thread.put(traj, size=int(traj.lengths.sum()))
+                # 3. The newest weights collect the next segments and run the evaluation.
+                weights = learner.weights.take()
+                if weights is not None:
+                    latest = weights
+                    run.publish(batcher, weights)  # pipelined: an update, no execute
+                if thread is not None:
+                    m = thread.metrics()
+                    stats = {"learned": m["batches_learned"], "queue": m["queue_size_mean"],
+                             **{k[6:]: v for k, v in m.items() if k.startswith("learn/")}}
+                run.end_iteration(latest, **stats)
+    return run.summary
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Config))

@@ -1,0 +1,249 @@
+"""DQN (Mnih et al., 2015) with the double (van Hasselt et al., 2016) and dueling (Wang et
+al., 2016) variants, on auto-reset ``GymEnvInf`` segments.
+
+Each iteration takes a segment of ``B x T`` steps from the batcher (epsilon-greedy, epsilon passed
+PER ROW in ``agent_info``), stores its valid steps in a ``ReplayBuffer`` on the learner device,
+starts the next segment with ``run.publish`` (the new weights and epsilon; worker processes,
+if any, collect it while we learn), then takes ``updates_per_batch`` gradient steps on uniform
+samples of the buffer:
+
+    y    = r + gamma (1 - terminated) Q_target(s', a*)      (F.td_targets)
+    a*   = argmax_a Q(s', a) with --double, argmax_a Q_target(s', a) without
+    loss = Huber(Q(s, a) - y)
+
+A truncated step bootstraps like any other, from the TRUE final observation
+(``_observation/frame``); only termination removes the bootstrap. Every ``target_update_every``
+gradient steps the target network moves towards the online one: ``target <- tau online +
+(1 - tau) target`` (``tau=1``: hard copies; ``--tau 0.005 --target-update-every 1``: Polyak).
+
+Run: ``python -m rlstruct.algos.dqn --help``; ``python -m rlstruct.algos.dqn --seed 1 --dueling``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import tyro
+from torch import Tensor, nn
+
+from rlstruct import Agent, DictTensor, Trajectories, replay_agent_stateless
+from rlstruct import functional as F
+from rlstruct import keys as K
+from rlstruct.envs import GymEnvInf
+from rlstruct.learn.optim import Optimizer, flat_adam, gradient_step
+from rlstruct.learn.replay_buffer import ReplayBuffer
+from rlstruct.runs.run import Run, RunConfig
+
+STORED_KEYS = (K.OBS_FRAME, K.STORED_ACTION, K.NEXT_FRAME, K.NEXT_REWARD, K.NEXT_TERMINATED,
+               K.NEXT_TRUNCATED)
+
+
+@dataclass
+class Config(RunConfig):
+    """DQN with double/dueling options, hard or soft target updates (see rlstruct/algos/dqn.py).
+
+    The defaults solve CartPole-v1 in about 30k gradient steps, and the gradient steps are
+    what costs time on a CPU. Hence a small net, 1 step per 4 frames (frames are cheap: B=16
+    envs x T=16 steps cost a few ms), a buffer that keeps the rare failures of good policies
+    (the whole run fits in it), and hard target copies every 256 steps (more often diverged).
+    """
+
+    n_timesteps: int = 16
+    max_grad_norm: float = 10.0
+    double: bool = True
+    """double DQN: the online network picks a*, the target network evaluates it"""
+    dueling: bool = False
+    """dueling head: Q = V + A - mean(A)"""
+    buffer_size: int = 200_000
+    """replay buffer capacity (transitions)"""
+    batch_size: int = 128
+    """transitions per gradient step"""
+    learning_starts: int = 1_000
+    """frames collected before the first gradient step"""
+    updates_per_batch: int = 64
+    """gradient steps per collected segment"""
+    target_update_every: int = 256
+    """gradient steps between target updates"""
+    tau: float = 1.0
+    """target update rate (1: hard copy; 0.005 with target_update_every 1: Polyak)"""
+    eps_start: float = 1.0
+    """epsilon at the start of the linear schedule"""
+    eps_end: float = 0.05
+    """epsilon at the end of the schedule"""
+    eps_frames: int = 10_000
+    """frames over which epsilon decays linearly"""
+    eps_spread: float = 0.0
+    """per-row spread: row i uses eps^(1 + spread i / (B - 1))"""
+
+
+# --------------------------------------------------------------------------------------- model
+class QNetwork(nn.Module):
+    """``Q(s, .)``: a two-layer ReLU MLP, with a plain or a dueling head."""
+
+    def __init__(self, obs_dim: int, n_actions: int, hidden: int, dueling: bool) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU()
+        )
+        self.advantage = nn.Linear(hidden, n_actions)
+        self.value = nn.Linear(hidden, 1) if dueling else None
+
+    def forward(self, frame: Tensor) -> Tensor:
+        x = self.body(frame.flatten(1).float())
+        if self.value is None:
+            return self.advantage(x)
+        advantage = self.advantage(x)
+        # Subtracting the mean makes V and A identifiable (Wang et al., eq. 9).
+        return self.value(x) + advantage - advantage.mean(-1, keepdim=True)
+
+
+# --------------------------------------------------------------------------------------- agent
+class QAgent(Agent):
+    """Epsilon-greedy on ``Q(s, .)``, epsilon read per row from ``agent_info["epsilon"]``
+    (absent: greedy). ``call_replay`` returns ``Q(s, .)`` and ``Q(s', .)`` for the loss."""
+
+    def __init__(self, model: QNetwork) -> None:
+        self.model = model
+        self._seed = 0
+        self.generator: torch.Generator | None = None  # created on the device of the first call
+
+    def seed(self, seed: int) -> None:
+        self._seed, self.generator = seed, None
+
+    def __call__(
+        self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
+    ) -> tuple[DictTensor, DictTensor]:
+        q = self.model(observation[K.FRAME])
+        n, n_actions = q.shape
+        if self.generator is None or self.generator.device != q.device:
+            self.generator = torch.Generator(q.device).manual_seed(self._seed)
+        action = q.argmax(-1)
+        if "epsilon" in agent_info:
+            epsilon = agent_info["epsilon"].to(q.device)
+            # One draw of each per row and step, explored or not: a stable random stream.
+            explore = torch.rand(n, generator=self.generator, device=q.device) < epsilon
+            random = torch.randint(n_actions, (n,), generator=self.generator, device=q.device)
+            action = torch.where(explore, random, action)
+        return DictTensor({K.ACTION_KEY: action}), state
+
+    def call_replay(
+        self, trajectories: Trajectories, t: int, state: DictTensor
+    ) -> tuple[DictTensor, DictTensor]:
+        steps = trajectories.trajectories
+        n = steps.n_elems()
+        q = self.model(torch.cat([steps[K.OBS_FRAME][:, t], steps[K.NEXT_FRAME][:, t]]))
+        return DictTensor({"q": q[:n], "next_q": q[n:]}), state
+
+
+# --------------------------------------------------------------------------------------- loss
+def dqn_loss(
+    q: Tensor,
+    action: Tensor,
+    reward: Tensor,
+    terminated: Tensor,
+    truncated: Tensor,
+    next_q_online: Tensor,
+    next_q_target: Tensor,
+    *,
+    gamma: float,
+    double: bool,
+) -> tuple[Tensor, dict[str, float]]:
+    """The Huber TD loss over ``N`` transitions (a buffer sample).
+
+    Args:
+        q: ``(N, A)`` Q(s, .) of the online network (with gradients).
+        action: ``(N,)`` int64, the taken actions.
+        reward, terminated, truncated: ``(N,)``, the env's answer to each action.
+        next_q_online: ``(N, A)`` Q(s', .) of the online network (picks a* with ``double``).
+        next_q_target: ``(N, A)`` Q(s', .) of the target network.
+        gamma: discount.
+        double: double DQN's a* (else the target network's own argmax).
+
+    Returns:
+        ``(loss, stats)``: stats holds the floats ``loss``, ``q`` (mean Q(s, a)) and
+        ``td_error`` (mean |y - Q(s, a)|).
+    """
+    q_taken = q.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        chooser = next_q_online if double else next_q_target
+        best = chooser.argmax(-1, keepdim=True)
+        next_value = next_q_target.gather(-1, best)  # (N, 1): td_targets reads (B, T) steps
+        target = F.td_targets(reward[:, None], next_value, terminated[:, None], truncated[:, None],
+                              gamma).squeeze(1)
+    loss = nn.functional.smooth_l1_loss(q_taken, target)
+    stats = {"loss": loss, "q": q_taken.mean(), "td_error": (target - q_taken).abs().mean()}
+    return loss, {k: float(v.detach()) for k, v in stats.items()}
+
+
+@torch.no_grad()
+def update_target(target: nn.Module, online: nn.Module, tau: float) -> None:
+    """``target <- tau online + (1 - tau) target``, parameter by parameter (tau=1: a copy)."""
+    for t, o in zip(target.parameters(), online.parameters()):
+        t.lerp_(o, tau)
+
+
+def epsilon(frames: int, n_rows: int, cfg: Config) -> DictTensor:
+    """Per-row epsilon: the linear schedule's value, spread over the rows (Ape-X style) when
+    ``eps_spread > 0`` so that some rows explore more than others."""
+    progress = min(1.0, frames / max(1, cfg.eps_frames))
+    eps = cfg.eps_start + progress * (cfg.eps_end - cfg.eps_start)
+    power = 1.0 + cfg.eps_spread * torch.arange(n_rows) / max(1, n_rows - 1)
+    return DictTensor({"epsilon": eps**power})
+
+
+def learn(
+    agent: Agent, target: nn.Module, optimizer: Optimizer, sample: DictTensor,
+    cfg: Config,
+) -> dict[str, float]:
+    """One gradient step on a buffer sample. Q(s, .) and Q(s', .) come from replaying the agent
+    on the transitions; the target network only evaluates s': it is called directly."""
+    out = replay_agent_stateless(agent, sample)
+    with torch.no_grad():
+        next_q_target = target(sample[K.NEXT_FRAME])
+    loss, stats = dqn_loss(
+        out["q"], sample[K.STORED_ACTION], sample[K.NEXT_REWARD], sample[K.NEXT_TERMINATED],
+        sample[K.NEXT_TRUNCATED],
+        out["next_q"].detach(), next_q_target, gamma=cfg.gamma, double=cfg.double,
+    )
+    gradient_step(optimizer, loss, cfg.max_grad_norm)
+    return stats
+
+
+# --------------------------------------------------------------------------------------- main
+def main(cfg: Config) -> dict[str, Any]:
+    """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
+    with Run("dqn", cfg) as run:
+        model = run.model(QNetwork, run.obs_dim, run.n_actions, cfg.hidden, cfg.dueling)
+        explore = DictTensor({"epsilon": torch.ones(1)})  # the schedule sets it per row
+        batcher = run.training_batcher(QAgent, {"model": model}, GymEnvInf, cfg.n_timesteps,
+                                       agent_info=explore, pipelined=False)
+        run.evaluator(QAgent, {"model": model}, agent_info=DictTensor({"epsilon": torch.zeros(1)}))
+        agent = run.learner(QAgent(model))
+        target = copy.deepcopy(model).requires_grad_(False)
+        optimizer = flat_adam(model.parameters(), cfg.lr, run.device)  # one buffer
+        buffer = ReplayBuffer(cfg.buffer_size, device=run.device, keys=STORED_KEYS)
+        run.checkpoint_state(model=model, target=target, optimizer=optimizer)
+        n_rows, n_updates, stats = batcher.n_elems(), 0, {}
+        # 1. Store each segment and start the next one (the workers collect it meanwhile).
+        for traj in run.segments(batcher, agent_info=epsilon(0, n_rows, cfg)):
+            buffer.add(traj)
+            run.publish(batcher, model.state_dict(), agent_info=epsilon(run.frames, n_rows, cfg))
+            # 2. Gradient steps on uniform samples of the buffer, on the learner device.
+            for _ in range(cfg.updates_per_batch if len(buffer) >= cfg.learning_starts else 0):
+                if run.out_of_time():  # the time budget holds within long learn phases too
+                    break
+                stats = learn(agent, target, optimizer, buffer.sample(cfg.batch_size), cfg)
+                n_updates += 1
+                if n_updates % cfg.target_update_every == 0:
+                    update_target(target, model, cfg.tau)
+            eps = epsilon(run.frames, n_rows, cfg)["epsilon"].mean()  # the mean over the rows
+            run.end_iteration(model.state_dict(), lr=cfg.lr, updates=n_updates, epsilon=eps,
+                              **stats)
+    return run.summary
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Config))

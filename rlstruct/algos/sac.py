@@ -1,0 +1,252 @@
+"""SAC (Haarnoja et al., 2018, "Soft Actor-Critic Algorithms and Applications") on Box actions.
+
+Each iteration stores a segment of ``B x T`` steps in a ``ReplayBuffer``, starts the next
+segment (worker processes, if any, collect it while we learn; ``--pipeline 2`` overlaps more),
+then takes ``utd`` gradient steps per collected frame on uniform samples of the buffer. With
+``u ~ N(mu(s), sigma(s))``, ``a = tanh(u)`` in (-1, 1) (rescaled to the Box for the env) and
+``log pi(a|s) = log N(u) - sum log(1 - tanh(u)^2)``:
+
+    y        = r + gamma (1 - terminated) (min_i Q'_i(s', a') - alpha log pi(a'|s')),  a' ~ pi(s')
+    L_Q      = 1/2 sum_i mean (Q_i(s, a) - y)^2                (twin critics, targets Q'_i)
+    L_pi     = mean (alpha log pi(a~|s) - min_i Q_i(s, a~)),  a~ ~ pi(s)  (reparameterised)
+    L_alpha  = -mean log(alpha) (log pi(a~|s) + H_target),   H_target = -dim(A)
+    Q'_i    <- tau Q_i + (1 - tau) Q'_i                        (Polyak, after every step)
+
+Speed: ONE backward and ONE fused Adam step on the sum of the losses; twin critics batched.
+A truncated step bootstraps from the TRUE final observation (termination does not).
+``--n-learners N``: ``k`` buffer samples and their noise per batch, 1/N of the rows per rank.
+Run: ``python -m rlstruct.algos.sac --help``, ``python -m rlstruct.algos.sac --env-id Pendulum-v1
+--seed 1``.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Annotated, Any, ClassVar
+
+import torch
+import tyro
+from torch import Tensor, nn
+
+from rlstruct import Agent, DictTensor
+from rlstruct import functional as F
+from rlstruct import keys as K
+from rlstruct.envs import GymEnvInf
+from rlstruct.errors import ConfigError
+from rlstruct.learn.distributions import make_head, space_from_spec, space_spec
+from rlstruct.learn.optim import adam, gradient_step
+from rlstruct.learn.replay_buffer import ReplayBuffer
+from rlstruct.learn.sampling import HeadSampler, greedy_info
+from rlstruct.runs.layout import LayoutConfig
+from rlstruct.runs.run import Run, RunConfig
+
+SQUASHED = "squashed"  # the agent's tanh(u): the critics read actions in (-1, 1)
+STORED_SQUASHED = K.ACTION + SQUASHED
+STORED_KEYS = (K.OBS_FRAME, STORED_SQUASHED, K.NEXT_FRAME, K.NEXT_REWARD, K.NEXT_TERMINATED,
+               K.NEXT_TRUNCATED)
+
+
+@dataclass
+class Config(RunConfig):
+    """SAC with twin critics, Polyak targets and automatic temperature (see
+    rlstruct/algos/sac.py). The
+    defaults solve Pendulum-v1 in 6-7k frames, a step per frame, 4 envs in this process."""
+    learner_ranks: ClassVar[bool] = True  # --n-learners: Run.learner_group
+    env_id: str = "Pendulum-v1"
+    target_return: float | None = -200.0
+    n_timesteps: int = 8
+    hidden: int = 64
+    lr: float = 3e-3
+    max_grad_norm: float = 0.0
+    eval_every: int = 100
+    buffer_size: int = 300_000
+    """replay buffer capacity (transitions)"""
+    batch_size: int = 128
+    """transitions per gradient step"""
+    learning_starts: int = 500
+    """frames collected before the first gradient step"""
+    utd: float = 1.0
+    """update-to-data ratio: gradient steps per collected frame (fractions carry over)"""
+    tau: float = 0.01
+    """Polyak rate of the target critics"""
+    init_alpha: float = 1.0
+    """initial entropy temperature (then tuned towards the target entropy)"""
+    target_entropy: float | None = None
+    """entropy target of the temperature loss (None: -dim(A))"""
+    layout: Annotated[LayoutConfig, tyro.conf.OmitArgPrefixes] = field(
+        default_factory=lambda: LayoutConfig(n_processes=1, n_envs=4))
+    """where each part runs (default: the 4 envs in this process)"""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        problems = [f"{k} must be > 0, got {getattr(self, k)}" for k in
+                    ("buffer_size", "batch_size", "utd", "init_alpha") if getattr(self, k) <= 0]
+        problems += [] if 0 < self.tau <= 1 else [f"tau must be in (0, 1], got {self.tau}"]
+        if self.batch_size % self.layout.n_learners:
+            problems.append(f"batch_size ({self.batch_size}) must be a multiple of n_learners "
+                            f"({self.layout.n_learners}): each rank learns on 1/N of the rows")
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+
+# --------------------------------------------------------------------------------------- model
+class Actor(nn.Module):
+    """``s -> params``: a two-layer ReLU body and the library's tanh-squashed Gaussian head."""
+
+    def __init__(self, obs_dim: int, action_space: dict, hidden: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(obs_dim, hidden), nn.ReLU(),
+                                  nn.Linear(hidden, hidden), nn.ReLU())
+        self.head = make_head(space_from_spec(action_space), hidden, squash=True)
+
+    def forward(self, frame: Tensor) -> Tensor:
+        return self.head(self.body(frame.flatten(1).float()))
+
+
+class TwinQ(nn.Module):
+    """Two Q MLPs ``(s, a) -> Q_i`` evaluated as one batched network: ``forward`` gives
+    ``(2, N)``; ``frozen=True`` reads detached weights (gradients reach the inputs only)."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: int) -> None:
+        super().__init__()
+        self.weights, self.biases = nn.ParameterList(), nn.ParameterList()
+        for n_in, n_out in itertools.pairwise([obs_dim + act_dim, hidden, hidden, 1]):
+            bound = 1 / math.sqrt(n_in)  # nn.Linear's default initialisation, per critic
+            self.weights.append(nn.Parameter(torch.empty(2, n_in, n_out).uniform_(-bound, bound)))
+            self.biases.append(nn.Parameter(torch.empty(2, 1, n_out).uniform_(-bound, bound)))
+
+    def forward(self, frame: Tensor, action: Tensor, frozen: bool = False) -> Tensor:
+        x = torch.cat([frame.flatten(1).float(), action.float()], -1).expand(2, -1, -1)
+        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+            w, b = (w.detach(), b.detach()) if frozen else (w, b)
+            x = torch.baddbmm(b, x if i == 0 else torch.relu(x), w)
+        return x.squeeze(-1)
+
+
+def sac_nets(obs_dim: int, action_space: dict, hidden: int, init_alpha: float,
+             actor: Actor | None = None) -> nn.ModuleDict:
+    """All SAC learns, one module (a learner rank's replica): actor, critic, target, temperature."""
+    actor = actor or Actor(obs_dim, action_space, hidden)
+    critic = TwinQ(obs_dim, actor.head.n_dims, hidden)
+    return nn.ModuleDict({"actor": actor, "critic": critic,
+                          "target": copy.deepcopy(critic).requires_grad_(False),
+                          "temperature": nn.ParameterDict({"log_alpha": torch.tensor(
+                              math.log(init_alpha))})})
+
+
+class SACAgent(Agent):
+    """Samples ``u ~ N(mu(s), sigma(s))`` with a seeded ``HeadSampler`` (``u = mu`` where
+    ``agent_info["greedy"]``); returns the env's ``action`` and ``squashed = tanh(u)``."""
+
+    def __init__(self, model: Actor) -> None:
+        self.model, self.sample = model, HeadSampler()
+
+    def seed(self, seed: int) -> None:
+        self.sample.seed(seed)
+
+    def __call__(self, state: DictTensor, observation: DictTensor,
+                 agent_info: DictTensor) -> tuple[DictTensor, DictTensor]:
+        u, action = self.sample(self.model.head, self.model(observation[K.FRAME]), agent_info)
+        return DictTensor({K.ACTION_KEY: action, SQUASHED: self.model.head.squash(u)}), state
+
+
+def soft_target(reward: Tensor, terminated: Tensor, truncated: Tensor, next_q: Tensor,
+                next_logp: Tensor, alpha: Tensor | float, gamma: float) -> Tensor:
+    """``y = r + gamma (1 - terminated) (min_i Q'_i(s', a') - alpha log pi(a'|s'))``, ``(N,)``:
+    ``reward``, ``terminated``, ``truncated``, ``next_logp`` are ``(N,)``; ``next_q`` ``(2, N)``
+    holds the target critics at ``(s', a')``, ``a' ~ pi(s')``."""
+    next_value = next_q.min(0).values - alpha * next_logp
+    return F.td_targets(reward[:, None], next_value[:, None], terminated[:, None],
+                        truncated[:, None], gamma).squeeze(1)
+
+
+def sac_losses(q: Tensor, target: Tensor, q_pi: Tensor, logp: Tensor, log_alpha: Tensor,
+               target_entropy: float) -> tuple[Tensor, dict[str, Tensor]]:
+    """``(L_Q + L_pi + L_alpha, stats)`` (module docstring; stats: 0-d tensors, no host sync)
+    from ``q`` ``(2, N)``, the critics at the stored ``(s, a)``; ``target`` ``(N,)``, the soft TD
+    targets; ``q_pi`` ``(2, N)``, the critics through detached weights at ``(s, a~)``;
+    ``logp`` ``(N,)``, ``log pi(a~|s)`` (reparameterised); ``log_alpha`` 0-d."""
+    alpha, critic = log_alpha.exp().detach(), 0.5 * (q - target).pow(2).mean(1).sum()
+    actor = (alpha * logp - q_pi.min(0).values).mean()
+    temperature = -(log_alpha * (logp.detach() + target_entropy)).mean()
+    stats = {"critic_loss": critic, "actor_loss": actor, "alpha": alpha, "q": q.mean(),
+             "entropy": -logp.mean()}
+    return critic + actor + temperature, {k: v.detach() for k, v in stats.items()}
+
+
+@torch.no_grad()
+def polyak(target: list[Tensor], online: list[Tensor], tau: float) -> None:
+    """``target <- tau online + (1 - tau) target``, in one foreach kernel."""
+    torch._foreach_lerp_(target, online, tau)
+
+
+def learn(nets: nn.ModuleDict, optimizer: torch.optim.Optimizer, sample: DictTensor, cfg: Config,
+          step: Any = gradient_step) -> dict[str, Tensor]:
+    """One gradient step on a buffer sample (all three losses), then the Polyak update. The
+    reparameterisation noise is torch's global RNG, or the sample's ``noise`` (learner ranks)."""
+    actor, critic, log_alpha = nets.actor, nets.critic, nets.temperature["log_alpha"]
+    frame, next_frame, n = sample[K.OBS_FRAME], sample[K.NEXT_FRAME], sample.n_elems()
+    params = actor(torch.cat([frame, next_frame]))  # s and s' in one call
+    mean, log_std = actor.head.split(params)
+    noise = sample["noise"].transpose(0, 1).flatten(0, 1) if "noise" in sample else None
+    u = mean + log_std.exp() * (torch.randn_like(mean) if noise is None else noise)
+    logp, squashed = actor.head.log_prob(params, u), actor.head.squash(u)
+    with torch.no_grad():
+        next_q = nets.target(next_frame, squashed[n:])
+        y = soft_target(sample[K.NEXT_REWARD], sample[K.NEXT_TERMINATED],
+                        sample[K.NEXT_TRUNCATED], next_q, logp[n:], log_alpha.exp(), cfg.gamma)
+    q, q_pi = critic(frame, sample[STORED_SQUASHED]), critic(frame, squashed[:n], frozen=True)
+    entropy = cfg.target_entropy if cfg.target_entropy is not None else -actor.head.n_dims
+    loss, stats = sac_losses(q, y, q_pi, logp[:n], log_alpha, entropy)
+    step(optimizer, loss, cfg.max_grad_norm)
+    polyak(list(nets.target.parameters()), list(critic.parameters()), cfg.tau)
+    return stats
+
+
+# --------------------------------------------------------------------------------------- main
+def main(cfg: Config) -> dict[str, Any]:
+    """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
+    with Run("sac", cfg) as run:
+        spec = space_spec(run.action_space)
+        actor = run.model(Actor, run.obs_dim, spec, cfg.hidden)  # on the CPU: the batchers copy it
+        batcher = run.training_batcher(SACAgent, {"model": actor}, GymEnvInf, cfg.n_timesteps)
+        run.evaluator(SACAgent, {"model": actor}, agent_info=greedy_info())
+        make_nets = partial(sac_nets, run.obs_dim, spec, cfg.hidden, cfg.init_alpha)
+        nets = make_nets(actor=actor).to(run.device)  # critics, targets, temperature too
+        optimizer = adam(nets.parameters(), cfg.lr, run.device)  # fused (targets: no grads)
+        buffer = ReplayBuffer(cfg.buffer_size, device=run.device, keys=STORED_KEYS)
+        group = run.learner_group(make_nets, nets, partial(adam, lr=cfg.lr), learn,
+                                  stacked=True)  # --n-learners N: checkpoints hold its nets
+        if group is None:
+            run.checkpoint_state(model=actor, critic=nets.critic, target=nets.target,
+                                 temperature=nets.temperature, optimizer=optimizer)
+        n_updates, owed, stats, n = 0, 0.0, {}, 0
+        weights = actor.state_dict if group is None else partial(group.state_dict, "actor.")
+        # 1. Store each segment and start the next one (the workers collect it meanwhile).
+        for traj in run.segments(batcher):
+            buffer.add(traj)
+            run.publish(batcher, weights())
+            # 2. utd gradient steps per new frame on uniform buffer samples (ranks: n per batch).
+            if len(buffer) >= cfg.learning_starts:
+                owed += cfg.utd * int(traj.lengths.sum())
+            n = int(owed) if group is None else n or int(owed)
+            while n and owed >= n:
+                samples = [buffer.sample(cfg.batch_size) for _ in range(n)]
+                if group is None:
+                    stats = [learn(nets, optimizer, sample, cfg) for sample in samples][-1]
+                else:  # and the rows' noise (N, n, 2, D), so rank r's rows get what they would here
+                    batch = DictTensor.stack(samples, dim=1)
+                    batch.set("noise", torch.randn(cfg.batch_size, n, 2, actor.head.n_dims))
+                    stats = group.learn(batch)
+                n_updates, owed = n_updates + n, owed - n
+            run.end_iteration(weights(), updates=n_updates,
+                              **{k: float(v) for k, v in stats.items()})
+    return run.summary
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Config))

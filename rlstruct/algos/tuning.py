@@ -1,0 +1,88 @@
+"""What ``python -m rlstruct tune --algo rlstruct.algos.tuning:<name>`` measures for an algorithm
+here.
+
+The library imports no algorithm: each function below hands the tuner an algorithm's agent and
+model on its gymnasium env (``GymEnvInf``, as ``Run.training_batcher`` builds it), the weights it
+publishes after each batch, its seed, its batch size, and its own learn step on one batch (on
+the CPU, as the algorithm's ``main`` calls it), so that a layout is measured under the learner.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from rlstruct.algos import a2c as _a2c
+from rlstruct.algos import impala as _impala
+from rlstruct.algos import ppo as _ppo
+from rlstruct.envs import GymEnvInf
+from rlstruct.errors import ConfigError
+from rlstruct.learn.distributions import space_spec
+from rlstruct.learn.nets import head_actor_critic
+from rlstruct.learn.optim import flat_adam, gradient_step
+from rlstruct.runs.run import env_spaces
+from rlstruct.tools.tune import AlgoSetup
+from rlstruct.trajectories import Trajectories
+
+
+def _setup(module: Any, model_fn: Any, agent: Any, learner: Any, **overrides: Any) -> AlgoSetup:
+    cfg = module.Config(**overrides)
+    if cfg.env_backend != "gymnasium":
+        raise ConfigError(f"the tuner measures gymnasium envs, not env_backend={cfg.env_backend!r}")
+    shape, space = env_spaces(cfg.env_id)
+    model = model_fn(math.prod(shape), space, cfg)
+    rows = (cfg.layout.n_processes or 1) * cfg.layout.n_envs
+    learn = learner(model, cfg)  # first: a FlatAdam moves the weights into its buffer
+    return AlgoSetup(agent, {"model": model}, GymEnvInf, {"env": cfg.env_id},
+                     weights=model.state_dict(), seed=cfg.seed, pipelined=True,
+                     name=module.__name__.rsplit(".", 1)[-1], env_id=cfg.env_id,
+                     learn=learn, batch_size=rows * cfg.n_timesteps)
+
+
+def _ppo_learner(model: Any, cfg: Any) -> Any:
+    agent = _ppo.PPOAgent(model)
+    optimizer = flat_adam(model.parameters(), cfg.lr, "cpu", eps=1e-5)  # as in ppo.main
+    return lambda traj: _ppo.learn(agent, optimizer, traj.to("cpu"), cfg)
+
+
+def _a2c_learner(model: Any, cfg: Any) -> Any:
+    agent = _a2c.A2CAgent(model)
+    optimizer = flat_adam(model.parameters(), cfg.lr, "cpu")  # as in a2c.main
+
+    def learn(traj: Trajectories) -> None:
+        traj = traj.to("cpu")
+        out = _a2c.replay(agent, traj)
+        loss, _ = _a2c.a2c_loss(model.head, out["params"], out["value"],
+                                _a2c.next_values(model, traj, out), traj, cfg)
+        gradient_step(optimizer, loss, cfg.max_grad_norm)
+
+    return learn
+
+
+def ppo(**overrides: Any) -> AlgoSetup:
+    """PPO's actor-critic, agent and learn step; ``overrides`` are fields of its Config."""
+    def model(obs_dim: int, space: Any, cfg: Any) -> Any:
+        return head_actor_critic(obs_dim, space_spec(space), cfg.hidden, cfg.log_std_init,
+                                 cfg.normalize_obs)
+
+    return _setup(_ppo, model, _ppo.PPOAgent, _ppo_learner, **overrides)
+
+
+def a2c(**overrides: Any) -> AlgoSetup:
+    """A2C's model (the GRU one with ``recurrent=True``), agent and gradient step."""
+    net = _a2c.GRUActorCritic if overrides.get("recurrent") else _a2c.MLPActorCritic
+    return _setup(_a2c, lambda obs_dim, space, cfg: net(obs_dim, space, cfg.hidden),
+                  _a2c.A2CAgent, _a2c_learner, **overrides)
+
+
+def impala(**overrides: Any) -> AlgoSetup:
+    """IMPALA's actor-critic, behaviour agent and V-trace step (here in the collecting thread,
+    where ``main`` runs it in a learner thread: the same cost per batch)."""
+    return _setup(_impala, lambda obs_dim, space, cfg: _impala.ActorCritic(obs_dim, space.n,
+                                                                          cfg.hidden),
+                  _impala.BehaviourAgent,
+                  lambda model, cfg: _impala.Learner(_impala.BehaviourAgent(model), cfg,
+                                                     torch.device("cpu")),
+                  **overrides)

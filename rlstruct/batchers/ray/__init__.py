@@ -1,0 +1,6 @@
+"""The Ray transport of ``RayBatcher`` (:mod:`.batcher`): the actor that wraps a worker core
+(:mod:`.actor`), the Ray session (:mod:`.session`), actor options (:mod:`.options`), weight
+updates (:mod:`.updates`) and what crosses the wire (:mod:`.wire`).
+
+Importing this package imports nothing; ``from rlstruct.batchers import RayBatcher`` says what
+to install when Ray is missing."""

@@ -1,0 +1,4 @@
+"""What the process and Ray plumbing offer to batchers and learners alike: the multiprocessing
+context every rlstruct process starts from (:mod:`.context`), weights in shared memory
+(:mod:`.weights`), deadline-bound pipes and CPU-only serialisation (:mod:`.transport`), and the
+one module that imports Ray, with the connection its users share (:mod:`.ray`)."""

@@ -1,0 +1,226 @@
+"""Checkpoint files: safe writes, loading, RNG states, and what rebuilds a model.
+
+- :func:`save_checkpoint` serialises a state in memory, then writes it to ``PATH.tmp`` and
+  renames it over ``PATH``: a crash, a kill or a full disk never leaves a truncated ``PATH``.
+  A failed write removes the ``.tmp`` and raises :class:`~rlstruct.errors.CheckpointError`
+  naming the file and the cause (``No space left on device``); the previous file is kept.
+- :func:`load_checkpoint` reads one back (``weights_only``: tensors, numbers, strings, lists
+  and dicts only).
+- :func:`rng_state` / :func:`set_rng_state`: torch's, numpy's and Python's generators.
+- :func:`object_path` / :func:`import_object` name a class by ``"pkg.mod:Qualname"``, and
+  :func:`build_model` rebuilds a model from ``{"class", "args", "kwargs"}``, the constructor
+  call a checkpoint records (see :meth:`rlstruct.runs.run.Run.model`).
+
+Example:
+    >>> import tempfile, torch
+    >>> from pathlib import Path
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     path = Path(folder) / "latest.pt"
+    ...     save_checkpoint({"frames": 256, "w": torch.ones(2)}, path)
+    ...     print(load_checkpoint(path)["frames"], sorted(p.name for p in path.parent.iterdir()))
+    256 ['latest.pt']
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib
+import io
+import json
+import os
+import random
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlstruct.errors import CheckpointError
+
+__all__ = [
+    "save_checkpoint", "copy_checkpoint", "load_checkpoint", "rng_state", "set_rng_state",
+    "object_path", "import_object", "build_model", "config_changes", "agent_spec",
+]
+
+
+def save_checkpoint(state: Mapping[str, Any], path: str | Path) -> None:
+    """Writes ``state`` (``torch.save``) to ``path`` atomically (see the module docstring).
+
+    Raises:
+        CheckpointError: the write failed (the message names ``path`` and the OS error); no
+            ``.tmp`` is left and the previous ``path`` is untouched.
+    """
+    buffer = io.BytesIO()
+    torch.save(dict(state), buffer)
+    _write_atomic(Path(path), buffer.getbuffer())
+
+
+def copy_checkpoint(src: str | Path, dst: str | Path) -> None:
+    """Copies the checkpoint ``src`` to ``dst`` atomically (``best.pt`` from ``latest.pt``).
+
+    Raises:
+        CheckpointError: reading ``src`` or writing ``dst`` failed.
+    """
+    try:
+        data = Path(src).read_bytes()
+    except OSError as err:
+        raise CheckpointError(f"cannot read checkpoint {src}: {_cause(err)}") from err
+    _write_atomic(Path(dst), memoryview(data))
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """The state saved at ``path``, its tensors on ``map_location``.
+
+    Raises:
+        CheckpointError: no such file, or it cannot be read as a checkpoint.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {path}")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # torch raises several kinds for a damaged file
+        raise CheckpointError(
+            f"cannot load checkpoint {path}: {type(err).__name__}: {err}") from err
+
+
+def rng_state() -> dict[str, Any]:
+    """The states of torch's (CPU, and CUDA when initialised), numpy's and Python's global
+    generators, in types a ``weights_only`` load accepts."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss],
+        "python": _listify(random.getstate()),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Restores what :func:`rng_state` returned."""
+    torch.set_rng_state(state["torch"].cpu())
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+
+
+def object_path(obj: Any) -> str:
+    """``"pkg.mod:Qualname"`` of a class or function (what :func:`import_object` imports).
+    An object of a script run as ``python -m pkg.mod`` lives in ``__main__``: it is named by the
+    module the script was run as, which a later process can import."""
+    module = obj.__module__
+    if module == "__main__":
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        if spec is not None and spec.name:
+            module = spec.name
+    return f"{module}:{obj.__qualname__}"
+
+
+def import_object(path: str) -> Any:
+    """The object named ``"pkg.mod:Qualname"`` (imports ``pkg.mod``).
+
+    Raises:
+        CheckpointError: the module does not import or has no such name.
+    """
+    module_name, _, qualname = path.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as err:
+        raise CheckpointError(f"cannot import {path!r} recorded in the checkpoint: {err}") from err
+    return obj
+
+
+def build_model(spec: Mapping[str, Any]) -> torch.nn.Module:
+    """``cls(*args, **kwargs)`` from a recorded constructor call ``{"class", "args", "kwargs"}``.
+
+    Raises:
+        CheckpointError: the class cannot be imported.
+    """
+    cls = import_object(spec["class"])
+    return cls(*spec.get("args", ()), **spec.get("kwargs", {}))
+
+
+def config_changes(
+    run_dir: str | Path, config: Mapping[str, Any], may_change: Sequence[str]
+) -> list[str]:
+    """What stops ``config`` from resuming the run in ``run_dir`` (empty: nothing).
+
+    The folder must hold ``config.json`` and ``checkpoints/latest.pt``; every config field but
+    ``may_change`` (budgets, cadences, the device layout...) must equal the saved one: the
+    model, the env and the hyperparameters stay those of the run being continued.
+    """
+    folder = Path(run_dir)
+    if not (folder / "checkpoints" / "latest.pt").is_file():
+        return [f"resume: {folder} holds no checkpoints/latest.pt (give a run directory)"]
+    try:
+        saved = json.loads((folder / "config.json").read_text())["config"]
+    except (OSError, ValueError, KeyError) as err:
+        return [f"resume: cannot read {folder / 'config.json'}: {type(err).__name__}: {err}"]
+    return [f"resume: {name} is {config.get(name, '<absent>')!r} here but "
+            f"{saved.get(name, '<absent>')!r} in {folder} (it cannot change on resume)"
+            for name in sorted(set(saved) | set(config))
+            if name not in may_change and saved.get(name) != config.get(name)]
+
+
+def agent_spec(
+    create_agent: Any, agent_args: Mapping[str, Any], agent_info: Any,
+    saved: Mapping[str, Any],
+) -> dict[str, Any] | None:
+    """The evaluation agent as a checkpoint records it: ``{"class", "args", "agent_info"}``,
+    an argument that is one of the ``saved`` objects by its name (``{"saved": name}``), plain
+    values as they are; ``None`` when an argument is neither (it cannot be recorded).
+    """
+    args: dict[str, Any] = {}
+    for key, value in agent_args.items():
+        names = [name for name, obj in saved.items() if obj is value]
+        if names:
+            args[key] = {"saved": names[0]}
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            args[key] = value
+        else:
+            return None  # an argument the checkpoint cannot hold: evaluate will say so
+    info = None if agent_info is None else dict(agent_info.items())
+    try:
+        path = object_path(create_agent)
+    except AttributeError:
+        return None
+    return {"class": path, "args": args, "agent_info": info}
+
+
+def _write_atomic(path: Path, data: memoryview) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            written = 0
+            while written < len(data):
+                written += _os_write(fd, data[written:])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        kept = f"; the last good checkpoint {path} is kept" if path.exists() else ""
+        raise CheckpointError(f"cannot write checkpoint {path}: {_cause(err)}{kept}") from err
+
+
+_os_write = os.write  # the one write call (tests inject a full disk here)
+
+
+def _cause(err: OSError) -> str:
+    name = errno.errorcode.get(err.errno or 0, "")
+    return f"{err.strerror or err} ({name})" if name else str(err)
+
+
+def _listify(value: Any) -> Any:
+    return [_listify(v) for v in value] if isinstance(value, tuple) else value

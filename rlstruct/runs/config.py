@@ -1,0 +1,153 @@
+"""The config fields every algorithm shares: :class:`RunConfig`.
+
+An algorithm's ``Config`` subclasses it; ``tyro`` turns it into a command line whose ``--help``
+is the fields' docstrings, and :meth:`RunConfig.problems` lists every bad value before anything
+starts (one :class:`~rlstruct.errors.ConfigError`, exit code 2 on the command line). The run
+scaffold that consumes it is :mod:`rlstruct.runs.run` (which re-exports it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Annotated, ClassVar, Literal
+
+import tyro
+
+from rlstruct.runs.checkpoint import config_changes, object_path
+from rlstruct.envs.registry import env_id_problems, env_module_problems
+from rlstruct.errors import ConfigError
+from rlstruct.runs.layout import LayoutConfig
+from rlstruct.learners.torchrun import torchrun_world
+from rlstruct.runs.logger import config_to_dict
+
+__all__ = ["RunConfig", "RESUMABLE"]
+
+#: RunConfig fields a resumed run may set differently from the run it continues.
+RESUMABLE = ("resume", "max_frames", "time_budget", "target_return", "eval_every", "eval_envs",
+             "checkpoint_every", "n_threads", "runs_dir", "layout", "layout_file", "env_module")
+
+
+@dataclass
+class RunConfig:
+    """What every run shares: environment, seed, budgets, stop test, evaluation, outputs, the
+    hyperparameters every algorithm has (segment length, width, lr, discount, gradient
+    clipping) and the device layout. An algorithm's config subclasses it; redeclaring a field
+    changes its default and keeps its help."""
+
+    env_id: str = "CartPole-v1"
+    """gymnasium id of the environment (Discrete actions; ppo, a2c and trpo also take Box ones,
+    sac only Box ones); pkg.mod:Id imports pkg.mod first"""
+    env_module: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """a module that registers env_id with gymnasium, imported wherever envs are built (the
+    workers, the evaluation, Ray actors); repeatable"""
+    resume: str | None = None
+    """a run directory to continue from its checkpoints/latest.pt: model, optimizer, frame and
+    episode counters, RNG states, clock; progress.csv and episodes.csv are appended"""
+    seed: int = 0
+    """run seed: the learner's model, the training batcher (seed), the evaluation (seed + 1000)"""
+    max_frames: int = 1_000_000
+    """stop after this many environment frames"""
+    time_budget: float = 600.0
+    """stop after this many seconds (worker start-up included)"""
+    target_return: float | None = 475.0
+    """stop once the mean return of the last target_window training episodes reaches this"""
+    target_window: int = 20
+    """episodes averaged by the stop test, progress.csv's train_return_mean<N>, plot and summary"""
+    eval_every: int = 20
+    """start a greedy evaluation every this many iterations (0: never)"""
+    eval_envs: int = 4
+    """episodes per evaluation"""
+    checkpoint_every: int = 50
+    """save checkpoints/latest.pt every this many iterations (and at the end)"""
+    n_threads: int = 1
+    """torch threads of the learner (the cores are shared with the workers)"""
+    runs_dir: str = "runs"
+    """folder of the run directories"""
+    n_timesteps: int = 32
+    """T: steps per env and segment"""
+    hidden: int = 64
+    """width of the hidden layers of the model"""
+    lr: float = 1e-3
+    """Adam learning rate"""
+    gamma: float = 0.99
+    """discount factor"""
+    max_grad_norm: float = 0.5
+    """clip the global gradient norm to this (0: no clipping)"""
+    env_backend: Literal["gymnasium", "torch", "atari"] = "gymnasium"
+    """training envs: gymnasium's; rlstruct's torch-native version of env_id (batched tensor
+    maths on the batcher's device: CartPole-v1, Acrobot-v1, MountainCar-v0, Pendulum-v1; the
+    evaluation plays gymnasium's env); or an ALE id with Atari preprocessing (84x84 grey, frame
+    skip 4, 4 stacked uint8 frames; pip install rlstruct[atari]; no evaluation runs)"""
+    layout_file: Annotated[str | None, tyro.conf.arg(aliases=("--layout",))] = None
+    """a layout file of `python -m rlstruct tune` (tune.json): its batcher_device, n_processes,
+    n_envs, pipeline and n_timesteps replace the config's"""
+    layout: Annotated[LayoutConfig, tyro.conf.OmitArgPrefixes] = field(
+        default_factory=LayoutConfig
+    )
+    """where each part runs"""
+    #: The smallest ``n_timesteps`` an algorithm accepts (REINFORCE: 0, the episode's length).
+    min_timesteps: ClassVar[int] = 1
+    #: Whether the algorithm learns through :meth:`~rlstruct.runs.run.Run.learner_group`, so it takes
+    #: learner ranks (``--n-learners``, ``--learner-devices``, ``--learner-backend ray``,
+    #: torchrun); an algorithm that does not refuses them rather than ignore them.
+    learner_ranks: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        """Applies ``layout_file``, then checks everything (:meth:`problems`).
+
+        Raises:
+            ConfigError: listing every problem at once (the command line exits with code 2).
+        """
+        self.env_module = tuple(self.env_module)  # a list from JSON or Python: the same config
+        if self.layout_file is not None:
+            from rlstruct.runs.layout_file import apply_layout
+
+            apply_layout(self, self.layout_file)
+        problems = self.problems()
+        if problems:
+            raise ConfigError(f"{len(problems)} problem(s) in the config:\n- "
+                              + "\n- ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Every problem of the config, before anything starts: sizes, rates, budgets, the
+        layout, the env modules and the env id (with close matches), the run to resume. An
+        algorithm's config may extend it (``super().problems() + [...]``)."""
+        positive = ("target_window", "eval_envs", "checkpoint_every", "n_threads", "hidden",
+                    "max_frames")
+        problems = [f"{name} must be >= 1, got {getattr(self, name)}"
+                    for name in positive if getattr(self, name) < 1]
+        if self.n_timesteps < self.min_timesteps:
+            problems.append(f"n_timesteps must be >= {self.min_timesteps}, got {self.n_timesteps}")
+        if self.eval_every < 0:
+            problems.append(f"eval_every must be >= 0 (0: never), got {self.eval_every}")
+        if not self.max_grad_norm >= 0:
+            problems.append(f"max_grad_norm must be >= 0 (0: no clipping), got "
+                            f"{self.max_grad_norm}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            problems.append(f"lr must be a finite number > 0, got {self.lr}")
+        if not self.time_budget > 0:
+            problems.append(f"time_budget must be > 0 seconds, got {self.time_budget}")
+        if not 0 < self.gamma <= 1:
+            problems.append(f"gamma must be in (0, 1], got {self.gamma}")
+        problems += self.layout.problems() + self._learner_rank_problems()
+        module_problems = env_module_problems(self.env_module)
+        problems += module_problems
+        if not module_problems:
+            problems += env_id_problems(self.env_id, self.env_backend)
+        if self.resume is not None:
+            problems += config_changes(self.resume, config_to_dict(self), RESUMABLE)
+        return problems
+
+    def _learner_rank_problems(self) -> list[str]:
+        layout = self.layout
+        asked = [flag for flag, on in (
+            (f"n_learners={layout.n_learners}", layout.n_learners > 1),
+            ("learner_devices", bool(layout.learner_devices)),
+            ("learner_backend 'ray'", layout.learner_backend == "ray"),
+            (f"torchrun (WORLD_SIZE={torchrun_world()})", torchrun_world() > 1)) if on]
+        if not asked or self.learner_ranks:
+            return []
+        algorithm = object_path(type(self)).split(":")[0]  # rlstruct.algos.dqn, also as __main__
+        return [f"{', '.join(asked)}: {algorithm} learns in one process and takes no learner "
+                f"ranks (ppo, a2c, impala, sac and trpo do; docs/guide-learners.md)"]

@@ -1,0 +1,147 @@
+"""Reading a run folder back: the one reader that plotting and sweeps share.
+
+A run folder is what :class:`~rlstruct.runs.logger.RunLogger` writes: ``config.json``,
+``progress.csv``, ``episodes.csv`` and, once the run has ended, ``summary.json`` (whose
+``status`` says how it ended: ``failed``, ``interrupted``, ``solved`` or ``budget``). Any of
+them may be missing (a run that failed at start-up, a run still going, a folder written before
+``summary.json`` existed); the reader then gives empty rows, ``{}`` and ``status`` None.
+
+Example:
+    >>> import tempfile, pathlib
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (folder / "progress.csv").write_text("frames,train_return_mean20\\n10,1.5\\n20,\\n")
+    >>> run = read_run(folder)
+    >>> run.train_column, run.series(run.train_column), run.status
+    ('train_return_mean20', [(10.0, 1.5)], None)
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RunFolder", "read_run", "read_rows", "to_float", "is_run_dir", "find_runs"]
+
+_TRAIN_COLUMN = re.compile(r"^train_return_mean\d+$")
+
+
+def read_rows(path: str | Path) -> list[dict[str, str]]:
+    """The rows of a CSV file as dicts; ``[]`` when the file is missing."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def to_float(text: str | None) -> float:
+    """A CSV cell as a float; nan for an empty, missing or unreadable cell."""
+    try:
+        return float(text) if text not in (None, "") else math.nan
+    except ValueError:
+        return math.nan
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+@dataclass
+class RunFolder:
+    """One run folder, read back.
+
+    Attributes:
+        path: the folder.
+        progress: the rows of ``progress.csv`` (``[]`` when missing).
+        config: the ``"config"`` entry of ``config.json`` (``{}`` when missing).
+        summary: ``summary.json`` (``{}`` while the run goes on, or in older folders).
+    """
+
+    path: Path
+    progress: list[dict[str, str]] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """The folder's name."""
+        return self.path.name
+
+    @property
+    def status(self) -> str | None:
+        """How the run ended (``summary.json``'s ``status``); None when it does not say."""
+        status = self.summary.get("status")
+        return str(status) if status else None
+
+    @property
+    def train_column(self) -> str:
+        """The training-return column: ``train_return_mean<N>`` (``train_return`` in runs
+        written before it was named)."""
+        header = self.progress[0] if self.progress else {}
+        return next((c for c in header if _TRAIN_COLUMN.match(c)), "train_return")
+
+    def series(self, column: str) -> list[tuple[float, float]]:
+        """``(frames, value)`` of the progress rows where ``column`` has a value."""
+        points = [(to_float(r.get("frames")), to_float(r.get(column))) for r in self.progress]
+        return [(f, v) for f, v in points if not (math.isnan(f) or math.isnan(v))]
+
+    def episode_points(self) -> list[tuple[float, float]]:
+        """``(frames_at_record, return)`` of every finished episode (``episodes.csv``)."""
+        points = [(to_float(r.get("frames_at_record")), to_float(r.get("return")))
+                  for r in read_rows(self.path / "episodes.csv")]
+        return [(f, v) for f, v in points if not (math.isnan(f) or math.isnan(v))]
+
+
+def read_run(path: str | Path) -> RunFolder:
+    """Reads ``progress.csv``, ``config.json``'s config and ``summary.json`` of a run folder
+    (each may be missing; ``episodes.csv`` is read on demand by
+    :meth:`RunFolder.episode_points`)."""
+    path = Path(path)
+    config = _read_json(path / "config.json").get("config", {})
+    return RunFolder(path, read_rows(path / "progress.csv"),
+                     config if isinstance(config, dict) else {},
+                     _read_json(path / "summary.json"))
+
+
+#: The files of which any one makes a folder a run folder.
+RUN_FILES: tuple[str, ...] = ("progress.csv", "episodes.csv", "config.json", "summary.json")
+
+
+def is_run_dir(path: str | Path) -> bool:
+    """True if ``path`` holds one of :data:`RUN_FILES` (a run that failed at start-up may hold
+    only ``config.json``)."""
+    path = Path(path)
+    return any((path / name).is_file() for name in RUN_FILES)
+
+
+def find_runs(paths: Sequence[str | Path]) -> list[Path]:
+    """The run directories named by ``paths``: each path is a run directory or a folder whose
+    subfolders that are run directories are taken, sorted by name.
+
+    Raises:
+        FileNotFoundError: a path does not exist, or is neither a run directory nor a folder
+            holding one.
+    """
+    runs: list[Path] = []
+    for path in map(Path, paths):
+        if is_run_dir(path):
+            runs.append(path)
+            continue
+        inside = sorted(p for p in path.iterdir() if is_run_dir(p)) if path.is_dir() else []
+        if not inside:
+            raise FileNotFoundError(
+                f"{path} is not a run directory (none of {', '.join(RUN_FILES)}) nor a folder "
+                "of run directories"
+            )
+        runs.extend(inside)
+    return runs

@@ -1,0 +1,302 @@
+"""Plots of run directories: the returns of one run, or several runs on one figure.
+
+What a curve shows is what the run's ``progress.csv`` says, so the plot, the csv, the stop test
+and the printed summary agree:
+
+- the training return is the ``train_return_mean<N>`` column (the mean of the last ``N``
+  finished episodes, the number the stop test reads), one solid line per run;
+- the evaluation return is drawn as markers at the rows where an evaluation finished (nan
+  elsewhere), joined by a dashed line;
+- for a single run, each episode's return (``episodes.csv``) is drawn as a faint dot.
+
+Among several runs, a run with nothing to draw (no episode finished: it failed at start-up, or
+was stopped at once) is skipped, and a run whose ``summary.json`` says it ``failed`` or was
+``interrupted`` is labelled so in the legend; the title counts the runs drawn, and the ones
+skipped (:func:`select_runs`).
+
+A sweep's trial graph (:func:`trial_figure`, drawn by :mod:`rlstruct.tools.sweep`) shows the mean
+train return of a trial's sessions over the longest session, with the min-max band of the
+sessions still running and a moving average.
+
+``python -m rlstruct plot PATH [PATH ...]`` calls :func:`plot_runs`; a PATH may be a run
+directory or a folder of run directories (``runs/``), whose runs are compared on one figure.
+Run folders are read with :mod:`rlstruct.runs.folder`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlstruct.errors import ConfigError
+from rlstruct.runs.folder import RunFolder, find_runs, is_run_dir, read_run
+
+__all__ = ["plot_runs", "run_curves", "select_runs", "RunSelection", "find_runs", "is_run_dir",
+           "trial_curves", "trial_figure", "new_figure", "finish_figure"]
+
+#: Default width, in grid points, of the trial graph's moving average (``--ma-window``).
+MA_WINDOW = 10
+
+#: Statuses of ``summary.json`` that the legend and the title point out.
+FLAGGED_STATUSES: tuple[str, ...] = ("failed", "interrupted")
+
+
+@dataclass
+class RunSelection:
+    """What :func:`plot_runs` draws of the runs it found.
+
+    Attributes:
+        drawn: the runs with something to draw, in order.
+        skipped: the runs with nothing to draw (no training return, evaluation or episode).
+        curves: :func:`run_curves` of each drawn run, by folder.
+    """
+
+    drawn: list[RunFolder] = field(default_factory=list)
+    skipped: list[RunFolder] = field(default_factory=list)
+    curves: dict[Path, dict[str, list[tuple[float, float]]]] = field(default_factory=dict)
+
+    @staticmethod
+    def label(run: RunFolder) -> str:
+        """The run's name, with its status when it failed or was interrupted."""
+        return f"{run.name} ({run.status})" if run.status in FLAGGED_STATUSES else run.name
+
+    @property
+    def title(self) -> str:
+        """The figure's title: the run's label for one run; otherwise how many runs are
+        drawn, how many of them failed or were interrupted, and how many were skipped."""
+        runs = self.drawn + self.skipped
+        if len(runs) == 1:
+            return self.label(runs[0])
+        notes = [f"{n} {status}" for status in FLAGGED_STATUSES
+                 if (n := sum(r.status == status for r in self.drawn))]
+        if self.skipped:
+            notes.append(f"{len(self.skipped)} skipped: no episodes")
+        drawn = f"{len(self.drawn)} run{'s' if len(self.drawn) != 1 else ''}"
+        return drawn + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def select_runs(run_dirs: Sequence[str | Path]) -> RunSelection:
+    """The runs of ``run_dirs`` (see :func:`find_runs`) split into drawn and skipped.
+
+    Raises:
+        FileNotFoundError: see :func:`find_runs`.
+    """
+    selection = RunSelection()
+    for path in find_runs(run_dirs):
+        run = read_run(path)
+        curves = run_curves(run)
+        if any(curves.values()):
+            selection.drawn.append(run)
+            selection.curves[run.path] = curves
+        else:
+            selection.skipped.append(run)
+    return selection
+
+
+def new_figure(width: float = 9, height: float = 5) -> Any:
+    """A matplotlib ``Figure`` on the Agg canvas (no display, no pyplot state).
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install 'rlstruct[plot]'``).
+    """
+    try:
+        import matplotlib  # noqa: F401 - first: a cached submodule would hide its absence
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as err:
+        raise ImportError(
+            f"plotting needs matplotlib ({err}); install it with: pip install 'rlstruct[plot]'"
+        ) from err
+    fig = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def finish_figure(fig: Any, out: str | Path, empty_text: str) -> Path:
+    """Grid and legend on every axes (``empty_text`` on those with no line), then the PNG
+    ``out`` is written (parent folders are created); returns its path."""
+    for ax in fig.axes:
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(loc="best", fontsize="small")
+        else:
+            ax.text(0.5, 0.5, empty_text, ha="center", va="center", transform=ax.transAxes)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    return out
+
+
+def plot_runs(run_dirs: Sequence[str | Path], out: str | Path) -> Path:
+    """Plot the returns of run directories (or folders of them) against frames into a PNG.
+
+    Each run gets one colour (see the module docstring for its curves); the legend names runs by
+    directory name. Among several runs, those with nothing to draw are skipped and counted in
+    the title (:func:`select_runs`). Uses matplotlib's Agg canvas: no display, no pyplot state.
+
+    Args:
+        run_dirs: run directories written by :class:`~rlstruct.runs.logger.RunLogger`, or folders
+            of them.
+        out: the PNG to write (parent folders are created).
+
+    Returns:
+        ``out`` as a ``Path``.
+
+    Raises:
+        FileNotFoundError: see :func:`find_runs`.
+        ImportError: matplotlib is not installed (``pip install 'rlstruct[plot]'``).
+    """
+    selection = select_runs(run_dirs)
+    fig = new_figure()
+    ax = fig.add_subplot()
+    from matplotlib import colormaps  # importable: new_figure checked it
+
+    colours = colormaps["tab10"].colors
+    single = len(selection.drawn) + len(selection.skipped) == 1
+    for i, run in enumerate(selection.drawn):
+        colour = colours[i % len(colours)]
+        name = "" if single else f"{selection.label(run)} "
+        curves = dict(selection.curves[run.path])
+        episodes, evals = curves.pop("episode_return"), curves.pop("eval_return")
+        if episodes and single:
+            ax.plot(*zip(*episodes), color=colour, alpha=0.3, ls="none", marker=".", ms=3,
+                    label="episode return")
+        for column, train in curves.items():
+            if train:
+                ax.plot(*zip(*train), color=colour, lw=2, label=f"{name}{column}")
+        if evals:
+            ax.plot(*zip(*evals), color=colour, ls="--", marker="o", ms=4,
+                    label=f"{name}eval_return")
+    ax.set_xlabel("frames")
+    ax.set_ylabel("return")
+    ax.set_title(selection.title)
+    return finish_figure(fig, out, "no episodes recorded")
+
+
+def run_curves(run: str | Path | RunFolder) -> dict[str, list[tuple[float, float]]]:
+    """The ``(frames, value)`` points :func:`plot_runs` draws for one run directory.
+
+    Args:
+        run: the run directory, or a :class:`~rlstruct.runs.folder.RunFolder` read already.
+
+    Returns:
+        ``{"<train column>": ..., "eval_return": ..., "episode_return": ...}``: the training
+        return column of ``progress.csv`` (``train_return_mean<N>``; ``train_return`` in runs
+        written before it was named), the rows where an evaluation finished, and one point per
+        finished episode (``episodes.csv``). Rows without a value are left out.
+    """
+    if not isinstance(run, RunFolder):
+        run = read_run(run)
+    column = run.train_column
+    return {
+        column: run.series(column),
+        "eval_return": run.series("eval_return"),
+        "episode_return": run.episode_points(),
+    }
+
+
+# ------------------------------------------------------------------ trial graphs (sweeps)
+def trial_curves(
+    run_dirs: Sequence[str | Path], points: int = 200, ma_window: int = MA_WINDOW
+) -> dict[str, np.ndarray]:
+    """The trial graph's curves: the sessions' train return on a common frames grid.
+
+    Each session's ``train_return_mean<N>`` column (rows with a value) is interpolated
+    linearly on ``points`` frames spanning the longest session (from the earliest first value
+    to the latest last one). At each frame the mean and the min-max band are taken over the
+    sessions *still running* there (between their first and last value): a session that
+    stopped earlier (solved, or out of budget) leaves the band, and ``n_running`` says how many
+    are left; where none runs the curves are nan. Runs without a value are left out.
+
+    Args:
+        run_dirs: the sessions' run folders.
+        points: grid size.
+        ma_window: width, in grid points, of the trailing moving average of the mean
+            (points without a mean are skipped).
+
+    Returns:
+        ``{"frames", "mean", "min", "max", "ma", "n_running"}`` (each of shape ``(points,)``),
+        ``"ends"`` (the last frame of each session, sorted) and ``"n_sessions"`` (a 0-d
+        array); empty arrays when no session has a value.
+
+    Raises:
+        ConfigError: ``points`` or ``ma_window`` is below 1.
+    """
+    if points < 1 or ma_window < 1:
+        raise ConfigError(f"trial_curves: need points >= 1 and ma_window >= 1, got "
+                          f"points={points}, ma_window={ma_window}")
+    series = []
+    for path in run_dirs:
+        run = read_run(path)
+        xy = run.series(run.train_column)
+        if xy:
+            x, y = np.array(xy, dtype=np.float64).T
+            order = np.argsort(x, kind="stable")
+            series.append((x[order], y[order]))
+    empty = np.zeros(0)
+    if not series:
+        return {"frames": empty, "mean": empty, "min": empty, "max": empty, "ma": empty,
+                "n_running": empty, "ends": empty, "n_sessions": np.array(0)}
+    lo, hi = min(x[0] for x, _ in series), max(x[-1] for x, _ in series)
+    grid = np.linspace(lo, hi, points) if hi > lo else np.array([lo])
+    values = np.stack([np.where((grid >= x[0]) & (grid <= x[-1]), np.interp(grid, x, y), np.nan)
+                       for x, y in series])
+    running = (~np.isnan(values)).sum(axis=0)
+    with np.errstate(invalid="ignore"):
+        total = np.nansum(values, axis=0)
+        mean = np.where(running > 0, total / np.maximum(running, 1), np.nan)
+        low = np.where(running > 0, np.fmin.reduce(values, axis=0), np.nan)
+        high = np.where(running > 0, np.fmax.reduce(values, axis=0), np.nan)
+    has = ~np.isnan(mean)
+    csum = np.concatenate([[0.0], np.cumsum(np.where(has, mean, 0.0))])
+    ccount = np.concatenate([[0], np.cumsum(has)])
+    idx = np.arange(1, len(mean) + 1)
+    start = np.maximum(0, idx - ma_window)
+    count = ccount[idx] - ccount[start]
+    ma = np.where(has & (count > 0), (csum[idx] - csum[start]) / np.maximum(count, 1), np.nan)
+    return {"frames": grid, "mean": mean, "min": low, "max": high, "ma": ma,
+            "n_running": running, "ends": np.sort([x[-1] for x, _ in series]),
+            "n_sessions": np.array(len(series))}
+
+
+def trial_figure(
+    run_dirs: Sequence[str | Path], out_png: str | Path, title: str = "trial",
+    ma_window: int = MA_WINDOW,
+) -> Path:
+    """Draw a trial graph: mean train return vs frames across sessions, min-max band, and its
+    moving average (SLM-Lab's trial graph and its ``_ma`` twin on one figure).
+
+    The frames axis spans the longest session; the band and the mean are over the sessions
+    still running (:func:`trial_curves`), and a dotted line marks where each shorter session
+    ended.
+
+    Args:
+        run_dirs: the sessions' run folders.
+        out_png: the PNG to write.
+        title: the figure's title.
+        ma_window: width, in grid points, of the moving average.
+
+    Raises:
+        ImportError: matplotlib is not installed.
+    """
+    curves = trial_curves(run_dirs, ma_window=ma_window)
+    ax = (fig := new_figure()).add_subplot()
+    n = int(curves["n_sessions"])
+    if n:
+        x = curves["frames"]
+        ax.fill_between(x, curves["min"], curves["max"], color="tab:blue", alpha=0.2,
+                        label=f"min-max of the sessions still running (of {n})")
+        ax.plot(x, curves["mean"], color="tab:blue", lw=1.5, label="mean train return")
+        ax.plot(x, curves["ma"], color="tab:orange", lw=2,
+                label=f"moving average ({ma_window} points)")
+        for i, end in enumerate(curves["ends"][:-1]):
+            ax.axvline(end, color="grey", ls=":", lw=1,
+                       label="a session ends" if i == 0 else None)
+    ax.set_xlabel("frames")
+    ax.set_ylabel("train return")
+    ax.set_title(title)
+    return finish_figure(fig, out_png, "no session recorded a return")

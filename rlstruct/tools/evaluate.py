@@ -1,0 +1,186 @@
+"""``python -m rlstruct evaluate RUN_DIR``: play a saved policy greedily and report its return.
+
+A checkpoint written by :class:`~rlstruct.runs.run.Run` holds what rebuilds the policy without
+reading the algorithm's code: the config (env id, env modules), the constructor call of each
+model built with :meth:`~rlstruct.runs.run.Run.model` (class, arguments), the model's weights, and
+the evaluation agent (class, arguments, the ``agent_info`` that makes it greedy).
+:func:`evaluate` rebuilds them, plays ``n_episodes`` full episodes in this process (one env per
+episode, a :class:`~rlstruct.SerialBatcher`) and returns their returns; ``video_dir`` also
+records the first episode with gymnasium's ``RecordVideo`` (which needs ``moviepy``).
+
+Example (shell)::
+
+    python -m rlstruct evaluate runs/ppo_CartPole-v1_20261125-101500 --checkpoint best
+    # ppo CartPole-v1, best.pt at 20,480 frames: 10 greedy episodes, return 500.00 ± 0.00 ...
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import torch
+
+from rlstruct.batchers import SerialBatcher
+from rlstruct.dicttensor import DictTensor
+from rlstruct.envs import GymEnv
+from rlstruct.envs.registry import env_spec, import_env_modules
+from rlstruct.errors import CheckpointError, ConfigError
+from rlstruct.runs.checkpoint import build_model, import_object, load_checkpoint
+from rlstruct.runs.episodes import EpisodeTracker
+
+__all__ = ["evaluate", "describe", "VIDEO_HINT"]
+
+#: What ``--video`` prints when gymnasium's RecordVideo cannot run here.
+VIDEO_HINT = ("--video needs moviepy, which gymnasium's RecordVideo uses to write the files "
+              "(pip install 'rlstruct[video]'); evaluating without a video")
+
+
+def evaluate(
+    run_dir: str | Path,
+    checkpoint: str = "latest",
+    n_episodes: int = 10,
+    device: str = "cpu",
+    seed: int | None = None,
+    video_dir: str | Path | None = None,
+    timeout_s: float = 600.0,
+) -> tuple[list[float], dict[str, Any]]:
+    """Plays ``n_episodes`` greedy episodes of the policy saved in ``run_dir``.
+
+    Args:
+        run_dir: a run directory (``checkpoints/<checkpoint>.pt`` inside).
+        checkpoint: ``"latest"`` or ``"best"``.
+        n_episodes: episodes to play, each in an env of its own.
+        device: where the agent runs.
+        seed: the envs' seed (default: the run's seed + 2000, apart from the training and the
+            evaluations during training).
+        video_dir: record the first episode there (needs moviepy; without it a warning is
+            printed and no video is written).
+        timeout_s: give up when the episodes have not ended after this many seconds.
+
+    Returns:
+        ``(returns, checkpoint state)``: one return per episode, in env order.
+
+    Raises:
+        ConfigError: a bad argument.
+        CheckpointError: no such checkpoint, or it does not record how to rebuild the policy
+            (written before rlstruct recorded it, or a model not built with ``run.model``).
+        TimeoutError: the episodes did not end within ``timeout_s``.
+    """
+    if checkpoint not in ("latest", "best") or n_episodes < 1:
+        raise ConfigError(f"need checkpoint 'latest' or 'best' and n_episodes >= 1; got "
+                          f"{checkpoint!r} and {n_episodes}")
+    path = Path(run_dir) / "checkpoints" / f"{checkpoint}.pt"
+    state = load_checkpoint(path)
+    cfg = state.get("config", {})
+    create_agent, agent_args, agent_info = _rebuild_agent(state, path)
+    import_env_modules(cfg.get("env_module", []))
+    env_id = cfg["env_id"]
+    factories = [_env_factory(env_id, cfg.get("env_backend", "gymnasium"))] * n_episodes
+    if video_dir is not None:
+        if cfg.get("env_backend") == "atari":
+            print("python -m rlstruct evaluate: --video does not record Atari runs yet; "
+                  "evaluating without a video", flush=True)
+        elif importlib.util.find_spec("moviepy") is None:
+            print(f"python -m rlstruct evaluate: {VIDEO_HINT}", flush=True)
+        elif (problem := _render_problem(factories[0])) is not None:
+            print(f"python -m rlstruct evaluate: --video: {env_id} cannot render ({problem}); "
+                  "evaluating without a video", flush=True)
+        else:
+            factories[0] = functools.partial(_recorded, factories[0], Path(video_dir))
+    spec = env_spec(env_id) if cfg.get("env_backend") != "atari" else None
+    batcher = SerialBatcher(
+        n_timesteps=(spec and spec.max_episode_steps) or 1000, create_agent=create_agent,
+        agent_args=agent_args, create_env=GymEnv, env_args={"env": factories},
+        seeds=cfg.get("seed", 0) + 2000 if seed is None else seed, agent_info=agent_info,
+        device=device,
+    )
+    tracker, returns = EpisodeTracker(), []
+    deadline = time.monotonic() + timeout_s
+    with batcher:
+        batcher.reset(agent_info=agent_info)
+        batcher.execute()
+        while True:
+            traj, n_running = batcher.get()
+            returns += tracker(traj)[0].tolist()
+            if not n_running:
+                return returns, state
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"evaluate: {n_running} of {n_episodes} episodes of {env_id} "
+                                   f"still running after {timeout_s} s")
+            batcher.execute()
+
+
+def describe(returns: list[float], state: dict[str, Any], checkpoint: str) -> str:
+    """One line: the run, the checkpoint, and the mean ± std (min, max) return."""
+    n = len(returns)
+    mean = sum(returns) / n
+    std = math.sqrt(sum((r - mean) ** 2 for r in returns) / n)
+    env = state.get("config", {}).get("env_id", "?")
+    return (f"{state.get('algo', '?')} {env}, {checkpoint}.pt at {state.get('frames', 0):,} "
+            f"frames: {n} greedy episodes, return {mean:.2f} ± {std:.2f} "
+            f"(min {min(returns):.2f}, max {max(returns):.2f})")
+
+
+def _rebuild_agent(state: dict[str, Any], path: Path) -> tuple[Callable[..., Any], dict, Any]:
+    spec = state.get("agent")
+    if spec is None:
+        raise CheckpointError(f"{path} does not record the evaluation agent (written before "
+                              "rlstruct recorded it, or an agent argument it cannot hold)")
+    constructors = state.get("constructors", {})
+    args: dict[str, Any] = {}
+    for key, value in spec["args"].items():
+        if isinstance(value, dict) and "saved" in value:
+            name = value["saved"]
+            if name not in constructors:
+                raise CheckpointError(
+                    f"{path} holds {name!r}'s weights but not its constructor arguments: build "
+                    f"it with run.model(cls, *args) in the algorithm so checkpoints record them")
+            model = build_model(constructors[name])
+            model.load_state_dict(state[name])
+            args[key] = model
+        else:
+            args[key] = value
+    info = spec.get("agent_info")
+    agent_info = None if info is None else DictTensor({k: torch.as_tensor(v)
+                                                       for k, v in info.items()})
+    return import_object(spec["class"]), args, agent_info
+
+
+def _env_factory(env_id: str, backend: str) -> Callable[[], gym.Env]:
+    if backend == "atari":
+        from rlstruct.envs.atari import make_atari_gym_env
+
+        return functools.partial(make_atari_gym_env, env_id)
+    return functools.partial(gym.make, env_id)
+
+
+def _render_problem(make: Callable[..., gym.Env]) -> str | None:
+    """Why ``make``'s env cannot render frames (e.g. pygame missing), else None."""
+    try:
+        env = make()
+        modes = env.metadata.get("render_modes", [])
+        env.close()
+        if "rgb_array" not in modes:
+            return f"its render modes are {modes}, not rgb_array"
+        env = make(render_mode="rgb_array")
+        try:
+            env.reset(seed=0)
+            frame = env.render()
+        finally:
+            env.close()
+    except Exception as err:  # a missing renderer, an env without render_mode...: no video
+        return f"{type(err).__name__}: {err}"
+    return None if hasattr(frame, "shape") else "its render() returns no image"
+
+
+def _recorded(make: Callable[..., gym.Env], folder: Path) -> gym.Env:
+    env = make(render_mode="rgb_array")
+    return gym.wrappers.RecordVideo(env, str(folder), episode_trigger=lambda episode: True,
+                                    disable_logger=True)
