@@ -3,7 +3,8 @@ budget, time cap), which algorithm and settings each row runs and its SB3 / sb3-
 the summary of a row's runs, the targets' verdicts and the printed table.
 
 No process is started here and nothing heavier than the standard library is imported, so the
-verdicts can be tested on hand-built run records (tests/test_benchmarks_learning_targets.py).
+verdicts can be tested on hand-built run records
+(tests/benchmarks/test_benchmarks_learning_targets.py).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ VARIANTS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
     "ppo_torch_env": ("ppo", "cartpole", {"n_processes": 1, "n_envs": 16},
                       {"env_backend": "torch"}),
     # continuous control: SAC's and TRPO's defaults are Pendulum's; PPO's are CartPole's, so it
-    # gets the Pendulum settings its tests use (tests/test_algo_ppo.py, PENDULUM)
+    # gets the Pendulum settings its tests use (tests/algos/test_algo_ppo.py, PENDULUM)
     "sac_pendulum": ("sac", "pendulum_sac", {}, {}),
     "trpo_pendulum": ("trpo", "pendulum", {}, {}),
     "ppo_pendulum": ("ppo", "pendulum", {}, PPO_BOX | {"gamma": 0.9, "lr": 1e-3, "n_timesteps": 128,

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from types import ModuleType
 
-import agents
-import batcher_helpers
 import cloudpickle
-import fault_envs
 import psutil
 import pytest
 import torch
-from processes import children
+from support import agents, batcher_helpers, fault_envs
+from support.processes import children
 
 #: Helper modules whose agents, envs and factories workers receive: they are pickled by value,
 #: since a worker process or a Ray actor cannot import ``tests/``.

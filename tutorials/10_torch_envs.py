@@ -54,7 +54,7 @@ for _ in range(12):
 
 # --- 2. The same physics as gymnasium's ---------------------------------------------------------
 # With a float64 state (dtype=torch.float64) and gymnasium's state copied in, the two agree to
-# the last bits step after step (tests/test_envs_torch.py checks 1000-step rollouts of all four
+# the last bits step after step (tests/envs/test_envs_torch.py checks 1000-step rollouts of all four
 # envs: CartPole, Acrobot, MountainCar, Pendulum).
 ref = gym.make("CartPole-v1")
 ref.reset(seed=1)

@@ -28,7 +28,7 @@ statistics and the advantages' mean and std (from the gathered rows), ``g``, eac
 and each line-search try's surrogate and KL (row-weighted means over the ranks); CG then runs
 identically on every rank and every rank accepts the same step. The critic's minibatches are
 ``minibatch_size / N`` rows per rank, their gradients averaged. N ranks compute what one
-learner computes on the whole batch (``tests/test_learner_algos.py``).
+learner computes on the whole batch (``tests/learners/test_learner_algos.py``).
 
 Run: ``python -m rlstruct.algos.trpo --help``; ``python -m rlstruct.algos.trpo --env-id
 Pendulum-v1``.

@@ -93,6 +93,7 @@ class ResourceMonitor:
         phases: Sequence[str] = ("collect", "learn"),
     ) -> None:
         self._root = psutil.Process(pid)
+        self._external: list[ExternalCpu] = []
         self._root_pid = self._root.pid
         self.rescan_s = float(rescan_s)
         self._procs: dict[int, psutil.Process] = {}
@@ -111,7 +112,6 @@ class ResourceMonitor:
         self._main_prev, self._tree_prev = self._cpu()
         self._last_wall = time.monotonic()
         self._last_frames: int | None = None
-        self._external: list[ExternalCpu] = []
 
     def watch(self, source: ExternalCpu) -> None:
         """Counts the CPU time of workers outside this process tree: ``source`` (a Batcher or

@@ -24,7 +24,7 @@ state uniform in ``[low, high]^4`` rounded to float32 as gymnasium does (reset o
 ``low``, ``high``; default ``[-0.1, 0.1]``).
 
 The terms are evaluated in gymnasium's order, so that a float64 state follows gymnasium's float64
-state closely (tests/test_envs_torch.py compares 1000-step rollouts).
+state closely (tests/envs/test_envs_torch.py compares 1000-step rollouts).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ State ``(x, x_dot, theta, theta_dot)``, observed as float32; initial state unifo
 ``[low, high]^4`` (reset options ``low``, ``high``; default ``[-0.05, 0.05]``).
 
 The products are evaluated in gymnasium's order, so that a float64 state follows gymnasium's
-float64 state to the last bits (tests/test_envs_torch.py compares 1000-step rollouts).
+float64 state to the last bits (tests/envs/test_envs_torch.py compares 1000-step rollouts).
 """
 
 from __future__ import annotations

@@ -1,0 +1,339 @@
+"""rlstruct/algos/ppo.py: known-answer tests of the loss pieces, replay, smoke runs, a learning
+test."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import tyro
+from gymnasium import spaces
+from support.algo_runs import check_run_dir, evaluated_rows, run_algo
+from support.trajectory_builders import collect, gae_by_loops, steps
+
+from rlstruct import DictTensor, Trajectories, replay_agent_stateless
+from rlstruct import keys as K
+from rlstruct.algos import ppo
+from rlstruct.errors import ConfigError, DeviceContractError
+from rlstruct.learn.distributions import make_head
+from rlstruct.learn.nets import HeadActorCritic
+from rlstruct.runs.layout import LayoutConfig
+
+
+def actor_critic(obs_dim: int, n_actions: int, hidden: int) -> HeadActorCritic:
+    """PPO's model for ``Discrete(n_actions)``: its params are the logits."""
+    return HeadActorCritic(obs_dim, make_head(spaces.Discrete(n_actions), hidden), hidden)
+
+
+# ----------------------------------------------------------------------------- loss pieces
+def test_clipped_policy_loss_takes_the_pessimistic_side_of_the_clip():
+    ratio = torch.tensor([1.5, 1.5, 0.5, 0.5, 1.1, 1.0])
+    advantage = torch.tensor([1.0, -1.0, 1.0, -1.0, 2.0, -3.0])
+    loss = ppo.clipped_policy_loss(ratio.log(), torch.zeros(6), advantage, clip=0.2)
+    # A > 0: the gain stops at 1 + eps; A < 0: the loss is never clipped away when r grows;
+    # r < 1 - eps with A > 0 is not clipped (min keeps r A); inside the clip range: -r A.
+    torch.testing.assert_close(loss, torch.tensor([-1.2, 1.5, -0.5, 0.8, -2.2, 3.0]))
+
+
+def test_clipped_policy_loss_passes_no_gradient_once_clipped():
+    logp = torch.tensor([math.log(1.5), math.log(1.1)], requires_grad=True)
+    ppo.clipped_policy_loss(logp, torch.zeros(2), torch.ones(2), clip=0.2).sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([0.0, -1.1]))  # d(-r)/dlogp = -r
+
+
+def test_value_loss_unclipped_and_clipped():
+    value, old = torch.tensor([3.0, 1.2, 0.0, 4.0]), torch.tensor([1.0, 1.0, 1.0, 1.0])
+    returns = torch.tensor([2.0, 3.0, 3.0, 3.0])
+    plain = ppo.value_loss(value, old, returns, clip=None)
+    torch.testing.assert_close(plain, torch.tensor([0.5, 1.62, 4.5, 0.5]))
+    # Clipped: V_old + clamp(V - V_old, -0.5, 0.5) = [1.5, 1.2, 0.5, 1.5]; the max of both.
+    clipped = ppo.value_loss(value, old, returns, clip=0.5)
+    torch.testing.assert_close(clipped, torch.tensor([0.5, 1.62, 4.5, 1.125]))
+
+
+def test_gae_advantages_bootstrap_from_the_critic_on_the_true_next_observation():
+    model = actor_critic(obs_dim=2, n_actions=2, hidden=8)
+    # Row 0 terminates at t=1; row 1 is truncated at t=0, then padding; row 2 is cut at t=2.
+    reward = torch.tensor([[1.0, 2.0, 3.0], [1.0, 7.0, 7.0], [0.5, 0.5, 0.5]])
+    terminated = torch.tensor([[False, True, False], [False] * 3, [False] * 3])
+    truncated = torch.tensor([[False] * 3, [True, False, False], [False] * 3])
+    next_frame = torch.randn(3, 3, 2)
+    traj = Trajectories(DictTensor(), steps(
+        [3, 1, 3], reward=reward, terminated=terminated, truncated=truncated,
+        next_frame=next_frame, **{"action/value": torch.randn(3, 3)},
+    ))
+    adv, ret = ppo.gae_advantages(model, traj, gamma=0.9, lam=0.8)
+    with torch.no_grad():
+        next_value = model.value(next_frame.flatten(0, 1)).view(3, 3)
+    exp_adv, exp_ret = gae_by_loops(
+        reward, traj.trajectories["action/value"], next_value, terminated, truncated,
+        [3, 1, 3], 0.9, 0.8,
+    )
+    torch.testing.assert_close(adv, exp_adv)
+    torch.testing.assert_close(ret, exp_ret)
+
+
+@pytest.mark.parametrize("adv_norm", ["minibatch", "off"])
+def test_ppo_loss_matches_the_formula_written_out(adv_norm):
+    torch.manual_seed(0)
+    model = actor_critic(obs_dim=3, n_actions=2, hidden=8)
+    n = 5
+    frame, action = torch.randn(n, 3), torch.randint(2, (n,))
+    logp_old, value_old = -torch.rand(n), torch.randn(n)
+    adv, ret = torch.randn(n), torch.randn(n)
+    minibatch = DictTensor({  # transitions, as learn() takes them from to_transitions()
+        "observation/frame": frame, "action/sample": action, "action/logp": logp_old,
+        "action/value": value_old, "advantage": adv, "return": ret,
+    })
+    cfg = ppo.Config(clip_coef=0.2, vf_coef=0.5, ent_coef=0.01, adv_norm=adv_norm)
+    loss, stats = ppo.ppo_loss(ppo.PPOAgent(model), minibatch, cfg)
+
+    with torch.no_grad():
+        logits, value = model(frame)
+    expected_policy = expected_value = expected_entropy = 0.0
+    a = adv
+    if adv_norm == "minibatch":
+        a = (a - a.mean()) / (a.std(correction=0) + 1e-8)
+    for i in range(n):
+        p = torch.softmax(logits[i], -1)
+        r = math.exp(float(p[action[i]].log() - logp_old[i]))
+        expected_policy -= min(r * a[i], min(max(r, 0.8), 1.2) * a[i]) / n
+        expected_value += 0.5 * float(value[i] - ret[i]) ** 2 / n
+        expected_entropy -= float((p * p.log()).sum()) / n
+    assert stats["policy_loss"].item() == pytest.approx(float(expected_policy), rel=1e-5, abs=1e-6)
+    assert stats["value_loss"].item() == pytest.approx(expected_value, rel=1e-5)
+    assert stats["entropy"].item() == pytest.approx(expected_entropy, rel=1e-5)
+    expected = expected_policy + 0.5 * expected_value - 0.01 * expected_entropy
+    assert loss.item() == pytest.approx(float(expected), rel=1e-5, abs=1e-6)
+
+
+def test_replay_reproduces_the_logp_and_value_the_workers_stored():
+    model = actor_critic(obs_dim=4, n_actions=2, hidden=16)
+    (traj,) = collect(ppo.PPOAgent, model, n_segments=1)
+    out = replay_agent_stateless(ppo.PPOAgent(model), traj)
+    stored = traj.trajectories
+    logp = out["params"].log_softmax(-1).gather(-1, stored["action/action"].unsqueeze(-1))
+    torch.testing.assert_close(logp.squeeze(-1), stored["action/logp"])
+    torch.testing.assert_close(out["value"], stored["action/value"])
+    assert out["params"].requires_grad
+    assert stored["action/sample"].equal(stored["action/action"])  # Discrete: one and the same
+
+
+def test_agent_samples_reproducibly_and_acts_greedily_on_request():
+    model = actor_critic(obs_dim=3, n_actions=4, hidden=8)
+    obs, state = DictTensor({"frame": torch.randn(64, 3)}), DictTensor(batch_size=64)
+    a, b = ppo.PPOAgent(model), ppo.PPOAgent(model)
+    a.seed(7)
+    b.seed(7)
+    first = a(state, obs, DictTensor())[0]
+    assert first["action"].equal(b(state, obs, DictTensor())[0]["action"])
+    greedy = DictTensor({"greedy": torch.ones(64, dtype=torch.bool)})
+    assert a(state, obs, greedy)[0]["action"].equal(model(obs["frame"])[0].argmax(-1))
+
+
+@pytest.mark.parametrize("adv_norm,value_clip", [("batch", 0.2), ("off", None)])
+def test_learn_runs_every_option_and_changes_the_model(adv_norm, value_clip):
+    model = actor_critic(obs_dim=4, n_actions=2, hidden=16)
+    (traj,) = collect(ppo.PPOAgent, model, n_segments=1)
+    before = [p.detach().clone() for p in model.parameters()]
+    cfg = ppo.Config(n_epochs=2, minibatch_size=12, adv_norm=adv_norm, value_clip=value_clip)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    stats = ppo.learn(ppo.PPOAgent(model), optimizer, traj, cfg)
+    assert set(stats) == {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"}
+    assert all(math.isfinite(v) for v in stats.values())
+    assert any(not p.equal(q) for p, q in zip(model.parameters(), before))
+
+
+# ----------------------------------------------------------------------------- runs
+SMOKE = ["--max-frames", "1500", "--n-envs", "2", "--n-timesteps", "16", "--eval-every", "2",
+         "--n-epochs", "2", "--seed", "0"]
+
+
+def layout(**kw) -> LayoutConfig:
+    return LayoutConfig(**{"learner_device": "cpu", "n_processes": 1, "n_envs": 2, **kw})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_smoke_run_from_another_folder_writes_a_complete_run_dir(tmp_path):
+    run_dir, stdout = run_algo("ppo", SMOKE, cwd=tmp_path)  # worker processes (2 by default)
+    assert run_dir.parent == tmp_path / "runs"
+    rows = check_run_dir(run_dir)
+    assert int(rows[-1]["frames"]) >= 1500 and "ppo: stopped by max_frames" in stdout
+    assert evaluated_rows(rows)  # and only there: check_run_dir compares with episodes.csv
+    assert {"policy_loss", "value_loss", "entropy", "approx_kl", "lr"} <= set(rows[-1])
+    for row in rows[:-1]:  # the logged lr is the annealed lr the step used
+        assert float(row["lr"]) == pytest.approx(1e-3 * (1 - int(row["frames"]) / 1500))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_check_devices_smoke_run(tmp_path):
+    cfg = ppo.Config(layout=layout(check_devices=True), n_timesteps=16, max_frames=300,
+                     eval_every=1, n_epochs=1, runs_dir=str(tmp_path))
+    check_run_dir(Path(ppo.main(cfg)["run_dir"]))
+
+
+class _MetaAgent(ppo.PPOAgent):
+    """Returns its outputs on the meta device: a planted device-contract breach."""
+
+    def __call__(self, state, observation, agent_info):
+        action, state = super().__call__(state, observation, agent_info)
+        return action.to("meta"), state
+
+
+def test_check_devices_catches_a_planted_wrong_device(tmp_path, monkeypatch):
+    monkeypatch.setattr(ppo, "PPOAgent", _MetaAgent)
+    cfg = ppo.Config(layout=layout(check_devices=True), max_frames=300, runs_dir=str(tmp_path))
+    with pytest.raises(DeviceContractError, match=r"action\['action'\] is on meta, expected cpu"):
+        ppo.main(cfg)
+
+
+@pytest.mark.slow
+def test_learns_the_repeat_env(tmp_path):
+    # Reward 1 per step for repeating the observed symbol: random play earns 5 of 10.
+    cfg = ppo.Config(
+        env_id="rlstruct/Repeat-v0", layout=layout(n_envs=8), n_timesteps=16, eval_every=0,
+        target_return=9.5, max_frames=50_000, time_budget=50, runs_dir=str(tmp_path),
+    )
+    summary = ppo.main(cfg)
+    assert summary["train_return_mean20"] >= 8.0, summary
+
+
+@pytest.mark.gpu
+def test_gpu_layout(tmp_path):
+    cfg = ppo.Config(
+        layout=LayoutConfig(learner_device="cuda:0", batcher_device="cuda", eval_device="cpu",
+                            n_envs=4, check_devices=True),
+        max_frames=2000, eval_every=1, n_epochs=2, runs_dir=str(tmp_path),
+    )
+    check_run_dir(Path(ppo.main(cfg)["run_dir"]))
+
+
+def test_torch_env_backend_trains_in_the_learners_process(tmp_path):
+    cfg = ppo.Config(layout=layout(n_envs=16), env_backend="torch", n_timesteps=16,
+                     max_frames=2000, eval_every=0, n_epochs=1, runs_dir=str(tmp_path))
+    run_dir = Path(ppo.main(cfg)["run_dir"])
+    rows = check_run_dir(run_dir)
+    assert int(rows[-1]["frames"]) >= 2000 and float(rows[-1]["episodes"]) > 16
+    config = json.loads((run_dir / "config.json").read_text())["config"]
+    assert config["env_backend"] == "torch"
+
+
+def test_torch_env_backend_is_refused_for_episodic_collection(tmp_path):
+    from rlstruct.algos import reinforce
+
+    cfg = reinforce.Config(layout=layout(), env_backend="torch", runs_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="GymEnvInf"):
+        reinforce.main(cfg)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_atari_pong_with_the_nature_cnn_runs_a_few_iterations(tmp_path):
+    pytest.importorskip("ale_py", reason="needs the atari extra: pip install rlstruct[atari]")
+    pytest.importorskip("cv2", reason="needs the atari extra: pip install rlstruct[atari]")
+    cfg = ppo.Config(env_id="ALE/Pong-v5", env_backend="atari", model="cnn",
+                     layout=LayoutConfig(learner_device="cpu", n_processes=2, n_envs=1),
+                     n_timesteps=32, max_frames=256, n_epochs=1, minibatch_size=32,
+                     target_return=None, runs_dir=str(tmp_path))
+    summary = ppo.main(cfg)
+    assert summary["frames"] >= 256 and summary["stopped_by"] == "max_frames"
+    checkpoint = torch.load(Path(summary["run_dir"]) / "checkpoints" / "latest.pt")
+    assert "trunk.0.weight" in checkpoint["model"]  # the CNN was trained
+
+
+def test_pipelined_batches_are_relabelled_by_the_current_policy():
+    torch.manual_seed(0)
+    model = actor_critic(obs_dim=4, n_actions=2, hidden=8)
+    (traj,) = collect(ppo.PPOAgent, model, n_segments=1, n_timesteps=4)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5)  # the learner moved on since the batch was collected
+    stored = traj.trajectories[K.STORED_LOGP].clone()
+    relabelled = ppo.relabel(ppo.PPOAgent(model), traj).trajectories
+    with torch.no_grad():
+        logits, value = model(relabelled[K.OBS_FRAME].flatten(0, 1))
+    logp = logits.log_softmax(-1).gather(1, relabelled[K.STORED_SAMPLE].view(-1, 1))
+    logp = logp.view(stored.shape)
+    torch.testing.assert_close(relabelled[K.STORED_LOGP], logp)
+    torch.testing.assert_close(relabelled[K.STORED_VALUE], value.view(stored.shape))
+    assert not torch.allclose(stored, logp)
+
+
+# ----------------------------------------------------------------------------- Box actions
+PENDULUM = ["--env-id", "Pendulum-v1", "--gamma", "0.9", "--gae-lambda", "0.95", "--n-epochs",
+            "10", "--lr", "1e-3", "--normalize-obs"]
+
+
+def test_ppo_loss_on_a_gaussian_head_is_torch_distributions_formula():
+    torch.manual_seed(0)
+    space = spaces.Box(-2.0, 2.0, (2,))
+    model = HeadActorCritic(3, make_head(space, 8, log_std_init=-0.5), 8)
+    n = 6
+    frame, sample = torch.randn(n, 3), 2 * torch.randn(n, 2)  # samples beyond the Box too
+    logp_old, adv = -torch.rand(n), torch.randn(n)
+    minibatch = DictTensor({
+        "observation/frame": frame, "action/sample": sample, "action/logp": logp_old,
+        "action/value": torch.zeros(n), "advantage": adv, "return": torch.zeros(n),
+    })
+    cfg = ppo.Config(adv_norm="off", ent_coef=0.01)
+    loss, stats = ppo.ppo_loss(ppo.PPOAgent(model), minibatch, cfg)
+    with torch.no_grad():
+        params, _ = model(frame)
+    normal = torch.distributions.Normal(params[:, :2], params[:, 2:].exp())
+    ratio = (normal.log_prob(sample).sum(-1) - logp_old).exp()
+    policy = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean()
+    assert stats["policy_loss"].item() == pytest.approx(policy.item(), rel=1e-5, abs=1e-6)
+    entropy = normal.entropy().sum(-1).mean()
+    assert stats["entropy"].item() == pytest.approx(entropy.item())
+    expected = policy + 0.5 * stats["value_loss"] - 0.01 * entropy
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-6)
+
+
+def test_learn_on_box_actions_updates_the_policy_and_the_observation_statistics():
+    torch.manual_seed(0)
+    model = HeadActorCritic(3, make_head(spaces.Box(-2.0, 2.0, (1,)), 16), 16,
+                            normalize_obs=True)
+    (traj,) = collect(ppo.PPOAgent, model, n_segments=1, env="Pendulum-v1", n_timesteps=16)
+    stored = traj.trajectories
+    assert stored["action/action"].abs().max() <= 2.0 and stored["action/sample"].shape[-1] == 1
+    before = model.head.log_std.detach().clone()
+    stats = ppo.learn(ppo.PPOAgent(model), torch.optim.Adam(model.parameters(), 1e-2), traj,
+                      ppo.Config(n_epochs=2, minibatch_size=16))
+    assert math.isfinite(stats["approx_kl"]) and not model.head.log_std.equal(before)
+    assert int(model.obs_norm.count) == 4 * 16  # taken in after the epochs
+    torch.testing.assert_close(model.obs_norm.mean.float(),
+                               stored["observation/frame"].flatten(0, 1).mean(0))
+
+
+def test_discrete_only_models_refuse_box_actions_with_a_config_error(tmp_path):
+    cfg = ppo.Config(env_id="Pendulum-v1", model="cnn", layout=layout(), runs_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="ppo needs Discrete actions; Pendulum-v1 has Box"):
+        ppo.main(cfg)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_learns_pendulum(tmp_path):
+    # A random policy scores about -1200 to -1500 per episode; -400 is a clear swing-up.
+    cfg = tyro.cli(ppo.Config, args=[*PENDULUM, "--env-backend", "torch", "--n-processes", "1",
+                                     "--n-envs", "16", "--n-timesteps", "128"])
+    cfg = dataclasses.replace(cfg, target_return=-400.0, max_frames=150_000, time_budget=150,
+                              eval_every=0, runs_dir=str(tmp_path))
+    summary = ppo.main(cfg)
+    assert summary["solved"], summary
+
+
+def test_mountain_car_continuous_runs_through_the_gaussian_head(tmp_path):
+    cfg = ppo.Config(env_id="MountainCarContinuous-v0", layout=layout(n_envs=4), n_timesteps=32,
+                     max_frames=256, n_epochs=1, eval_every=0, target_return=None,
+                     normalize_obs=True, runs_dir=str(tmp_path))
+    summary = ppo.main(cfg)
+    assert summary["frames"] >= 256 and summary["stopped_by"] == "max_frames"
+    checkpoint = torch.load(Path(summary["run_dir"]) / "checkpoints" / "latest.pt")
+    assert "actor.4.log_std" in checkpoint["model"] and "obs_norm.mean" in checkpoint["model"]

@@ -1,0 +1,218 @@
+"""The import graph of rlstruct/ and benchmarks/ against the layer table of docs/design.md.
+
+Every module of ``rlstruct/`` has a layer in the table; an import (at module level or inside a
+function) points to the same layer or a lower one; no modules import each other, directly or
+through others; the library imports no script (``algos``, ``benchmarks``, ``tutorials``), not even
+by name through ``importlib``. In ``benchmarks/``, helpers (``_name.py``) import no script and no
+import circle joins two scripts. Static (``ast``): nothing is imported, so the test is fast.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = ("benchmarks", "tutorials")
+
+
+def layer_table() -> dict[str, int]:
+    """``{name: layer}`` from the ```text block under "## Layers" of docs/design.md; names
+    are relative to ``rlstruct`` (``""``: the package itself); higher layers have higher
+    numbers."""
+    text = (REPO / "docs" / "design.md").read_text()
+    block = re.search(r"## Layers.*?```text\n(.*?)```", text, re.S)
+    assert block, "docs/design.md has no layer table"
+    layers: list[list[str]] = []
+    continued = False
+    for line in block.group(1).splitlines()[1:]:  # the first line is the scripts
+        names = re.split(r"\s{2,}", line.strip())[0]
+        if names.startswith("rlstruct") or (continued and names):
+            parts = [n.strip() for n in names.split(",") if n.strip()]
+            if not continued:
+                layers.append([])
+            layers[-1] += [p.removeprefix("rlstruct").lstrip(".") for p in parts]
+            continued = names.endswith(",")
+        else:
+            continued = False
+    return {name: len(layers) - i for i, names in enumerate(layers) for name in names}
+
+
+def modules() -> dict[str, Path]:
+    """Dotted names of the modules of rlstruct/ and benchmarks/."""
+    out = {}
+    for path in sorted((REPO / "rlstruct").rglob("*.py")):
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    for path in sorted((REPO / "benchmarks").glob("*.py")):
+        out[f"benchmarks.{path.stem}"] = path
+    return out
+
+
+MODULES = modules()
+BENCH_NAMES = {name.split(".", 1)[1] for name in MODULES if name.startswith("benchmarks.")}
+
+
+def _resolve(name: str, importer: str) -> str:
+    """A benchmark script imports its neighbours by bare name (benchmarks/ is on sys.path)."""
+    if importer.startswith("benchmarks.") and name.split(".")[0] in BENCH_NAMES:
+        return f"benchmarks.{name}"
+    return name
+
+
+def imports(module: str) -> set[str]:
+    """The project modules ``module`` imports anywhere in its file (functions included)."""
+    path = MODULES[module]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {_resolve(alias.name, module) for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module.split(".") if path.name == "__init__.py" else \
+                    module.split(".")[:-1]
+                package = package[:len(package) - node.level + 1]
+                base = ".".join([*package, base] if base else package)
+            base = _resolve(base, module)
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                out.add(full if full in MODULES else base)
+    return {name for name in out if name != module
+            and name.split(".")[0] in ("rlstruct", *SCRIPTS)}
+
+
+GRAPH = {module: imports(module) for module in MODULES}
+
+
+def layer_of(module: str, table: dict[str, int]) -> int | None:
+    """The layer of an rlstruct module: its own entry or its nearest package's."""
+    parts = module.split(".")[1:]
+    for n in range(len(parts), -1, -1):
+        name = ".".join(parts[:n])
+        if name in table and (n > 0 or not parts):
+            return table[name]
+    return None
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+# ------------------------------------------------------------------------------------ tests
+def test_the_table_parses_and_names_real_modules():
+    table = layer_table()
+    assert table["errors"] < table["learn.functional"] < table["agent"] < table["batchers"]
+    assert table["batchers"] < table["runs.run"] < table["tools"] < table["__main__"]
+    assert table["tools"] < table["algos"] < table["__main__"]
+    assert table[""] == table["batchers"]  # the package itself: its core names
+    missing = [name for name in table if f"rlstruct.{name}".rstrip(".") not in MODULES]
+    assert not missing, f"docs/design.md's layer table names modules that do not exist: {missing}"
+
+
+def test_every_rlstruct_module_has_a_layer():
+    table = layer_table()
+    unplaced = [m for m in MODULES if m.startswith("rlstruct") and layer_of(m, table) is None]
+    assert not unplaced, f"add these modules to the layer table of docs/design.md: {unplaced}"
+
+
+def test_imports_point_down():
+    table = layer_table()
+    upward = []
+    for module, targets in GRAPH.items():
+        if not module.startswith("rlstruct"):
+            continue
+        for target in targets:
+            if target.split(".")[0] in SCRIPTS:
+                upward.append(f"{module} imports the script {target}")
+                continue
+            mine, theirs = layer_of(module, table), layer_of(target, table)
+            if theirs is not None and mine is not None and theirs > mine:
+                upward.append(f"{module} (layer {mine}) imports {target} (layer {theirs})")
+    assert not upward, "imports that point up:\n" + "\n".join(sorted(upward))
+
+
+def test_no_modules_import_each_other():
+    assert not cycles(GRAPH), f"import circles: {cycles(GRAPH)}"
+
+
+def test_the_cycle_finder_finds_cycles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_run_and_tune_do_not_import_each_other_even_through_others():
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for target in GRAPH.get(todo.pop(), ()):
+                if target not in seen:
+                    seen.add(target)
+                    todo.append(target)
+        return seen
+
+    tune = {m for m in MODULES
+            if m == "rlstruct.tools.tune" or m.startswith("rlstruct.tools.tune.")}
+    assert "rlstruct.runs.run" not in set().union(*(reach(m) for m in tune))
+
+
+def test_benchmark_helpers_import_no_script():
+    helpers = [m for m in MODULES if m.startswith("benchmarks._")]
+    assert helpers
+    bad = {m: sorted(t for t in GRAPH[m] if t.startswith("benchmarks.")) for m in helpers}
+    assert not any(bad.values()), bad
+
+
+def test_the_library_names_no_script_to_importlib():
+    named = []
+    for module in (m for m in MODULES if m.startswith("rlstruct")):
+        for node in ast.walk(ast.parse(MODULES[module].read_text())):
+            if not (isinstance(node, ast.Call) and _is_dynamic_import(node.func) and node.args):
+                continue
+            first = node.args[0]
+            text = first.value if isinstance(first, ast.Constant) else ""
+            if isinstance(first, ast.JoinedStr) and first.values and isinstance(
+                    first.values[0], ast.Constant):
+                text = first.values[0].value
+            if str(text).startswith(SCRIPTS):
+                named.append(f"{module} imports {text!r}...")
+    assert not named, f"the library never imports scripts, even by name: {named}"
+
+
+def _is_dynamic_import(func: ast.expr) -> bool:
+    return (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
+        isinstance(func, ast.Name) and func.id in ("__import__", "import_module"))

@@ -1,0 +1,240 @@
+"""A run from the command line: config checks before anything starts (exit code 2), custom envs
+from a module of the user's, SIGTERM, and ``python -m rlstruct --help``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from support.algo_runs import evaluated_rows, read_rows
+
+from rlstruct.errors import ConfigError
+from rlstruct.runs.layout import LayoutConfig
+from rlstruct.runs.run import RunConfig
+
+CORRIDOR = textwrap.dedent('''
+    import gymnasium as gym
+    import numpy as np
+
+    class Corridor(gym.Env):
+        observation_space = gym.spaces.Box(0.0, 1.0, (4,), np.float32)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.x = 0
+            return np.eye(4, dtype=np.float32)[0], {}
+
+        def step(self, action):
+            self.x = min(max(self.x + (1 if action == 1 else -1), 0), 3)
+            return np.eye(4, dtype=np.float32)[self.x], float(self.x == 3), self.x == 3, False, {}
+
+    gym.register("TmpCorridor-v0", entry_point=Corridor, max_episode_steps=20)
+''')
+
+
+def python(args: list[str], cwd: Path, extra_path: Path | None = None, timeout: float = 120):
+    env = dict(os.environ)
+    if extra_path is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(extra_path), env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+# ----------------------------------------------------------------------------- config checks
+def test_every_config_problem_is_listed_at_once_before_any_folder(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        RunConfig(env_id="CartPole-v2", lr=-0.001, time_budget=-5, runs_dir=str(tmp_path / "r"),
+                  layout=LayoutConfig(n_envs=0, pipeline=0))
+    message = str(info.value)
+    assert message.startswith("5 problem(s) in the config")
+    for text in ("lr must be a finite number > 0, got -0.001", "time_budget must be > 0",
+                 "n_envs must be >= 1, got 0", "pipeline must be >= 1",
+                 "env_id 'CartPole-v2' is not registered", "did you mean 'CartPole-v1'"):
+        assert text in message
+    assert not (tmp_path / "r").exists()
+
+
+def test_an_algorithms_own_problems_are_listed_with_the_shared_ones():
+    from rlstruct.algos import impala, ppo
+
+    with pytest.raises(ConfigError) as info:
+        ppo.Config(lr=0.0, n_epochs=0)
+    assert "2 problem(s)" in str(info.value) and "n_epochs >= 1" in str(info.value)
+    with pytest.raises(ConfigError, match=r"(?s)2 problem\(s\).*gamma.*--pipeline >= 2"):
+        impala.Config(gamma=2.0, layout=LayoutConfig(pipeline=1))
+
+
+def test_env_modules_and_backends_are_checked_too():
+    with pytest.raises(ConfigError, match=r"env_module 'no_such_pkg\.envs' cannot be imported"):
+        RunConfig(env_module=("no_such_pkg.envs",))
+    with pytest.raises(ConfigError, match="its module cannot be imported"):
+        RunConfig(env_id="no_such_pkg.envs:Thing-v0")
+    with pytest.raises(ConfigError, match="no torch-native version"):
+        RunConfig(env_id="Taxi-v3", env_backend="torch")
+
+
+@pytest.mark.slow
+def test_the_command_line_exits_with_2_and_creates_nothing(tmp_path):
+    done = python(["-m", "rlstruct.algos.ppo", "--env-id", "Cartpole-v1", "--n-envs", "0", "--lr",
+                   "-0.001", "--time-budget", "-5"], cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    for text in ("4 problem(s)", "lr must be", "time_budget", "n_envs", "'CartPole-v1'"):
+        assert text in done.stderr
+    assert list(tmp_path.iterdir()) == []  # no runs/ folder
+
+
+# ----------------------------------------------------------------------------- custom envs
+@pytest.mark.slow
+@pytest.mark.parametrize("form", ["--env-module", "module:Id"])
+def test_a_custom_env_trains_and_evaluates_from_the_command_line(tmp_path, form):
+    (tmp_path / "tmp_corridor.py").write_text(CORRIDOR)
+    flags = ["--env-module", "tmp_corridor", "--env-id", "TmpCorridor-v0"]
+    if form == "module:Id":
+        flags = ["--env-id", "tmp_corridor:TmpCorridor-v0"]
+    done = python(["-m", "rlstruct.algos.ppo", *flags, "--target-return", "None", "--max-frames",
+                   "30000", "--eval-every", "1", "--n-epochs", "2", "--n-processes", "2"],
+                  cwd=tmp_path, extra_path=tmp_path, timeout=150)
+    assert done.returncode == 0, done.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "budget" and summary["frames"] >= 30000
+    evaluated = evaluated_rows(read_rows(run_dir / "progress.csv"))
+    assert evaluated, "no evaluation finished: the evaluation worker could not build the env"
+    assert 0.0 <= float(evaluated[-1]["eval_return"]) <= 1.0
+
+
+# ----------------------------------------------------------------------------- SIGTERM
+@pytest.mark.slow
+def test_sigterm_ends_the_run_like_ctrl_c(tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlstruct.algos.ppo", "--target-return", "None", "--max-frames",
+         "100000000", "--time-budget", "120", "--checkpoint-every", "1000"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while not list(tmp_path.glob("runs/*/progress.csv")):
+            assert time.monotonic() < deadline and proc.poll() is None, "no progress row"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        for child in psutil.Process().children(recursive=True):
+            if child.pid == proc.pid or proc.pid in [p.pid for p in child.parents()]:
+                child.kill()
+        proc.kill()
+        proc.wait(10)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and "SIGTERM" in summary["error"], err
+    assert "stopped by interrupted" in out and took < 30
+    rows = read_rows(run_dir / "progress.csv")
+    assert int(rows[-1]["frames"]) == summary["frames"]
+    import torch
+
+    assert torch.load(run_dir / "checkpoints" / "latest.pt")["frames"] == summary["frames"]
+
+
+# ----------------------------------------------------------------------------- --help
+def test_help_lists_every_command(capsys):
+    from rlstruct.__main__ import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("plot", "sweep", "tune", "evaluate"):
+        assert f"    {command} " in out
+
+
+# ----------------------------------------------------------------------------- resume
+@pytest.mark.slow
+def test_ppo_resumed_after_its_time_budget_carries_on_learning(tmp_path):
+    import torch
+
+    flags = ["-m", "rlstruct.algos.ppo", "--target-return", "None", "--eval-every", "0",
+             "--n-processes", "1"]
+    # A frame cap no machine reaches in 12 s, so the first run ends on its time budget.
+    first = python([*flags, "--max-frames", "3000000", "--time-budget", "12"], cwd=tmp_path,
+                   timeout=150)
+    assert first.returncode == 0, first.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    before = json.loads((run_dir / "summary.json").read_text())
+    assert before["status"] == "budget" and before["stopped_by"] == "time_budget"
+    steps_before = torch.load(run_dir / "checkpoints" / "latest.pt")["optimizer"]["state"][0]
+    goal = before["frames"] + 10_000  # the resumed run may change its budgets
+    second = python([*flags, "--max-frames", str(goal), "--time-budget", "60", "--resume",
+                     str(run_dir)], cwd=tmp_path, timeout=150)
+    assert second.returncode == 0, second.stderr
+    after = json.loads((run_dir / "summary.json").read_text())
+    assert after["resumes"] == 1 and after["frames"] >= goal > before["frames"]
+    rows = read_rows(run_dir / "progress.csv")
+    frames = [int(r["frames"]) for r in rows]
+    assert frames == sorted(frames) and before["frames"] in frames
+    resumed = [r for r in rows if int(r["frames"]) > before["frames"]]
+    # The lr schedule goes on from the frame count: lr = lr0 (1 - frames / max_frames).
+    first_lr = float(resumed[0]["lr"])
+    assert first_lr < float(rows[frames.index(before["frames"]) - 1]["lr"])
+    steps_after = torch.load(run_dir / "checkpoints" / "latest.pt")["optimizer"]["state"][0]
+    assert int(steps_after["step"]) > int(steps_before["step"])  # Adam's state went on
+    episodes = read_rows(run_dir / "episodes.csv")
+    early = [float(e["return"]) for e in episodes[:20]]
+    resumed_eps = [float(e["return"]) for e in episodes
+                   if int(e["frames_at_record"]) > before["frames"]][:20]
+    # The policy after the resume is the trained one, not a fresh random one (~20 per episode).
+    assert sum(resumed_eps) / 20 > 2 * sum(early) / 20
+
+
+@pytest.mark.slow
+def test_the_custom_env_example_runs(tmp_path):
+    example = Path(__file__).resolve().parents[2] / "examples" / "corridor.py"
+    done = python([str(example)], cwd=tmp_path, timeout=150)
+    assert done.returncode == 0, done.stderr
+    assert "status solved" in done.stdout
+
+
+@pytest.mark.slow
+def test_a_custom_env_module_reaches_ray_actors(tmp_path):
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    (tmp_path / "tmp_corridor.py").write_text(CORRIDOR)
+    done = python(["-m", "rlstruct.algos.ppo", "--env-module", "tmp_corridor", "--env-id",
+                   "TmpCorridor-v0", "--backend", "ray", "--n-processes", "2", "--eval-every",
+                   "0", "--target-return", "None", "--max-frames", "3000"],
+                  cwd=tmp_path, extra_path=tmp_path, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "budget"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("algo", ["reinforce", "a2c", "ppo", "dqn", "impala", "appo", "trpo",
+                                  "sac", "ppo --n-learners 2"])
+def test_every_algorithms_checkpoint_is_evaluated_from_the_command_line(algo, tmp_path):
+    # The model is rebuilt from the checkpoint alone: its recorded constructor must be
+    # importable (a class of `python -m rlstruct.algos.x` lives in __main__) and take plain
+    # values. A
+    # learner group's checkpoint holds rank 0's model under the same name, rebuilt the same way.
+    algo, *extra = algo.split()
+    frames = "600" if algo == "sac" else "2000"
+    processes = "2" if algo in ("impala", "appo") else "1"  # pipelined: worker processes
+    trained = python(["-m", f"algos.{algo}", "--max-frames", frames, "--eval-every", "0",
+                      "--n-processes", processes, "--target-return", "None", *extra],
+                     cwd=tmp_path, timeout=150)
+    assert trained.returncode == 0, trained.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    done = python(["-m", "rlstruct", "evaluate", str(run_dir), "--episodes", "2"], cwd=tmp_path,
+                  timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "2 greedy episodes, return" in done.stdout

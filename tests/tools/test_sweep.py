@@ -1,0 +1,297 @@
+"""rlstruct.tools.sweep: trials x sessions as subprocesses, summary, trial graphs, failures, kills.
+
+Fast tests drive a fake algorithm (a module written to tmp_path, put on PYTHONPATH) that writes a
+run folder like Run does, fails, or hangs; the slow test sweeps the real rlstruct.algos.ppo.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlstruct.errors import ConfigError
+from rlstruct.runs.plotting import trial_curves
+from rlstruct.tools.sweep import (
+    SUMMARY_COLUMNS,
+    main,
+    override_flags,
+    session_outcome,
+    sweep,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+FAKE_ALGO = textwrap.dedent('''
+    """A fake algorithm: argv like algos.*; writes a run folder; --mode fail|hang|ok."""
+    import argparse, json, os, sys, time
+    from pathlib import Path
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--seed", type=int)
+    p.add_argument("--n-threads", type=int)
+    p.add_argument("--runs-dir")
+    p.add_argument("--learner-device", default="none")
+    p.add_argument("--mode", default="ok")
+    p.add_argument("--scale", type=float, default=1.0)
+    a = p.parse_args()
+    if a.mode == "fail":
+        print("Traceback (most recent call last):", file=sys.stderr)
+        print("rlstruct.errors.ConfigError: planted failure", file=sys.stderr)
+        sys.exit(3)
+    if a.mode == "hang":
+        time.sleep(600)
+    run = Path(a.runs_dir) / "fake_run"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"config": {
+        "target_return": 30.0, "target_window": 2, "seed": a.seed}}))
+    with open(run / "progress.csv", "w") as f:
+        f.write("frames,episodes,wall_time,steps_per_s,train_return_mean2\\n")
+        for i in range(1, 6):
+            f.write(f"{100 * i},{i},{0.5 * i},200,{a.scale * (10 * i + a.seed)}\\n")
+    (run / "env.json").write_text(json.dumps({
+        "omp": os.environ.get("OMP_NUM_THREADS"), "device": a.learner_device,
+        "threads": a.n_threads}))
+    print(f"outputs in {run}")
+''')
+
+
+@pytest.fixture
+def fake_algo(tmp_path, monkeypatch):
+    pkg = tmp_path / "fakepkg"
+    pkg.mkdir()
+    (pkg / "fake_algo.py").write_text(FAKE_ALGO)
+    monkeypatch.setenv("PYTHONPATH", str(pkg))
+    return "fake_algo"
+
+
+def read_summary(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and tuple(rows[0]) == SUMMARY_COLUMNS
+    return rows
+
+
+# ------------------------------------------------------------------------------ unit tests
+def test_override_flags():
+    assert override_flags({"lr": 0.001, "n_epochs": 4}) == ["--lr", "0.001", "--n-epochs", "4"]
+    assert override_flags({"anneal_lr": True}) == ["--anneal-lr"]
+    assert override_flags({"anneal_lr": False}) == ["--no-anneal-lr"]
+    assert override_flags({"hidden_sizes": [64, 64]}) == ["--hidden-sizes", "64", "64"]
+    with pytest.raises(ConfigError, match="not a config field"):
+        override_flags({"--lr": 1})
+
+
+def write_run(folder: Path, rows: list[tuple[float, float]], target=None, window=1) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(
+        {"config": {"target_return": target, "target_window": window}}))
+    lines = ["frames,episodes,wall_time,steps_per_s,train_return_mean20"]
+    lines += [f"{f},{i + 1},{i + 1.0},100,{r}" for i, (f, r) in enumerate(rows)]
+    (folder / "progress.csv").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def test_trial_curves_span_the_longest_session_over_the_sessions_still_running(tmp_path):
+    a = write_run(tmp_path / "a", [(0, 0.0), (100, 10.0), (200, 20.0)])
+    b = write_run(tmp_path / "b", [(50, 5.0), (150, 35.0), (300, 50.0)])
+    c = write_run(tmp_path / "c", [(0, math.nan), (100, math.nan)])  # no value: left out
+    curves = trial_curves([a, b, c], points=5, ma_window=2)
+    assert int(curves["n_sessions"]) == 2
+    # From the earliest first value to the latest last one: b's 300 frames, not a's 200.
+    np.testing.assert_allclose(curves["frames"], [0, 75, 150, 225, 300])
+    np.testing.assert_array_equal(curves["n_running"], [1, 2, 2, 1, 1])
+    np.testing.assert_allclose(curves["ends"], [200, 300])
+    # 0: only a has started; 75 and 150: both; 225 and 300: a has stopped, b runs on.
+    np.testing.assert_allclose(curves["mean"], [0.0, (7.5 + 12.5) / 2, (15 + 35) / 2, 42.5, 50])
+    np.testing.assert_allclose(curves["min"], [0.0, 7.5, 15, 42.5, 50])
+    np.testing.assert_allclose(curves["max"], [0.0, 12.5, 35, 42.5, 50])
+    mean = curves["mean"]
+    expected_ma = [mean[0], *[(mean[i - 1] + mean[i]) / 2 for i in range(1, 5)]]
+    np.testing.assert_allclose(curves["ma"], expected_ma)
+    assert np.all(curves["min"] <= curves["mean"]) and np.all(curves["mean"] <= curves["max"])
+
+
+def test_trial_curves_without_values(tmp_path):
+    empty = write_run(tmp_path / "e", [])
+    curves = trial_curves([empty, tmp_path / "missing"])
+    assert int(curves["n_sessions"]) == 0 and curves["frames"].size == 0
+
+
+def test_trial_curves_leave_a_gap_where_no_session_runs(tmp_path):
+    a = write_run(tmp_path / "a", [(0, 1.0), (100, 1.0)])
+    b = write_run(tmp_path / "b", [(200, 3.0), (300, 3.0)])
+    curves = trial_curves([a, b], points=3, ma_window=3)
+    np.testing.assert_allclose(curves["frames"], [0, 150, 300])
+    np.testing.assert_allclose(curves["mean"], [1.0, math.nan, 3.0])
+    np.testing.assert_array_equal(curves["n_running"], [1, 0, 1])
+    np.testing.assert_allclose(curves["ma"], [1.0, math.nan, 2.0])  # the gap is skipped
+    with pytest.raises(ConfigError, match="ma_window >= 1"):
+        trial_curves([a], ma_window=0)
+
+
+def test_trial_figure_draws_the_longest_session(tmp_path):
+    pytest.importorskip("matplotlib")
+    from rlstruct.runs.plotting import trial_figure
+
+    a = write_run(tmp_path / "a", [(0, 0.0), (100, 10.0)])
+    b = write_run(tmp_path / "b", [(0, 0.0), (400, 40.0)])
+    out = trial_figure([a, b], tmp_path / "t.png", ma_window=3)
+    assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_session_outcome(tmp_path):
+    run = write_run(tmp_path / "r", [(100, 10.0), (200, 480.0), (300, 490.0)], target=475.0,
+                    window=2)
+    out = session_outcome(run)
+    # Row 2 is the first with the target AND target_window (2) episodes.
+    assert out == {"solved": True, "frames_to_solve": 200.0, "time_to_solve": 2.0,
+                   "frames": 300.0, "wall_time": 3.0, "final_train_return": 490.0}
+    not_solved = session_outcome(write_run(tmp_path / "n", [(100, 10.0)], target=475.0))
+    assert not not_solved["solved"] and math.isnan(not_solved["frames_to_solve"])
+    assert not_solved["final_train_return"] == 10.0
+    no_target = session_outcome(write_run(tmp_path / "t", [(100, 1e9)], target=None))
+    assert not no_target["solved"]
+
+
+@pytest.mark.parametrize("n_cuda", [0, 1])
+def test_gpus_beyond_the_machine_are_refused_before_anything_starts(tmp_path, monkeypatch,
+                                                                    n_cuda):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: n_cuda > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: n_cuda)
+    out = tmp_path / "sweep"
+    with pytest.raises(ConfigError) as info:
+        sweep("ppo", seeds=[1, 1], out=out, gpus=2, ma_window=0, module="no_such_module")
+    message = str(info.value)
+    assert "gpus=2" in message and ("CUDA is not available" if n_cuda == 0 else
+                                    "has 1 CUDA device") in message
+    assert "distinct" in message and "ma_window" in message  # every problem at once
+    assert not out.exists()  # nothing was written, no session started
+    with pytest.raises(SystemExit) as exc:
+        main(["ppo", "--gpus", "2", "--out", str(out)])
+    assert exc.value.code == 2 and not out.exists()
+
+
+def test_ma_window_flag_reaches_the_sweep(monkeypatch):
+    import rlstruct.tools.sweep as sweep_module
+
+    seen = {}
+    monkeypatch.setattr(sweep_module, "sweep", lambda *a, **kw: seen.update(kw) or [])
+    assert main(["ppo", "--ma-window", "25"]) == 0
+    assert seen["ma_window"] == 25
+    assert main(["ppo"]) == 0 and seen["ma_window"] == 10  # the default, as before
+
+
+def test_bad_arguments():
+    with pytest.raises(ConfigError, match="at least one seed"):
+        sweep("ppo", seeds=[])
+    with pytest.raises(ConfigError, match="distinct"):
+        sweep("ppo", seeds=[1, 1])
+    with pytest.raises(SystemExit) as exc:
+        main(["ppo", "--trials", "not json"])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit):
+        main(["ppo", "--trials", '{"lr": 1}'])
+
+
+# ------------------------------------------------------------------------------ fake algorithm
+def test_sweep_with_a_failing_trial(fake_algo, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "sweep"
+    results = sweep("fake", seeds=[0, 1], trials=[{}, {"mode": "fail"}], out=out,
+                    module=fake_algo, max_parallel=2, quiet=True, poll_s=0.05, timeout=60)
+    assert [(r.trial, r.session, r.seed) for r in results] == [
+        (0, 0, 0), (0, 1, 1), (1, 0, 0), (1, 1, 1)]
+    good, bad = results[:2], results[2:]
+    assert all(r.ok and r.returncode == 0 and r.error == "" for r in good)
+    assert all(not r.ok and r.returncode == 3 for r in bad)
+    assert all("planted failure" in r.error and "exit status 3" in r.error for r in bad)
+    # Seed 0 solves at the 3rd row (return 30), seed 1 at the 3rd too (31).
+    assert [r.solved for r in good] == [True, True]
+    assert [r.frames_to_solve for r in good] == [300.0, 300.0]
+    assert [r.final_train_return for r in good] == [50.0, 51.0]
+    rows = read_summary(out / "summary.csv")
+    assert [row["error"] == "" for row in rows] == [True, True, False, False]
+    assert (out / "trial0.png").is_file() and (out / "trial1.png").is_file()
+    for r in good:
+        assert Path(r.run_dir).parent == out / f"trial{r.trial}" / f"session{r.session}"
+        env = json.loads((Path(r.run_dir) / "env.json").read_text())
+        assert env == {"omp": "1", "device": "none", "threads": 1}  # no GPU: no device flag
+    assert json.loads((out / "sweep.json").read_text())["seeds"] == [0, 1]
+
+
+def test_sweep_rotates_gpus(fake_algo, tmp_path, monkeypatch):
+    import torch
+
+    # A machine with 2 GPUs, as far as the sweep's up-front check can tell; no other CUDA call.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("CUDA_OFFSET", "1")
+    results = sweep("fake", seeds=[0, 1, 2], trials=[{}, {"scale": 2.0}], out=tmp_path / "s",
+                    module=fake_algo, gpus=2, quiet=True, poll_s=0.05, max_parallel=2)
+    # (t * 3 + s + 1) % 2
+    assert [r.device for r in results] == ["cuda:1", "cuda:0", "cuda:1", "cuda:0", "cuda:1",
+                                           "cuda:0"]
+    seen = [json.loads((Path(r.run_dir) / "env.json").read_text())["device"] for r in results]
+    assert seen == [r.device for r in results]
+
+
+def test_timeout_kills_the_session_group(fake_algo, tmp_path):
+    results = sweep("fake", seeds=[0], trials=[{"mode": "hang"}], out=tmp_path / "s",
+                    module=fake_algo, timeout=1.0, quiet=True, poll_s=0.05)
+    (r,) = results
+    assert not r.ok and "timed out" in r.error and r.returncode is not None
+    assert r.returncode < 0  # killed by a signal
+    # conftest's no_leftover_processes fixture fails this test if anything survived.
+
+
+def test_interrupt_kills_running_sessions(fake_algo, tmp_path, monkeypatch):
+    import rlstruct.tools.sweep as sweep_module
+
+    calls = {"n": 0}
+    real_sleep = sweep_module.time.sleep
+
+    def interrupt(seconds):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        real_sleep(seconds)
+
+    monkeypatch.setattr(sweep_module.time, "sleep", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        sweep("fake", seeds=[0, 1], trials=[{"mode": "hang"}], out=tmp_path / "s",
+              module=fake_algo, max_parallel=1, quiet=True, poll_s=0.05)
+    rows = read_summary(tmp_path / "s" / "summary.csv")
+    assert "interrupted" in rows[0]["error"] and rows[1]["error"] == "not run: sweep interrupted"
+
+
+# ------------------------------------------------------------------------------ real algorithm
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_sweep_ppo_two_seeds_and_a_failing_trial(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    monkeypatch.chdir(REPO)  # python -m rlstruct.algos.ppo from the checkout
+    out = tmp_path / "ppo"
+    code = main([
+        "ppo", "--seeds", "0", "1", "--trials", '[{}, {"n_epochs": 0}]', "--out", str(out),
+        "--max-parallel", "2", "--timeout", "300",
+        "--", "--max-frames", "1500", "--n-envs", "2", "--n-timesteps", "16",
+        "--eval-every", "0", "--n-processes", "1",
+    ])
+    assert code == 1  # one trial failed
+    rows = read_summary(out / "summary.csv")
+    good = [r for r in rows if r["trial"] == "0"]
+    bad = [r for r in rows if r["trial"] == "1"]
+    assert len(good) == 2 and all(r["error"] == "" and r["returncode"] == "0" for r in good)
+    assert all(float(r["frames"]) >= 1500 for r in good)
+    assert all(Path(r["run_dir"]).is_dir() for r in good)
+    assert len(bad) == 2 and all(
+        "exit status 2" in r["error"] and "need n_epochs >= 1" in r["error"] for r in bad)
+    assert (out / "trial0.png").is_file() and (out / "trial1.png").is_file()
