@@ -130,7 +130,7 @@ def run_rlstruct(name: str, seed: int, budget: float, out_root: str,
 
     module, task_name, layout_fields, config_fields = row_spec(name)
     task = TASKS[task_name]
-    mod = importlib.import_module(f"algos.{module}")
+    mod = importlib.import_module(f"rlstruct.algos.{module}")
     overrides: dict[str, Any] = {
         "seed": seed, "time_budget": float(budget), "runs_dir": out_root,
         "target_return": task.target, "target_window": WINDOW, "env_id": task.env_id,
@@ -351,7 +351,7 @@ def launch(kind: str, algo: str, seed: int, budget: float, args: argparse.Namesp
         [] if args.tuned_layout is None else ["--tuned-layout", str(args.tuned_layout)])
     load0 = os.getloadavg()[0]
     cpu0 = _children_cpu()
-    algo_file = ROOT / "algos" / f"{row_spec(algo)[0]}.py"
+    algo_file = ROOT / "rlstruct" / "algos" / f"{row_spec(algo)[0]}.py"
     sha = (hashlib.sha256(algo_file.read_bytes()).hexdigest()[:16]
            if kind == "rlstruct" and algo_file.exists() else None)
     with open(workdir / "stdout.txt", "wb") as out, open(workdir / "stderr.txt", "wb") as err:
@@ -430,7 +430,7 @@ def cli_ok(algo: str) -> bool:
     """``python -m algos.<algo> --help`` exits 0."""
     try:
         module = VARIANTS.get(algo, (algo, {}, {}))[0]
-        r = subprocess.run([sys.executable, "-m", f"algos.{module}", "--help"], cwd=ROOT,
+        r = subprocess.run([sys.executable, "-m", f"rlstruct.algos.{module}", "--help"], cwd=ROOT,
                            env=_child_env(), capture_output=True, timeout=60)
     except subprocess.TimeoutExpired:
         return False
@@ -480,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     for algo in args.algos:
         module, task_name, _, _ = row_spec(algo)
         task = TASKS[task_name]
-        path = ROOT / "algos" / f"{module}.py"
+        path = ROOT / "rlstruct" / "algos" / f"{module}.py"
         task_budget = budget or task.budget_s
         rows[f"rlstruct/{algo}"] = {
             "key": f"rlstruct/{algo}", "algo": algo, "impl": "rlstruct", "task": task_name,

@@ -29,7 +29,6 @@ The experiment layer, which the algorithms of ``rlstruct/algos/`` are written wi
     from rlstruct.learn.distributions import make_head       # policy heads for any action space
     from rlstruct.learn.normalization import RunningNorm     # observation statistics in the weights
     from rlstruct.learn.optim import adam, gradient_step     # fused Adam; one meaning of clipping
-    from rlstruct.learn.optim import flat_adam               # Adam over one flat buffer: small nets
     from rlstruct.learn.sampling import CategoricalSampler, ActorAgent, PolicyAgent, greedy_info
                                                        # seeded sampling, greedy evaluation
     from rlstruct.learners.group import LearnerGroup    # data-parallel learner ranks

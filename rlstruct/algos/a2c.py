@@ -29,7 +29,6 @@ from functools import partial
 from typing import Any, ClassVar
 
 import torch
-import tyro
 from gymnasium.spaces import Space
 from torch import Tensor, nn
 
@@ -39,9 +38,10 @@ from rlstruct import keys as K
 from rlstruct.envs import GymEnvInf
 from rlstruct.learn.distributions import ActionHead, make_head, space_from_spec, space_spec
 from rlstruct.learn.nets import HeadActorCritic, linear
-from rlstruct.learn.optim import Optimizer, flat_adam, gradient_step
+from rlstruct.learn.optim import Optimizer, adam, gradient_step
 from rlstruct.learn.sampling import HeadSampler, greedy_info
 from rlstruct.replay import replay_agent, replay_agent_stateless
+from rlstruct.runs.resolve import parse
 from rlstruct.runs.run import Run, RunConfig
 
 
@@ -231,16 +231,12 @@ def main(cfg: Config) -> dict[str, Any]:
         model = run.model(make_model)  # on the CPU: the batchers copy it
         batcher = run.training_batcher(A2CAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(A2CAgent, {"model": model}, agent_info=greedy_info())
-        agent = run.learner(A2CAgent(model))
-        optimizer = flat_adam(model.parameters(), cfg.lr, run.device)  # one buffer
-        run.checkpoint_state(model=model, optimizer=optimizer)
-        group = run.learner_group(make_model, model, partial(flat_adam, lr=cfg.lr), learn, A2CAgent)
+        group = run.learner_group(make_model, model, partial(adam, lr=cfg.lr), learn, A2CAgent)
         # 1. Each segment the workers collected with the current policy, until the stop test.
         for traj in run.segments(batcher):
             # 2-3. Replay on the learner device, one gradient step (--n-learners: on N ranks).
-            stats = (learn(agent, optimizer, traj.to(run.device), cfg) if group is None
-                     else group.learn(traj))
-            weights = model.state_dict() if group is None else group.state_dict()
+            stats = group.learn(traj)
+            weights = group.state_dict()
             # 4. Publish the weights; the workers collect the next segment meanwhile.
             run.publish(batcher, weights)
             run.end_iteration(weights, lr=cfg.lr, **stats)
@@ -248,4 +244,4 @@ def main(cfg: Config) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Config))
+    main(parse(Config))

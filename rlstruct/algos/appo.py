@@ -41,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import torch
 import tyro
@@ -52,10 +52,11 @@ from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.envs import GymEnvInf
 from rlstruct.learn.nets import MLPActorCritic
-from rlstruct.learn.optim import flat_adam, gradient_step
+from rlstruct.learn.optim import adam, gradient_step
 from rlstruct.learn.sampling import ActorAgent, greedy_info
 from rlstruct.learners.thread import LatestWeights
 from rlstruct.runs.layout import LayoutConfig
+from rlstruct.runs.resolve import parse
 from rlstruct.runs.run import Run, RunConfig
 
 
@@ -63,6 +64,7 @@ from rlstruct.runs.run import Run, RunConfig
 class Config(RunConfig):
     """APPO: clipped PPO with V-trace targets on a pipelined batcher (see
     rlstruct/algos/appo.py)."""
+    action_spaces: ClassVar[tuple[str, ...]] = ("Discrete",)
 
     max_frames: int = 150_000
     gamma: float = 0.98
@@ -168,7 +170,7 @@ class Learner:
     def __init__(self, agent: Agent, cfg: Config, device: torch.device) -> None:
         self.agent, self.model, self.cfg, self.device = agent, agent.model, cfg, device
         # one flat buffer for the weights: zero, clip and update are a few operations in all
-        self.optimizer = flat_adam(self.model.parameters(), cfg.lr, device, eps=1e-5)
+        self.optimizer = adam(self.model.parameters(), cfg.lr, device, eps=1e-5)
         self.weights = LatestWeights()
         self.frames = 0  # learned so far: the learning rate anneals over them
         self.thread: LearnerThread | None = None
@@ -232,4 +234,4 @@ def main(cfg: Config) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Config))
+    main(parse(Config))

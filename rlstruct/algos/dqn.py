@@ -23,18 +23,18 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
-import tyro
 from torch import Tensor, nn
 
 from rlstruct import Agent, DictTensor, Trajectories, replay_agent_stateless
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.envs import GymEnvInf
-from rlstruct.learn.optim import Optimizer, flat_adam, gradient_step
+from rlstruct.learn.optim import Optimizer, adam, gradient_step
 from rlstruct.learn.replay_buffer import ReplayBuffer
+from rlstruct.runs.resolve import parse
 from rlstruct.runs.run import Run, RunConfig
 
 STORED_KEYS = (K.OBS_FRAME, K.STORED_ACTION, K.NEXT_FRAME, K.NEXT_REWARD, K.NEXT_TERMINATED,
@@ -50,6 +50,7 @@ class Config(RunConfig):
     envs x T=16 steps cost a few ms), a buffer that keeps the rare failures of good policies
     (the whole run fits in it), and hard target copies every 256 steps (more often diverged).
     """
+    action_spaces: ClassVar[tuple[str, ...]] = ("Discrete",)
 
     n_timesteps: int = 16
     max_grad_norm: float = 10.0
@@ -223,7 +224,7 @@ def main(cfg: Config) -> dict[str, Any]:
         run.evaluator(QAgent, {"model": model}, agent_info=DictTensor({"epsilon": torch.zeros(1)}))
         agent = run.learner(QAgent(model))
         target = copy.deepcopy(model).requires_grad_(False)
-        optimizer = flat_adam(model.parameters(), cfg.lr, run.device)  # one buffer
+        optimizer = adam(model.parameters(), cfg.lr, run.device)
         buffer = ReplayBuffer(cfg.buffer_size, device=run.device, keys=STORED_KEYS)
         run.checkpoint_state(model=model, target=target, optimizer=optimizer)
         n_rows, n_updates, stats = batcher.n_elems(), 0, {}
@@ -246,4 +247,4 @@ def main(cfg: Config) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Config))
+    main(parse(Config))

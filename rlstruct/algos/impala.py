@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Annotated, Any, ClassVar
 
-import torch
 import tyro
 from torch import Tensor
 
@@ -38,10 +37,12 @@ from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.envs import GymEnvInf
 from rlstruct.learn.nets import MLPActorCritic
-from rlstruct.learn.optim import Optimizer, flat_adam, gradient_step
+from rlstruct.learn.optim import Optimizer, adam, gradient_step
 from rlstruct.learn.sampling import ActorAgent, greedy_info
+from rlstruct.learners.base import LearnerGroupBase
 from rlstruct.learners.thread import LatestWeights
 from rlstruct.runs.layout import LayoutConfig
+from rlstruct.runs.resolve import parse
 from rlstruct.runs.run import Run, RunConfig
 
 
@@ -49,6 +50,7 @@ from rlstruct.runs.run import Run, RunConfig
 class Config(RunConfig):
     """IMPALA with V-trace on a pipelined batcher (see rlstruct/algos/impala.py); tuned for
     CartPole-v1."""
+    action_spaces: ClassVar[tuple[str, ...]] = ("Discrete",)
     learner_ranks: ClassVar[bool] = True  # --n-learners: Run.learner_group
     vf_coef: float = 0.5
     """weight of the value loss"""
@@ -128,25 +130,19 @@ def learn(agent: Agent, optimizer: Optimizer, traj: Trajectories, cfg: Config,
 
 
 class Learner:
-    """What the learner thread runs: a gradient step per segment, then a CPU copy of the
-    weights in ``weights`` (a :class:`~rlstruct.learners.thread.LatestWeights`) that the main thread
-    takes. ``agent`` is the learner's ``BehaviourAgent`` from ``run.learner`` (so the loss runs
-    through ``CheckDevice`` with ``--check-devices``)."""
+    """What the learner thread runs: the learner group's gradient step per segment (with
+    ``--n-learners N`` each rank on 1/N of the rows, gradients averaged), then its weights in
+    ``weights`` (a :class:`~rlstruct.learners.thread.LatestWeights`) that the main thread
+    takes."""
 
-    def __init__(self, agent: Agent, cfg: Config, device: torch.device) -> None:
-        self.agent, self.model, self.cfg, self.device = agent, agent.model, cfg, device
-        self.optimizer = flat_adam(self.model.parameters(), cfg.lr, device, eps=1e-5)
+    def __init__(self, group: LearnerGroupBase) -> None:
+        self.group = group
         self.weights = LatestWeights()
         self.thread: LearnerThread | None = None
-        self.group: Any = None  # --n-learners N: a LearnerGroup learns instead
 
     def __call__(self, traj: Trajectories) -> dict[str, float]:
-        if self.group is None:
-            stats = learn(self.agent, self.optimizer, traj.to(self.device), self.cfg)
-            self.weights.put(self.model.state_dict())
-        else:  # each rank on 1/N of the rows, gradients averaged; rank 0's weights copied here
-            stats = self.group.learn(traj)
-            self.weights.put(self.group.state_dict())
+        stats = self.group.learn(traj)
+        self.weights.put(self.group.state_dict())
         if self.thread is not None:
             self.thread.count_publication()
         return stats
@@ -162,11 +158,9 @@ def main(cfg: Config) -> dict[str, Any]:
                                        cfg.n_timesteps)
         run.evaluator(BehaviourAgent, {"model": model}, agent_info=greedy_info())
         latest = {k: v.clone() for k, v in model.state_dict().items()}
-        learner = Learner(run.learner(BehaviourAgent(model)), cfg, run.device)
-        run.checkpoint_state(model=model, optimizer=learner.optimizer)
-        learner.group = run.learner_group(make_model, model,  # --n-learners N
-                                          partial(flat_adam, lr=cfg.lr, eps=1e-5), learn,
-                                          BehaviourAgent)
+        learner = Learner(run.learner_group(make_model, model,  # --n-learners N
+                                            partial(adam, lr=cfg.lr, eps=1e-5), learn,
+                                            BehaviourAgent))
         with LearnerThread(learner, max_queue=cfg.queue, name="impala-learner") as thread:
             learner.thread = thread
             # 1. The workers stream segments; the loop ends when the stop test fires.
@@ -186,4 +180,4 @@ def main(cfg: Config) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Config))
+    main(parse(Config))

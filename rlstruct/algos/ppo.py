@@ -34,7 +34,6 @@ from functools import partial
 from typing import Any, ClassVar, Literal
 
 import torch
-import tyro
 from torch import Tensor
 
 from rlstruct import Agent, DictTensor, Trajectories, replay_agent_stateless
@@ -43,8 +42,9 @@ from rlstruct import keys as K
 from rlstruct.envs import GymEnvInf
 from rlstruct.learn.distributions import space_spec
 from rlstruct.learn.nets import CNNActorCritic, HeadActorCritic, head_actor_critic
-from rlstruct.learn.optim import Optimizer, flat_adam, gradient_step
+from rlstruct.learn.optim import Optimizer, adam, gradient_step
 from rlstruct.learn.sampling import PolicyAgent, greedy_info
+from rlstruct.runs.resolve import parse
 from rlstruct.runs.run import Run, RunConfig
 
 
@@ -215,22 +215,15 @@ def main(cfg: Config) -> dict[str, Any]:
         model = run.model(make_model)  # on the CPU: the batchers copy it
         batcher = run.training_batcher(PPOAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(PPOAgent, {"model": model}, agent_info=greedy_info())
-        agent = run.learner(PPOAgent(model))
-        optimizer = flat_adam(model.parameters(), cfg.lr, run.device, eps=1e-5)  # one buffer
-        run.checkpoint_state(model=model, optimizer=optimizer)
-        group = run.learner_group(make_model, model, partial(flat_adam, lr=cfg.lr, eps=1e-5), learn,
+        group = run.learner_group(make_model, model, partial(adam, lr=cfg.lr, eps=1e-5), learn,
                                   PPOAgent, per_rank=("minibatch_size",))  # --n-learners N
         # 1. Each segment the workers collected with the current policy, until the stop test.
         for traj in run.segments(batcher):
-            # 2-3. Advantages and n_epochs of minibatch steps, replaying on the learner device.
+            # 2-3. Advantages and n_epochs of minibatch steps, replaying on the learner device
+            # (--n-learners N: each rank on 1/N of the rows, gradients averaged).
             lr = cfg.lr * max(0.0, 1 - run.frames / cfg.max_frames) if cfg.anneal_lr else cfg.lr
-            optimizer.param_groups[0]["lr"] = lr
-            if group is None:
-                stats = learn(agent, optimizer, traj.to(run.device), cfg,
-                              out_of_time=run.out_of_time)
-            else:  # each rank on 1/N of the rows, gradients averaged; rank 0 shares the weights
-                stats = group.learn(traj, lr=lr)
-            weights = model.state_dict() if group is None else group.state_dict()
+            stats = group.learn(traj, lr=lr)
+            weights = group.state_dict()
             # 4. Publish the weights; the workers collect the next segment meanwhile.
             run.publish(batcher, weights)
             run.end_iteration(weights, lr=lr, **stats)
@@ -238,4 +231,4 @@ def main(cfg: Config) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Config))
+    main(parse(Config))

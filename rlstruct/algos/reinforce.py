@@ -22,7 +22,6 @@ from typing import Any, ClassVar
 
 import gymnasium as gym
 import torch
-import tyro
 from torch import Tensor, nn
 
 from rlstruct import Agent, DictTensor, Trajectories, replay_agent_stateless
@@ -31,8 +30,9 @@ from rlstruct import keys as K
 from rlstruct.batchers import Batcher, SerialBatcher
 from rlstruct.envs import GymEnv
 from rlstruct.learn.nets import mlp
-from rlstruct.learn.optim import flat_adam, gradient_step
+from rlstruct.learn.optim import adam, gradient_step
 from rlstruct.learn.sampling import CategoricalSampler, greedy_info
+from rlstruct.runs.resolve import parse
 from rlstruct.runs.run import Run, RunConfig
 
 
@@ -44,6 +44,7 @@ class Config(RunConfig):
     large Adam step per batch (normalised advantages keep its size stable), and a small entropy
     bonus that slows the collapse of the policy's randomness without blocking the 475 target.
     """
+    action_spaces: ClassVar[tuple[str, ...]] = ("Discrete",)
 
     max_frames: int = 2_000_000
     eval_every: int = 10
@@ -187,7 +188,7 @@ def main(cfg: Config) -> dict[str, Any]:
                                        pipelined=False)
         run.evaluator(PolicyAgent, {"model": model}, agent_info=greedy_info())
         agent = run.learner(PolicyAgent(model))
-        optimizer = flat_adam(model.parameters(), cfg.lr, run.device)  # one buffer
+        optimizer = adam(model.parameters(), cfg.lr, run.device)
         run.checkpoint_state(model=model, optimizer=optimizer)
         while not run.done:
             # 1. Publish the current weights and collect B new episodes with them.
@@ -209,4 +210,4 @@ def main(cfg: Config) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Config))
+    main(parse(Config))

@@ -36,12 +36,12 @@ from rlstruct import Agent, DictTensor
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.envs import GymEnvInf
-from rlstruct.errors import ConfigError
 from rlstruct.learn.distributions import make_head, space_from_spec, space_spec
 from rlstruct.learn.optim import adam, gradient_step
 from rlstruct.learn.replay_buffer import ReplayBuffer
 from rlstruct.learn.sampling import HeadSampler, greedy_info
 from rlstruct.runs.layout import LayoutConfig
+from rlstruct.runs.resolve import parse
 from rlstruct.runs.run import Run, RunConfig
 
 SQUASHED = "squashed"  # the agent's tanh(u): the critics read actions in (-1, 1)
@@ -55,6 +55,8 @@ class Config(RunConfig):
     """SAC with twin critics, Polyak targets and automatic temperature (see
     rlstruct/algos/sac.py). The
     defaults solve Pendulum-v1 in 6-7k frames, a step per frame, 4 envs in this process."""
+    action_spaces: ClassVar[tuple[str, ...]] = ("Box",)
+    splits_rows: ClassVar[bool] = False  # the ranks split the samples' rows
     learner_ranks: ClassVar[bool] = True  # --n-learners: Run.learner_group
     env_id: str = "Pendulum-v1"
     target_return: float | None = -200.0
@@ -81,16 +83,14 @@ class Config(RunConfig):
         default_factory=lambda: LayoutConfig(n_processes=1, n_envs=4))
     """where each part runs (default: the 4 envs in this process)"""
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        problems = [f"{k} must be > 0, got {getattr(self, k)}" for k in
+    def problems(self) -> list[str]:
+        problems = super().problems() + [f"{k} must be > 0, got {getattr(self, k)}" for k in
                     ("buffer_size", "batch_size", "utd", "init_alpha") if getattr(self, k) <= 0]
         problems += [] if 0 < self.tau <= 1 else [f"tau must be in (0, 1], got {self.tau}"]
         if self.batch_size % self.layout.n_learners:
             problems.append(f"batch_size ({self.batch_size}) must be a multiple of n_learners "
                             f"({self.layout.n_learners}): each rank learns on 1/N of the rows")
-        if problems:
-            raise ConfigError("; ".join(problems))
+        return problems
 
 
 # --------------------------------------------------------------------------------------- model
@@ -216,16 +216,12 @@ def main(cfg: Config) -> dict[str, Any]:
         batcher = run.training_batcher(SACAgent, {"model": actor}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(SACAgent, {"model": actor}, agent_info=greedy_info())
         make_nets = partial(sac_nets, run.obs_dim, spec, cfg.hidden, cfg.init_alpha)
-        nets = make_nets(actor=actor).to(run.device)  # critics, targets, temperature too
-        optimizer = adam(nets.parameters(), cfg.lr, run.device)  # fused (targets: no grads)
+        nets = make_nets(actor=actor)  # critics, targets, temperature too
         buffer = ReplayBuffer(cfg.buffer_size, device=run.device, keys=STORED_KEYS)
-        group = run.learner_group(make_nets, nets, partial(adam, lr=cfg.lr), learn,
-                                  stacked=True)  # --n-learners N: checkpoints hold its nets
-        if group is None:
-            run.checkpoint_state(model=actor, critic=nets.critic, target=nets.target,
-                                 temperature=nets.temperature, optimizer=optimizer)
+        group = run.learner_group(make_nets, nets, partial(adam, lr=cfg.lr), learn,  # fused Adam
+                                  stacked=True, policy="actor.")  # --n-learners N: N ranks
         n_updates, owed, stats, n = 0, 0.0, {}, 0
-        weights = actor.state_dict if group is None else partial(group.state_dict, "actor.")
+        weights = partial(group.state_dict, "actor.")
         # 1. Store each segment and start the next one (the workers collect it meanwhile).
         for traj in run.segments(batcher):
             buffer.add(traj)
@@ -233,15 +229,12 @@ def main(cfg: Config) -> dict[str, Any]:
             # 2. utd gradient steps per new frame on uniform buffer samples (ranks: n per batch).
             if len(buffer) >= cfg.learning_starts:
                 owed += cfg.utd * int(traj.lengths.sum())
-            n = int(owed) if group is None else n or int(owed)
-            while n and owed >= n:
-                samples = [buffer.sample(cfg.batch_size) for _ in range(n)]
-                if group is None:
-                    stats = [learn(nets, optimizer, sample, cfg) for sample in samples][-1]
-                else:  # and the rows' noise (N, n, 2, D), so rank r's rows get what they would here
-                    batch = DictTensor.stack(samples, dim=1)
-                    batch.set("noise", torch.randn(cfg.batch_size, n, 2, actor.head.n_dims))
-                    stats = group.learn(batch)
+            n = n or int(owed)  # samples per learner batch, fixed by the first
+            while n and owed >= n:  # n samples and their noise (rows, n, 2, D): each rank's rows
+                batch = DictTensor.stack([buffer.sample(cfg.batch_size) for _ in range(n)], dim=1)
+                batch.set("noise", torch.randn(cfg.batch_size, n, 2, actor.head.n_dims,
+                                               device=batch.device()))
+                stats = group.learn(batch)
                 n_updates, owed = n_updates + n, owed - n
             run.end_iteration(weights(), updates=n_updates,
                               **{k: float(v) for k, v in stats.items()})
@@ -249,4 +242,4 @@ def main(cfg: Config) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Config))
+    main(parse(Config))

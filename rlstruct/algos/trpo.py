@@ -42,7 +42,6 @@ from functools import partial
 from typing import Any, ClassVar
 
 import torch
-import tyro
 from torch import Tensor
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
@@ -50,12 +49,13 @@ from rlstruct import Trajectories
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.envs import GymEnvInf
-from rlstruct.errors import ConfigError, ShapeError
+from rlstruct.errors import ShapeError
 from rlstruct.learn.distributions import space_spec
 from rlstruct.learn.nets import HeadActorCritic, head_actor_critic
 from rlstruct.learn.optim import adam, gradient_step
 from rlstruct.learn.sampling import PolicyAgent, greedy_info
 from rlstruct.learners.rank import RankContext
+from rlstruct.runs.resolve import parse
 from rlstruct.runs.run import Run, RunConfig
 
 
@@ -91,17 +91,16 @@ class Config(RunConfig):
     log_std_init: float = 0.0
     """initial log-std of a Gaussian policy (in the normalised action space [-1, 1])"""
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        problems = [f"{k} must be > 0, got {getattr(self, k)}" for k in ("max_kl", "cg_damping")
+    def problems(self) -> list[str]:
+        problems = super().problems() + [
+            f"{k} must be > 0, got {getattr(self, k)}" for k in ("max_kl", "cg_damping")
                     if not getattr(self, k) > 0]
         problems += [f"{k} must be >= 1, got {getattr(self, k)}" for k in
                      ("cg_iters", "line_search_steps", "critic_epochs", "minibatch_size")
                      if getattr(self, k) < 1]
         if not 0 < self.backtrack < 1:
             problems.append(f"backtrack must be in (0, 1), got {self.backtrack}")
-        if problems:
-            raise ConfigError("; ".join(problems))
+        return problems
 
 
 # ---------------------------------------------------------------------------- model and agent
@@ -226,21 +225,16 @@ def main(cfg: Config) -> dict[str, Any]:
         model = run.model(make_model)  # on the CPU: the batchers copy it
         batcher = run.training_batcher(PolicyAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(PolicyAgent, {"model": model}, agent_info=greedy_info())
-        run.learner(PolicyAgent(model))  # moves the model to the learner device
-        make_optimizer = partial(critic_adam, lr=cfg.lr,
+        make_optimizer = partial(critic_adam, lr=cfg.lr,  # the critic's own
                                  n_critic=len(list(model.critic.parameters())))
-        optimizer = make_optimizer(model.parameters(), run.device)  # the critic's own
-        run.checkpoint_state(model=model, optimizer=optimizer)
         group = run.learner_group(make_model, model, make_optimizer, learn,
                                   per_rank=("minibatch_size",))  # --n-learners N
         # 1. Each segment the workers collected with pi_old, until the stop test.
         for traj in run.segments(batcher):
-            # 2-4. Advantages, the trust-region policy step and the critic's steps.
-            if group is None:
-                stats = learn(model, optimizer, traj.to(run.device), cfg)
-            else:  # each rank on 1/N of the rows, every whole-batch quantity all-reduced
-                stats = group.learn(traj)
-            weights = model.state_dict() if group is None else group.state_dict()
+            # 2-4. Advantages, the trust-region policy step and the critic's steps (--n-learners
+            # N: each rank on 1/N of the rows, every whole-batch quantity all-reduced).
+            stats = group.learn(traj)
+            weights = group.state_dict()
             # 5. Publish the weights (and the observation statistics) and collect again.
             run.publish(batcher, weights)
             run.end_iteration(weights, **stats)
@@ -248,4 +242,4 @@ def main(cfg: Config) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Config))
+    main(parse(Config))

@@ -21,7 +21,7 @@ from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
 from rlstruct.learn.distributions import space_spec
 from rlstruct.learn.nets import head_actor_critic
-from rlstruct.learn.optim import flat_adam, gradient_step
+from rlstruct.learn.optim import adam, gradient_step
 from rlstruct.runs.run import env_spaces
 from rlstruct.tools.tune import AlgoSetup
 from rlstruct.trajectories import Trajectories
@@ -34,7 +34,7 @@ def _setup(module: Any, model_fn: Any, agent: Any, learner: Any, **overrides: An
     shape, space = env_spaces(cfg.env_id)
     model = model_fn(math.prod(shape), space, cfg)
     rows = (cfg.layout.n_processes or 1) * cfg.layout.n_envs
-    learn = learner(model, cfg)  # first: a FlatAdam moves the weights into its buffer
+    learn = learner(model, cfg)
     return AlgoSetup(agent, {"model": model}, GymEnvInf, {"env": cfg.env_id},
                      weights=model.state_dict(), seed=cfg.seed, pipelined=True,
                      name=module.__name__.rsplit(".", 1)[-1], env_id=cfg.env_id,
@@ -43,13 +43,13 @@ def _setup(module: Any, model_fn: Any, agent: Any, learner: Any, **overrides: An
 
 def _ppo_learner(model: Any, cfg: Any) -> Any:
     agent = _ppo.PPOAgent(model)
-    optimizer = flat_adam(model.parameters(), cfg.lr, "cpu", eps=1e-5)  # as in ppo.main
+    optimizer = adam(model.parameters(), cfg.lr, "cpu", eps=1e-5)  # as in ppo.main
     return lambda traj: _ppo.learn(agent, optimizer, traj.to("cpu"), cfg)
 
 
 def _a2c_learner(model: Any, cfg: Any) -> Any:
     agent = _a2c.A2CAgent(model)
-    optimizer = flat_adam(model.parameters(), cfg.lr, "cpu")  # as in a2c.main
+    optimizer = adam(model.parameters(), cfg.lr, "cpu")  # as in a2c.main
 
     def learn(traj: Trajectories) -> None:
         traj = traj.to("cpu")

@@ -24,8 +24,8 @@ from rlstruct.errors import BatcherStateError, ConfigError
 from rlstruct.learn.optim import Optimizer
 from rlstruct.parallel.weights import WeightSpecs
 
-__all__ = ["LearnerGroupBase", "RankZeroOptimizer", "under", "ModelFactory", "OptimizerFactory",
-           "LearnFn"]
+__all__ = ["LearnerGroupBase", "RankZeroOptimizer", "GroupPart", "under", "ModelFactory",
+           "OptimizerFactory", "LearnFn"]
 
 #: ``make_model()``: builds a rank's replica (after ``torch.manual_seed``).
 ModelFactory = Callable[[], nn.Module]
@@ -187,3 +187,26 @@ class RankZeroOptimizer:
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Loads ``state_dict`` into every rank's optimizer."""
         self._get().load_optimizer_state_dict(state_dict)
+
+
+class GroupPart:
+    """The weights of one submodule of a learner group's model, as checkpoints see them (SAC's
+    actor inside its learner nets: what the workers and the evaluation run).
+
+    Args:
+        group: the learner group.
+        prefix: the submodule's prefix in the group's state_dict (``"actor."``).
+    """
+
+    def __init__(self, group: LearnerGroupBase, prefix: str) -> None:
+        self._group, self._prefix = group, prefix
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """The submodule's weights (rank 0's)."""
+        return dict(self._group.state_dict(self._prefix))
+
+    def load_state_dict(self, state_dict: Mapping[str, Tensor]) -> None:
+        """Loads the submodule's weights on every rank; the rest of the model keeps its own."""
+        full = dict(self._group.state_dict())
+        full.update({self._prefix + k: v for k, v in state_dict.items()})
+        self._group.load_state_dict(full)

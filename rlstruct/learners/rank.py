@@ -243,7 +243,7 @@ class RankContext:
 def algorithm_learn(
     ctx: RankContext, batch: Any, *, learn: Callable[..., Mapping[str, float]],
     make_agent: Callable[[nn.Module], Any] | None, cfg: Any, per_rank: tuple[str, ...] = (),
-    lr: float | None = None, stacked: bool = False,
+    lr: float | None = None, stacked: bool = False, out_of_time: Callable[[], bool] | None = None,
 ) -> Mapping[str, float]:
     """Runs an algorithm's ``learn(agent, optimizer, batch, cfg, step)`` on one rank, with
     ``step=ctx.step`` (gradients averaged over the ranks); bind the keywords with
@@ -261,6 +261,9 @@ def algorithm_learn(
         stacked: the batch holds ``k`` minibatches stacked as ``(n, k, *feat)`` (an off-policy
             learner's ``k`` replay samples, ``DictTensor.stack(samples, dim=1)``): ``learn``
             runs once on the rank's rows of each, in order; the last one's metrics are returned.
+        out_of_time: handed to ``learn`` as ``out_of_time=`` (a learn function that stops
+            between minibatches once the run's time is up); only a one-rank learner in the run's
+            own process has it, since ranks must take the same number of steps.
     """
     if lr is not None:
         for group in ctx.optimizer.param_groups:
@@ -271,6 +274,8 @@ def algorithm_learn(
             setattr(cfg, name, max(1, getattr(cfg, name) // ctx.world_size))
     agent = ctx.model if make_agent is None else make_agent(ctx.model)
     if not stacked:
+        if out_of_time is not None:
+            return learn(agent, ctx.optimizer, batch, cfg, ctx.step, out_of_time=out_of_time)
         return learn(agent, ctx.optimizer, batch, cfg, ctx.step)
     out: Mapping[str, float] = {}
     for j in range(next(iter(batch.values())).shape[1]):

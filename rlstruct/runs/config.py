@@ -2,8 +2,11 @@
 
 An algorithm's ``Config`` subclasses it; ``tyro`` turns it into a command line whose ``--help``
 is the fields' docstrings, and :meth:`RunConfig.problems` lists every bad value before anything
-starts (one :class:`~rlstruct.errors.ConfigError`, exit code 2 on the command line). The run
-scaffold that consumes it is :mod:`rlstruct.runs.run` (which re-exports it).
+starts. It is plain data: building it reads no file and no environment variable;
+:func:`rlstruct.runs.resolve.resolve` is the one step that looks outside (the layout file, env
+modules, devices, torchrun, the run to resume) and lists every problem in one
+:class:`~rlstruct.errors.ConfigError` (exit code 2 on the command line). The run scaffold that
+consumes it is :mod:`rlstruct.runs.run` (which re-exports it).
 """
 
 from __future__ import annotations
@@ -14,12 +17,7 @@ from typing import Annotated, ClassVar, Literal
 
 import tyro
 
-from rlstruct.runs.checkpoint import config_changes, object_path
-from rlstruct.envs.registry import env_id_problems, env_module_problems
-from rlstruct.errors import ConfigError
 from rlstruct.runs.layout import LayoutConfig
-from rlstruct.learners.torchrun import torchrun_world
-from rlstruct.runs.logger import config_to_dict
 
 __all__ = ["RunConfig", "RESUMABLE"]
 
@@ -92,26 +90,21 @@ class RunConfig:
     #: learner ranks (``--n-learners``, ``--learner-devices``, ``--learner-backend ray``,
     #: torchrun); an algorithm that does not refuses them rather than ignore them.
     learner_ranks: ClassVar[bool] = False
+    #: The action spaces the algorithm takes (gymnasium space class names).
+    action_spaces: ClassVar[tuple[str, ...]] = ("Discrete", "Box")
+    #: Whether learner ranks split the batch's env rows (``n_processes * n_envs``), which must
+    #: then be a multiple of their number (SAC splits its samples' rows instead).
+    splits_rows: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        """Applies ``layout_file``, then checks everything (:meth:`problems`).
-
-        Raises:
-            ConfigError: listing every problem at once (the command line exits with code 2).
-        """
+        """Only normalises (``env_module`` from a list); reads nothing and checks nothing:
+        :func:`rlstruct.runs.resolve.resolve` checks the config, once, before the run."""
         self.env_module = tuple(self.env_module)  # a list from JSON or Python: the same config
-        if self.layout_file is not None:
-            from rlstruct.runs.layout_file import apply_layout
-
-            apply_layout(self, self.layout_file)
-        problems = self.problems()
-        if problems:
-            raise ConfigError(f"{len(problems)} problem(s) in the config:\n- "
-                              + "\n- ".join(problems))
 
     def problems(self) -> list[str]:
-        """Every problem of the config, before anything starts: sizes, rates, budgets, the
-        layout, the env modules and the env id (with close matches), the run to resume. An
+        """Every problem of the config's own values (sizes, rates, budgets, the layout), with
+        no look outside it; :func:`~rlstruct.runs.resolve.resolve` adds what needs the world
+        (env ids and modules, the action space, devices, learner ranks, the run to resume). An
         algorithm's config may extend it (``super().problems() + [...]``)."""
         positive = ("target_window", "eval_envs", "checkpoint_every", "n_threads", "hidden",
                     "max_frames")
@@ -130,24 +123,4 @@ class RunConfig:
             problems.append(f"time_budget must be > 0 seconds, got {self.time_budget}")
         if not 0 < self.gamma <= 1:
             problems.append(f"gamma must be in (0, 1], got {self.gamma}")
-        problems += self.layout.problems() + self._learner_rank_problems()
-        module_problems = env_module_problems(self.env_module)
-        problems += module_problems
-        if not module_problems:
-            problems += env_id_problems(self.env_id, self.env_backend)
-        if self.resume is not None:
-            problems += config_changes(self.resume, config_to_dict(self), RESUMABLE)
-        return problems
-
-    def _learner_rank_problems(self) -> list[str]:
-        layout = self.layout
-        asked = [flag for flag, on in (
-            (f"n_learners={layout.n_learners}", layout.n_learners > 1),
-            ("learner_devices", bool(layout.learner_devices)),
-            ("learner_backend 'ray'", layout.learner_backend == "ray"),
-            (f"torchrun (WORLD_SIZE={torchrun_world()})", torchrun_world() > 1)) if on]
-        if not asked or self.learner_ranks:
-            return []
-        algorithm = object_path(type(self)).split(":")[0]  # rlstruct.algos.dqn, also as __main__
-        return [f"{', '.join(asked)}: {algorithm} learns in one process and takes no learner "
-                f"ranks (ppo, a2c, impala, sac and trpo do; docs/guide-learners.md)"]
+        return problems + self.layout.problems()

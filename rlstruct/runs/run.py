@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import math
 import signal
 import sys
@@ -74,10 +75,11 @@ from rlstruct.runs.episodes import EpisodeTracker
 from rlstruct.errors import CheckpointError, ConfigError
 from rlstruct.runs.evaluator import Evaluator
 from rlstruct.runs.layout import make_batcher
-from rlstruct.learners.base import OptimizerFactory
+from rlstruct.learners.base import GroupPart, LearnerGroupBase, OptimizerFactory
 from rlstruct.learners.torchrun import serve_rank, torchrun_group, torchrun_rank, torchrun_world
 from rlstruct.runs.logger import RunLogger, config_to_dict
 from rlstruct.runs.monitor import ResourceMonitor
+from rlstruct.runs.resolve import resolve
 from rlstruct.runs.config import RunConfig
 from rlstruct.trajectories import Trajectories
 
@@ -124,6 +126,7 @@ class Run:
         if torchrun_rank() > 0:  # torchrun: ranks > 0 only learn (rlstruct/learners/torchrun.py)
             serve_rank(resolve_device(cfg.layout.learner_device).type)  # exits the process
         self.start = time.monotonic()
+        cfg = resolve(cfg, algo)  # every problem of the config, before anything starts
         self.algo, self.cfg = algo, cfg
         torch.set_num_threads(cfg.n_threads)
         torch.manual_seed(cfg.seed)
@@ -274,62 +277,39 @@ class Run:
         self, make_model: Callable[[], torch.nn.Module], model: torch.nn.Module,
         make_optimizer: OptimizerFactory, learn: Callable[..., Any],
         make_agent: Callable[[torch.nn.Module], Agent] | None = None,
-        per_rank: tuple[str, ...] = (), stacked: bool = False,
-    ) -> Any:
-        """``--n-learners N`` (or ``--learner-devices``): a
-        :class:`~rlstruct.learners.group.LearnerGroup` whose ranks run the algorithm's
-        ``learn(agent, optimizer, batch, cfg, step)`` on 1/N of each batch's rows
-        (:func:`~rlstruct.learners.rank.algorithm_learn`), starting from ``model``'s weights;
-        checkpoints then hold rank 0's model and optimizer. Closed with the run. None with
-        one learner (the algorithm learns in this process). ``--learner-backend ray``: a
-        :class:`~rlstruct.learners.ray.RayLearnerGroup`. Under torchrun, rank 0's
-        :func:`~rlstruct.learners.torchrun.torchrun_group`. ``make_agent`` None: ``learn`` gets
-        the model; ``stacked``: batches of ``k`` stacked minibatches, one ``learn`` each."""
-        from functools import partial
+        per_rank: tuple[str, ...] = (), stacked: bool = False, policy: str = "",
+    ) -> LearnerGroupBase:
+        """The learner group the algorithm learns with: its ranks run the algorithm's
+        ``learn(agent, optimizer, batch, cfg, step)`` on their rows of each batch
+        (:func:`~rlstruct.learners.rank.algorithm_learn`), starting from ``model``'s weights,
+        and each rank builds its optimizer with ``make_optimizer(params, device=...)``.
 
-        from rlstruct.learners.group import LearnerGroup
-        from rlstruct.learners.rank import algorithm_learn
+        One learner (the default): a :class:`~rlstruct.learners.local.LocalLearner` on
+        ``model`` itself, on the learner device, in this process (``run.out_of_time`` reaches
+        a ``learn`` that takes ``out_of_time``). ``--n-learners N`` (or ``--learner-devices``):
+        a :class:`~rlstruct.learners.group.LearnerGroup` of N processes;
+        ``--learner-backend ray``: a :class:`~rlstruct.learners.ray.RayLearnerGroup`; under
+        torchrun, rank 0's :func:`~rlstruct.learners.torchrun.torchrun_group`. Closed with the
+        run. Checkpoints hold the group's (rank 0's) model as ``model`` and its optimizer as
+        ``optimizer``.
 
-        layout = self.cfg.layout
-        rank_learn = partial(algorithm_learn, learn=learn, make_agent=make_agent, cfg=self.cfg,
-                             per_rank=per_rank, stacked=stacked)
-        if (torchrun_world() == 1 and layout.n_learners == 1 and layout.learner_devices is None
-                and layout.learner_backend == "local"):
-            return None
-        if torchrun_world() > 1:  # torchrun: this is rank 0, the others wait in serve_rank
-            group = self._stack.enter_context(torchrun_group(
-                self.algo, layout, make_model, make_optimizer, rank_learn, model, self.device))
-            self._checkpoint_group(group, model)
-            return group
-        if layout.learner_backend == "ray":  # ranks as Ray actors, placed by Ray
-            from rlstruct.learners.ray import RayLearnerGroup
+        Args:
+            make_model: builds a rank's replica (picklable for the process and Ray ranks).
+            model: the algorithm's model (its weights start every rank).
+            make_optimizer: ``make_optimizer(params, device=...)``.
+            learn: the algorithm's learn function.
+            make_agent: ``make_agent(model)``, the agent ``learn`` gets (None: the model);
+                wrapped in CheckDevice with ``--check-devices``.
+            per_rank: integer config fields divided among the ranks (``minibatch_size``).
+            stacked: batches of ``k`` stacked minibatches, one ``learn`` each.
+            policy: the prefix of the policy's weights in ``model`` (SAC: ``"actor."``, the
+                module the workers and the evaluation run): checkpoints then hold them as
+                ``model`` and the whole learner model as ``learner``.
+        """
+        from rlstruct.runs.groups import learner_group
 
-            group = self._stack.enter_context(RayLearnerGroup(
-                make_model, make_optimizer, rank_learn, model.state_dict(),
-                n_learners=layout.n_learners, num_gpus=layout.learner_num_gpus,
-                num_cpus=layout.learner_num_cpus, resources=layout.learner_resources,
-                address=layout.ray_address, n_threads=self.cfg.n_threads))
-            self._checkpoint_group(group, model)
-            return group
-        devices = (layout.learner_devices.split(",") if layout.learner_devices
-                   else [str(torch.device(self.device.type, k)) for k in range(layout.n_learners)]
-                   if self.device.type == "cuda" else [str(self.device)] * layout.n_learners)
-        group = self._stack.enter_context(LearnerGroup(
-            make_model, make_optimizer, rank_learn, model.state_dict(),
-            n_learners=layout.n_learners, devices=devices, seed=self.cfg.seed,
-            n_threads=self.cfg.n_threads,
-        ))
-        if self._training_batcher is not None:  # rank 0 writes into its ring where it can
-            group.publish_to(self._training_batcher)
-        self._checkpoint_group(group, model)
-        return group
-
-    def _checkpoint_group(self, group: Any, model: torch.nn.Module) -> None:
-        """Checkpoints hold the group's (rank 0's) model and optimizer under the names a
-        single learner uses; the group stands for ``model``, so the checkpoint still records
-        how to rebuild it and the evaluation agent (``python -m rlstruct evaluate``)."""
-        self._stands_for["model"] = model
-        self.checkpoint_state(model=group, optimizer=group.optimizer)
+        return learner_group(self, make_model, model, make_optimizer, learn, make_agent,
+                             per_rank, stacked, policy)
 
     def checkpoint_state(self, **objects: Any) -> None:
         """What checkpoints hold: ``name -> obj.state_dict()`` for each object given (model,

@@ -192,7 +192,7 @@ def sweep(
     out = Path(out) if out is not None else Path("sweeps") / (
         f"{algo}_{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
-    module = module or f"algos.{algo}"
+    module = module or f"rlstruct.algos.{algo}"
 
     jobs: list[_Job] = []
     for t, overrides in enumerate(trial_list):

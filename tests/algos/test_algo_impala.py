@@ -5,6 +5,7 @@ run, a learning test, the configuration checks and the GPU layout."""
 from __future__ import annotations
 
 import re
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,12 @@ from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.algos import impala
 from rlstruct.errors import ConfigError, DeviceContractError, LearnerError
+from rlstruct.learn.optim import adam
 from rlstruct.learn.sampling import ActorAgent
+from rlstruct.learners.local import LocalLearner
+from rlstruct.learners.rank import algorithm_learn
 from rlstruct.runs.layout import LayoutConfig
+from rlstruct.runs.resolve import resolve
 
 
 def segments(n: int = 2) -> tuple[impala.ActorCritic, list]:
@@ -62,9 +67,17 @@ def test_stale_behaviour_policies_are_corrected_by_clipped_importance_weights():
     assert stats["rho_clipped"] == 1.0
 
 
+def local_learner(model, make_agent):
+    """IMPALA's one-rank learner group, as Run.learner_group builds it."""
+    cfg = impala.Config()
+    return LocalLearner(model, partial(adam, lr=cfg.lr, eps=1e-5),
+                        partial(algorithm_learn, learn=impala.learn, make_agent=make_agent,
+                                cfg=cfg), torch.device("cpu"))
+
+
 def test_the_learner_steps_publishes_copies_and_counts_them():
     model, trajs = segments(3)
-    learner = impala.Learner(impala.BehaviourAgent(model), impala.Config(), torch.device("cpu"))
+    learner = impala.Learner(local_learner(model, impala.BehaviourAgent))
     assert learner.weights.take() is None
     before = {k: v.clone() for k, v in model.state_dict().items()}
     stats = learner(trajs[0])
@@ -94,8 +107,8 @@ CAUGHT_BY_CHECK_DEVICE = r"action\['logits'\] is on meta, expected cpu \(CheckDe
 
 def test_the_loss_replays_the_agent_it_is_given_so_check_device_sees_a_planted_wrong_device():
     model, (traj,) = segments(1)
-    agent = CheckDevice(_meta_behaviour_agent(model), "cpu")
-    learner = impala.Learner(agent, impala.Config(), torch.device("cpu"))
+    learner = impala.Learner(local_learner(
+        model, lambda m: CheckDevice(_meta_behaviour_agent(m), "cpu")))
     with pytest.raises(DeviceContractError, match=CAUGHT_BY_CHECK_DEVICE):
         learner(traj)
     assert learner.weights.take() is None  # no step was taken, nothing published
@@ -115,7 +128,7 @@ def test_check_devices_catches_a_planted_wrong_device_in_the_loss(tmp_path, monk
 
 def test_config_refuses_a_synchronous_layout():
     with pytest.raises(ConfigError, match="--pipeline >= 2"):
-        impala.Config(layout=LayoutConfig(pipeline=1))
+        resolve(impala.Config(layout=LayoutConfig(pipeline=1)))
     assert impala.Config().layout.pipeline == 2
 
 

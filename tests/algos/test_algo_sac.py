@@ -22,6 +22,7 @@ from rlstruct.errors import ConfigError
 from rlstruct.learn.distributions import space_spec
 from rlstruct.learn.replay_buffer import ReplayBuffer
 from rlstruct.runs.layout import LayoutConfig
+from rlstruct.runs.resolve import resolve
 
 
 # ----------------------------------------------------------------------------- soft target
@@ -122,8 +123,8 @@ def test_agent_stays_in_the_box_is_seeded_and_greedy_is_deterministic():
 
 
 def test_config_lists_every_problem():
-    with pytest.raises(ConfigError, match=r"batch_size must be > 0.*utd must be > 0.*tau"):
-        sac.Config(batch_size=0, utd=0.0, tau=1.5)
+    with pytest.raises(ConfigError, match=r"(?s)batch_size must be > 0.*utd must be > 0.*tau"):
+        resolve(sac.Config(batch_size=0, utd=0.0, tau=1.5))
 
 
 def test_learn_on_replayed_pendulum_segments_moves_every_part():

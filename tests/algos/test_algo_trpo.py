@@ -21,6 +21,7 @@ from rlstruct.learn.distributions import make_head
 from rlstruct.learn.nets import HeadActorCritic
 from rlstruct.learn.sampling import PolicyAgent
 from rlstruct.runs.layout import LayoutConfig
+from rlstruct.runs.resolve import resolve
 
 PENDULUM_ACTIONS = spaces.Box(-2.0, 2.0, (1,))
 
@@ -100,7 +101,7 @@ def test_a_policy_step_improves_the_surrogate_inside_the_trust_region():
 
 def test_config_lists_every_problem():
     with pytest.raises(ConfigError) as info:
-        trpo.Config(max_kl=0.0, cg_iters=0, backtrack=1.0, minibatch_size=0)
+        resolve(trpo.Config(max_kl=0.0, cg_iters=0, backtrack=1.0, minibatch_size=0))
     for name in ("max_kl", "cg_iters", "backtrack", "minibatch_size"):
         assert name in str(info.value)
 

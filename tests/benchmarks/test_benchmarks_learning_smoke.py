@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow  # worker processes or subprocesses throughout
 
 @pytest.mark.timeout(300)
 def test_learning_benchmark_quick(tmp_path: Path) -> None:
-    if not (ROOT / "algos" / "ppo.py").exists():
+    if not (ROOT / "rlstruct" / "algos" / "ppo.py").exists():
         pytest.skip("rlstruct/algos/ppo.py does not exist yet")
     out = tmp_path / "learning.json"
     res = subprocess.run(

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
 #: Every page whose links must resolve inside the repository.
-LINKED_PAGES = [REPO / "README.md", *PAGES, REPO / "algos" / "README.md"]
+LINKED_PAGES = [REPO / "README.md", *PAGES, REPO / "rlstruct" / "algos" / "README.md"]
 LINKED_PAGES += sorted(REPO.glob("tutorials/**/*.md"))
 LINKED_IDS = [p.relative_to(REPO).as_posix() for p in LINKED_PAGES]
 sys.path.insert(0, str(DOCS))

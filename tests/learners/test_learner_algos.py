@@ -25,6 +25,7 @@ from rlstruct.learners.base import under
 from rlstruct.learners.group import LearnerGroup
 from rlstruct.learners.rank import RankContext, algorithm_learn
 from rlstruct.runs.layout import LayoutConfig
+from rlstruct.runs.resolve import resolve
 
 N_ROWS, N_SAMPLES = 32, 3
 
@@ -76,7 +77,7 @@ def test_two_sac_ranks_on_half_rows_equal_one_learner_on_all():
 
 def test_sac_checks_rows_per_rank_and_trpo_takes_learner_ranks():
     with pytest.raises(ConfigError, match=r"batch_size \(33\) must be a multiple of n_learners"):
-        sac.Config(batch_size=33, layout=LayoutConfig(n_learners=2))
+        resolve(sac.Config(batch_size=33, layout=LayoutConfig(n_learners=2)))
     trpo.Config(layout=LayoutConfig(n_learners=2, learner_devices="cpu,cpu"))
 
 

@@ -27,6 +27,7 @@ from rlstruct.errors import (
 from rlstruct.learners.group import LearnerGroup
 from rlstruct.learners.rank import RankContext
 from rlstruct.learners.staging import DeviceStager, StagingRing, pack, split_rows, unpack
+from rlstruct.runs.resolve import resolve
 
 cloudpickle.register_pickle_by_value(learner_fns)
 
@@ -309,8 +310,8 @@ def test_the_ray_learner_flags_parse_and_every_problem_is_listed(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "ray" else real(name, *a))
     with pytest.raises(ConfigError) as err:
-        ppo.Config(layout=LayoutConfig(learner_backend="ray", learner_devices="cpu",
-                                       learner_num_gpus=-1, learner_resources={"x": -1}))
+        resolve(ppo.Config(layout=LayoutConfig(learner_backend="ray", learner_devices="cpu",
+                                       learner_num_gpus=-1, learner_resources={"x": -1})))
     for text in ("needs Ray, an optional extra: pip install rlstruct[ray]",
                  "learner_devices places local ranks", "learner_num_gpus must be >= 0",
                  "learner_resources must be >= 0"):

@@ -31,7 +31,7 @@ PROBE = textwrap.dedent("""
     from rlstruct.algos import ppo
     from rlstruct import DictTensor
     from rlstruct.runs.layout import LayoutConfig
-    from rlstruct.learn.optim import flat_adam
+    from rlstruct.learn.optim import adam
     from rlstruct.runs.run import Run
 
     def probe(model, optimizer, batch, cfg, step):
@@ -57,7 +57,7 @@ PROBE = textwrap.dedent("""
         with Run("ppo", cfg) as run:
             make_model = ppo.model_factory(run, cfg)
             fresh = make_model()
-            group = run.learner_group(make_model, fresh, partial(flat_adam, lr=cfg.lr, eps=1e-5),
+            group = run.learner_group(make_model, fresh, partial(adam, lr=cfg.lr, eps=1e-5),
                                       probe, lambda model: model)  # loads the checkpoint
             first = group.learn(batch)
             zeros = {k: torch.zeros_like(v) for k, v in checkpoint["model"].items()}

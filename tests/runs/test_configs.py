@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import tyro
 
+from rlstruct.runs.resolve import parse, resolve
 from rlstruct.algos import a2c, appo, dqn, impala, ppo, reinforce, sac, trpo
 from rlstruct.errors import ConfigError
 from rlstruct.runs.layout import LayoutConfig
@@ -77,19 +78,19 @@ def test_flags_parse_into_the_typed_config():
 )
 def test_bad_command_lines_exit_2_and_say_why(args, message, capsys):
     with pytest.raises(SystemExit) as info:
-        tyro.cli(ppo.Config, args=args)
+        parse(ppo.Config, args=args)
     assert info.value.code == 2
     assert message in capsys.readouterr().err
 
 
 def test_appo_config_lists_every_problem_and_its_command_line_exits_2(capsys):
     with pytest.raises(ConfigError) as err:
-        appo.Config(layout=LayoutConfig(pipeline=1), queue=-1, clip_coef=1.5, c_bar=0.0)
+        resolve(appo.Config(layout=LayoutConfig(pipeline=1), queue=-1, clip_coef=1.5, c_bar=0.0))
     for message in ("queue must be >= 0 (0: no learner thread), got -1", "c_bar must be > 0",
                     "clip_coef must be in (0, 1), got 1.5", "need --pipeline >= 2, got 1"):
         assert message in str(err.value)
     with pytest.raises(SystemExit) as info:
-        tyro.cli(appo.Config, args=["--queue", "-1"])
+        parse(appo.Config, args=["--queue", "-1"])
     assert info.value.code == 2 and "queue" in capsys.readouterr().err
 
 
@@ -126,7 +127,7 @@ def test_the_algorithms_share_the_defaults_of_the_run_config():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", ALGOS)
 def test_help_from_any_folder(name, tmp_path):
-    done = subprocess.run([sys.executable, "-m", f"algos.{name}", "--help"], cwd=tmp_path,
+    done = subprocess.run([sys.executable, "-m", f"rlstruct.algos.{name}", "--help"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=100)
     assert done.returncode == 0, done.stderr
     assert "usage:" in done.stdout and "--learner-device" in done.stdout
@@ -139,11 +140,11 @@ def test_an_algorithm_without_learner_ranks_refuses_them(name, monkeypatch):
     learner backend and torchrun are refused with the algorithm's name, never ignored."""
     config, layout = ALGOS[name].Config, LayoutConfig
     for fields in ({"n_learners": 2}, {"learner_devices": "cpu"}):
-        with pytest.raises(ConfigError, match=f"algos.{name} learns in one process"):
-            config(layout=layout(**fields))
+        with pytest.raises(ConfigError, match=f"{name} learns in one process"):
+            resolve(config(layout=layout(**fields)))
     monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it on every rank
     with pytest.raises(ConfigError, match=r"torchrun \(WORLD_SIZE=2\)"):
-        config()
+        resolve(config())
     monkeypatch.delenv("WORLD_SIZE")
-    config()  # the default layout has one learner
-    ppo.Config(layout=layout(n_learners=2))  # an algorithm with learner ranks takes them
+    resolve(config())  # the default layout has one learner
+    resolve(ppo.Config(layout=layout(n_learners=2)))  # an algorithm with learner ranks takes them

@@ -20,6 +20,7 @@ import torch
 from support.algo_runs import check_run_dir, evaluated_rows, read_rows
 
 import rlstruct.runs.run as run_module
+from rlstruct.runs.resolve import resolve
 from rlstruct import Agent, DictTensor
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import BatcherStateError, CheckpointError, ConfigError
@@ -85,7 +86,7 @@ def _outside_any_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 # ----------------------------------------------------------------------------- RunConfig
 def test_run_config_lists_every_bad_field():
     with pytest.raises(ConfigError) as info:
-        RunConfig(target_window=0, eval_every=-1, max_grad_norm=-1.0, n_threads=0)
+        resolve(RunConfig(target_window=0, eval_every=-1, max_grad_norm=-1.0, n_threads=0))
     message = str(info.value)
     for name in ("target_window", "eval_every", "max_grad_norm", "n_threads"):
         assert name in message
@@ -343,12 +344,13 @@ def test_resume_drops_rows_written_after_the_checkpoint(tmp_path):
 def test_resume_refuses_a_changed_model_or_env_and_a_missing_checkpoint(tmp_path):
     first = train(config(tmp_path, target_return=None, max_frames=20))
     with pytest.raises(ConfigError) as info:
-        config(tmp_path, resume=str(first.logger.dir), hidden=32, gamma=0.5, max_frames=99)
+        resolve(config(tmp_path, resume=str(first.logger.dir), hidden=32, gamma=0.5,
+                       max_frames=99), "test")
     message = str(info.value)
     assert "hidden is 32 here but 64" in message and "gamma is 0.5 here but 0.99" in message
     assert "max_frames" not in message  # budgets may change
     with pytest.raises(ConfigError, match=r"holds no checkpoints/latest\.pt"):
-        config(tmp_path, resume=str(tmp_path))
+        resolve(config(tmp_path, resume=str(tmp_path)), "test")
 
 
 def test_resume_names_a_state_that_does_not_load(tmp_path):

@@ -28,7 +28,7 @@ def run_algo(name: str, args: list[str], cwd: Path, timeout: float = 150.0) -> t
         ``(run_dir, stdout)``; fails the test with the output if the exit code is not 0.
     """
     done = subprocess.run(
-        [sys.executable, "-m", f"algos.{name}", *args],
+        [sys.executable, "-m", f"rlstruct.algos.{name}", *args],
         cwd=cwd,
         capture_output=True,
         text=True,

@@ -18,6 +18,7 @@ from support.algo_runs import evaluated_rows, read_rows
 
 from rlstruct.errors import ConfigError
 from rlstruct.runs.layout import LayoutConfig
+from rlstruct.runs.resolve import resolve
 from rlstruct.runs.run import RunConfig
 
 CORRIDOR = textwrap.dedent('''
@@ -52,8 +53,8 @@ def python(args: list[str], cwd: Path, extra_path: Path | None = None, timeout: 
 # ----------------------------------------------------------------------------- config checks
 def test_every_config_problem_is_listed_at_once_before_any_folder(tmp_path):
     with pytest.raises(ConfigError) as info:
-        RunConfig(env_id="CartPole-v2", lr=-0.001, time_budget=-5, runs_dir=str(tmp_path / "r"),
-                  layout=LayoutConfig(n_envs=0, pipeline=0))
+        resolve(RunConfig(env_id="CartPole-v2", lr=-0.001, time_budget=-5,
+                          runs_dir=str(tmp_path / "r"), layout=LayoutConfig(n_envs=0, pipeline=0)))
     message = str(info.value)
     assert message.startswith("5 problem(s) in the config")
     for text in ("lr must be a finite number > 0, got -0.001", "time_budget must be > 0",
@@ -67,19 +68,19 @@ def test_an_algorithms_own_problems_are_listed_with_the_shared_ones():
     from rlstruct.algos import impala, ppo
 
     with pytest.raises(ConfigError) as info:
-        ppo.Config(lr=0.0, n_epochs=0)
+        resolve(ppo.Config(lr=0.0, n_epochs=0))
     assert "2 problem(s)" in str(info.value) and "n_epochs >= 1" in str(info.value)
     with pytest.raises(ConfigError, match=r"(?s)2 problem\(s\).*gamma.*--pipeline >= 2"):
-        impala.Config(gamma=2.0, layout=LayoutConfig(pipeline=1))
+        resolve(impala.Config(gamma=2.0, layout=LayoutConfig(pipeline=1)))
 
 
 def test_env_modules_and_backends_are_checked_too():
     with pytest.raises(ConfigError, match=r"env_module 'no_such_pkg\.envs' cannot be imported"):
-        RunConfig(env_module=("no_such_pkg.envs",))
+        resolve(RunConfig(env_module=("no_such_pkg.envs",)))
     with pytest.raises(ConfigError, match="its module cannot be imported"):
-        RunConfig(env_id="no_such_pkg.envs:Thing-v0")
+        resolve(RunConfig(env_id="no_such_pkg.envs:Thing-v0"))
     with pytest.raises(ConfigError, match="no torch-native version"):
-        RunConfig(env_id="Taxi-v3", env_backend="torch")
+        resolve(RunConfig(env_id="Taxi-v3", env_backend="torch"))
 
 
 @pytest.mark.slow
@@ -229,7 +230,7 @@ def test_every_algorithms_checkpoint_is_evaluated_from_the_command_line(algo, tm
     algo, *extra = algo.split()
     frames = "600" if algo == "sac" else "2000"
     processes = "2" if algo in ("impala", "appo") else "1"  # pipelined: worker processes
-    trained = python(["-m", f"algos.{algo}", "--max-frames", frames, "--eval-every", "0",
+    trained = python(["-m", f"rlstruct.algos.{algo}", "--max-frames", frames, "--eval-every", "0",
                       "--n-processes", processes, "--target-return", "None", *extra],
                      cwd=tmp_path, timeout=150)
     assert trained.returncode == 0, trained.stderr
