@@ -1,0 +1,191 @@
+"""The one step that reads the world for a run config: :func:`resolve`.
+
+Building a :class:`~rlstruct.runs.config.RunConfig` reads no file, imports nothing and reads no
+environment variable: it is plain data, and :meth:`~rlstruct.runs.config.RunConfig.problems`
+checks only its own values. :func:`resolve`, run once before anything starts (``Run`` calls it,
+the command line calls it through :func:`parse`), does everything that looks outside:
+
+- applies the ``--layout`` file of ``rlstruct tune``;
+- imports the env modules and looks the env id up (with close matches), then makes one env to
+  read its spaces and checks the action space against what the algorithm takes;
+- reads torchrun's variables (``WORLD_SIZE``) for the learner-rank checks, and whether the
+  learner ranks can split the batch;
+- checks that every device named exists on this machine;
+- checks the run to resume: its checkpoint, its algorithm and the config its checkpoint records.
+
+Every problem is listed in one :class:`~rlstruct.errors.ConfigError`, before any folder, process
+or thread exists; on the command line that is one message and exit code 2.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import gymnasium as gym
+import torch
+
+from rlstruct.devices import resolve_device
+from rlstruct.envs.registry import env_id_problems, env_module_problems, env_spaces
+from rlstruct.errors import CheckpointError, ConfigError
+from rlstruct.learners.torchrun import torchrun_world
+from rlstruct.runs.checkpoint import load_checkpoint, object_path
+from rlstruct.runs.config import RESUMABLE, RunConfig
+from rlstruct.runs.layout_file import apply_layout
+from rlstruct.runs.logger import config_to_dict
+
+__all__ = ["resolve", "parse", "is_resolved", "algo_name"]
+
+C = TypeVar("C", bound=RunConfig)
+
+_RESOLVED = "_rlstruct_resolved"
+
+
+def is_resolved(cfg: RunConfig) -> bool:
+    """Whether ``cfg`` came out of :func:`resolve`."""
+    return bool(getattr(cfg, _RESOLVED, False))
+
+
+def algo_name(cfg: RunConfig | type[RunConfig]) -> str:
+    """The algorithm a config (or config class) belongs to (``ppo`` for
+    ``rlstruct.algos.ppo.Config``, also run as ``__main__``; the class's module otherwise)."""
+    module = object_path(cfg if isinstance(cfg, type) else type(cfg)).split(":")[0]
+    return module.rsplit(".", 1)[-1] if module.startswith("rlstruct.algos.") else module
+
+
+def resolve(cfg: C, algo: str | None = None) -> C:
+    """Checks ``cfg`` against the world, applies its layout file (in place: the algorithm's
+    own reference sees the same config as the run) and returns it (see the module notes). A
+    resolved config is not resolved again.
+
+    Args:
+        cfg: the config.
+        algo: the algorithm's name, as the run records it (default: from the config's class,
+            ``ppo`` for ``rlstruct.algos.ppo.Config``).
+
+    Raises:
+        ConfigError: listing every problem at once.
+    """
+    if is_resolved(cfg):
+        return cfg
+    problems: list[str] = []
+    if cfg.layout_file is not None:
+        try:
+            cfg = apply_layout(cfg, cfg.layout_file)
+        except ConfigError as err:
+            problems.append(str(err))
+    problems += cfg.problems()
+    problems += _learner_rank_problems(cfg) + _device_problems(cfg)
+    module_problems = env_module_problems(cfg.env_module)
+    problems += module_problems
+    if not module_problems:
+        id_problems = env_id_problems(cfg.env_id, cfg.env_backend)
+        problems += id_problems
+        if not id_problems:
+            problems += _space_problems(cfg)
+    if cfg.resume is not None:
+        problems += _resume_problems(cfg, algo or algo_name(cfg))
+    if problems:
+        raise ConfigError(f"{len(problems)} problem(s) in the config:\n- "
+                          + "\n- ".join(problems))
+    setattr(cfg, _RESOLVED, True)
+    return cfg
+
+
+def parse(config_class: type[C], args: Sequence[str] | None = None,
+          prog: str | None = None) -> C:
+    """The command line of an algorithm: ``tyro.cli(config_class)``, then :func:`resolve`. A
+    problem of the config prints one message and exits with code 2, before anything starts.
+
+    Args:
+        config_class: the algorithm's ``Config``.
+        args: the arguments (default: ``sys.argv[1:]``).
+        prog: the program's name in messages and ``--help``.
+    """
+    import tyro
+
+    try:
+        cfg = tyro.cli(config_class, args=args, prog=prog)
+        return resolve(cfg)
+    except ConfigError as err:
+        name = prog or f"rlstruct train {algo_name(config_class)}"
+        print(f"{name}: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _learner_rank_problems(cfg: RunConfig) -> list[str]:
+    layout, world = cfg.layout, torchrun_world()
+    asked = [flag for flag, on in (
+        (f"n_learners={layout.n_learners}", layout.n_learners > 1),
+        ("learner_devices", bool(layout.learner_devices)),
+        ("learner_backend 'ray'", layout.learner_backend == "ray"),
+        (f"torchrun (WORLD_SIZE={world})", world > 1)) if on]
+    if asked and not cfg.learner_ranks:
+        return [f"{', '.join(asked)}: {algo_name(cfg)} learns in one process and takes no "
+                f"learner ranks (ppo, a2c, impala, sac and trpo do; docs/guide-learners.md)"]
+    ranks = world if world > 1 else layout.n_learners
+    if ranks > 1 and cfg.learner_ranks and cfg.splits_rows:
+        rows = (layout.n_processes or os.cpu_count() or 1) * layout.n_envs
+        if rows % ranks:
+            return [f"{ranks} learner ranks cannot split a batch of {rows} rows "
+                    f"(n_processes={layout.n_processes or os.cpu_count()} x n_envs="
+                    f"{layout.n_envs}): make n_processes x n_envs a multiple of {ranks}"]
+    return []
+
+
+def _device_problems(cfg: RunConfig) -> list[str]:
+    """Every device the layout names exists here (``resolve_device`` says what is available)."""
+    layout = cfg.layout
+    named = [(name, getattr(layout, name)) for name in
+             ("learner_device", "batcher_device", "eval_device")]
+    named += [("learner_devices", d) for d in (layout.learner_devices or "").split(",") if d]
+    problems = []
+    for name, value in named:
+        try:
+            torch.device(value) if value != "auto" else None
+        except (RuntimeError, TypeError):
+            continue  # not a device at all: LayoutConfig.problems says so
+        try:
+            resolve_device(value)
+        except ConfigError as err:
+            problems.append(f"{name}: {err}")
+    return problems
+
+
+def _space_problems(cfg: RunConfig) -> list[str]:
+    """The env's action space against the algorithm's ``action_spaces``."""
+    try:
+        _shape, space = env_spaces(cfg.env_id, cfg.env_backend)
+    except Exception as err:  # an env that cannot be made: name it, with the cause
+        return [f"env_id {cfg.env_id!r} cannot be made: {type(err).__name__}: {err}"]
+    kinds = {"Discrete": gym.spaces.Discrete, "Box": gym.spaces.Box}
+    if any(isinstance(space, kinds[k]) for k in cfg.action_spaces):
+        return []
+    takes = " or ".join(cfg.action_spaces)
+    return [f"{algo_name(cfg)} cannot train on {cfg.env_id}: its action space is {space}, "
+            f"and {algo_name(cfg)} takes {takes} action spaces"]
+
+
+def _resume_problems(cfg: RunConfig, algo: str) -> list[str]:
+    """The run to resume exists, is this algorithm's, and its checkpoint's config agrees."""
+    folder = Path(cfg.resume or "")
+    latest = folder / "checkpoints" / "latest.pt"
+    if not latest.is_file():
+        return [f"resume: {folder} holds no checkpoints/latest.pt (give a run directory)"]
+    try:
+        state = load_checkpoint(latest)
+    except CheckpointError as err:
+        return [f"resume: {err}"]
+    saved_algo = state.get("algo")
+    if saved_algo is not None and saved_algo != algo:
+        return [f"resume: {folder} is a {saved_algo} run; resume it with "
+                f"`rlstruct train {saved_algo} --resume {folder}`"]
+    saved: dict[str, Any] = state.get("config") or {}
+    config = config_to_dict(cfg)
+    return [f"resume: {name} is {config.get(name, '<absent>')!r} here but "
+            f"{saved.get(name, '<absent>')!r} in the checkpoint of {folder} (it cannot change "
+            "on resume)" for name in sorted(set(saved) | set(config))
+            if name not in RESUMABLE and saved.get(name) != config.get(name)]
