@@ -14,11 +14,11 @@ from typing import Annotated, ClassVar, Literal
 
 import tyro
 
-from rlstruct.runs.checkpoint import config_changes, object_path
 from rlstruct.envs.registry import env_id_problems, env_module_problems
 from rlstruct.errors import ConfigError
-from rlstruct.runs.layout import LayoutConfig
 from rlstruct.learners.torchrun import torchrun_world
+from rlstruct.runs.checkpoint import config_changes, object_path
+from rlstruct.runs.layout import LayoutConfig
 from rlstruct.runs.logger import config_to_dict
 
 __all__ = ["RunConfig", "RESUMABLE"]
@@ -88,8 +88,8 @@ class RunConfig:
     """where each part runs"""
     #: The smallest ``n_timesteps`` an algorithm accepts (REINFORCE: 0, the episode's length).
     min_timesteps: ClassVar[int] = 1
-    #: Whether the algorithm learns through :meth:`~rlstruct.runs.run.Run.learner_group`, so it takes
-    #: learner ranks (``--n-learners``, ``--learner-devices``, ``--learner-backend ray``,
+    #: Whether the algorithm learns through :meth:`~rlstruct.runs.run.Run.learner_group`, so it
+    #: takes learner ranks (``--n-learners``, ``--learner-devices``, ``--learner-backend ray``,
     #: torchrun); an algorithm that does not refuses them rather than ignore them.
     learner_ranks: ClassVar[bool] = False
 
