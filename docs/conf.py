@@ -50,7 +50,6 @@ html_theme = "furo"
 html_title = "rlstruct"
 myst_heading_anchors = 3
 myst_enable_extensions = ["colon_fence"]
-suppress_warnings = ["myst.header"]  # pages that open with a level-2 heading after the title
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
