@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: venv demo test test-fast lint bench clean
+.PHONY: venv demo test test-fast lint docs bench clean
 
 # torch is installed only when the venv lacks it: a GPU user keeps their CUDA build, and a
 # machine with a local CPU wheel never downloads CUDA packages.
@@ -14,6 +14,18 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch
 	$(PIP) install -e ".[dev]"
 	touch $@
+
+# The documentation site's tools (the docs extra), constrained to the venv's torch so that pip
+# never replaces it.
+$(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
+	$(PY) -c 'import importlib.metadata as m; print("torch==" + m.version("torch"))' > $(VENV)/torch-constraint.txt
+	$(PIP) install -c $(VENV)/torch-constraint.txt -e ".[docs]"
+	touch $@
+
+# The documentation as a site (Sphinx, docs/conf.py): the pages of docs/, a page per tutorial and
+# the API reference generated from the docstrings, into docs/_build/html; warnings are errors.
+docs: $(VENV)/.docs-installed
+	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
 
 # The main job: PPO on CartPole-v1 with 2 worker processes (the multi-process batcher), until the mean
 # return of the last 20 training episodes reaches 475 (or 50 s pass). Outputs go to runs/.
@@ -40,4 +52,4 @@ bench: venv
 	$(PY) benchmarks/envpool_atari.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache docs/_build docs/generated

@@ -1,7 +1,6 @@
 """``pytest docs`` runs the ``>>>`` examples of the written pages (``--doctest-glob='*.md'``).
 
-api.md is skipped: its examples are the docstrings' own, which need their module's names and run
-with ``pytest rlstruct`` (``--doctest-modules``).
+The site's configuration and what it generates or builds are not pages to test here.
 """
 
-collect_ignore = ["api.md"]
+collect_ignore = ["conf.py", "generated", "_build"]

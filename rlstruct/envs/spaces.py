@@ -196,7 +196,7 @@ class ActionSpec:
         self.default = np.clip(np.zeros(self.shape), low, high).astype(self.dtype)
 
     def to_numpy(self, action: Tensor, env_ids: np.ndarray, offset: int) -> np.ndarray:
-        """Checks ``action`` (n, *shape) and returns a fresh numpy copy in the space's dtype.
+        """Checks ``action`` ``(n, *shape)`` and returns a fresh numpy copy in the space's dtype.
 
         Args:
             action: one row per running env.

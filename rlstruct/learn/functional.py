@@ -539,13 +539,13 @@ def clipped_surrogate(logp: Tensor, logp_old: Tensor, advantage: Tensor, clip: f
     direction is never clipped. The gradient flows through ``logp`` only.
 
     Args:
-        logp: (*batch) log-probabilities of the taken actions under the policy being learned.
-        logp_old: (*batch) the same under the policy the trust region is centred on.
-        advantage: (*batch) advantages (treated as constants).
+        logp: ``(*batch)`` log-probabilities of the taken actions under the policy being learned.
+        logp_old: ``(*batch)`` the same under the policy the trust region is centred on.
+        advantage: ``(*batch)`` advantages (treated as constants).
         clip: eps in (0, 1).
 
     Returns:
-        (*batch) per-sample losses; take their (masked) mean.
+        ``(*batch)`` per-sample losses; take their (masked) mean.
 
     Raises:
         ShapeError: ``logp_old`` or ``advantage`` is not shaped like ``logp``.

@@ -374,7 +374,7 @@ class ReplayBuffer:
         The tensors are the filled rows ``[0, len(self))`` of the storage in storage order: views
         that share memory with the buffer, like ``nn.Module.state_dict`` (save or clone them
         before the next ``add``). Keys: ``capacity``, ``position``, ``size``, ``n_added``,
-        ``keys`` (the requested keys or None), ``tensors`` ({key: (size, *feat)}, ``{}`` before
+        ``keys`` (the requested keys or None), ``tensors`` (``{key: (size, *feat)}``, ``{}`` before
         the first ``add``) and ``generator_state`` (a uint8 tensor, or None before the first
         ``sample`` without a generator).
         """

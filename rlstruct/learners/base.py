@@ -51,7 +51,9 @@ def under(state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
 class LearnerGroupBase:
     """The shared part of the learner groups (see the module notes).
 
-    Args (of :meth:`_setup`, which every group's constructor calls):
+    The arguments of :meth:`_setup`, which every group's constructor calls:
+
+    Args:
         make_model, make_optimizer, learn: the factories and the learn function (callables).
         init_state: the initial weights (a non-empty state_dict); it fixes the keys, shapes and
             dtypes :meth:`load_state_dict` accepts.

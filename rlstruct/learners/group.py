@@ -11,13 +11,12 @@ process Batcher's own weights ring, which ``update`` then commits without a copy
 - Devices: ``cuda:k`` with NCCL where GPUs exist, the CPU with gloo elsewhere (how it is tested).
 - Rendezvous: ``127.0.0.1`` on a free port on one node; across nodes the address is given
   (``master_addr`` / ``master_port``, like ``torchrun``'s ``MASTER_ADDR`` / ``MASTER_PORT``).
-- Staging (:mod:`rlstruct.learners.staging`): :meth:`~LearnerGroup.submit` writes batch ``k + 1``
-into
-  shared memory and returns while the ranks still learn on batch ``k``; each rank's loader thread
-  copies it onto the rank's device meanwhile. :meth:`~LearnerGroup.collect` returns batch ``k``'s
-  metrics: the learn function's (averaged over the ranks) and ``load_wait_ms``,
-  ``rank_learn_ms``, ``allreduce_ms`` (slowest rank), ``learner_queue`` (batches in flight at
-  submit).
+- Staging (:mod:`rlstruct.learners.staging`): :meth:`~LearnerGroup.submit` writes batch
+  ``k + 1`` into shared memory and returns while the ranks still learn on batch ``k``; each
+  rank's loader thread copies it onto the rank's device meanwhile.
+  :meth:`~LearnerGroup.collect` returns batch ``k``'s metrics: the learn function's (averaged
+  over the ranks) and ``load_wait_ms``, ``rank_learn_ms``, ``allreduce_ms`` (slowest rank),
+  ``learner_queue`` (batches in flight at submit).
 - Failures: a rank that raises or dies surfaces as :class:`~rlstruct.errors.LearnerError` naming
   the rank (the first culprit: a rank whose error came from a collective is a victim), with its
   traceback; a rank that hangs makes the driver's wait end at its deadline with
@@ -28,8 +27,7 @@ into
 The learn function runs on every rank as ``learn(ctx, shard, **kwargs)`` (``ctx``: a
 :class:`~rlstruct.learners.rank.RankContext`) and takes each gradient step with ``ctx.step``,
 which has :func:`~rlstruct.learn.optim.gradient_step`'s signature. Every rank must take the same
-number
-of steps per batch. The factories and the learn function are sent with cloudpickle.
+number of steps per batch. The factories and the learn function are sent with cloudpickle.
 
 One rank runs the same machinery and is bitwise equal to a single learner.
 """

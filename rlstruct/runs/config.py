@@ -86,8 +86,8 @@ class RunConfig:
     """where each part runs"""
     #: The smallest ``n_timesteps`` an algorithm accepts (REINFORCE: 0, the episode's length).
     min_timesteps: ClassVar[int] = 1
-    #: Whether the algorithm learns through :meth:`~rlstruct.runs.run.Run.learner_group`, so it takes
-    #: learner ranks (``--n-learners``, ``--learner-devices``, ``--learner-backend ray``,
+    #: Whether the algorithm learns through :meth:`~rlstruct.runs.run.Run.learner_group`, so it
+    #: takes learner ranks (``--n-learners``, ``--learner-devices``, ``--learner-backend ray``,
     #: torchrun); an algorithm that does not refuses them rather than ignore them.
     learner_ranks: ClassVar[bool] = False
     #: The action spaces the algorithm takes (gymnasium space class names).

@@ -48,8 +48,9 @@ class TunedLayout:
 
 
 def read_layout(path: str | os.PathLike) -> TunedLayout:
-    """Reads a file of :func:`~rlstruct.tools.tune.layout_file.write_layout` (or any JSON of LayoutConfig fields and an
-    optional ``n_timesteps``; a missing field keeps LayoutConfig's default).
+    """Reads a file of :func:`~rlstruct.tools.tune.layout_file.write_layout` (or any JSON of
+    LayoutConfig fields and an optional ``n_timesteps``; a missing field keeps LayoutConfig's
+    default).
 
     Raises:
         ConfigError: not a JSON object, an unknown key, or a field of the wrong type.

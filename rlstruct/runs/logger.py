@@ -58,8 +58,8 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from rlstruct.runs.checkpoint import copy_checkpoint, save_checkpoint
 from rlstruct.errors import ConfigError, ShapeError
+from rlstruct.runs.checkpoint import copy_checkpoint, save_checkpoint
 
 __all__ = ["RunLogger", "config_to_dict", "git_commit"]
 

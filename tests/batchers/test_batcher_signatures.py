@@ -1,4 +1,4 @@
-"""The constructors' signatures as help(), IDEs and docs/api.md see them.
+"""The constructors' signatures as help(), IDEs and the site's API reference (`make docs`) see them.
 
 The worker-pool arguments are declared once (``WorkerPool.__init__``); ``RayBatcher`` adds its
 own keyword-only options and ``RL_Batcher`` derives rlstructures' order from ``Batcher``'s. These

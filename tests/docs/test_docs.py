@@ -1,21 +1,24 @@
-"""The documentation stays true: API reference complete and current, links valid, examples run.
+"""The documentation stays true: the site builds, links valid, examples run.
 
-- every public name (``__all__`` of the modules ``docs/gen_api.py`` documents: the core, the
-  experiment layer the algorithms import, rlstruct.compat) has its entry in docs/api.md, and
-  ``docs/gen_api.py --check`` finds nothing to regenerate;
-- every relative link of README.md, docs/*.md, rlstruct/algos/README.md and tutorials/ points to an
-  existing file INSIDE the repository, and every ``#anchor`` to a heading of the target page;
-  no page names a path that leaves the repository (``../shared/...``) or a Markdown file that
-  the repository does not hold (notes kept elsewhere, such as a ``STYLE.md``);
-- every ``>>>`` example of docs/*.md runs (api.md excepted: its examples are the docstrings',
-  which ``pytest --doctest-modules rlstruct`` runs), every other Python block of the written
-  pages compiles, and the GPU layout script of guide-gpus.md runs on the CPU;
+- the site (``make docs``: Sphinx, ``docs/conf.py``) builds without a warning (slow), and its API
+  reference has a page for every public module (every module of rlstruct with an ``__all__``)
+  that documents or links every name of its ``__all__``;
+- every relative link of README.md, docs/*.md, rlstruct/algos/README.md and tutorials/ points to
+  an existing file INSIDE the repository (or to a page the site generates), every ``#anchor`` of
+  a Markdown page to a heading of it, and every ``#Name`` of a module (``../rlstruct/errors.py#
+  ShapeError``, an API entry on the site) to a name of that module's ``__all__``; no page names a
+  path that leaves the repository (``../shared/...``) or a Markdown file that the repository does
+  not hold (notes kept elsewhere, such as a ``STYLE.md``);
+- every ``>>>`` example of docs/*.md runs (the docstrings' own run with ``pytest
+  --doctest-modules rlstruct``), every other Python block of the written pages compiles, and the
+  GPU layout script of guide-gpus.md runs on the CPU;
 - the key schema table of concepts.md is the table of rlstruct/keys.py;
 - every test the written pages name (coverage tables) is defined under tests/.
 """
 
 from __future__ import annotations
 
+import ast
 import doctest
 import importlib
 import re
@@ -33,11 +36,30 @@ LINKED_PAGES = [REPO / "README.md", *PAGES, REPO / "rlstruct" / "algos" / "READM
 LINKED_PAGES += sorted(REPO.glob("tutorials/**/*.md"))
 LINKED_IDS = [p.relative_to(REPO).as_posix() for p in LINKED_PAGES]
 sys.path.insert(0, str(DOCS))
-from gen_api import MODULES as DOCUMENTED  # noqa: E402  (the modules api.md documents)
+import conf as site  # noqa: E402  (docs/conf.py: the site's API modules and generated pages)
 
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 _HEADING = re.compile(r"^#{1,6} (.+?)\s*$", re.M)
+
+
+def _module_all(path: Path) -> list[str] | None:
+    """The names of the module-level ``__all__`` of a source file, or None when it has none."""
+    for node in ast.parse(path.read_text()).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+            return list(ast.literal_eval(node.value))
+    return None
+
+
+def _public_modules() -> list[str]:
+    """Every module of rlstruct with an ``__all__``, found by parsing (not as conf.py does)."""
+    found = []
+    for path in (REPO / "rlstruct").rglob("*.py"):
+        if _module_all(path) is not None:
+            parts = path.relative_to(REPO).with_suffix("").parts
+            found.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return sorted(found)
 
 
 def _without_code(text: str) -> str:
@@ -67,29 +89,82 @@ def test_the_docs_exist():
         "guide-performance.md",
         "guide-reliability.md",
         "algorithms.md",
-        "api.md",
         "migrating-from-rlstructures.md",
     } <= names
+    assert (DOCS / "conf.py").is_file()
 
 
-@pytest.mark.parametrize("module_name", DOCUMENTED)
-def test_every_public_name_is_in_the_api_reference(module_name):
+def test_every_public_module_is_in_the_api_reference():
+    """conf.py's list of modules is every module with an ``__all__``, and the API reference's
+    root page lists each one (a module left out of either fails here)."""
+    expected = _public_modules()
+    assert len(expected) > 50
+    assert sorted(site.API_MODULES) == expected
+    index = site.api_index()
+    toctree = index.split(".. toctree::")[1]
+    listed = re.findall(r"^   (rlstruct[\w.]*)$", toctree, re.M)
+    assert listed == expected
+    assert {f"api/{m}.rst" for m in expected} <= set(site.generated_pages())
+
+
+@pytest.fixture(scope="module")
+def api_pages():
+    """Every API page as conf.py generates it (optional dependencies mocked as in the build)."""
+    pytest.importorskip("sphinx", reason="the site's tools: pip install -e '.[docs]'")
+    from sphinx.ext.autodoc.mock import mock
+
+    with mock(site.autodoc_mock_imports):
+        return {m: site.api_page(m) for m in site.API_MODULES}
+
+
+@pytest.mark.parametrize("module_name", _public_modules())
+def test_every_public_name_is_in_its_module_page(api_pages, module_name):
+    page = api_pages[module_name]
+    assert f".. automodule:: {module_name}" in page
     module = importlib.import_module(module_name)
-    headings = set(_HEADING.findall((DOCS / "api.md").read_text()))
-    missing = [n for n in module.__all__ if f"{module_name}.{n}" not in headings]
-    assert not missing, f"not in docs/api.md: {missing}; run `python docs/gen_api.py`"
+    missing = [n for n in module.__all__ if f":: {module_name}.{n}\n" not in page
+               and not re.search(rf"- :py:\w+:`{n} <", page)]
+    assert not missing, f"not documented nor linked on the API page of {module_name}: {missing}"
 
 
-@pytest.mark.timeout(120)
-def test_api_reference_is_up_to_date():
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_the_site_builds_without_a_warning(tmp_path):
+    for name in ("sphinx", "myst_parser", "furo"):
+        pytest.importorskip(name, reason="the site's tools: pip install -e '.[docs]'")
     done = subprocess.run(
-        [sys.executable, str(DOCS / "gen_api.py"), "--check"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=100,
+        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
+         "-d", str(tmp_path / "doctrees"), str(DOCS), str(tmp_path / "html")],
+        cwd=REPO, capture_output=True, text=True, timeout=400,
     )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-8000:]
+    html = tmp_path / "html"
+    assert (html / "generated" / "api" / "rlstruct.errors.html").is_file()
+    assert (html / "generated" / "tutorials" / "01_dicttensor.html").is_file()
+    # a link written for GitHub as ../rlstruct/errors.py#ShapeError lands on the API entry
+    reliability = (html / "guide-reliability.html").read_text()
+    assert "generated/api/rlstruct.errors.html#rlstruct.errors.ShapeError" in reliability
+
+
+def _link_problem(page: Path, target: str) -> str | None:
+    """What is wrong with the relative link ``target`` of ``page``, or None."""
+    path, _, anchor = target.partition("#")
+    resolved = (page.parent / path).resolve() if path else page
+    generated = site.GENERATED
+    if resolved == generated or generated in resolved.parents:
+        rel = resolved.relative_to(generated).as_posix()
+        return None if rel in site.generated_pages() else "not a page the site generates"
+    if not resolved.exists():
+        return "no such file"
+    if REPO not in resolved.parents and resolved != REPO:
+        return "outside the repository"
+    if anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved):
+        return "no heading with this anchor"
+    if anchor and resolved.suffix == ".py":
+        names = _module_all(resolved)
+        if names is None or anchor not in names:
+            return f"{anchor} is not a name of the module's __all__ (no API entry)"
+    return None
 
 
 @pytest.mark.parametrize("page", LINKED_PAGES, ids=LINKED_IDS)
@@ -98,14 +173,9 @@ def test_relative_links_point_to_existing_files(page):
     for target in _LINK.findall(_without_code(page.read_text())):
         if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto:, ...
             continue
-        path, _, anchor = target.partition("#")
-        resolved = (page.parent / path).resolve() if path else page
-        if not resolved.exists():
-            broken.append(f"{target}: no such file")
-        elif REPO not in resolved.parents and resolved != REPO:
-            broken.append(f"{target}: outside the repository")
-        elif anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved):
-            broken.append(f"{target}: no heading with this anchor")
+        problem = _link_problem(page, target)
+        if problem:
+            broken.append(f"{target}: {problem}")
     assert not broken, f"{page.name}: {broken}"
 
 
@@ -128,7 +198,7 @@ def test_no_page_points_outside_the_repository(page):
     )
 
 
-DOCTEST_PAGES = [p for p in PAGES if p.name != "api.md" and ">>>" in p.read_text()]
+DOCTEST_PAGES = [p for p in PAGES if ">>>" in p.read_text()]
 
 
 @pytest.mark.timeout(120)
@@ -149,7 +219,7 @@ def test_concepts_and_index_have_examples():
     assert {p.name for p in DOCTEST_PAGES} >= {"concepts.md", "index.md"}
 
 
-WRITTEN_PAGES = [p for p in PAGES if p.name != "api.md"]  # api.md's blocks are signatures
+WRITTEN_PAGES = PAGES
 
 
 @pytest.mark.parametrize("page", WRITTEN_PAGES, ids=[p.name for p in WRITTEN_PAGES])
@@ -195,15 +265,20 @@ def test_concepts_key_schema_is_the_keys_module_table():
 
 
 def test_tests_named_in_the_docs_exist():
-    """Coverage claims stay honest: every test the written pages name is defined under tests/."""
+    """Coverage claims stay honest: every test the written pages name is defined under tests/
+    (in its group's folder: ``tests/runs/test_run.py::test_...``)."""
     tests = REPO / "tests"
     text = "".join(p.read_text() for p in WRITTEN_PAGES)
-    for file, name in re.findall(r"tests/(test_\w+)\.py::(test_\w+)", text):
-        source = (tests / f"{file}.py").read_text()
-        assert re.search(rf"def {name}\(", source), f"tests/{file}.py::{name} does not exist"
-    modules = {p.stem for p in tests.glob("test_*.py")}
+    for file, name in re.findall(r"tests/((?:\w+/)*test_\w+)\.py::(test_\w+)", text):
+        path = tests / f"{file}.py"
+        assert path.is_file(), f"tests/{file}.py does not exist"
+        assert re.search(rf"def {name}\(", path.read_text()), f"no test {name} in tests/{file}.py"
+    for file in re.findall(r"tests/((?:\w+/)*test_\w+)\.py", text):
+        assert (tests / f"{file}.py").is_file(), f"tests/{file}.py does not exist"
+    files = [p for p in tests.rglob("test_*.py") if "support" not in p.parts]
+    modules = {p.stem for p in files}
     defined = set()
-    for path in tests.glob("test_*.py"):
+    for path in files:
         defined |= set(re.findall(r"def (test_\w+)\(", path.read_text()))
     missing = sorted(set(re.findall(r"\b(test_\w+)\b", text)) - defined - modules)
     assert not missing, f"tests named in docs/ but defined nowhere under tests/: {missing}"

@@ -14,21 +14,20 @@ import inspect
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import tyro
+from support.docstrings import field_docs
 
-from rlstruct.runs.resolve import parse, resolve
 from rlstruct.algos import a2c, appo, dqn, impala, ppo, reinforce, sac, trpo
 from rlstruct.errors import ConfigError
 from rlstruct.runs.layout import LayoutConfig
 from rlstruct.runs.logger import config_to_dict
+from rlstruct.runs.resolve import parse, resolve
 from rlstruct.runs.run import RunConfig
 
 ALGOS = {"ppo": ppo, "a2c": a2c, "dqn": dqn, "reinforce": reinforce, "impala": impala,
          "trpo": trpo, "sac": sac, "appo": appo}
-from support.docstrings import field_docs
 
 
 @pytest.mark.parametrize("cls", [LayoutConfig, RunConfig, *(m.Config for m in ALGOS.values())])

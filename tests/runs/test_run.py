@@ -20,12 +20,12 @@ import torch
 from support.algo_runs import check_run_dir, evaluated_rows, read_rows
 
 import rlstruct.runs.run as run_module
-from rlstruct.runs.resolve import resolve
 from rlstruct import Agent, DictTensor
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import BatcherStateError, CheckpointError, ConfigError
 from rlstruct.runs.layout import LayoutConfig
 from rlstruct.runs.logger import git_commit
+from rlstruct.runs.resolve import resolve
 from rlstruct.runs.run import Run, RunConfig, env_dims, env_spaces
 
 REPEAT = "rlstruct/Repeat-v0"

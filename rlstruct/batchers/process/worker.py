@@ -1,7 +1,7 @@
 """The worker side of ``Batcher``: command Enum, module-level worker function, structured errors.
 
 Protocol (one duplex pipe per worker; the parent may queue several commands, the worker takes
-them in order):
+them in order)::
 
     parent -> worker                                 worker -> parent
     (RESET, None)                                    (RESET_DONE, n_running)

@@ -5,7 +5,7 @@ links of mass ``m1 = m2 = 1``, length ``l1 = 1``, centres of mass at ``lc1 = lc2
 moments of inertia ``I1 = I2 = 1`` hang from a fixed joint; the action applies a torque
 ``tau`` in ``{-1, 0, +1}`` at the joint between the links. The Lagrangian equations of motion,
 with ``d1 = m1 lc1^2 + m2 (l1^2 + lc2^2 + 2 l1 lc2 cos theta2) + I1 + I2`` and
-``d2 = m2 (lc2^2 + l1 lc2 cos theta2) + I2``, give
+``d2 = m2 (lc2^2 + l1 lc2 cos theta2) + I2``, give::
 
     phi2 = m2 lc2 g cos(theta1 + theta2 - pi/2)
     phi1 = -m2 l1 lc2 dtheta2^2 sin theta2 - 2 m2 l1 lc2 dtheta2 dtheta1 sin theta2

@@ -202,7 +202,7 @@ def tune(
             learner: steps/s is then what training reaches (see :class:`BatcherMeasure`).
         batch_size: keep ``P * n_envs * T`` at this many steps (see :func:`candidate_grid`).
         n_rounds: interleaved rounds of the finals (see
-        :func:`~rlstruct.tools.tune.searches.search`).
+            :func:`~rlstruct.tools.tune.searches.search`).
 
     Returns:
         The :class:`TuneResult`; ``write_layout(path, result)`` saves the pick.
