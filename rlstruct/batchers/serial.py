@@ -74,13 +74,9 @@ class SerialBatcher(BatcherBase):
     """
 
     def __init__(
-        self,
-        n_timesteps: int,
-        create_agent: Callable[..., Agent],
-        agent_args: Mapping[str, Any] | None,
-        create_env: Callable[..., VecEnv],
-        env_args: Mapping[str, Any] | None,
-        *,
+        self, n_timesteps: int, create_agent: Callable[..., Agent],
+        agent_args: Mapping[str, Any] | None, create_env: Callable[..., VecEnv],
+        env_args: Mapping[str, Any] | None, *,
         seeds: int | Sequence[int] = 0,
         agent_info: DictTensor | None = None,
         env_info: DictTensor | None = None,

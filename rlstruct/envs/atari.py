@@ -128,15 +128,9 @@ def make_atari_gym_env(
         make_kwargs["repeat_action_probability"] = float(repeat_action_probability)
     e = gym.make(env, **make_kwargs)
     e = gym.wrappers.AtariPreprocessing(
-        e,
-        noop_max=noop_max,
-        frame_skip=frame_skip,
-        screen_size=screen_size,
-        terminal_on_life_loss=terminal_on_life_loss,
-        grayscale_obs=True,
-        grayscale_newaxis=False,
-        scale_obs=False,
-    )
+        e, noop_max=noop_max, frame_skip=frame_skip, screen_size=screen_size,
+        terminal_on_life_loss=terminal_on_life_loss, grayscale_obs=True,
+        grayscale_newaxis=False, scale_obs=False)
     e = gym.wrappers.FrameStackObservation(e, frame_stack)
     if max_episode_steps is not None:
         e = gym.wrappers.TimeLimit(e, max_episode_steps)

@@ -352,14 +352,8 @@ def n_step_returns(
 
 
 def gae(
-    reward: Tensor,
-    value: Tensor,
-    next_value: Tensor,
-    terminated: Tensor,
-    truncated: Tensor,
-    lengths: Tensor,
-    gamma: float,
-    lam: float,
+    reward: Tensor, value: Tensor, next_value: Tensor, terminated: Tensor, truncated: Tensor,
+    lengths: Tensor, gamma: float, lam: float,
 ) -> tuple[Tensor, Tensor]:
     """Generalized Advantage Estimation (Schulman et al., 2016).
 
@@ -423,16 +417,8 @@ def _check_bar(name: str, v: float) -> float:
 
 
 def vtrace(
-    reward: Tensor,
-    value: Tensor,
-    next_value: Tensor,
-    terminated: Tensor,
-    truncated: Tensor,
-    lengths: Tensor,
-    log_rho: Tensor,
-    gamma: float,
-    rho_bar: float = 1.0,
-    c_bar: float = 1.0,
+    reward: Tensor, value: Tensor, next_value: Tensor, terminated: Tensor, truncated: Tensor,
+    lengths: Tensor, log_rho: Tensor, gamma: float, rho_bar: float = 1.0, c_bar: float = 1.0,
 ) -> VTrace:
     """V-trace off-policy value targets and policy-gradient advantages (Espeholt et al., 2018).
 
