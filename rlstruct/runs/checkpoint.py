@@ -82,8 +82,14 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises several kinds for a damaged file
+        # Never pass on torch's advice to load with weights_only=False: rlstruct does not
+        # unpickle arbitrary objects, and a file that needs it is not one of its checkpoints.
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()
+                 and "weights_only" not in line and "arbitrary code" not in line]
+        reason = lines[-1][:200] if lines else type(err).__name__
         raise CheckpointError(
-            f"cannot load checkpoint {path}: {type(err).__name__}: {err}") from err
+            f"cannot load checkpoint {path}: it is damaged or not a checkpoint rlstruct wrote "
+            f"({type(err).__name__}: {reason})") from None
 
 
 def rng_state() -> dict[str, Any]:

@@ -77,6 +77,7 @@ from rlstruct.runs.config import RunConfig
 from rlstruct.runs.episodes import EpisodeTracker
 from rlstruct.runs.evaluator import Evaluator
 from rlstruct.runs.layout import make_batcher
+from rlstruct.runs.lock import FolderLock, FolderSnapshot
 from rlstruct.runs.logger import RunLogger, config_to_dict
 from rlstruct.runs.monitor import ResourceMonitor
 from rlstruct.runs.resolve import resolve
@@ -156,12 +157,24 @@ class Run:
         self._eval_agent: tuple[Any, dict[str, Any], DictTensor | None] | None = None
         self._training_batcher: Any = None
         self._stack = contextlib.ExitStack()
-        self.logger = RunLogger(
-            algo, cfg.env_id, cfg, cfg.runs_dir, total_frames=cfg.max_frames,
-            window=cfg.target_window, code_dir=_code_dir(cfg),
-            resume_dir=cfg.resume, resume_frames=self.frames,
-            resume_wall_time=r.get("wall_time", 0.0), best_score=r.get("best_score"),
-        )
+        # One session per folder; a resume that fails before its first iteration puts the
+        # folder back as it was (rlstruct/runs/lock.py).
+        self._lock = FolderLock(cfg.resume) if cfg.resume is not None else None
+        self._snapshot = FolderSnapshot(cfg.resume) if cfg.resume is not None else None
+        try:
+            self.logger = RunLogger(
+                algo, cfg.env_id, cfg, cfg.runs_dir, total_frames=cfg.max_frames,
+                window=cfg.target_window, code_dir=_code_dir(cfg),
+                resume_dir=cfg.resume, resume_frames=self.frames,
+                resume_wall_time=r.get("wall_time", 0.0), best_score=r.get("best_score"),
+            )
+        except BaseException:
+            if self._snapshot is not None and self._lock is not None:
+                self._snapshot.restore()
+                self._lock.release()
+            raise
+        self._lock = self._lock or FolderLock(self.logger.dir)
+        self._resumed_at = self.iteration
         #: Per iteration: seconds collecting/learning/waiting, cores busy, memory, GPU use.
         self.monitor = ResourceMonitor()
         self._stack.callback(self.monitor.close)
@@ -525,6 +538,10 @@ class Run:
                     if self._old_sigterm is not None:
                         signal.signal(signal.SIGTERM, self._old_sigterm)
                     self._write_summary(finish, exc)
+                    if (not finish and self._snapshot is not None
+                            and self.iteration == self._resumed_at):
+                        self._snapshot.restore()  # a refused resume leaves the run as it was
+                    self._lock.release()
         if finish:
             print(_describe(self.algo, self.summary, self.logger.train_column))
             print(f"outputs in {self.logger.dir}", flush=True)
