@@ -33,7 +33,7 @@ from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.envs import GymEnvInf
 from rlstruct.learn.optim import Optimizer, adam, gradient_step
-from rlstruct.learn.replay_buffer import ReplayBuffer
+from rlstruct.learn.replay_buffer import ReplayBuffer, replay_memory_problems
 from rlstruct.runs.resolve import parse
 from rlstruct.runs.run import Run, RunConfig
 
@@ -78,6 +78,10 @@ class Config(RunConfig):
     """frames over which epsilon decays linearly"""
     eps_spread: float = 0.0
     """per-row spread: row i uses eps^(1 + spread i / (B - 1))"""
+
+    def world_problems(self, obs_shape: tuple[int, ...], action_space: Any) -> list[str]:
+        itemsize = 1 if self.env_backend == "atari" else 4  # uint8 frames, float observations
+        return replay_memory_problems(self.buffer_size, obs_shape, itemsize, 1)
 
 
 # --------------------------------------------------------------------------------------- model

@@ -38,7 +38,7 @@ from rlstruct import keys as K
 from rlstruct.envs import GymEnvInf
 from rlstruct.learn.distributions import make_head, space_from_spec, space_spec
 from rlstruct.learn.optim import adam, gradient_step
-from rlstruct.learn.replay_buffer import ReplayBuffer
+from rlstruct.learn.replay_buffer import ReplayBuffer, replay_memory_problems
 from rlstruct.learn.sampling import HeadSampler, greedy_info
 from rlstruct.runs.layout import LayoutConfig
 from rlstruct.runs.resolve import parse
@@ -82,6 +82,10 @@ class Config(RunConfig):
     layout: Annotated[LayoutConfig, tyro.conf.OmitArgPrefixes] = field(
         default_factory=lambda: LayoutConfig(n_processes=1, n_envs=4))
     """where each part runs (default: the 4 envs in this process)"""
+
+    def world_problems(self, obs_shape: tuple[int, ...], action_space: Any) -> list[str]:
+        n = int(math.prod(action_space.shape)) if action_space.shape else 1
+        return replay_memory_problems(self.buffer_size, obs_shape, 4, n)
 
     def problems(self) -> list[str]:
         problems = super().problems() + [f"{k} must be > 0, got {getattr(self, k)}" for k in

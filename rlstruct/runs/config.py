@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import tyro
 
@@ -124,3 +124,9 @@ class RunConfig:
         if not 0 < self.gamma <= 1:
             problems.append(f"gamma must be in (0, 1], got {self.gamma}")
         return problems + self.layout.problems()
+
+    def world_problems(self, obs_shape: tuple[int, ...], action_space: Any) -> list[str]:
+        """Problems that need the env's spaces or the machine (memory), for
+        :func:`~rlstruct.runs.resolve.resolve`; an algorithm's config may add its own (a replay
+        buffer that cannot fit)."""
+        return []

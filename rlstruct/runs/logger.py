@@ -298,7 +298,8 @@ class RunLogger:
         """Writes ``summary.json`` (atomically); returns its path."""
         path = self.dir / "summary.json"
         tmp = self.dir / "summary.json.tmp"
-        tmp.write_text(json.dumps(_jsonable(dict(summary)), indent=2) + "\n")
+        # NaN and infinities are JSON null (no evaluation ran, no return yet), not strings.
+        tmp.write_text(json.dumps(_jsonable(dict(summary), nonfinite=None), indent=2) + "\n")
         os.replace(tmp, path)
         return path
 
@@ -503,25 +504,29 @@ def git_commit(path: str | Path, timeout: float = 5.0) -> str:
     return commit + "-dirty" if status.returncode == 0 and status.stdout.strip() else commit
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: Any, nonfinite: Any = str) -> Any:
+    """``value`` in JSON's types; a non-finite float becomes ``nonfinite(value)`` (a callable)
+    or the ``nonfinite`` value itself."""
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
+        if math.isfinite(value):
+            return value
+        return nonfinite(value) if callable(nonfinite) else nonfinite
     if isinstance(value, enum.Enum):
-        return _jsonable(value.value)
+        return _jsonable(value.value, nonfinite)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return config_to_dict(value)
     if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): _jsonable(v, nonfinite) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [_jsonable(v, nonfinite) for v in value]
     if isinstance(value, (set, frozenset)):
-        return [_jsonable(v) for v in sorted(value, key=repr)]
+        return [_jsonable(v, nonfinite) for v in sorted(value, key=repr)]
     if isinstance(value, torch.Tensor):
-        return _jsonable(value.detach().cpu().tolist())
+        return _jsonable(value.detach().cpu().tolist(), nonfinite)
     if isinstance(value, (np.generic, np.ndarray)):
-        return _jsonable(value.tolist())
+        return _jsonable(value.tolist(), nonfinite)
     if isinstance(value, (Path, torch.device, torch.dtype)):
         return str(value)
     if isinstance(value, type) or callable(value):

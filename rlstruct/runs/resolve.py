@@ -158,12 +158,12 @@ def _device_problems(cfg: RunConfig) -> list[str]:
 def _space_problems(cfg: RunConfig) -> list[str]:
     """The env's action space against the algorithm's ``action_spaces``."""
     try:
-        _shape, space = env_spaces(cfg.env_id, cfg.env_backend)
+        shape, space = env_spaces(cfg.env_id, cfg.env_backend)
     except Exception as err:  # an env that cannot be made: name it, with the cause
         return [f"env_id {cfg.env_id!r} cannot be made: {type(err).__name__}: {err}"]
     kinds = {"Discrete": gym.spaces.Discrete, "Box": gym.spaces.Box}
     if any(isinstance(space, kinds[k]) for k in cfg.action_spaces):
-        return []
+        return cfg.world_problems(shape, space)
     takes = " or ".join(cfg.action_spaces)
     return [f"{algo_name(cfg)} cannot train on {cfg.env_id}: its action space is {space}, "
             f"and {algo_name(cfg)} takes {takes} action spaces"]

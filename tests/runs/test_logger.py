@@ -466,3 +466,14 @@ def test_config_to_dict_is_json_safe_and_keeps_nested_configs() -> None:
     assert config_to_dict(None) == {}
     with pytest.raises(TypeError, match="dataclass instance or a mapping"):
         config_to_dict(Outer)
+
+
+def test_summary_json_holds_nan_and_infinities_as_null(tmp_path):
+    """Issue 27: summary.json stored NaN as the string "nan"; JSON readers get null."""
+    with RunLogger("ppo", "CartPole-v1", {"lr": 1.0}, tmp_path, progress=False) as lg:
+        path = lg.write_summary({"eval_return": math.nan, "best": math.inf,
+                                 "returns": [1.0, -math.inf], "frames": 3})
+    text = path.read_text()
+    assert '"nan"' not in text and '"inf"' not in text
+    assert json.loads(text) == {"eval_return": None, "best": None, "returns": [1.0, None],
+                                "frames": 3}

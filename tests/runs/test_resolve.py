@@ -1,0 +1,105 @@
+"""rlstruct.runs.resolve: building a config reads nothing; the one step that looks outside names
+every mistake a user can make on the command line before any folder, process or thread exists
+(issue 27, section 1), and a command line with one exits 2 with one message and no traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rlstruct.algos import a2c, appo, dqn, impala, ppo, reinforce, sac, trpo
+from rlstruct.errors import ConfigError
+from rlstruct.runs.config import RunConfig
+from rlstruct.runs.layout import LayoutConfig
+from rlstruct.runs.resolve import is_resolved, resolve
+
+
+def test_building_a_config_reads_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")  # read by resolve only
+    cfg = dqn.Config(env_id="NoSuch-v0", layout_file=str(tmp_path / "missing.json"),
+                     env_module=["no_such_module"], resume=str(tmp_path / "nothing"))
+    assert cfg.env_module == ("no_such_module",) and not is_resolved(cfg)
+    with pytest.raises(ConfigError) as info:
+        resolve(cfg)
+    message = str(info.value)
+    for text in ("missing.json", "no_such_module", "WORLD_SIZE=4", "holds no checkpoints"):
+        assert text in message
+
+
+@pytest.mark.parametrize(("module", "env_id", "takes"), [
+    (dqn, "Pendulum-v1", "Discrete"), (appo, "Pendulum-v1", "Discrete"),
+    (reinforce, "Pendulum-v1", "Discrete"), (impala, "Pendulum-v1", "Discrete"),
+    (sac, "CartPole-v1", "Box")])
+def test_an_action_space_the_algorithm_cannot_take_is_named(module, env_id, takes):
+    name = module.__name__.rsplit(".", 1)[-1]
+    with pytest.raises(ConfigError) as info:
+        resolve(module.Config(env_id=env_id))
+    message = str(info.value)
+    assert f"{name} cannot train on {env_id}: its action space is" in message
+    assert f"{name} takes {takes} action spaces" in message
+
+
+@pytest.mark.parametrize("module", [ppo, a2c, trpo])
+def test_algorithms_that_take_both_kinds_of_action_space_resolve_on_both(module):
+    for env_id in ("CartPole-v1", "Pendulum-v1"):
+        assert is_resolved(resolve(module.Config(env_id=env_id)))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+@pytest.mark.parametrize("field", ["batcher_device", "learner_device", "eval_device"])
+def test_a_cuda_device_on_a_machine_without_one_is_named(field):
+    with pytest.raises(ConfigError, match=rf"{field}: device 'cuda:0': CUDA is not available "
+                                          r"on this machine \(available: cpu\)"):
+        resolve(ppo.Config(layout=LayoutConfig(**{field: "cuda:0"})))
+
+
+def test_learner_ranks_that_cannot_split_the_batch_are_refused():
+    layout = LayoutConfig(n_learners=2, n_processes=3, n_envs=3)
+    with pytest.raises(ConfigError, match=r"2 learner ranks cannot split a batch of 9 rows"):
+        resolve(ppo.Config(layout=layout))
+    assert is_resolved(resolve(ppo.Config(layout=LayoutConfig(n_learners=2, n_processes=2,
+                                                                n_envs=3))))
+
+
+def test_a_replay_buffer_beyond_memory_names_buffer_size_and_the_bytes():
+    with pytest.raises(ConfigError, match=r"buffer_size 1,000,000,000,000 needs about .* GiB "
+                                          r".* GiB available: lower --buffer-size"):
+        resolve(sac.Config(env_id="Pendulum-v1", buffer_size=10**12))
+
+
+def test_resolve_applies_the_layout_file_once_and_in_place(tmp_path):
+    layout = tmp_path / "tune.json"
+    layout.write_text(json.dumps({"n_processes": 1, "n_envs": 3, "n_timesteps": 7}))
+    cfg = RunConfig(layout_file=str(layout))
+    assert cfg.layout.n_envs != 3  # building applies nothing
+    assert resolve(cfg) is cfg and cfg.layout.n_envs == 3 and cfg.n_timesteps == 7
+    layout.unlink()
+    assert resolve(cfg) is cfg  # resolved once: the file is not read again
+
+
+MISTAKES = [
+    (["dqn", "--env-id", "Pendulum-v1"], "dqn cannot train on Pendulum-v1"),
+    (["sac", "--env-id", "CartPole-v1"], "sac takes Box action spaces"),
+    (["ppo", "--batcher-device", "cuda:0"], "CUDA is not available"),
+    (["ppo", "--learner-device", "cuda"], "learner_device: device 'cuda'"),
+    (["ppo", "--n-learners", "2", "--n-processes", "3", "--n-envs", "3"],
+     "cannot split a batch of 9 rows"),
+    (["sac", "--env-id", "Pendulum-v1", "--buffer-size", "1000000000000"], "lower --buffer-size"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CUDA cases need a machine without it")
+@pytest.mark.parametrize(("args", "message"), MISTAKES, ids=[" ".join(a[:3]) for a, _ in MISTAKES])
+def test_a_command_line_mistake_exits_2_with_one_message_and_no_folder(args, message, tmp_path):
+    algo, *flags = args
+    done = subprocess.run([sys.executable, "-m", f"rlstruct.algos.{algo}", *flags],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.count("error:") == 1
+    assert list(tmp_path.iterdir()) == []  # no runs/ folder
