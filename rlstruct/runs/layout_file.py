@@ -1,0 +1,106 @@
+"""Layout files read back: a file of ``rlstruct tune``
+(:func:`rlstruct.tools.tune.layout_file.write_layout`) is read by :func:`read_layout` and applied
+to a run config by :func:`apply_layout` (``--layout``).
+
+The file holds :class:`~rlstruct.runs.layout.LayoutConfig`'s fields plus ``n_timesteps`` (and the
+measurements under ``"tuned"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlstruct.errors import ConfigError
+from rlstruct.runs.layout import LayoutConfig
+
+__all__ = ["TUNED_FIELDS", "TunedLayout", "read_layout", "layout_from_json", "apply_layout"]
+
+#: The layout fields the tuner chooses (the others of LayoutConfig are copied from a base).
+TUNED_FIELDS: tuple[str, ...] = ("batcher_device", "n_processes", "n_envs", "pipeline")
+
+
+@dataclass
+class TunedLayout:
+    """A layout file read back: the layout and ``T``.
+
+    Attributes:
+        layout: the LayoutConfig (tuned fields from the file, others as written there).
+        n_timesteps: ``T`` of the pick.
+        tuned: the measurements stored with it (objective, steps/s, ...).
+    """
+
+    layout: LayoutConfig
+    n_timesteps: int
+    tuned: dict[str, Any] = field(default_factory=dict)
+
+    def batcher_kwargs(self) -> dict[str, Any]:
+        """The layout keyword arguments of :func:`~rlstruct.runs.layout.make_batcher`
+        (``device``, ``n_processes``, ``n_timesteps``, ``pipeline``, ``check_devices``); the
+        env's ``n_envs`` is ``layout.n_envs``."""
+        return {"device": self.layout.batcher_device, "n_processes": self.layout.n_processes,
+                "n_timesteps": self.n_timesteps, "pipeline": self.layout.pipeline,
+                "check_devices": self.layout.check_devices}
+
+
+def read_layout(path: str | os.PathLike) -> TunedLayout:
+    """Reads a file of ``rlstruct tune`` (or any JSON of LayoutConfig fields and an
+    optional ``n_timesteps``; a missing field keeps LayoutConfig's default).
+
+    Raises:
+        ConfigError: not a JSON object, an unknown key, or a field of the wrong type.
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(f"cannot read the layout file {path}: {err}") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object of LayoutConfig fields")
+    data = dict(data)
+    tuned = data.pop("tuned", {})
+    n_timesteps = data.pop("n_timesteps", None)
+    fields = {f.name: f for f in dataclasses.fields(LayoutConfig)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"{path}: unknown layout keys {unknown}; expected {sorted(fields)}, "
+                          "n_timesteps and tuned")
+    defaults = LayoutConfig()
+    for name, value in data.items():
+        want = type(getattr(defaults, name))
+        if type(value) is not want:
+            raise ConfigError(f"{path}: {name} must be a {want.__name__}, got {value!r}")
+    if n_timesteps is None:
+        n_timesteps = 0
+    elif type(n_timesteps) is not int or n_timesteps < 1:
+        raise ConfigError(f"{path}: n_timesteps must be an int >= 1, got {n_timesteps!r}")
+    return TunedLayout(LayoutConfig(**data), n_timesteps, tuned)
+
+
+def layout_from_json(path: str | os.PathLike) -> LayoutConfig:
+    """The LayoutConfig of a layout file (``LayoutConfig.from_json``); ``n_timesteps`` and the
+    measurements are dropped (see :func:`read_layout`)."""
+    return read_layout(path).layout
+
+
+def apply_layout(cfg: Any, path: str | os.PathLike) -> Any:
+    """Sets the tuned fields of a run config from a layout file, in place, and returns it.
+
+    ``cfg.layout``'s ``batcher_device``, ``n_processes``, ``n_envs`` and ``pipeline``, and
+    ``cfg.n_timesteps`` when the file has one; the learner and evaluation devices and
+    ``check_devices`` stay the config's.
+
+    Args:
+        cfg: a :class:`~rlstruct.runs.config.RunConfig` (anything with ``layout`` and
+            ``n_timesteps``).
+        path: a file of ``rlstruct tune``.
+    """
+    tuned = read_layout(path)
+    cfg.layout = dataclasses.replace(
+        cfg.layout, **{name: getattr(tuned.layout, name) for name in TUNED_FIELDS})
+    if tuned.n_timesteps:
+        cfg.n_timesteps = tuned.n_timesteps
+    return cfg
