@@ -61,8 +61,7 @@ from rlstruct.runs.run import Run, RunConfig
 
 @dataclass
 class Config(RunConfig):
-    """APPO: clipped PPO with V-trace targets on a pipelined batcher (see
-    rlstruct/algos/appo.py)."""
+    """APPO: clipped PPO with V-trace targets on a pipelined batcher (rlstruct train appo)."""
 
     max_frames: int = 150_000
     gamma: float = 0.98
@@ -232,4 +231,4 @@ def main(cfg: Config) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Config))
+    main(tyro.cli(Config, prog="python -m rlstruct.algos.appo"))
