@@ -14,11 +14,11 @@ from typing import Annotated, ClassVar, Literal
 
 import tyro
 
-from rlstruct.runs.checkpoint import config_changes, object_path
 from rlstruct.envs.registry import env_id_problems, env_module_problems
 from rlstruct.errors import ConfigError
-from rlstruct.runs.layout import LayoutConfig
 from rlstruct.learners.torchrun import torchrun_world
+from rlstruct.runs.checkpoint import config_changes, object_path
+from rlstruct.runs.layout import LayoutConfig
 from rlstruct.runs.logger import config_to_dict
 
 __all__ = ["RunConfig", "RESUMABLE"]
@@ -80,7 +80,7 @@ class RunConfig:
     evaluation plays gymnasium's env); or an ALE id with Atari preprocessing (84x84 grey, frame
     skip 4, 4 stacked uint8 frames; pip install rlstruct[atari]; no evaluation runs)"""
     layout_file: Annotated[str | None, tyro.conf.arg(aliases=("--layout",))] = None
-    """a layout file of `python -m rlstruct tune` (tune.json): its batcher_device, n_processes,
+    """a layout file of `rlstruct tune` (tune.json): its batcher_device, n_processes,
     n_envs, pipeline and n_timesteps replace the config's"""
     layout: Annotated[LayoutConfig, tyro.conf.OmitArgPrefixes] = field(
         default_factory=LayoutConfig
@@ -88,8 +88,8 @@ class RunConfig:
     """where each part runs"""
     #: The smallest ``n_timesteps`` an algorithm accepts (REINFORCE: 0, the episode's length).
     min_timesteps: ClassVar[int] = 1
-    #: Whether the algorithm learns through :meth:`~rlstruct.runs.run.Run.learner_group`, so it takes
-    #: learner ranks (``--n-learners``, ``--learner-devices``, ``--learner-backend ray``,
+    #: Whether the algorithm learns through :meth:`~rlstruct.runs.run.Run.learner_group`, so it
+    #: takes learner ranks (``--n-learners``, ``--learner-devices``, ``--learner-backend ray``,
     #: torchrun); an algorithm that does not refuses them rather than ignore them.
     learner_ranks: ClassVar[bool] = False
 

@@ -29,8 +29,8 @@ from rlstruct.agent import Agent
 from rlstruct.batchers import Batcher, SerialBatcher
 from rlstruct.devices import is_accelerator, resolve_device
 from rlstruct.dicttensor import DeviceLike, DictTensor
-from rlstruct.envs.registry import EnvModules, env_spec, import_env_modules
 from rlstruct.envs import GymEnv
+from rlstruct.envs.registry import EnvModules, env_spec, import_env_modules
 from rlstruct.runs.episodes import EpisodeTracker
 from rlstruct.runs.layout import checked_agent_factory
 

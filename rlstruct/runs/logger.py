@@ -58,8 +58,8 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from rlstruct.runs.checkpoint import copy_checkpoint, save_checkpoint
 from rlstruct.errors import ConfigError, ShapeError
+from rlstruct.runs.checkpoint import copy_checkpoint, save_checkpoint
 
 __all__ = ["RunLogger", "config_to_dict", "git_commit"]
 
@@ -432,7 +432,7 @@ class RunLogger:
         except ImportError:
             warnings.warn(
                 "matplotlib is not installed: skipping returns.png "
-                "(pip install 'rlstruct[plot]', then: python -m rlstruct plot RUN_DIR)",
+                "(pip install 'rlstruct[plot]', then: rlstruct plot RUN_DIR)",
                 stacklevel=3,
             )
         except Exception as err:  # never let a plot hide the run's own outcome

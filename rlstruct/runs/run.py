@@ -51,6 +51,21 @@ import torch
 
 from rlstruct.agent import Agent
 from rlstruct.batchers import Batcher, SerialBatcher
+from rlstruct.checks import CheckDevice
+from rlstruct.devices import resolve_device
+from rlstruct.dicttensor import DictTensor
+from rlstruct.envs.base import VecEnv
+from rlstruct.envs.gym import GymEnvInf
+from rlstruct.envs.registry import (
+    EnvModules,
+    env_dims,
+    env_shape,
+    env_spaces,
+)
+from rlstruct.envs.torch import make_torch_env
+from rlstruct.errors import CheckpointError, ConfigError
+from rlstruct.learners.base import OptimizerFactory
+from rlstruct.learners.torchrun import serve_rank, torchrun_group, torchrun_rank, torchrun_world
 from rlstruct.runs.checkpoint import (
     agent_spec,
     load_checkpoint,
@@ -58,27 +73,12 @@ from rlstruct.runs.checkpoint import (
     rng_state,
     set_rng_state,
 )
-from rlstruct.checks import CheckDevice
-from rlstruct.devices import resolve_device
-from rlstruct.dicttensor import DictTensor
-from rlstruct.envs.registry import (
-    EnvModules,
-    env_dims,
-    env_shape,
-    env_spaces,
-)
-from rlstruct.envs.base import VecEnv
-from rlstruct.envs.gym import GymEnvInf
-from rlstruct.envs.torch import make_torch_env
+from rlstruct.runs.config import RunConfig
 from rlstruct.runs.episodes import EpisodeTracker
-from rlstruct.errors import CheckpointError, ConfigError
 from rlstruct.runs.evaluator import Evaluator
 from rlstruct.runs.layout import make_batcher
-from rlstruct.learners.base import OptimizerFactory
-from rlstruct.learners.torchrun import serve_rank, torchrun_group, torchrun_rank, torchrun_world
 from rlstruct.runs.logger import RunLogger, config_to_dict
 from rlstruct.runs.monitor import ResourceMonitor
-from rlstruct.runs.config import RunConfig
 from rlstruct.trajectories import Trajectories
 
 __all__ = ["Run", "Terminated", "env_dims", "env_shape", "env_spaces"]  # RunConfig: run_config.py

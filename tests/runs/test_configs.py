@@ -14,10 +14,10 @@ import inspect
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import tyro
+from support.docstrings import field_docs
 
 from rlstruct.algos import a2c, appo, dqn, impala, ppo, reinforce, sac, trpo
 from rlstruct.errors import ConfigError
@@ -27,7 +27,6 @@ from rlstruct.runs.run import RunConfig
 
 ALGOS = {"ppo": ppo, "a2c": a2c, "dqn": dqn, "reinforce": reinforce, "impala": impala,
          "trpo": trpo, "sac": sac, "appo": appo}
-from support.docstrings import field_docs
 
 
 @pytest.mark.parametrize("cls", [LayoutConfig, RunConfig, *(m.Config for m in ALGOS.values())])

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from support import batcher_helpers
 import pytest
 import torch
 import tyro
+from support import batcher_helpers
 from support.agents import DeterministicAgent
 from support.batcher_helpers import counter_env
 

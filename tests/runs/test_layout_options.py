@@ -3,10 +3,9 @@ backends, the Ray actors' CPUs, GPUs and custom resources."""
 
 from __future__ import annotations
 
-from support import agents
-from support import batcher_helpers
 import cloudpickle
 import pytest
+from support import agents, batcher_helpers
 from support.agents import DeterministicAgent
 from support.batcher_helpers import counter_env
 
