@@ -29,8 +29,9 @@ docs: $(VENV)/.docs-installed
 
 # The main job: PPO on CartPole-v1 with 2 worker processes (the multi-process batcher), until the mean
 # return of the last 20 training episodes reaches 475 (or 50 s pass). Outputs go to runs/.
+# rlstruct is the console script of the package (the same as python -m rlstruct).
 demo: venv
-	$(PY) -m rlstruct.algos.ppo --time-budget 50
+	$(VENV)/bin/rlstruct train ppo --time-budget 50
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -76,7 +76,7 @@ VARIANTS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
     "trpo_serial12": ("trpo", "pendulum", {"n_processes": 1, "n_envs": 12}, {}),
     "trpo_2x6": ("trpo", "pendulum", {"n_processes": 2, "n_envs": 6}, {}),
     "trpo_ray2x6": ("trpo", "pendulum", {"n_processes": 2, "n_envs": 6, "backend": "ray"}, {}),
-    # PPO with the layout a fresh `python -m rlstruct tune` wrote (benchmarks/learning.py runs
+    # PPO with the layout a fresh `rlstruct tune` wrote (benchmarks/learning.py runs
     # the tuner first, with --tune-args)
     "ppo_tuned": ("ppo", "cartpole", {}, {"layout_file": "<tuned layout>"}),
 }
@@ -314,7 +314,7 @@ def print_table(rows: dict[str, dict[str, Any]], tgts: list[dict[str, Any]],
             solved = f"{row['n_solved']}/{row['n_runs']}"
             note = "" if row["status"] == "ok" else f"  [{row['status']}]"
             if row.get("cli_help_ok") is False:
-                note += f"  [python -m algos.{row_spec(row['algo'])[0]} --help failed]"
+                note += f"  [rlstruct train {row_spec(row['algo'])[0]} --help failed]"
             ret, exit_s = _median(row, "train_return"), _median(row, "launch_to_exit")
             print(f"{name:<16} {row['label']:<44} {solved:>7}  "
                   f"{_fmt_stats(row['launch_to_solve']):<36} "

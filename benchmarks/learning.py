@@ -120,7 +120,7 @@ GRACE_S = 90.0  # beyond a run's budget before the parent kills it (start-up + t
 # ============================================================================ child processes
 def run_rlstruct(name: str, seed: int, budget: float, out_root: str,
                  tuned_layout: str | None = None) -> dict[str, Any]:
-    """Runs ``algos.<name>`` in this process; returns its summary plus what was passed.
+    """Runs ``rlstruct.algos.<name>`` in this process; returns its summary plus what was passed.
 
     Every algorithm's ``Config`` subclasses ``rlstruct.runs.run.RunConfig``, so the same fields
     set the seed, the time budget, the output folder and the stop test (the benchmark's own
@@ -244,7 +244,7 @@ def runner(argv: list[str]) -> int:
 
 
 def tune_layout(tune_args: str, out: Path) -> tuple[Path | None, dict[str, Any]]:
-    """Runs ``python -m rlstruct tune --algo rlstruct.algos.tuning:ppo`` as a user would; returns
+    """Runs ``rlstruct tune --algo rlstruct.algos.tuning:ppo`` as a user would; returns
     the
     layout file it wrote (None when it failed) and what it did (command, seconds, pick)."""
     cmd = [sys.executable, "-m", "rlstruct", "tune", "--algo", "rlstruct.algos.tuning:ppo",
@@ -427,10 +427,10 @@ def _sanitize(x: Any) -> Any:
 
 
 def cli_ok(algo: str) -> bool:
-    """``python -m algos.<algo> --help`` exits 0."""
+    """``rlstruct train <algo> --help`` exits 0."""
     try:
         module = VARIANTS.get(algo, (algo, {}, {}))[0]
-        r = subprocess.run([sys.executable, "-m", f"rlstruct.algos.{module}", "--help"], cwd=ROOT,
+        r = subprocess.run([sys.executable, "-m", "rlstruct", "train", module, "--help"], cwd=ROOT,
                            env=_child_env(), capture_output=True, timeout=60)
     except subprocess.TimeoutExpired:
         return False
@@ -458,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--frames", type=int, default=None,
                    help="frame budget of the rows without a target (HalfCheetah; default 100k)")
     p.add_argument("--tune-args", default="--keep-batch --budget 60",
-                   help="options of the `python -m rlstruct tune --algo "
+                   help="options of the `rlstruct tune --algo "
                         "rlstruct.algos.tuning:ppo` run that writes the ppo_tuned row's layout "
                         "(default: %(default)s)")
     p.add_argument("--no-peers", action="store_true", help="skip stable-baselines3")

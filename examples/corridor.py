@@ -8,12 +8,12 @@ one-hot position. Importing this module registers the id with gymnasium.
 Train it with any algorithm, naming the module that registers the env (its folder must be on
 ``PYTHONPATH``; ``--env-module`` may be given several times)::
 
-    PYTHONPATH=examples python -m rlstruct.algos.ppo --env-module corridor --env-id Corridor-v0 \\
+    PYTHONPATH=examples rlstruct train ppo --env-module corridor --env-id Corridor-v0 \\
         --target-return 0.85 --max-frames 50000
 
 or with gymnasium's ``module:Id`` form, which imports the module wherever an env is made::
 
-    PYTHONPATH=examples python -m rlstruct.algos.ppo --env-id corridor:Corridor-v0 --target-return
+    PYTHONPATH=examples rlstruct train ppo --env-id corridor:Corridor-v0 --target-return
     0.85
 
 Running this file checks the env with gymnasium's env checker and trains PPO from Python.

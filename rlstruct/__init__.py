@@ -38,9 +38,9 @@ The experiment layer, which the algorithms of ``rlstruct/algos/`` are written wi
     from rlstruct.learners.torchrun import TorchrunLearnerGroup   # rank 0 under torchrun
     from rlstruct.learners.ray import RayLearnerGroup   # learner ranks as Ray actors
 
-``rlstruct.compat`` keeps rlstructures' names for a port. ``python -m rlstruct plot runs/``
-plots run directories (see :mod:`rlstruct.runs.plotting`); ``python -m rlstruct evaluate RUN_DIR``
-plays a saved policy (see :mod:`rlstruct.tools.evaluate`); ``python -m rlstruct --help`` lists every
+``rlstruct.compat`` keeps rlstructures' names for a port. ``rlstruct plot runs/``
+plots run directories (see :mod:`rlstruct.runs.plotting`); ``rlstruct evaluate RUN_DIR``
+plays a saved policy (see :mod:`rlstruct.tools.evaluate`); ``rlstruct --help`` lists every
 command.
 """
 from rlstruct import keys

@@ -1,85 +1,170 @@
-"""Command-line tools: ``python -m rlstruct <command>``.
+"""The command line: ``rlstruct COMMAND`` (the console script) or ``python -m rlstruct COMMAND``.
 
-Commands:
+Commands (``rlstruct COMMAND --help`` shows each one's flags):
+    train ALGO [flags]   train an algorithm (``rlstruct train --help`` lists them):
+        ``rlstruct train ppo --seed 1`` is ``python -m rlstruct.algos.ppo --seed 1``, the same
+        ``Config`` parsed by tyro and the same ``main``.
+    evaluate RUN_DIR [--checkpoint best|latest] [--episodes N] [--device D] [--video DIR]
+        play the saved policy greedily and print the mean ± std return
+        (:mod:`rlstruct.tools.evaluate`).
     plot PATH [PATH ...] [-o OUT]   plot the returns of runs against frames into a PNG. A PATH is
         a run directory or a folder of run directories (``runs/``): every run found is drawn on
         one figure. Default OUT: ``RUN/returns.png`` for one run directory,
         ``FOLDER/compare.png`` for one folder of runs, ``./compare.png`` otherwise.
     sweep ALGO [options] [-- algorithm flags]   run an algorithm over seeds (sessions) and
         config variants (trials) in parallel processes, GPUs in rotation; writes a summary CSV
-        and trial graphs (see ``python -m rlstruct sweep --help`` and rlstruct/tools/sweep.py).
-    tune [options]   measure candidate batcher layouts within a time budget and write the best
-        to a JSON file that ``--layout`` accepts (see ``python -m rlstruct tune --help``).
-    evaluate RUN_DIR [--checkpoint best|latest] [--episodes N] [--device D] [--video DIR]
-        play the saved policy greedily and print the mean ± std return (see
-        :mod:`rlstruct.tools.evaluate`).
+        and trial graphs (:mod:`rlstruct.tools.sweep`).
+    tune --algo MODULE:FUNCTION [options]   measure candidate batcher layouts within a time
+        budget and write the best to a JSON file that ``--layout`` accepts
+        (:mod:`rlstruct.tools.tune`).
+
+One library builds the whole command line: tyro. Each command is a dataclass whose fields are
+its flags (an algorithm's ``Config``, :class:`EvaluateCommand`, :class:`PlotCommand`,
+:class:`~rlstruct.tools.sweep.SweepCommand`, :class:`~rlstruct.tools.tune.cli.TuneCommand`), and
+``rlstruct --help`` is tyro's subcommand tree over them (:func:`command_tree`). A command line
+is parsed by the command its first word names, under the prog ``rlstruct <command>``, so that
+its messages name the command and only its modules are imported (``rlstruct train ppo`` imports
+PPO, not the seven others). Usage errors exit with code 2 and one message.
 """
 
 from __future__ import annotations
 
-import argparse
+import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any, Literal, NoReturn, Union
 
-__all__ = ["main"]
+import tyro
 
+__all__ = ["ALGOS", "COMMANDS", "EvaluateCommand", "PlotCommand", "command_tree", "main",
+           "train"]
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; returns the process exit code (argparse errors exit with 2)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["sweep"]:
-        from rlstruct.tools.sweep import main as sweep_main
+PROG = "rlstruct"
 
-        return sweep_main(argv[1:])
-    if argv[:1] == ["tune"]:
-        from rlstruct.tools.tune import main as tune_main
+#: The algorithms of ``rlstruct train``: ``rlstruct.algos.<name>``, each with a ``Config`` and
+#: a ``main(cfg)``.
+ALGOS: tuple[str, ...] = ("reinforce", "a2c", "ppo", "dqn", "impala", "appo", "trpo", "sac")
 
-        return tune_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m rlstruct", description=__doc__.split("\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    plot = commands.add_parser("plot", help="plot the returns of runs into a PNG")
-    plot.add_argument("paths", nargs="+", type=Path, metavar="PATH",
-                      help="run directories written by rlstruct.runs.logger.RunLogger, or folders "
-                           "of them")
-    plot.add_argument("-o", "--out", type=Path, default=None,
-                      help="output PNG (default: RUN/returns.png for one run, "
-                           "FOLDER/compare.png for one folder of runs, ./compare.png otherwise)")
-    # sweep and tune parse their own flags (dispatched above); listed here for --help
-    commands.add_parser("sweep", add_help=False,
-                        help="run an algorithm over seeds and config variants in parallel")
-    commands.add_parser("tune", add_help=False,
-                        help="measure batcher layouts and write the best to a --layout file")
-    evaluate = commands.add_parser(
-        "evaluate", help="play a saved policy greedily and print its mean ± std return")
-    evaluate.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory")
-    evaluate.add_argument("--checkpoint", choices=("latest", "best"), default="latest",
-                          help="which checkpoint (default: latest)")
-    evaluate.add_argument("--episodes", type=int, default=10,
-                          help="episodes to play, one env each (default: 10)")
-    evaluate.add_argument("--device", default="cpu", help="where the agent runs (default: cpu)")
-    evaluate.add_argument("--seed", type=int, default=None,
-                          help="the envs' seed (default: the run's seed + 2000)")
-    evaluate.add_argument("--video", type=Path, default=None, metavar="DIR",
-                          help="record the first episode into DIR (needs moviepy)")
-    args = parser.parse_args(argv)
-    if args.command == "evaluate":
-        return _evaluate(parser, args)
-    return _plot(parser, args)
+#: The commands and what ``rlstruct --help`` says of each.
+COMMANDS: dict[str, str] = {
+    "train": "train an algorithm: rlstruct train ALGO [flags] (python -m rlstruct.algos.ALGO)",
+    "evaluate": "play a saved policy greedily and print its mean ± std return",
+    "plot": "plot the returns of runs against frames into a PNG",
+    "sweep": "run an algorithm over seeds and config variants in parallel processes",
+    "tune": "measure batcher layouts and write the best to a --layout file",
+}
 
 
-def _evaluate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+@dataclass
+class EvaluateCommand:
+    """Play a run's saved policy greedily and print the mean ± std return of its episodes.
+
+    Example: rlstruct evaluate runs/ppo_CartPole-v1_20261125-101500 --checkpoint best
+    """
+
+    run_dir: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]
+    """a run directory"""
+    checkpoint: Literal["latest", "best"] = "latest"
+    """which checkpoint"""
+    episodes: int = 10
+    """episodes to play, one env each"""
+    device: str = "cpu"
+    """where the agent runs"""
+    seed: int | None = None
+    """the envs' seed (None: the run's seed + 2000)"""
+    video: Annotated[Path | None, tyro.conf.arg(metavar="{None}|DIR")] = None
+    """record the first episode into DIR (needs moviepy)"""
+
+
+@dataclass
+class PlotCommand:
+    """Plot the returns of runs against frames into a PNG: every run found in the PATHs on one
+    figure.
+
+    Example: rlstruct plot runs/ (writes runs/compare.png)
+    """
+
+    paths: Annotated[tuple[Path, ...], tyro.conf.Positional, tyro.conf.arg(metavar="PATH")]
+    """run directories, or folders of them (runs/)"""
+    out: Annotated[Path | None, tyro.conf.arg(aliases=("-o",))] = None
+    """output PNG (None: RUN/returns.png for one run, FOLDER/compare.png for one folder of
+    runs, ./compare.png otherwise)"""
+
+
+def _usage_error(prog: str, message: str) -> NoReturn:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _train_tree() -> Any:
+    """The union of the algorithms' Configs, one subcommand each (imports every algorithm)."""
+    configs = []
+    for name in ALGOS:
+        config = importlib.import_module(f"rlstruct.algos.{name}").Config
+        summary = " ".join((config.__doc__ or name).strip().split("\n\n")[0].split())
+        configs.append(Annotated[config, tyro.conf.subcommand(name, description=summary)])
+    return Union[tuple(configs)]  # noqa: UP007 (a Union built at run time)
+
+
+def command_tree() -> Any:
+    """The whole command line as one tyro type: a subcommand per command, ``train`` holding one
+    per algorithm. Building it imports every algorithm (for their Configs); :func:`main` builds
+    it only to show ``rlstruct --help`` and to report a command line no command takes.
+
+    Returns:
+        A ``Union`` of ``Annotated`` dataclasses for :func:`tyro.cli`.
+    """
+    from rlstruct.tools.sweep import SweepCommand
+    from rlstruct.tools.tune.cli import TuneCommand
+
+    types = {"train": _train_tree(), "evaluate": EvaluateCommand, "plot": PlotCommand,
+             "sweep": SweepCommand, "tune": TuneCommand}
+    return Union[tuple(  # noqa: UP007 (a Union built at run time)
+        Annotated[types[name], tyro.conf.subcommand(name, description=help_text)]
+        for name, help_text in COMMANDS.items())]
+
+
+def train(argv: Sequence[str]) -> int:
+    """``rlstruct train ALGO [flags]``: parses the flags with the algorithm's ``Config``, as
+    ``python -m rlstruct.algos.ALGO`` does, and runs its ``main``.
+
+    Args:
+        argv: the words after ``train``: the algorithm's name, then its flags.
+
+    Returns:
+        0 once the run has ended (a failed run raises its error).
+
+    Raises:
+        SystemExit: ``--help`` (code 0); a bad flag, a config problem or an unknown algorithm
+            (code 2, after one message).
+    """
+    argv = list(argv)
+    if not argv or argv[0] not in ALGOS:
+        # `rlstruct train --help` lists the algorithms; anything else is a usage error
+        tyro.cli(_train_tree(), args=argv, prog=f"{PROG} train",
+                 description=COMMANDS["train"])
+        _usage_error(f"{PROG} train", f"name an algorithm: one of {', '.join(ALGOS)}")
+    module = importlib.import_module(f"rlstruct.algos.{argv[0]}")
+    from rlstruct.runs.resolve import parse
+
+    module.main(parse(module.Config, args=argv[1:], prog=f"{PROG} train {argv[0]}"))
+    return 0
+
+
+def _evaluate(argv: Sequence[str]) -> int:
+    args = tyro.cli(EvaluateCommand, args=list(argv), prog=f"{PROG} evaluate")
     from rlstruct.errors import CheckpointError, ConfigError
     from rlstruct.tools.evaluate import describe, evaluate
 
     if args.episodes < 1:
-        parser.error(f"--episodes must be >= 1, got {args.episodes}")
+        _usage_error(f"{PROG} evaluate", f"--episodes must be >= 1, got {args.episodes}")
     try:
         returns, state = evaluate(args.run_dir, args.checkpoint, args.episodes, args.device,
                                   args.seed, args.video)
     except (CheckpointError, ConfigError, TimeoutError) as err:
-        print(f"python -m rlstruct evaluate: error: {err}", file=sys.stderr)
+        print(f"{PROG} evaluate: error: {err}", file=sys.stderr)
         return 1
     print(describe(returns, state, args.checkpoint))
     for video in sorted(args.video.glob("*.mp4")) if args.video is not None else []:
@@ -87,23 +172,64 @@ def _evaluate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return 0
 
 
-def _plot(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+def _plot(argv: Sequence[str]) -> int:
+    args = tyro.cli(PlotCommand, args=list(argv), prog=f"{PROG} plot")
     from rlstruct.runs.plotting import is_run_dir, plot_runs
 
+    if not args.paths:
+        _usage_error(f"{PROG} plot", "give at least one PATH (a run directory or a folder of them)")
     missing = [str(p) for p in args.paths if not p.is_dir()]
     if missing:
-        parser.error(f"not a directory: {', '.join(missing)}")
+        _usage_error(f"{PROG} plot", f"not a directory: {', '.join(missing)}")
     out = args.out
     if out is None and len(args.paths) == 1:
         (path,) = args.paths
         out = path / ("returns.png" if is_run_dir(path) else "compare.png")
     try:
-        written = plot_runs(args.paths, out or Path("compare.png"))
+        written = plot_runs(list(args.paths), out or Path("compare.png"))
     except (FileNotFoundError, ImportError) as err:
-        print(f"python -m rlstruct plot: error: {err}", file=sys.stderr)
+        print(f"{PROG} plot: error: {err}", file=sys.stderr)
         return 1
     print(written)
     return 0
+
+
+def _sweep(argv: Sequence[str]) -> int:
+    from rlstruct.tools.sweep import main as sweep_main
+
+    return sweep_main(argv)
+
+
+def _tune(argv: Sequence[str]) -> int:
+    from rlstruct.tools.tune.cli import main as tune_main
+
+    return tune_main(argv)
+
+
+_RUN: dict[str, Callable[[Sequence[str]], int]] = {
+    "train": train, "evaluate": _evaluate, "plot": _plot, "sweep": _sweep, "tune": _tune}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs one command: the console script ``rlstruct`` and ``python -m rlstruct``.
+
+    Args:
+        argv: the command line after the program's name (default: ``sys.argv[1:]``).
+
+    Returns:
+        The command's exit code (0: success).
+
+    Raises:
+        SystemExit: ``--help`` (code 0), or a usage error (code 2, after one message on
+            stderr).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in _RUN:
+        return _RUN[argv[0]](argv[1:])
+    # no command, --help, or a word no command takes: tyro's tree shows the help or the error
+    tyro.cli(command_tree(), args=argv, prog=PROG,
+             description="rlstruct: train, evaluate, plot, sweep and tune from the shell")
+    _usage_error(PROG, f"name a command: one of {', '.join(COMMANDS)}")
 
 
 if __name__ == "__main__":

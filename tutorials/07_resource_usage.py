@@ -6,7 +6,7 @@ agent call per step for all of them), the segment length T, and whether the work
 next segment while the learner learns (pipeline 2). The best layout depends on the machine, on
 what else runs on it, on the env and on the model, so rlstruct measures it instead of guessing:
 
-    python -m rlstruct tune --algo rlstruct.algos.tuning:ppo --budget 60 --out tune.json   # shell
+    rlstruct tune --algo rlstruct.algos.tuning:ppo --budget 60 --out tune.json   # shell
     rlstruct.tools.tune.tune(create_agent, agent_args, create_env, env_args, budget_s=60)  # Python
 
 The tuner builds each candidate batcher, collects for a moment and reports steps/s, the cores
@@ -72,7 +72,7 @@ def main() -> None:
     #    weights. A pipelined layout only pays off when there is learning to overlap with:
     #    set learn_s to your learner's time per batch to see it, or better, pass learn= your
     #    learn step on one batch (learn(traj)) so that each layout is measured under it, and
-    #    batch_size= to keep P x n_envs x T fixed (what `python -m rlstruct tune` does).
+    #    batch_size= to keep P x n_envs x T fixed (what `rlstruct tune` does).
     result = tune(Policy, {"model": model}, GymEnvInf, {"env": "CartPole-v1"},
                   candidates=candidates, budget_s=8.0, learn_s=0.0,
                   weights=model.state_dict(), verbose=False)

@@ -62,8 +62,7 @@ from rlstruct.runs.run import Run, RunConfig
 
 @dataclass
 class Config(RunConfig):
-    """APPO: clipped PPO with V-trace targets on a pipelined batcher (see
-    rlstruct/algos/appo.py)."""
+    """APPO: clipped PPO with V-trace targets on a pipelined batcher (rlstruct train appo)."""
     action_spaces: ClassVar[tuple[str, ...]] = ("Discrete",)
 
     max_frames: int = 150_000
@@ -234,4 +233,4 @@ def main(cfg: Config) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(parse(Config))
+    main(parse(Config, prog="python -m rlstruct.algos.appo"))

@@ -43,7 +43,7 @@ STORED_KEYS = (K.OBS_FRAME, K.STORED_ACTION, K.NEXT_FRAME, K.NEXT_REWARD, K.NEXT
 
 @dataclass
 class Config(RunConfig):
-    """DQN with double/dueling options, hard or soft target updates (see rlstruct/algos/dqn.py).
+    """DQN with double/dueling options, hard or soft target updates (rlstruct train dqn).
 
     The defaults solve CartPole-v1 in about 30k gradient steps, and the gradient steps are
     what costs time on a CPU. Hence a small net, 1 step per 4 frames (frames are cheap: B=16
@@ -251,4 +251,4 @@ def main(cfg: Config) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(parse(Config))
+    main(parse(Config, prog="python -m rlstruct.algos.dqn"))

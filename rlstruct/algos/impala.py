@@ -48,8 +48,7 @@ from rlstruct.runs.run import Run, RunConfig
 
 @dataclass
 class Config(RunConfig):
-    """IMPALA with V-trace on a pipelined batcher (see rlstruct/algos/impala.py); tuned for
-    CartPole-v1."""
+    """IMPALA with V-trace on a pipelined batcher; tuned for CartPole-v1 (rlstruct train impala)."""
     action_spaces: ClassVar[tuple[str, ...]] = ("Discrete",)
     learner_ranks: ClassVar[bool] = True  # --n-learners: Run.learner_group
     vf_coef: float = 0.5
@@ -180,4 +179,4 @@ def main(cfg: Config) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(parse(Config))
+    main(parse(Config, prog="python -m rlstruct.algos.impala"))

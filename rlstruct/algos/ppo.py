@@ -50,8 +50,7 @@ from rlstruct.runs.run import Run, RunConfig
 
 @dataclass
 class Config(RunConfig):
-    """Clipped PPO on auto-reset segments (see rlstruct/algos/ppo.py); defaults tuned for
-    CartPole-v1."""
+    """Clipped PPO on auto-reset segments; defaults tuned for CartPole-v1 (rlstruct train ppo)."""
     learner_ranks: ClassVar[bool] = True  # --n-learners: Run.learner_group
     max_frames: int = 300_000
     gamma: float = 0.98
@@ -231,4 +230,4 @@ def main(cfg: Config) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(parse(Config))
+    main(parse(Config, prog="python -m rlstruct.algos.ppo"))

@@ -52,9 +52,9 @@ STORED_KEYS = (K.OBS_FRAME, STORED_SQUASHED, K.NEXT_FRAME, K.NEXT_REWARD, K.NEXT
 
 @dataclass
 class Config(RunConfig):
-    """SAC with twin critics, Polyak targets and automatic temperature (see
-    rlstruct/algos/sac.py). The
-    defaults solve Pendulum-v1 in 6-7k frames, a step per frame, 4 envs in this process."""
+    """SAC with twin critics, Polyak targets and automatic temperature (rlstruct train sac).
+
+    The defaults solve Pendulum-v1 in 6-7k frames, a step per frame, 4 envs in this process."""
     action_spaces: ClassVar[tuple[str, ...]] = ("Box",)
     splits_rows: ClassVar[bool] = False  # the ranks split the samples' rows
     learner_ranks: ClassVar[bool] = True  # --n-learners: Run.learner_group
@@ -246,4 +246,4 @@ def main(cfg: Config) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(parse(Config))
+    main(parse(Config, prog="python -m rlstruct.algos.sac"))

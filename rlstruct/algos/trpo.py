@@ -61,7 +61,7 @@ from rlstruct.runs.run import Run, RunConfig
 
 @dataclass
 class Config(RunConfig):
-    """TRPO on auto-reset segments (see rlstruct/algos/trpo.py); defaults tuned for Pendulum-v1."""
+    """TRPO on auto-reset segments; defaults tuned for Pendulum-v1 (rlstruct train trpo)."""
     learner_ranks: ClassVar[bool] = True  # --n-learners: Run.learner_group
     env_id: str = "Pendulum-v1"
     max_frames: int = 300_000
@@ -242,4 +242,4 @@ def main(cfg: Config) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(parse(Config))
+    main(parse(Config, prog="python -m rlstruct.algos.trpo"))

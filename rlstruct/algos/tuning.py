@@ -1,4 +1,4 @@
-"""What ``python -m rlstruct tune --algo rlstruct.algos.tuning:<name>`` measures for an algorithm
+"""What ``rlstruct tune --algo rlstruct.algos.tuning:<name>`` measures for an algorithm
 here.
 
 The library imports no algorithm: each function below hands the tuner an algorithm's agent and

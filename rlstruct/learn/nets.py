@@ -148,7 +148,7 @@ def head_actor_critic(
 ) -> HeadActorCritic:
     """A :class:`HeadActorCritic` built from plain values only (``action_space`` is
     :func:`~rlstruct.learn.distributions.space_spec` of the env's action space), so a checkpoint can
-    record the call and ``python -m rlstruct evaluate`` can repeat it.
+    record the call and ``rlstruct evaluate`` can repeat it.
 
     Examples:
         >>> from gymnasium import spaces

@@ -78,7 +78,7 @@ class RunConfig:
     evaluation plays gymnasium's env); or an ALE id with Atari preprocessing (84x84 grey, frame
     skip 4, 4 stacked uint8 frames; pip install rlstruct[atari]; no evaluation runs)"""
     layout_file: Annotated[str | None, tyro.conf.arg(aliases=("--layout",))] = None
-    """a layout file of `python -m rlstruct tune` (tune.json): its batcher_device, n_processes,
+    """a layout file of `rlstruct tune` (tune.json): its batcher_device, n_processes,
     n_envs, pipeline and n_timesteps replace the config's"""
     layout: Annotated[LayoutConfig, tyro.conf.OmitArgPrefixes] = field(
         default_factory=LayoutConfig

@@ -433,7 +433,7 @@ class RunLogger:
         except ImportError:
             warnings.warn(
                 "matplotlib is not installed: skipping returns.png "
-                "(pip install 'rlstruct[plot]', then: python -m rlstruct plot RUN_DIR)",
+                "(pip install 'rlstruct[plot]', then: rlstruct plot RUN_DIR)",
                 stacklevel=3,
             )
         except Exception as err:  # never let a plot hide the run's own outcome

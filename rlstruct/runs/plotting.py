@@ -18,7 +18,7 @@ A sweep's trial graph (:func:`trial_figure`, drawn by :mod:`rlstruct.tools.sweep
 train return of a trial's sessions over the longest session, with the min-max band of the
 sessions still running and a moving average.
 
-``python -m rlstruct plot PATH [PATH ...]`` calls :func:`plot_runs`; a PATH may be a run
+``rlstruct plot PATH [PATH ...]`` calls :func:`plot_runs`; a PATH may be a run
 directory or a folder of run directories (``runs/``), whose runs are compared on one figure.
 Run folders are read with :mod:`rlstruct.runs.folder`.
 """

@@ -1,4 +1,4 @@
-"""``python -m rlstruct evaluate RUN_DIR``: play a saved policy greedily and report its return.
+"""``rlstruct evaluate RUN_DIR``: play a saved policy greedily and report its return.
 
 A checkpoint written by :class:`~rlstruct.runs.run.Run` holds what rebuilds the policy without
 reading the algorithm's code: the config (env id, env modules), the constructor call of each
@@ -10,7 +10,7 @@ records the first episode with gymnasium's ``RecordVideo`` (which needs ``moviep
 
 Example (shell)::
 
-    python -m rlstruct evaluate runs/ppo_CartPole-v1_20261125-101500 --checkpoint best
+    rlstruct evaluate runs/ppo_CartPole-v1_20261125-101500 --checkpoint best
     # ppo CartPole-v1, best.pt at 20,480 frames: 10 greedy episodes, return 500.00 ± 0.00 ...
 """
 
@@ -85,12 +85,12 @@ def evaluate(
     factories = [_env_factory(env_id, cfg.get("env_backend", "gymnasium"))] * n_episodes
     if video_dir is not None:
         if cfg.get("env_backend") == "atari":
-            print("python -m rlstruct evaluate: --video does not record Atari runs yet; "
+            print("rlstruct evaluate: --video does not record Atari runs yet; "
                   "evaluating without a video", flush=True)
         elif importlib.util.find_spec("moviepy") is None:
-            print(f"python -m rlstruct evaluate: {VIDEO_HINT}", flush=True)
+            print(f"rlstruct evaluate: {VIDEO_HINT}", flush=True)
         elif (problem := _render_problem(factories[0])) is not None:
-            print(f"python -m rlstruct evaluate: --video: {env_id} cannot render ({problem}); "
+            print(f"rlstruct evaluate: --video: {env_id} cannot render ({problem}); "
                   "evaluating without a video", flush=True)
         else:
             factories[0] = functools.partial(_recorded, factories[0], Path(video_dir))

@@ -1,17 +1,24 @@
 """Sessions and trials: one algorithm over several seeds and config variants, in parallel.
 
-``python -m rlstruct sweep ALGO [options] -- [algorithm flags]`` runs ``python -m algos.ALGO``
-once per (trial, seed) pair as a subprocess. A *trial* is one config variant (a dict of
-overrides, e.g. ``{"lr": 3e-4}``); a *session* is one seed of a trial. Layout of ``--out``::
+``rlstruct sweep ALGO [options] -- [algorithm flags]`` runs ``python -m rlstruct.algos.ALGO``
+(what ``rlstruct train ALGO`` runs) once per (trial, seed) pair as a subprocess. A *trial* is one
+config variant (a dict of overrides, e.g. ``{"lr": 3e-4}``); a *session* is one seed of a trial.
+Layout of ``--out``::
 
     OUT/
       summary.csv                  one row per session (see SUMMARY_COLUMNS)
       trial0.png                   mean train return vs frames across the sessions of trial 0
                                    (over the longest session; mean and min-max band over the
                                    sessions still running), moving average (--ma-window)
-      trial0/session0/             --runs-dir of the session: its run folder, stdout.log,
-                                   stderr.log
+      trial0/session0/             --runs-dir of the session, owned by the sweep: the one run
+                                   folder the session makes, stdout.log, stderr.log
       ...
+
+A session's outcome is what its run wrote to ``summary.json`` (status ``solved``, ``budget``,
+``failed`` or ``interrupted``, frames, returns): the run's own verdict, evaluation veto
+included, never recomputed here. The sweep finds the run folder as the one run directory in
+the session's folder, which it creates empty (a folder that already holds a session is refused),
+so nothing is read from the session's output.
 
 At most ``max_parallel`` sessions run at once (default: usable cores // ``cores_per_session``);
 each gets ``--n-threads 1`` and ``OMP_NUM_THREADS=1`` so sessions do not oversubscribe. Session
@@ -27,9 +34,10 @@ deadline, and the whole group is killed on timeout, on Ctrl-C and on any error o
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import csv
+import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -41,25 +49,29 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, NoReturn
+
+import tyro
 
 from rlstruct.devices import session_device
 from rlstruct.errors import ConfigError
-from rlstruct.runs.folder import read_run, to_float
+from rlstruct.runs.folder import is_run_dir, read_run
 from rlstruct.runs.plotting import MA_WINDOW, trial_figure
 
 __all__ = [
-    "SessionResult", "SUMMARY_COLUMNS", "sweep", "main", "override_flags", "session_outcome",
+    "SessionResult", "SUMMARY_COLUMNS", "SweepCommand", "sweep", "main", "override_flags",
+    "session_outcome", "find_run_dir",
 ]
 
-_OUTPUTS = re.compile(r"^outputs in (.+)$", re.M)
+PROG = "rlstruct sweep"
+_TRAIN_COLUMN = re.compile(r"^train_return_mean\d+$")
 _BOX = "│─╭╮╰╯┃━┏┓┗┛|"
 
 #: The columns of ``summary.csv``, in order.
 SUMMARY_COLUMNS = (
-    "trial", "session", "seed", "device", "overrides", "returncode", "solved",
+    "trial", "session", "seed", "device", "overrides", "returncode", "status", "solved",
     "frames_to_solve", "time_to_solve", "frames", "wall_time", "final_train_return",
-    "run_dir", "error",
+    "eval_return", "run_dir", "error",
 )
 
 
@@ -72,10 +84,14 @@ class SessionResult:
         device: the learner device given (``"default"`` when no device flag was passed).
         overrides: the trial's overrides, as JSON.
         returncode: the process exit status (negative: killed by that signal; None: not run).
-        solved: the stop test fired on the target return (from progress.csv and config.json).
-        frames_to_solve, time_to_solve: frames and seconds at the first row that met it.
-        frames, wall_time: of the last progress row.
-        final_train_return: the last row's ``train_return_mean<N>``.
+        status: how the run ended, from its ``summary.json``: ``solved``, ``budget``,
+            ``failed``, ``interrupted`` (or ``ended``); "" when it wrote none.
+        solved: ``status == "solved"``: the run's stop test fired on the target return (the
+            evaluation did not veto it).
+        frames_to_solve, time_to_solve: frames and seconds when it was solved (summary.json).
+        frames, wall_time: at the end of the run (summary.json).
+        final_train_return: the summary's ``train_return_mean<N>``; ``eval_return``: its last
+            finished evaluation (nan: none).
         run_dir: the session's run folder ("" when none was made).
         error: "" for a good session, else why it failed and its last stderr lines.
     """
@@ -86,12 +102,14 @@ class SessionResult:
     device: str
     overrides: str = "{}"
     returncode: int | None = None
+    status: str = ""
     solved: bool = False
     frames_to_solve: float = math.nan
     time_to_solve: float = math.nan
     frames: float = math.nan
     wall_time: float = math.nan
     final_train_return: float = math.nan
+    eval_return: float = math.nan
     run_dir: str = ""
     error: str = ""
 
@@ -155,10 +173,11 @@ def sweep(
     """Run ``algo`` over ``seeds`` x ``trials`` and write the summary and trial graphs.
 
     Args:
-        algo: the algorithm's name (``python -m algos.<algo>``).
+        algo: the algorithm's name (``python -m rlstruct.algos.<algo>``, as ``rlstruct train``).
         seeds: one session per seed; session ``s`` gets ``seeds[s]``.
         trials: config overrides per trial (``None``: one trial without overrides).
-        out: the sweep folder (default ``sweeps/<algo>_<YYYYmmdd-HHMMSS>``).
+        out: the sweep folder (default ``sweeps/<algo>_<YYYYmmdd-HHMMSS>``); it may exist, but
+            not hold a session folder already.
         algo_args: flags given to every session (before the trial's overrides, which win).
         max_parallel: sessions at once (default: usable cores // ``cores_per_session``, >= 1).
         cores_per_session: cores one session keeps busy (1 + its worker processes).
@@ -167,7 +186,7 @@ def sweep(
         timeout: seconds one session may run before its process group is killed (None: no
             limit).
         python: the interpreter of the sessions (default: this one, ``sys.executable``).
-        module: the module to run (default ``algos.<algo>``).
+        module: the module to run (default ``rlstruct.algos.<algo>``).
         poll_s: how often the running sessions are polled.
         quiet: print nothing.
         ma_window: width, in grid points, of the trial graphs' moving average.
@@ -176,23 +195,29 @@ def sweep(
         One :class:`SessionResult` per session, ordered by trial then session.
 
     Raises:
-        ConfigError: no seeds, duplicate seeds, bad counts, or ``gpus`` more than this
-            machine's CUDA devices (none without CUDA); every problem at once, before any
-            folder or session exists.
+        ConfigError: no such algorithm (without ``module``); or no seeds, duplicate seeds,
+            bad counts, ``gpus`` more than this machine's CUDA devices (none without CUDA), or
+            session folders that exist already, every problem at once; before any folder or
+            session exists.
         KeyboardInterrupt: re-raised after every running session was killed (the summary of
             the sessions that finished is written first).
     """
     seeds = [int(s) for s in seeds]
-    _check_arguments(seeds, gpus, cores_per_session, max_parallel, ma_window)
-    if cuda_offset is None:
-        cuda_offset = int(os.environ.get("CUDA_OFFSET", "0") or 0)
     trial_list = [dict(t) for t in trials] if trials else [{}]
-    if max_parallel is None:
-        max_parallel = max(1, _usable_cores() // cores_per_session)
     out = Path(out) if out is not None else Path("sweeps") / (
         f"{algo}_{time.strftime('%Y%m%d-%H%M%S')}")
-    out.mkdir(parents=True, exist_ok=True)
+    if module is None and not _module_exists(f"rlstruct.algos.{algo}"):
+        raise ConfigError(f"sweep: no algorithm {algo!r} (no module rlstruct.algos.{algo}; "
+                          "rlstruct train --help lists them)")
     module = module or f"rlstruct.algos.{algo}"
+    _check_arguments(seeds, gpus, cores_per_session, max_parallel, ma_window,
+                     [out / f"trial{t}" / f"session{s}" for t in range(len(trial_list))
+                      for s in range(len(seeds))])
+    if cuda_offset is None:
+        cuda_offset = int(os.environ.get("CUDA_OFFSET", "0") or 0)
+    if max_parallel is None:
+        max_parallel = max(1, _usable_cores() // cores_per_session)
+    out.mkdir(parents=True, exist_ok=True)
 
     jobs: list[_Job] = []
     for t, overrides in enumerate(trial_list):
@@ -256,9 +281,14 @@ def sweep(
 
 
 def _check_arguments(seeds: list[int], gpus: int, cores_per_session: int,
-                     max_parallel: int | None, ma_window: int) -> None:
+                     max_parallel: int | None, ma_window: int,
+                     folders: list[Path]) -> None:
     """Every problem with the sweep's arguments at once, as one ConfigError."""
     problems = []
+    taken = [str(f) for f in folders if f.exists()]
+    if taken:
+        problems.append(f"{len(taken)} session folder(s) exist already ({taken[0]}, ...): each "
+                        "session's run must be the one run in its folder; give a new --out")
     if not seeds:
         problems.append("give at least one seed")
     if len(set(seeds)) != len(seeds):
@@ -282,6 +312,13 @@ def _check_arguments(seeds: list[int], gpus: int, cores_per_session: int,
                             f"most {found}, or run the sweep where the GPUs are")
     if problems:
         raise ConfigError("sweep: " + "; ".join(problems))
+
+
+def _module_exists(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package is missing, or a bad name
+        return False
 
 
 # ------------------------------------------------------------------------------ subprocesses
@@ -332,16 +369,20 @@ def _finish(job: _Job, code: int) -> None:
             os.killpg(job.proc.pid, signal.SIGKILL)  # stray workers of an exited leader
     result = job.result
     result.returncode = code
-    stdout = _read_text(job.folder / "stdout.log")
-    run_dir = _run_dir(job.folder, stdout)
+    try:
+        run_dir = find_run_dir(job.folder)
+    except FileNotFoundError as err:
+        run_dir, result.error = None, result.error + f"{err}; "
     if run_dir is not None:
         result.run_dir = str(run_dir)
-        outcome = session_outcome(run_dir)
-        for key, value in outcome.items():
+        for key, value in session_outcome(run_dir).items():
             setattr(result, key, value)
     if code != 0:
         tail = _tail(_read_text(job.folder / "stderr.log"))
         result.error += f"exit status {code}" + (f": {tail}" if tail else "")
+    elif not result.status:
+        result.error += ("exited with status 0 but wrote no summary.json"
+                         + (f" in {run_dir}" if run_dir is not None else " (no run folder)"))
 
 
 def _read_text(path: Path) -> str:
@@ -358,48 +399,62 @@ def _tail(text: str, lines: int = 5) -> str:
     return " | ".join([line for line in kept if line][-lines:])
 
 
-def _run_dir(folder: Path, stdout: str) -> Path | None:
-    """The run folder a session printed (``outputs in <dir>``), else the one it made."""
-    printed = _OUTPUTS.findall(stdout)
-    if printed and Path(printed[-1].strip()).is_dir():
-        return Path(printed[-1].strip())
-    made = sorted(p for p in folder.iterdir() if p.is_dir() and (p / "config.json").is_file())
-    return made[-1] if made else None
+def find_run_dir(folder: str | Path) -> Path | None:
+    """The one run directory in a session's folder (its ``--runs-dir``); None when the session
+    made none (it failed before its run started).
+
+    Raises:
+        FileNotFoundError: more than one run directory: the folder is not one session's.
+    """
+    folder = Path(folder)
+    runs = sorted(p for p in folder.iterdir() if p.is_dir() and is_run_dir(p)) \
+        if folder.is_dir() else []
+    if len(runs) > 1:
+        raise FileNotFoundError(f"{folder} holds {len(runs)} run directories, not one "
+                                f"({', '.join(p.name for p in runs)})")
+    return runs[0] if runs else None
 
 
 # ------------------------------------------------------------------------------ outcomes
 def session_outcome(run_dir: str | Path) -> dict[str, Any]:
-    """Solved, frames and time to solve, last frames, wall time and train return of a run.
+    """A run's outcome as its ``summary.json`` says, the run's own verdict (its stop test, with
+    the evaluation's veto) rather than a recomputation from ``progress.csv``.
 
-    Read from ``progress.csv`` and ``config.json`` (``target_return``, ``target_window``): a
-    row meets the target when its ``train_return_mean<N>`` reaches ``target_return`` with at
-    least ``target_window`` episodes recorded (the stop test of :class:`~rlstruct.runs.run.Run`).
+    Args:
+        run_dir: the run folder.
 
     Returns:
-        ``{"solved", "frames_to_solve", "time_to_solve", "frames", "wall_time",
-        "final_train_return"}`` (nan where unknown).
+        ``{"status", "solved", "frames_to_solve", "time_to_solve", "frames", "wall_time",
+        "final_train_return", "eval_return"}``: ``status`` is ``""`` and the numbers nan when
+        there is no ``summary.json`` (a run still going, or killed before it could write one);
+        ``solved`` is ``status == "solved"``.
+
+    Example:
+        >>> import json, tempfile, pathlib
+        >>> run = pathlib.Path(tempfile.mkdtemp())
+        >>> _ = (run / "summary.json").write_text(json.dumps({"status": "budget",
+        ...     "frames": 3000, "wall_time": 5.0, "train_return_mean20": 480.0}))
+        >>> out = session_outcome(run)
+        >>> out["status"], out["solved"], out["frames"], out["final_train_return"]
+        ('budget', False, 3000.0, 480.0)
     """
-    run = read_run(run_dir)
-    rows = run.progress
-    out: dict[str, Any] = {"solved": False, "frames_to_solve": math.nan,
-                           "time_to_solve": math.nan, "frames": math.nan,
-                           "wall_time": math.nan, "final_train_return": math.nan}
-    if not rows:
-        return out
-    column = run.train_column
-    last = rows[-1]
-    out.update(frames=to_float(last.get("frames")), wall_time=to_float(last.get("wall_time")),
-               final_train_return=to_float(last.get(column)))
-    target, window = run.config.get("target_return"), run.config.get("target_window", 0)
-    if isinstance(target, (int, float)) and not isinstance(target, bool):
-        for row in rows:
-            value = to_float(row.get(column))
-            if (not math.isnan(value) and value >= target
-                    and to_float(row.get("episodes")) >= window):
-                out.update(solved=True, frames_to_solve=to_float(row.get("frames")),
-                           time_to_solve=to_float(row.get("wall_time")))
-                break
-    return out
+    summary = read_run(run_dir).summary
+    status = str(summary.get("status") or "")
+    column = next((key for key in summary if _TRAIN_COLUMN.match(key)), "train_return")
+    return {"status": status, "solved": status == "solved",
+            "frames_to_solve": _number(summary.get("frames_to_solve")),
+            "time_to_solve": _number(summary.get("time_to_solve")),
+            "frames": _number(summary.get("frames")),
+            "wall_time": _number(summary.get("wall_time")),
+            "final_train_return": _number(summary.get(column)),
+            "eval_return": _number(summary.get("eval_return"))}
+
+
+def _number(value: Any) -> float:
+    """A summary entry as a float; nan for None, a missing entry or anything not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return math.nan
+    return float(value)
 
 
 def _write_outputs(out: Path, jobs: list[_Job], n_trials: int, quiet: bool,
@@ -427,60 +482,97 @@ def _write_outputs(out: Path, jobs: list[_Job], n_trials: int, quiet: bool,
 
 
 # ------------------------------------------------------------------------------ command line
+@dataclass
+class SweepCommand:
+    """Run an algorithm over seeds (sessions) and config variants (trials) in parallel
+    processes; the flags after -- go to every session.
+
+    Example: rlstruct sweep ppo --seeds 0 1 --trials '[{"lr": 0.001}]' -- --max-frames 100000
+    """
+
+    algo: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="ALGO")]
+    """the algorithm, as rlstruct train ALGO names it (ppo, a2c, ...)"""
+    seeds: tuple[int, ...] = (0, 1, 2)
+    """one session per seed"""
+    trials: str | None = None
+    """JSON list of config overrides, one trial each, e.g. '[{"lr": 0.001}, {"lr": 0.0003}]'
+    (None: one trial without overrides)"""
+    max_parallel: int | None = None
+    """sessions at once (None: usable cores // --cores-per-session)"""
+    cores_per_session: int = 1
+    """cores one session keeps busy"""
+    gpus: int = 0
+    """GPUs to rotate the sessions' learners over (0: no device flag)"""
+    cuda_offset: int | None = None
+    """added to the GPU rotation (None: $CUDA_OFFSET or 0)"""
+    out: Path | None = None
+    """sweep folder (None: sweeps/ALGO_<time>)"""
+    timeout: float | None = None
+    """seconds per session before it is killed (None: no limit)"""
+    ma_window: int = MA_WINDOW
+    """width, in points of the trial graphs' 200-point frames grid, of their moving average"""
+    algo_args: tyro.conf.Suppress[tuple[str, ...]] = ()
+    """the flags after --, given to every session (not a flag: split off before parsing)"""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m rlstruct sweep ALGO [options] -- [algorithm flags]``; returns the exit code:
-    0 when every session succeeded, 1 when some failed, 2 on a usage error, 130 on Ctrl-C."""
+    """``rlstruct sweep ALGO [options] -- [algorithm flags]``.
+
+    Args:
+        argv: the words after ``sweep`` (default: ``sys.argv[1:]``); those after the first
+            ``--`` are the algorithm's flags, given to every session.
+
+    Returns:
+        The exit code: 0 when every session succeeded, 1 when some failed, 130 on Ctrl-C; a
+        usage error exits with 2 (``SystemExit``).
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     algo_args: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
         argv, algo_args = argv[:cut], argv[cut + 1:]
-    parser = argparse.ArgumentParser(
-        prog="python -m rlstruct sweep",
-        description="Run an algorithm over seeds (sessions) and config variants (trials) in "
-                    "parallel processes; flags after -- go to every session.")
-    parser.add_argument("algo", help="algorithm: python -m algos.ALGO")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
-                        help="one session per seed (default: 0 1 2)")
-    parser.add_argument("--trials", type=str, default=None,
-                        help='JSON list of config overrides, one trial each, e.g. '
-                             '\'[{"lr": 0.001}, {"lr": 0.0003}]\' (default: one trial)')
-    parser.add_argument("--max-parallel", type=int, default=None,
-                        help="sessions at once (default: cores // --cores-per-session)")
-    parser.add_argument("--cores-per-session", type=int, default=1,
-                        help="cores one session keeps busy (default: 1)")
-    parser.add_argument("--gpus", type=int, default=0,
-                        help="GPUs to rotate the sessions' learners over (default: 0, no flag)")
-    parser.add_argument("--cuda-offset", type=int, default=None,
-                        help="added to the GPU rotation (default: $CUDA_OFFSET or 0)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="sweep folder (default: sweeps/ALGO_<time>)")
-    parser.add_argument("--timeout", type=float, default=None,
-                        help="seconds per session before it is killed (default: none)")
-    parser.add_argument("--ma-window", type=int, default=MA_WINDOW,
-                        help=f"width, in points of the trial graphs' 200-point frames grid, "
-                             f"of their moving average (default: {MA_WINDOW})")
-    args = parser.parse_args(argv)
+    args = tyro.cli(SweepCommand, args=argv, prog=PROG)
+    return run(dataclasses.replace(args, algo_args=tuple(algo_args)))
+
+
+def run(args: SweepCommand) -> int:
+    """Runs a parsed ``rlstruct sweep`` command line (see :func:`main`).
+
+    Args:
+        args: the parsed flags, ``algo_args`` included.
+
+    Returns:
+        The exit code (0, 1 or 130, as :func:`main`).
+
+    Raises:
+        SystemExit: with code 2 on a usage error (bad ``--trials``, a ConfigError of
+            :func:`sweep`), after one message on stderr.
+    """
     trials = None
     if args.trials is not None:
         try:
             trials = json.loads(args.trials)
         except ValueError as err:
-            parser.error(f"--trials is not JSON: {err}")
+            _usage_error(f"--trials is not JSON: {err}")
         if not isinstance(trials, list) or not all(isinstance(t, dict) for t in trials):
-            parser.error("--trials must be a JSON list of objects")
+            _usage_error("--trials must be a JSON list of objects")
     try:
         results = sweep(args.algo, seeds=args.seeds, trials=trials, out=args.out,
-                        algo_args=algo_args, max_parallel=args.max_parallel,
+                        algo_args=args.algo_args, max_parallel=args.max_parallel,
                         cores_per_session=args.cores_per_session, gpus=args.gpus,
                         cuda_offset=args.cuda_offset, timeout=args.timeout,
                         ma_window=args.ma_window)
     except ConfigError as err:
-        parser.error(str(err))
+        _usage_error(str(err))
     except KeyboardInterrupt:
         print("sweep: interrupted; running sessions killed", file=sys.stderr)
         return 130
     return 0 if all(r.ok for r in results) else 1
+
+
+def _usage_error(message: str) -> NoReturn:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 if __name__ == "__main__":

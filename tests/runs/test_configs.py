@@ -4,7 +4,8 @@
 - flags parse into the typed dataclass, the nested layout keeps its short flag names, and a
   misspelt flag, a bad value or a bad combination exits with code 2 and says why;
 - the whole config (nested layout included) goes into config.json and comes back equal;
-- ``python -m algos.<name> --help`` works from any folder once rlstruct is installed.
+- ``python -m rlstruct.algos.<name> --help`` and ``rlstruct train <name> --help`` work from any
+  folder once rlstruct is installed, and name the command, not the file.
 """
 
 from __future__ import annotations
@@ -126,11 +127,14 @@ def test_the_algorithms_share_the_defaults_of_the_run_config():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", ALGOS)
 def test_help_from_any_folder(name, tmp_path):
-    done = subprocess.run([sys.executable, "-m", f"rlstruct.algos.{name}", "--help"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=100)
-    assert done.returncode == 0, done.stderr
-    assert "usage:" in done.stdout and "--learner-device" in done.stdout
-    assert inspect.getdoc(ALGOS[name].Config).split("\n")[0][:40] in done.stdout
+    for command, prog in ((["-m", f"rlstruct.algos.{name}"], f"python -m rlstruct.algos.{name}"),
+                          (["-m", "rlstruct", "train", name], f"rlstruct train {name}")):
+        done = subprocess.run([sys.executable, *command, "--help"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=100)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith(f"usage: {prog} [-h]") and "--learner-device" in done.stdout
+        assert inspect.getdoc(ALGOS[name].Config).split("\n")[0][:40] in done.stdout
+        assert ".py" not in done.stdout.split("\n", 1)[0]
 
 
 @pytest.mark.parametrize("name", ["dqn", "reinforce", "appo"])

@@ -148,15 +148,136 @@ def test_sigterm_ends_the_run_like_ctrl_c(tmp_path):
 
 
 # ----------------------------------------------------------------------------- --help
-def test_help_lists_every_command(capsys):
+COMMANDS = ("train", "evaluate", "plot", "sweep", "tune")
+
+
+def help_of(argv: list[str], capsys) -> str:
     from rlstruct.__main__ import main
 
     with pytest.raises(SystemExit) as info:
-        main(["--help"])
+        main([*argv, "--help"])
     assert info.value.code == 0
-    out = capsys.readouterr().out
-    for command in ("plot", "sweep", "tune", "evaluate"):
-        assert f"    {command} " in out
+    return capsys.readouterr().out
+
+
+def test_help_lists_every_command(capsys):
+    out = help_of([], capsys)
+    assert out.startswith("usage: rlstruct ")
+    for command in COMMANDS:
+        assert f"• {command} " in out
+
+
+def test_train_help_lists_every_algorithm(capsys):
+    from rlstruct.__main__ import ALGOS
+
+    out = help_of(["train"], capsys)
+    assert out.startswith("usage: rlstruct train ")
+    for algo in ALGOS:
+        assert f"• {algo} " in out
+    assert "rlstruct/algos/" not in out  # the commands, not the files
+
+
+def test_algos_lists_every_algorithm_file():
+    from rlstruct.__main__ import ALGOS
+
+    folder = Path(__file__).resolve().parents[2] / "rlstruct" / "algos"
+    files = {p.stem for p in folder.glob("*.py") if "\ndef main(" in p.read_text()}
+    assert set(ALGOS) == files
+
+
+def test_train_algo_help_is_the_algorithms_own(capsys):
+    import tyro
+
+    from rlstruct.algos import ppo
+
+    out = help_of(["train", "ppo"], capsys)
+    with pytest.raises(SystemExit):
+        tyro.cli(ppo.Config, args=["--help"], prog="python -m rlstruct.algos.ppo")
+    own = capsys.readouterr().out
+    assert out.startswith("usage: rlstruct train ppo [-h] [OPTIONS]")
+    assert own.startswith("usage: python -m rlstruct.algos.ppo [-h] [OPTIONS]")
+    assert out.splitlines()[1:] == own.splitlines()[1:]
+    assert "--clip-coef" in out and "--n-processes" in out and "rlstruct/algos/ppo.py" not in out
+
+
+@pytest.mark.parametrize("command", ["evaluate", "plot", "sweep", "tune"])
+def test_each_commands_help_names_the_command(command, capsys):
+    out = help_of([command], capsys)
+    assert out.startswith(f"usage: rlstruct {command} ")
+    assert "python -m rlstruct " not in out and ".py" not in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "Expected one of {train, evaluate, plot, sweep, tune}"),
+    (["bogus"], "Unrecognized options: bogus"),
+    (["train"], "Expected one of {reinforce, a2c, ppo"),
+    (["train", "nope"], "Unrecognized options: nope"),
+    (["train", "ppo", "--no-such-flag"], "rlstruct train ppo --help"),
+    (["train", "ppo", "--lr", "-1"], "lr must be a finite number > 0"),
+    (["evaluate"], "rlstruct evaluate"),
+    (["evaluate", ".", "--episodes", "0"], "rlstruct evaluate: error: --episodes must be >= 1"),
+    (["plot"], "rlstruct plot: error: give at least one PATH"),
+    (["sweep", "ppo", "--trials", "[1]"], "rlstruct sweep: error: --trials must be a JSON list"),
+    (["sweep", "nope"], "rlstruct sweep: error: sweep: no algorithm 'nope'"),
+    (["tune", "--algo", "a:b", "--keep-batch", "--batch-size", "8"], "exclude each other"),
+])
+def test_usage_errors_exit_with_2_and_one_message(argv, message, capsys, tmp_path,
+                                                   monkeypatch):
+    from rlstruct.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        code = main(argv)
+        raise SystemExit(code)  # tune reports its usage errors as a returned 2
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert "python -m rlstruct" not in err
+    assert list(tmp_path.iterdir()) == []  # nothing was written
+
+
+def test_importing_the_command_line_imports_no_algorithm():
+    code = ("import sys, rlstruct.__main__; "
+            "print(sorted(m for m in sys.modules if m.startswith('rlstruct.algos.')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_train_runs_the_algorithms_main_with_its_config(monkeypatch):
+    from rlstruct.__main__ import main
+    from rlstruct.algos import a2c, ppo
+
+    seen = []
+    monkeypatch.setattr(ppo, "main", seen.append)
+    monkeypatch.setattr(a2c, "main", lambda cfg: pytest.fail("the wrong algorithm ran"))
+    assert main(["train", "ppo", "--seed", "7", "--n-epochs", "3", "--n-envs", "4"]) == 0
+    (cfg,) = seen
+    assert type(cfg) is ppo.Config
+    assert (cfg.seed, cfg.n_epochs, cfg.layout.n_envs) == (7, 3, 4)
+
+
+@pytest.mark.slow
+def test_the_console_script_and_python_m_rlstruct_train_ppo(tmp_path):
+    script = Path(sys.executable).with_name("rlstruct")
+    if not script.is_file():
+        pytest.skip(f"no console script {script}: pip install -e . installs it")
+    listed = subprocess.run([str(script), "--help"], capture_output=True, text=True,
+                            timeout=60)
+    assert listed.returncode == 0 and all(f"• {c} " in listed.stdout for c in COMMANDS)
+    flags = ["--seed", "1", "--max-frames", "600", "--n-processes", "1", "--eval-every", "0",
+             "--target-return", "None"]
+    for i, command in enumerate([[str(script)], [sys.executable, "-m", "rlstruct"]]):
+        cwd = tmp_path / str(i)
+        cwd.mkdir()
+        done = subprocess.run([*command, "train", "ppo", *flags], cwd=cwd, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        (run_dir,) = (cwd / "runs").iterdir()
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["algo"] == "ppo" and summary["status"] == "budget"
+        assert json.loads((run_dir / "config.json").read_text())["config"]["seed"] == 1
 
 
 # ----------------------------------------------------------------------------- resume
@@ -230,7 +351,7 @@ def test_every_algorithms_checkpoint_is_evaluated_from_the_command_line(algo, tm
     algo, *extra = algo.split()
     frames = "600" if algo == "sac" else "2000"
     processes = "2" if algo in ("impala", "appo") else "1"  # pipelined: worker processes
-    trained = python(["-m", f"rlstruct.algos.{algo}", "--max-frames", frames, "--eval-every", "0",
+    trained = python(["-m", "rlstruct", "train", algo, "--max-frames", frames, "--eval-every", "0",
                       "--n-processes", processes, "--target-return", "None", *extra],
                      cwd=tmp_path, timeout=150)
     assert trained.returncode == 0, trained.stderr

@@ -19,6 +19,7 @@ from rlstruct.errors import ConfigError
 from rlstruct.runs.plotting import trial_curves
 from rlstruct.tools.sweep import (
     SUMMARY_COLUMNS,
+    find_run_dir,
     main,
     override_flags,
     session_outcome,
@@ -28,8 +29,9 @@ from rlstruct.tools.sweep import (
 REPO = Path(__file__).resolve().parents[2]
 
 FAKE_ALGO = textwrap.dedent('''
-    """A fake algorithm: argv like algos.*; writes a run folder; --mode fail|hang|ok."""
-    import argparse, json, os, sys, time
+    """A fake algorithm: argv like rlstruct.algos.*; writes a run folder as Run does (summary.json
+    included); --mode fail|hang|ok|vetoed|decoy."""
+    import argparse, json, os, signal, sys, time
     from pathlib import Path
 
     p = argparse.ArgumentParser()
@@ -44,8 +46,6 @@ FAKE_ALGO = textwrap.dedent('''
         print("Traceback (most recent call last):", file=sys.stderr)
         print("rlstruct.errors.ConfigError: planted failure", file=sys.stderr)
         sys.exit(3)
-    if a.mode == "hang":
-        time.sleep(600)
     run = Path(a.runs_dir) / "fake_run"
     run.mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({"config": {
@@ -57,7 +57,29 @@ FAKE_ALGO = textwrap.dedent('''
     (run / "env.json").write_text(json.dumps({
         "omp": os.environ.get("OMP_NUM_THREADS"), "device": a.learner_device,
         "threads": a.n_threads}))
-    print(f"outputs in {run}")
+    summary = {"status": "solved", "solved": True, "frames": 500, "wall_time": 2.5,
+               "frames_to_solve": 300, "time_to_solve": 1.5, "eval_return": 33.0,
+               "train_return_mean2": a.scale * (50 + a.seed)}
+    if a.mode == "hang":  # SIGTERM ends it as Run does: a summary with status interrupted
+        def stop(signum, frame):
+            (run / "summary.json").write_text(json.dumps(dict(
+                summary, status="interrupted", solved=False, frames_to_solve=None,
+                time_to_solve=None)))
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # then die of it, as a run does
+            os.kill(os.getpid(), signal.SIGTERM)
+        signal.signal(signal.SIGTERM, stop)
+        time.sleep(600)
+    if a.mode == "vetoed":  # progress.csv meets the target, the evaluation vetoed it
+        summary.update(status="budget", solved=False, frames_to_solve=None, time_to_solve=None,
+                       eval_return=5.0)
+    if a.mode == "decoy":  # prints another run folder: the sweep must not believe it
+        decoy = Path(a.runs_dir).parent / "decoy_run"
+        decoy.mkdir()
+        (decoy / "summary.json").write_text(json.dumps(dict(summary, frames=999)))
+        summary.update(status="failed", solved=False, error="RuntimeError: planted")
+        print(f"outputs in {decoy}")
+    if a.mode != "no_summary":
+        (run / "summary.json").write_text(json.dumps(summary))
 ''')
 
 
@@ -145,18 +167,51 @@ def test_trial_figure_draws_the_longest_session(tmp_path):
     assert out.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_session_outcome(tmp_path):
+def test_session_outcome_is_what_summary_json_says(tmp_path):
     run = write_run(tmp_path / "r", [(100, 10.0), (200, 480.0), (300, 490.0)], target=475.0,
                     window=2)
+    (run / "summary.json").write_text(json.dumps({
+        "status": "solved", "solved": True, "frames": 320, "wall_time": 3.5,
+        "frames_to_solve": 300, "time_to_solve": 3.0, "train_return_mean20": 491.0,
+        "eval_return": 500.0}))
+    assert session_outcome(run) == {
+        "status": "solved", "solved": True, "frames_to_solve": 300.0, "time_to_solve": 3.0,
+        "frames": 320.0, "wall_time": 3.5, "final_train_return": 491.0, "eval_return": 500.0}
+
+
+def test_an_evaluation_veto_in_summary_json_is_not_overruled_by_progress_csv(tmp_path):
+    # progress.csv meets the target at 200 frames; the run did not stop there because its
+    # greedy evaluation disagreed, and ran out of budget: the run's verdict stands.
+    run = write_run(tmp_path / "r", [(100, 10.0), (200, 480.0), (300, 490.0)], target=475.0,
+                    window=2)
+    (run / "summary.json").write_text(json.dumps({
+        "status": "budget", "solved": False, "frames": 300, "wall_time": 3.0,
+        "frames_to_solve": None, "time_to_solve": None, "train_return_mean20": 490.0,
+        "eval_return": float("nan")}))
     out = session_outcome(run)
-    # Row 2 is the first with the target AND target_window (2) episodes.
-    assert out == {"solved": True, "frames_to_solve": 200.0, "time_to_solve": 2.0,
-                   "frames": 300.0, "wall_time": 3.0, "final_train_return": 490.0}
-    not_solved = session_outcome(write_run(tmp_path / "n", [(100, 10.0)], target=475.0))
-    assert not not_solved["solved"] and math.isnan(not_solved["frames_to_solve"])
-    assert not_solved["final_train_return"] == 10.0
-    no_target = session_outcome(write_run(tmp_path / "t", [(100, 1e9)], target=None))
-    assert not no_target["solved"]
+    assert out["status"] == "budget" and out["solved"] is False
+    assert math.isnan(out["frames_to_solve"]) and math.isnan(out["eval_return"])
+    assert out["frames"] == 300.0 and out["final_train_return"] == 490.0
+
+
+def test_no_summary_json_is_no_outcome(tmp_path):
+    run = write_run(tmp_path / "r", [(100, 1e9)], target=0.0)  # progress alone says nothing
+    out = session_outcome(run)
+    assert out["status"] == "" and out["solved"] is False
+    assert all(math.isnan(out[k]) for k in ("frames", "wall_time", "final_train_return"))
+
+
+def test_the_run_folder_is_the_one_run_directory_in_the_session_folder(tmp_path):
+    session = tmp_path / "session0"
+    assert find_run_dir(session) is None  # not made: the session failed before its run
+    session.mkdir()
+    (session / "stdout.log").write_text("outputs in /elsewhere\n")
+    assert find_run_dir(session) is None
+    run = write_run(session / "ppo_CartPole-v1_1", [(100, 1.0)])
+    assert find_run_dir(session) == run
+    write_run(session / "ppo_CartPole-v1_2", [(100, 1.0)])
+    with pytest.raises(FileNotFoundError, match="holds 2 run directories"):
+        find_run_dir(session)
 
 
 @pytest.mark.parametrize("n_cuda", [0, 1])
@@ -214,9 +269,10 @@ def test_sweep_with_a_failing_trial(fake_algo, tmp_path):
     assert all(not r.ok and r.returncode == 3 for r in bad)
     assert all("planted failure" in r.error and "exit status 3" in r.error for r in bad)
     # Seed 0 solves at the 3rd row (return 30), seed 1 at the 3rd too (31).
-    assert [r.solved for r in good] == [True, True]
+    assert [(r.status, r.solved) for r in good] == [("solved", True), ("solved", True)]
     assert [r.frames_to_solve for r in good] == [300.0, 300.0]
     assert [r.final_train_return for r in good] == [50.0, 51.0]
+    assert [(r.status, r.run_dir) for r in bad] == [("", ""), ("", "")]  # no run was made
     rows = read_summary(out / "summary.csv")
     assert [row["error"] == "" for row in rows] == [True, True, False, False]
     assert (out / "trial0.png").is_file() and (out / "trial1.png").is_file()
@@ -225,6 +281,50 @@ def test_sweep_with_a_failing_trial(fake_algo, tmp_path):
         env = json.loads((Path(r.run_dir) / "env.json").read_text())
         assert env == {"omp": "1", "device": "none", "threads": 1}  # no GPU: no device flag
     assert json.loads((out / "sweep.json").read_text())["seeds"] == [0, 1]
+
+
+def test_the_sweep_reads_each_runs_verdict_not_its_progress_nor_its_stdout(fake_algo, tmp_path):
+    out = tmp_path / "sweep"
+    results = sweep("fake", seeds=[0], trials=[{"mode": "vetoed"}, {"mode": "decoy"},
+                                               {"mode": "no_summary"}],
+                    out=out, module=fake_algo, quiet=True, poll_s=0.05, timeout=60)
+    vetoed, decoy, silent = results
+    # progress.csv meets the target (30) at 300 frames; the run said "budget": not solved
+    assert (vetoed.status, vetoed.solved, vetoed.eval_return) == ("budget", False, 5.0)
+    assert vetoed.ok and math.isnan(vetoed.frames_to_solve)
+    # it printed "outputs in <a solved decoy>": the sweep reads its own folder's run
+    assert Path(decoy.run_dir) == out / "trial1" / "session0" / "fake_run"
+    assert (decoy.status, decoy.solved, decoy.frames) == ("failed", False, 500.0)
+    # exit status 0 without a summary.json is not a good session
+    assert silent.returncode == 0 and silent.status == "" and not silent.ok
+    assert "wrote no summary.json" in silent.error
+    rows = read_summary(out / "summary.csv")
+    assert [row["status"] for row in rows] == ["budget", "failed", ""]
+    assert [row["solved"] for row in rows] == ["False", "False", "False"]
+
+
+def test_a_sweep_folder_is_not_reused_and_the_algorithm_must_exist(fake_algo, tmp_path):
+    out = tmp_path / "sweep"
+    assert sweep("fake", seeds=[0], out=out, module=fake_algo, quiet=True, poll_s=0.05)[0].ok
+    with pytest.raises(ConfigError, match=r"1 session folder\(s\) exist already"):
+        sweep("fake", seeds=[0], out=out, module=fake_algo, quiet=True)
+    with pytest.raises(ConfigError, match=r"no algorithm 'nope' \(no module rlstruct\.algos\.nope"):
+        sweep("nope", seeds=[0], out=tmp_path / "other")
+    assert not (tmp_path / "other").exists()
+
+
+def test_flags_after_the_double_dash_go_to_every_session(monkeypatch, capsys):
+    import rlstruct.tools.sweep as sweep_module
+
+    seen = {}
+    monkeypatch.setattr(sweep_module, "sweep", lambda *a, **kw: seen.update(kw, algo=a[0]) or [])
+    assert main(["ppo", "--seeds", "3", "4", "--max-parallel", "2", "--",
+                 "--max-frames", "100", "--", "--lr", "0.1"]) == 0
+    assert seen["algo"] == "ppo" and seen["seeds"] == (3, 4) and seen["max_parallel"] == 2
+    assert seen["algo_args"] == ("--max-frames", "100", "--", "--lr", "0.1")
+    with pytest.raises(SystemExit) as exc:  # an algorithm flag before -- is the sweep's
+        main(["ppo", "--max-frames", "100"])
+    assert exc.value.code == 2 and "--max-frames" in capsys.readouterr().err
 
 
 def test_sweep_rotates_gpus(fake_algo, tmp_path, monkeypatch):
@@ -249,6 +349,7 @@ def test_timeout_kills_the_session_group(fake_algo, tmp_path):
     (r,) = results
     assert not r.ok and "timed out" in r.error and r.returncode is not None
     assert r.returncode < 0  # killed by a signal
+    assert r.status == "interrupted"  # what the run wrote when SIGTERM ended it
     # conftest's no_leftover_processes fixture fails this test if anything survived.
 
 

@@ -28,7 +28,7 @@ its cost still fits). ``benchmarks/tune_vs_grid.py`` compares it with the grid i
 
 Use it from Python (:func:`tune` with your factories, :func:`tune_algo` with the
 :class:`AlgoSetup` an algorithm hands over) or from the shell,
-``python -m rlstruct tune --algo rlstruct.algos.tuning:ppo --budget 60 --out tune.json``
+``rlstruct tune --algo rlstruct.algos.tuning:ppo --budget 60 --out tune.json``
 (:func:`main`).
 The JSON file holds :class:`~rlstruct.runs.layout.LayoutConfig`'s fields plus
 ``n_timesteps`` (and the measurements under ``"tuned"``); :func:`read_layout`,

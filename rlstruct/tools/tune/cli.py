@@ -1,4 +1,4 @@
-"""``python -m rlstruct tune``: tune an algorithm's layout from the shell.
+"""``rlstruct tune``: tune an algorithm's layout from the shell (:class:`TuneCommand`'s flags).
 
 ``--algo MODULE:FUNCTION`` names the algorithm's side: the module is imported (it is the user's
 code; the library itself imports no algorithm) and ``FUNCTION(seed=..., [env_id=...],
@@ -8,19 +8,22 @@ algorithms of ``rlstruct/algos/``: ``--algo rlstruct.algos.tuning:ppo`` (also ``
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+import tyro
 
 from rlstruct.errors import ConfigError
 from rlstruct.tools.tune.layout_file import write_layout
 from rlstruct.tools.tune.measure import AlgoSetup, tune_algo
-from rlstruct.tools.tune.searches import OBJECTIVES
 
-__all__ = ["load_setup", "main"]
+__all__ = ["TuneCommand", "load_setup", "main", "run"]
+
+PROG = "rlstruct tune"
 
 
 def load_setup(spec: str, **overrides: Any) -> AlgoSetup:
@@ -54,69 +57,111 @@ def load_setup(spec: str, **overrides: Any) -> AlgoSetup:
     return setup
 
 
-def _ints(text: str) -> list[int]:
+def _ints(args: list[str]) -> tuple[int, ...] | None:
+    """``"1,2,4"`` as ``(1, 2, 4)``, ``"None"`` as None; a ValueError (a usage error of
+    tyro's) otherwise."""
+    (text,) = args
+    if text == "None":
+        return None
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") \
-            from err
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
     if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+        raise ValueError(f"expected integers >= 1, got {text!r}")
     return values
 
 
+def _ints_flag(metavar: str) -> tyro.constructors.PrimitiveConstructorSpec:
+    return tyro.constructors.PrimitiveConstructorSpec(
+        nargs=1, metavar=metavar, instance_from_str=_ints,
+        is_instance=lambda v: v is None or isinstance(v, tuple),
+        str_from_instance=lambda v: ["None" if v is None else ",".join(map(str, v))])
+
+
+#: A flag of comma-separated integers >= 1 (``--n-envs 8,16``).
+Ints = Annotated[tuple[int, ...], _ints_flag("N,N,...")]
+#: The same, or None (``--processes None``: the default choice).
+IntsOrNone = Annotated[tuple[int, ...] | None, _ints_flag("{None}|N,N,...")]
+
+
+@dataclass
+class TuneCommand:
+    """Measure candidate batcher layouts of an algorithm within a time budget, print a table and
+    write the best one to a JSON layout file, which rlstruct train ALGO --layout FILE takes.
+
+    Example: rlstruct tune --algo rlstruct.algos.tuning:ppo --budget 60 -o tune.json
+    """
+
+    algo: Annotated[str, tyro.conf.arg(metavar="MODULE:FUNCTION")]
+    """the algorithm's side: FUNCTION(**overrides) of MODULE returns the AlgoSetup to measure
+    (e.g. rlstruct.algos.tuning:ppo, also :a2c and :impala)"""
+    env_id: str | None = None
+    """gymnasium id (None: the algorithm's)"""
+    hidden: int | None = None
+    """model width (None: the algorithm's)"""
+    budget: float = 60.0
+    """seconds the measurements may take"""
+    objective: Literal["steps_per_s", "steps_per_cpu_s"] = "steps_per_s"
+    """maximise steps per second or steps per CPU-second"""
+    learner: bool = True
+    """measure under the algorithm's own learn step (--no-learner: collection alone, or with
+    --learn-s)"""
+    learn_s: float = 0.0
+    """a fake learner of this many seconds per batch instead of the algorithm's (0: none)"""
+    keep_batch: bool = False
+    """keep the algorithm's batch (P x n_envs x T steps) while the layout varies: T follows from
+    P and n_envs (not with --batch-size)"""
+    batch_size: int | None = None
+    """keep the batch at this many steps while the layout varies (not with --keep-batch)"""
+    rounds: int = 2
+    """interleaved rounds of the finals"""
+    processes: IntsOrNone = None
+    """worker counts, e.g. 1,2,4 (1: SerialBatcher; None: 1, 2, 4, ... up to the cores)"""
+    n_envs: Ints = (8, 16, 32, 64)
+    """envs per process"""
+    n_timesteps: Ints = (16, 32, 64)
+    """values of T"""
+    pipeline: IntsOrNone = None
+    """pipeline depths (None: 1,2 for algorithms that support it)"""
+    devices: str | None = None
+    """comma-separated GPU devices for a SerialBatcher (None: cuda:0 when there is one; 'none'
+    for none)"""
+    probe_s: float | None = None
+    """seconds of a first measurement (None: from the budget)"""
+    seed: int = 0
+    """the seed given to the algorithm's setup"""
+    out: Annotated[Path, tyro.conf.arg(aliases=("-o",))] = Path("tune.json")
+    """the layout file to write"""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m rlstruct tune``: tune an algorithm's layout, print the table, write JSON.
+    """``rlstruct tune``: tune an algorithm's layout, print the table, write JSON.
+
+    Args:
+        argv: the flags after ``tune`` (default: ``sys.argv[1:]``).
 
     Returns:
-        The exit code (0; 1 when no candidate could be measured).
+        The exit code: 0; 1 when no candidate could be measured; 2 on a usage error (tyro's
+        exit for a bad flag, or a bad ``--algo`` and options).
     """
-    parser = argparse.ArgumentParser(
-        prog="python -m rlstruct tune",
-        description="Measure candidate batcher layouts of an algorithm within a time budget, "
-                    "print a table and write the best one to a JSON layout file.")
-    parser.add_argument("--algo", required=True, metavar="MODULE:FUNCTION",
-                        help="the algorithm's side: FUNCTION(**overrides) of MODULE returns the "
-                             "AlgoSetup to measure (e.g. rlstruct.algos.tuning:ppo)")
-    parser.add_argument("--env-id", default=None, help="gymnasium id (default: the algorithm's)")
-    parser.add_argument("--hidden", type=int, default=None, help="model width (default: the "
-                        "algorithm's)")
-    parser.add_argument("--budget", type=float, default=60.0,
-                        help="seconds the measurements may take (default 60)")
-    parser.add_argument("--objective", default="steps_per_s", choices=OBJECTIVES,
-                        help="maximise steps per second or steps per CPU-second")
-    parser.add_argument("--no-learner", action="store_true",
-                        help="measure collection alone (or with --learn-s), not under the "
-                             "algorithm's own learn step")
-    parser.add_argument("--learn-s", type=float, default=0.0,
-                        help="a fake learner of this many seconds per batch instead of the "
-                             "algorithm's (0: none)")
-    batch = parser.add_mutually_exclusive_group()
-    batch.add_argument("--keep-batch", action="store_true",
-                       help="keep the algorithm's batch (P x n_envs x T steps) while the "
-                            "layout varies: T follows from P and n_envs")
-    batch.add_argument("--batch-size", type=int, default=None,
-                       help="keep the batch at this many steps while the layout varies")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="interleaved rounds of the finals (default 2)")
-    parser.add_argument("--processes", type=_ints, default=None,
-                        help="worker counts, e.g. 1,2,4 (1: SerialBatcher; default 1, 2, 4, "
-                             "... up to the cores)")
-    parser.add_argument("--n-envs", type=_ints, default=[8, 16, 32, 64],
-                        help="envs per process (default 8,16,32,64)")
-    parser.add_argument("--n-timesteps", type=_ints, default=[16, 32, 64],
-                        help="values of T (default 16,32,64)")
-    parser.add_argument("--pipeline", type=_ints, default=None,
-                        help="pipeline depths (default 1,2 for algorithms that support it)")
-    parser.add_argument("--devices", default=None,
-                        help="comma-separated GPU devices for a SerialBatcher (default cuda:0 "
-                             "when there is one; 'none' for none)")
-    parser.add_argument("--probe-s", type=float, default=None,
-                        help="seconds of a first measurement (default: from the budget)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("-o", "--out", type=Path, default=Path("tune.json"),
-                        help="the layout file to write (default tune.json)")
-    args = parser.parse_args(argv)
+    args = tyro.cli(TuneCommand, args=sys.argv[1:] if argv is None else list(argv), prog=PROG)
+    return run(args)
+
+
+def run(args: TuneCommand) -> int:
+    """Runs a parsed ``rlstruct tune`` command line (see :func:`main`).
+
+    Args:
+        args: the parsed flags.
+
+    Returns:
+        The exit code (0, 1 or 2, as :func:`main`).
+    """
+    if args.keep_batch and args.batch_size is not None:
+        print(f"{PROG}: error: --keep-batch and --batch-size exclude each other",
+              file=sys.stderr)
+        return 2
     overrides: dict[str, Any] = {"seed": args.seed}
     if args.env_id is not None:
         overrides["env_id"] = args.env_id
@@ -126,23 +171,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.devices is not None:
         devices = [] if args.devices == "none" else [d for d in args.devices.split(",") if d]
     options: dict[str, Any] = dict(
-        processes=args.processes, n_envs_options=args.n_envs,
-        n_timesteps_options=args.n_timesteps, devices=devices, objective=args.objective,
-        learn_s=args.learn_s, probe_s=args.probe_s, n_rounds=args.rounds,
-        batch_size=args.batch_size)
+        processes=None if args.processes is None else list(args.processes),
+        n_envs_options=list(args.n_envs), n_timesteps_options=list(args.n_timesteps),
+        devices=devices, objective=args.objective, learn_s=args.learn_s, probe_s=args.probe_s,
+        n_rounds=args.rounds, batch_size=args.batch_size)
     if args.pipeline is not None:
-        options["pipelines"] = args.pipeline
+        options["pipelines"] = list(args.pipeline)
     try:
         setup = load_setup(args.algo, **overrides)
         result = tune_algo(setup, budget_s=args.budget, keep_batch=args.keep_batch,
-                           use_learner=not args.no_learner, **options)
+                           use_learner=args.learner, **options)
     except ConfigError as err:
-        print(f"python -m rlstruct tune: error: {err}", file=sys.stderr)
+        print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
     if result.stats[result.best].error is not None:
-        print("python -m rlstruct tune: every measured layout failed", file=sys.stderr)
+        print(f"{PROG}: every measured layout failed", file=sys.stderr)
         return 1
-    learner = ("fake" if args.learn_s else "none") if args.no_learner or args.learn_s or \
+    learner = ("fake" if args.learn_s else "none") if not args.learner or args.learn_s or \
         setup.learn is None else "algorithm"
     written = write_layout(args.out, result, algo=setup.name or args.algo,
                            env_id=setup.env_id or args.env_id, learner=learner,

@@ -239,7 +239,7 @@ class AlgoSetup:
 
     The library never imports an algorithm; an algorithm (or a module beside it, such as
     ``rlstruct/algos/tuning.py``) builds this and passes it to :func:`tune_algo`, and
-    ``python -m rlstruct tune --algo MODULE:FUNCTION`` calls ``FUNCTION(**overrides)`` of the
+    ``rlstruct tune --algo MODULE:FUNCTION`` calls ``FUNCTION(**overrides)`` of the
     module it names to get one.
 
     Attributes:
