@@ -160,6 +160,12 @@ def _evaluate(argv: Sequence[str]) -> int:
 
     if args.episodes < 1:
         _usage_error(f"{PROG} evaluate", f"--episodes must be >= 1, got {args.episodes}")
+    from rlstruct.devices import resolve_device
+
+    try:  # a device this machine lacks is a usage error, named before anything loads
+        resolve_device(args.device)
+    except ConfigError as err:
+        _usage_error(f"{PROG} evaluate", f"--device: {err}")
     try:
         returns, state = evaluate(args.run_dir, args.checkpoint, args.episodes, args.device,
                                   args.seed, args.video)

@@ -342,12 +342,12 @@ def test_a_custom_env_module_reaches_ray_actors(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("algo", ["reinforce", "a2c", "ppo", "dqn", "impala", "appo", "trpo",
-                                  "sac", "ppo --n-learners 2"])
+                                  "sac", "ppo --n-learners 2", "sac --n-learners 2"])
 def test_every_algorithms_checkpoint_is_evaluated_from_the_command_line(algo, tmp_path):
     # The model is rebuilt from the checkpoint alone: its recorded constructor must be
     # importable (a class of `python -m rlstruct.algos.x` lives in __main__) and take plain
-    # values. A
-    # learner group's checkpoint holds rank 0's model under the same name, rebuilt the same way.
+    # values. A learner group's checkpoint holds rank 0's model under the same name, rebuilt
+    # the same way (SAC's: the actor's part of its learner nets).
     algo, *extra = algo.split()
     frames = "600" if algo == "sac" else "2000"
     processes = "2" if algo in ("impala", "appo") else "1"  # pipelined: worker processes
@@ -360,3 +360,14 @@ def test_every_algorithms_checkpoint_is_evaluated_from_the_command_line(algo, tm
                   timeout=60)
     assert done.returncode == 0, done.stderr
     assert "2 greedy episodes, return" in done.stdout
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_evaluate_on_a_device_the_machine_lacks_is_a_usage_error(tmp_path, capsys):
+    from rlstruct.__main__ import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["evaluate", str(tmp_path), "--device", "cuda"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "rlstruct evaluate: error: --device: device 'cuda': CUDA is not available" in err
