@@ -92,6 +92,8 @@ class RunLogger:
         resume_frames: the frame count of the checkpoint being resumed.
         resume_wall_time: the run's wall time at that checkpoint.
         best_score: the best checkpoint score so far (resume).
+        launch: how the run was launched (``{"launcher": "torchrun", "world_size": 2}``),
+            recorded in ``config.json`` (a resume records its own in its ``resumes`` entry).
 
     Attributes:
         dir: the run directory (created at construction).
@@ -117,12 +119,14 @@ class RunLogger:
         resume_frames: int = 0,
         resume_wall_time: float = 0.0,
         best_score: float | None = None,
+        launch: Mapping[str, Any] | None = None,
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         self.algo, self.env, self.window, self.total_frames = algo, env, window, total_frames
         self.train_column = f"train_return_mean{window}"
         self.best_score = best_score
+        self._launch = launch
         self.frames = 0
         self._returns: list[float] = []
         self._rows: list[dict[str, Any]] = []
@@ -148,6 +152,7 @@ class RunLogger:
                 "torch": torch.__version__,
                 "git_commit": git_commit(code_dir if code_dir is not None else _PACKAGE_DIR),
                 "argv": list(sys.argv),
+                **({"launch": dict(launch)} if launch else {}),
                 "config": config_to_dict(config),
             }
             (self.dir / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -391,7 +396,7 @@ class RunLogger:
         self.frames = self._last_frames = frames
         meta.setdefault("resumes", []).append({
             "time": started.isoformat(timespec="seconds"), "frames": frames,
-            "argv": list(sys.argv),
+            "argv": list(sys.argv), **({"launch": dict(self._launch)} if self._launch else {}),
         })
         (self.dir / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
         return meta

@@ -12,19 +12,17 @@
   the summary and ``summary.json``. Everything is closed on the way out, on Ctrl-C and SIGTERM
   too.
 
-A training loop with it (see ``rlstruct/algos/`` for five complete ones)::
+A training loop with it (see ``rlstruct/algos/`` for eight complete ones)::
 
-    with Run("ppo", cfg) as run:
-        model = run.model(Net, run.obs_dim, run.n_actions)  # the call checkpoints record
+    with Run("ppo", cfg) as run:  # resolves the config first (rlstruct.runs.resolve)
+        model = run.model(make_model)  # the call checkpoints record
         batcher = run.training_batcher(MyAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(MyAgent, {"model": model}, GREEDY)   # greedy episodes beside training
-        agent = run.learner(MyAgent(model))                # on the learner device
-        optimizer = torch.optim.Adam(model.parameters())
-        run.checkpoint_state(model=model, optimizer=optimizer)  # (a resume loads them here)
+        group = run.learner_group(make_model, model, partial(adam, lr=cfg.lr), learn, MyAgent)
         for traj in run.segments(batcher):  # reset, then get() and record until the stop test
-            stats = learn(agent, optimizer, traj.to(run.device), run.out_of_time)
-            run.publish(batcher, model.state_dict())  # the weights, then the next segment
-            run.end_iteration(model.state_dict(), **stats)  # evaluation, progress row, checkpoint
+            stats = group.learn(traj)  # on the learner device (or on N learner ranks)
+            run.publish(batcher, group.state_dict())  # the weights, then the next segment
+            run.end_iteration(group.state_dict(), **stats)  # evaluation, row, checkpoint
     summary = run.summary
 
 The stop test and every output read ONE training return: the mean of the last
@@ -65,7 +63,7 @@ from rlstruct.envs.registry import (
 from rlstruct.envs.torch import make_torch_env
 from rlstruct.errors import CheckpointError, ConfigError
 from rlstruct.learners.base import LearnerGroupBase, OptimizerFactory
-from rlstruct.learners.torchrun import serve_rank, torchrun_rank
+from rlstruct.learners.torchrun import serve_rank, torchrun_rank, torchrun_world
 from rlstruct.runs.checkpoint import (
     agent_spec,
     load_checkpoint,
@@ -159,6 +157,12 @@ class Run:
         self._stack = contextlib.ExitStack()
         # One session per folder; a resume that fails before its first iteration puts the
         # folder back as it was (rlstruct/runs/lock.py).
+        world = torchrun_world()
+        #: How the run was launched, and its learner ranks (config.json, summary.json).
+        self.launch: dict[str, Any] = (
+            {"launcher": "torchrun", "world_size": world} if world > 1 else
+            {"launcher": "rlstruct", "world_size": cfg.layout.n_learners,
+             "learner_backend": cfg.layout.learner_backend})
         self._lock = FolderLock(cfg.resume) if cfg.resume is not None else None
         self._snapshot = FolderSnapshot(cfg.resume) if cfg.resume is not None else None
         try:
@@ -167,6 +171,7 @@ class Run:
                 window=cfg.target_window, code_dir=_code_dir(cfg),
                 resume_dir=cfg.resume, resume_frames=self.frames,
                 resume_wall_time=r.get("wall_time", 0.0), best_score=r.get("best_score"),
+                launch=self.launch,
             )
         except BaseException:
             if self._snapshot is not None and self._lock is not None:
@@ -575,6 +580,7 @@ class Run:
             "frames_to_solve": None if solved is None else solved[0],
             "time_to_solve": None if solved is None else solved[1],
             "resumes": self.n_resumes,
+            "launch": self.launch,
         }
 
 

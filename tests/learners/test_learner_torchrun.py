@@ -70,6 +70,10 @@ def test_torchrun_ppo_is_one_run_whose_two_ranks_learn_on_half_the_rows(tmp_path
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped_by"] == "max_frames" and summary["frames"] >= 4096
     assert (run_dir / "checkpoints" / "latest.pt").exists()
+    # The run records how it was launched and its world size, not n_learners' default of 1.
+    launch = {"launcher": "torchrun", "world_size": 2}
+    assert summary["launch"] == launch
+    assert json.loads((run_dir / "config.json").read_text())["launch"] == launch
 
 
 def _world(fault: str, tmp_path: Path, timeout: float = 90) -> tuple[list, float]:
