@@ -35,7 +35,8 @@ import numpy as np
 from rlstruct.errors import ConfigError
 from rlstruct.runs.folder import RunFolder, find_runs, is_run_dir, read_run
 
-__all__ = ["plot_runs", "run_curves", "select_runs", "RunSelection", "find_runs", "is_run_dir",
+__all__ = ["plot_runs", "runs_figure", "run_curves", "select_runs", "RunSelection", "find_runs",
+           "is_run_dir",
            "trial_curves", "trial_figure", "new_figure", "finish_figure"]
 
 #: Default width, in grid points, of the trial graph's moving average (``--ma-window``).
@@ -116,18 +117,22 @@ def new_figure(width: float = 9, height: float = 5) -> Any:
     return fig
 
 
-def finish_figure(fig: Any, out: str | Path, empty_text: str) -> Path:
+def finish_figure(fig: Any, out: str | Path, empty_text: str, outside: bool = False) -> Path:
     """Grid and legend on every axes (``empty_text`` on those with no line), then the PNG
-    ``out`` is written (parent folders are created); returns its path."""
+    ``out`` is written (parent folders are created); returns its path. ``outside``: each
+    legend to the right of its axes, where it covers no data (comparisons of many runs)."""
     for ax in fig.axes:
         ax.grid(alpha=0.3)
-        if ax.lines:
+        if ax.lines and outside:
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small",
+                      borderaxespad=0.0)
+        elif ax.lines:
             ax.legend(loc="best", fontsize="small")
         else:
             ax.text(0.5, 0.5, empty_text, ha="center", va="center", transform=ax.transAxes)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
+    fig.savefig(out, format="png", bbox_inches="tight" if outside else None)
     return out
 
 
@@ -135,8 +140,10 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path) -> Path:
     """Plot the returns of run directories (or folders of them) against frames into a PNG.
 
     Each run gets one colour (see the module docstring for its curves); the legend names runs by
-    directory name. Among several runs, those with nothing to draw are skipped and counted in
-    the title (:func:`select_runs`). Uses matplotlib's Agg canvas: no display, no pyplot state.
+    directory name. Runs of different envs are drawn on axes of their own, one per env (their
+    returns do not share a scale), and a comparison's legends stand beside the axes. Among
+    several runs, those with nothing to draw are skipped and counted in the title
+    (:func:`select_runs`). Uses matplotlib's Agg canvas: no display, no pyplot state.
 
     Args:
         run_dirs: run directories written by :class:`~rlstruct.runs.logger.RunLogger`, or folders
@@ -150,14 +157,24 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path) -> Path:
         FileNotFoundError: see :func:`find_runs`.
         ImportError: matplotlib is not installed (``pip install 'rlstruct[plot]'``).
     """
+    fig, single = runs_figure(run_dirs)
+    return finish_figure(fig, out, "no episodes recorded", outside=not single)
+
+
+def runs_figure(run_dirs: Sequence[str | Path]) -> tuple[Any, bool]:
+    """The figure of :func:`plot_runs`, not yet finished (legends) nor written, and whether it
+    draws a single run."""
     selection = select_runs(run_dirs)
-    fig = new_figure()
-    ax = fig.add_subplot()
+    envs = list(dict.fromkeys(str(run.config.get("env_id", "?")) for run in selection.drawn))
+    fig = new_figure(height=max(5.0, 3.5 * len(envs)))
+    axes = {env: fig.add_subplot(max(1, len(envs)), 1, i + 1) for i, env in enumerate(envs)}
+    ax = fig.add_subplot() if not envs else next(iter(axes.values()))
     from matplotlib import colormaps  # importable: new_figure checked it
 
     colours = colormaps["tab10"].colors
     single = len(selection.drawn) + len(selection.skipped) == 1
     for i, run in enumerate(selection.drawn):
+        ax = axes[str(run.config.get("env_id", "?"))]
         colour = colours[i % len(colours)]
         name = "" if single else f"{selection.label(run)} "
         curves = dict(selection.curves[run.path])
@@ -171,10 +188,12 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path) -> Path:
         if evals:
             ax.plot(*zip(*evals), color=colour, ls="--", marker="o", ms=4,
                     label=f"{name}eval_return")
-    ax.set_xlabel("frames")
-    ax.set_ylabel("return")
+    for env, env_ax in axes.items():
+        env_ax.set_xlabel("frames")
+        env_ax.set_ylabel(f"return ({env})" if len(axes) > 1 else "return")
+    ax = next(iter(axes.values()), ax)
     ax.set_title(selection.title)
-    return finish_figure(fig, out, "no episodes recorded")
+    return fig, single
 
 
 def run_curves(run: str | Path | RunFolder) -> dict[str, list[tuple[float, float]]]:
@@ -207,10 +226,11 @@ def trial_curves(
 
     Each session's ``train_return_mean<N>`` column (rows with a value) is interpolated
     linearly on ``points`` frames spanning the longest session (from the earliest first value
-    to the latest last one). At each frame the mean and the min-max band are taken over the
-    sessions *still running* there (between their first and last value): a session that
-    stopped earlier (solved, or out of budget) leaves the band, and ``n_running`` says how many
-    are left; where none runs the curves are nan. Runs without a value are left out.
+    to the latest last one). A session that stopped earlier (solved, or out of budget) keeps
+    its last value from there on: the mean and the min-max band are over every session that
+    has started, so the mean does not drop when the first (often the best) session stops;
+    ``n_running`` says how many sessions still run at each frame. Runs without a value are
+    left out.
 
     Args:
         run_dirs: the sessions' run folders.
@@ -243,14 +263,16 @@ def trial_curves(
                 "n_running": empty, "ends": empty, "n_sessions": np.array(0)}
     lo, hi = min(x[0] for x, _ in series), max(x[-1] for x, _ in series)
     grid = np.linspace(lo, hi, points) if hi > lo else np.array([lo])
-    values = np.stack([np.where((grid >= x[0]) & (grid <= x[-1]), np.interp(grid, x, y), np.nan)
+    # np.interp holds the last value past a session's end: a finished session keeps it.
+    values = np.stack([np.where(grid >= x[0], np.interp(grid, x, y), np.nan)
                        for x, y in series])
-    running = (~np.isnan(values)).sum(axis=0)
+    running = np.stack([(grid >= x[0]) & (grid <= x[-1]) for x, _ in series]).sum(axis=0)
+    started = (~np.isnan(values)).sum(axis=0)
     with np.errstate(invalid="ignore"):
         total = np.nansum(values, axis=0)
-        mean = np.where(running > 0, total / np.maximum(running, 1), np.nan)
-        low = np.where(running > 0, np.fmin.reduce(values, axis=0), np.nan)
-        high = np.where(running > 0, np.fmax.reduce(values, axis=0), np.nan)
+        mean = np.where(started > 0, total / np.maximum(started, 1), np.nan)
+        low = np.where(started > 0, np.fmin.reduce(values, axis=0), np.nan)
+        high = np.where(started > 0, np.fmax.reduce(values, axis=0), np.nan)
     has = ~np.isnan(mean)
     csum = np.concatenate([[0.0], np.cumsum(np.where(has, mean, 0.0))])
     ccount = np.concatenate([[0], np.cumsum(has)])
@@ -270,9 +292,9 @@ def trial_figure(
     """Draw a trial graph: mean train return vs frames across sessions, min-max band, and its
     moving average (SLM-Lab's trial graph and its ``_ma`` twin on one figure).
 
-    The frames axis spans the longest session; the band and the mean are over the sessions
-    still running (:func:`trial_curves`), and a dotted line marks where each shorter session
-    ended.
+    The frames axis spans the longest session; the band and the mean are over every session,
+    a finished one at its last value (:func:`trial_curves`), and a dotted line marks where each
+    shorter session ended.
 
     Args:
         run_dirs: the sessions' run folders.
@@ -289,7 +311,7 @@ def trial_figure(
     if n:
         x = curves["frames"]
         ax.fill_between(x, curves["min"], curves["max"], color="tab:blue", alpha=0.2,
-                        label=f"min-max of the sessions still running (of {n})")
+                        label=f"min-max of the {n} sessions (an ended one at its last value)")
         ax.plot(x, curves["mean"], color="tab:blue", lw=1.5, label="mean train return")
         ax.plot(x, curves["ma"], color="tab:orange", lw=2,
                 label=f"moving average ({ma_window} points)")

@@ -145,3 +145,26 @@ def test_the_title_counts_what_was_drawn(tmp_path):
     interrupted = write_run(runs, 4, 5.0)
     (interrupted / "summary.json").write_text('{"status": "interrupted"}')
     assert select_runs([runs]).title == "4 runs (1 interrupted)"
+
+
+def test_a_comparison_gives_each_env_its_axes_and_keeps_legends_off_the_data(tmp_path):
+    """Issue 27: compare.png put every env on one axis, and its legend covered the data."""
+    for env in ("CartPole-v1", "CartPole-v1", "Pendulum-v1"):
+        with RunLogger("ppo", env, {"env_id": env}, tmp_path / "runs", progress=False,
+                       tensorboard=False) as run:
+            for i in range(5):
+                run.record_episodes([float(i)], [i + 1], frames=(i + 1) * 10)
+                run.log(frames=(i + 1) * 10, eval_return=math.nan)
+    plot_runs([tmp_path / "runs"], tmp_path / "compare.png")
+    from rlstruct.runs.plotting import finish_figure, runs_figure
+
+    fig, single = runs_figure([tmp_path / "runs"])
+    assert not single and len(fig.axes) == 2  # one axes per env
+    assert [ax.get_ylabel() for ax in fig.axes] == ["return (CartPole-v1)", "return (Pendulum-v1)"]
+    assert [len(ax.lines) for ax in fig.axes] == [2, 1]
+    finish_figure(fig, tmp_path / "again.png", "nothing", outside=True)
+    fig.canvas.draw()
+    for ax in fig.axes:  # each legend stands right of its axes, over no data
+        legend = ax.get_legend().get_window_extent()
+        assert legend.x0 >= ax.get_window_extent().x1
+    assert (tmp_path / "compare.png").stat().st_size > 0

@@ -119,7 +119,7 @@ def write_run(folder: Path, rows: list[tuple[float, float]], target=None, window
     return folder
 
 
-def test_trial_curves_span_the_longest_session_over_the_sessions_still_running(tmp_path):
+def test_trial_curves_span_the_longest_session_and_an_ended_one_keeps_its_last_value(tmp_path):
     a = write_run(tmp_path / "a", [(0, 0.0), (100, 10.0), (200, 20.0)])
     b = write_run(tmp_path / "b", [(50, 5.0), (150, 35.0), (300, 50.0)])
     c = write_run(tmp_path / "c", [(0, math.nan), (100, math.nan)])  # no value: left out
@@ -129,9 +129,10 @@ def test_trial_curves_span_the_longest_session_over_the_sessions_still_running(t
     np.testing.assert_allclose(curves["frames"], [0, 75, 150, 225, 300])
     np.testing.assert_array_equal(curves["n_running"], [1, 2, 2, 1, 1])
     np.testing.assert_allclose(curves["ends"], [200, 300])
-    # 0: only a has started; 75 and 150: both; 225 and 300: a has stopped, b runs on.
-    np.testing.assert_allclose(curves["mean"], [0.0, (7.5 + 12.5) / 2, (15 + 35) / 2, 42.5, 50])
-    np.testing.assert_allclose(curves["min"], [0.0, 7.5, 15, 42.5, 50])
+    # 0: only a has started; 75 and 150: both; 225 and 300: a has stopped at 20, b runs on.
+    np.testing.assert_allclose(curves["mean"], [0.0, (7.5 + 12.5) / 2, (15 + 35) / 2,
+                                                (20 + 42.5) / 2, (20 + 50) / 2])
+    np.testing.assert_allclose(curves["min"], [0.0, 7.5, 15, 20, 20])
     np.testing.assert_allclose(curves["max"], [0.0, 12.5, 35, 42.5, 50])
     mean = curves["mean"]
     expected_ma = [mean[0], *[(mean[i - 1] + mean[i]) / 2 for i in range(1, 5)]]
@@ -145,14 +146,24 @@ def test_trial_curves_without_values(tmp_path):
     assert int(curves["n_sessions"]) == 0 and curves["frames"].size == 0
 
 
-def test_trial_curves_leave_a_gap_where_no_session_runs(tmp_path):
+def test_the_mean_does_not_drop_when_the_first_session_stops(tmp_path):
+    """Issue 27: the first seed solved and stopped, and the mean fell to the others' value."""
+    a = write_run(tmp_path / "a", [(0, 0.0), (100, 500.0)])  # solved at 100 frames
+    b = write_run(tmp_path / "b", [(0, 0.0), (100, 100.0), (200, 150.0)])
+    curves = trial_curves([a, b], points=3, ma_window=1)
+    np.testing.assert_allclose(curves["mean"], [0.0, 300.0, 325.0])
+    assert np.all(np.diff(curves["mean"]) >= 0)
+    np.testing.assert_array_equal(curves["n_running"], [2, 2, 1])
+
+
+def test_trial_curves_before_a_session_starts_and_after_one_ends(tmp_path):
     a = write_run(tmp_path / "a", [(0, 1.0), (100, 1.0)])
     b = write_run(tmp_path / "b", [(200, 3.0), (300, 3.0)])
     curves = trial_curves([a, b], points=3, ma_window=3)
     np.testing.assert_allclose(curves["frames"], [0, 150, 300])
-    np.testing.assert_allclose(curves["mean"], [1.0, math.nan, 3.0])
+    np.testing.assert_allclose(curves["mean"], [1.0, 1.0, 2.0])  # a ended at 1.0; b joins
     np.testing.assert_array_equal(curves["n_running"], [1, 0, 1])
-    np.testing.assert_allclose(curves["ma"], [1.0, math.nan, 2.0])  # the gap is skipped
+    np.testing.assert_allclose(curves["ma"], [1.0, 1.0, 4 / 3])
     with pytest.raises(ConfigError, match="ma_window >= 1"):
         trial_curves([a], ma_window=0)
 
