@@ -1,6 +1,6 @@
 """Running an algorithm the way a user does, and checking the run directory it writes.
 
-- :func:`run_algo`: ``python -m algos.<name> [args]`` in a subprocess started in a temporary
+- :func:`run_algo`: ``python -m rlstruct.algos.<name> [args]`` in a subprocess started in a temporary
   folder (the installed ``algos`` package must be found from anywhere, not from the checkout);
   returns the run directory it printed and its stdout.
 - :func:`check_run_dir`: asserts that a run directory holds parseable outputs that agree with
@@ -22,7 +22,7 @@ import torch
 
 
 def run_algo(name: str, args: list[str], cwd: Path, timeout: float = 150.0) -> tuple[Path, str]:
-    """Runs ``python -m algos.<name> *args`` in ``cwd``.
+    """Runs ``python -m rlstruct.algos.<name> *args`` in ``cwd``.
 
     Returns:
         ``(run_dir, stdout)``; fails the test with the output if the exit code is not 0.
