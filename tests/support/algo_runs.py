@@ -1,8 +1,7 @@
 """Running an algorithm the way a user does, and checking the run directory it writes.
 
 - :func:`run_algo`: ``python -m rlstruct.algos.<name> [args]`` in a subprocess started in a
-temporary
-  folder (the installed ``algos`` package must be found from anywhere, not from the checkout);
+  temporary folder (the installed package must be found from anywhere, not from the checkout);
   returns the run directory it printed and its stdout.
 - :func:`check_run_dir`: asserts that a run directory holds parseable outputs that agree with
   each other (config.json, progress.csv, episodes.csv, returns.png, checkpoints/latest.pt).
