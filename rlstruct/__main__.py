@@ -147,9 +147,9 @@ def train(argv: Sequence[str]) -> int:
                  description=COMMANDS["train"])
         _usage_error(f"{PROG} train", f"name an algorithm: one of {', '.join(ALGOS)}")
     module = importlib.import_module(f"rlstruct.algos.{argv[0]}")
-    from rlstruct.runs.resolve import parse
+    from rlstruct.runs.resolve import run_cli
 
-    module.main(parse(module.Config, args=argv[1:], prog=f"{PROG} train {argv[0]}"))
+    run_cli(module.main, module.Config, args=argv[1:], prog=f"{PROG} train {argv[0]}")
     return 0
 
 

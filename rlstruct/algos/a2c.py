@@ -41,7 +41,7 @@ from rlstruct.learn.nets import HeadActorCritic, linear
 from rlstruct.learn.optim import Optimizer, adam, gradient_step
 from rlstruct.learn.sampling import HeadSampler, greedy_info
 from rlstruct.replay import replay_agent, replay_agent_stateless
-from rlstruct.runs.resolve import parse
+from rlstruct.runs.resolve import run_cli
 from rlstruct.runs.run import Run, RunConfig
 
 
@@ -243,4 +243,4 @@ def main(cfg: Config) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(parse(Config, prog="python -m rlstruct.algos.a2c"))
+    run_cli(main, Config, prog="python -m rlstruct.algos.a2c")

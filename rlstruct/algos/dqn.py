@@ -34,7 +34,7 @@ from rlstruct import keys as K
 from rlstruct.envs import GymEnvInf
 from rlstruct.learn.optim import Optimizer, adam, gradient_step
 from rlstruct.learn.replay_buffer import ReplayBuffer, replay_memory_problems
-from rlstruct.runs.resolve import parse
+from rlstruct.runs.resolve import run_cli
 from rlstruct.runs.run import Run, RunConfig
 
 STORED_KEYS = (K.OBS_FRAME, K.STORED_ACTION, K.NEXT_FRAME, K.NEXT_REWARD, K.NEXT_TERMINATED,
@@ -251,4 +251,4 @@ def main(cfg: Config) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(parse(Config, prog="python -m rlstruct.algos.dqn"))
+    run_cli(main, Config, prog="python -m rlstruct.algos.dqn")

@@ -42,7 +42,7 @@ from rlstruct.learn.sampling import ActorAgent, greedy_info
 from rlstruct.learners.base import LearnerGroupBase
 from rlstruct.learners.thread import LatestWeights
 from rlstruct.runs.layout import LayoutConfig
-from rlstruct.runs.resolve import parse
+from rlstruct.runs.resolve import run_cli
 from rlstruct.runs.run import Run, RunConfig
 
 
@@ -179,4 +179,4 @@ def main(cfg: Config) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(parse(Config, prog="python -m rlstruct.algos.impala"))
+    run_cli(main, Config, prog="python -m rlstruct.algos.impala")

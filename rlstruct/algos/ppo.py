@@ -44,7 +44,7 @@ from rlstruct.learn.distributions import space_spec
 from rlstruct.learn.nets import CNNActorCritic, HeadActorCritic, head_actor_critic
 from rlstruct.learn.optim import Optimizer, adam, gradient_step
 from rlstruct.learn.sampling import PolicyAgent, greedy_info
-from rlstruct.runs.resolve import parse
+from rlstruct.runs.resolve import run_cli
 from rlstruct.runs.run import Run, RunConfig
 
 
@@ -230,4 +230,4 @@ def main(cfg: Config) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(parse(Config, prog="python -m rlstruct.algos.ppo"))
+    run_cli(main, Config, prog="python -m rlstruct.algos.ppo")

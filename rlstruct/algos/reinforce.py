@@ -32,7 +32,7 @@ from rlstruct.envs import GymEnv
 from rlstruct.learn.nets import mlp
 from rlstruct.learn.optim import adam, gradient_step
 from rlstruct.learn.sampling import CategoricalSampler, greedy_info
-from rlstruct.runs.resolve import parse
+from rlstruct.runs.resolve import run_cli
 from rlstruct.runs.run import Run, RunConfig
 
 
@@ -210,4 +210,4 @@ def main(cfg: Config) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(parse(Config, prog="python -m rlstruct.algos.reinforce"))
+    run_cli(main, Config, prog="python -m rlstruct.algos.reinforce")

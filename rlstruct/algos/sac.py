@@ -41,7 +41,7 @@ from rlstruct.learn.optim import adam, gradient_step
 from rlstruct.learn.replay_buffer import ReplayBuffer, replay_memory_problems
 from rlstruct.learn.sampling import HeadSampler, greedy_info
 from rlstruct.runs.layout import LayoutConfig
-from rlstruct.runs.resolve import parse
+from rlstruct.runs.resolve import run_cli
 from rlstruct.runs.run import Run, RunConfig
 
 SQUASHED = "squashed"  # the agent's tanh(u): the critics read actions in (-1, 1)
@@ -246,4 +246,4 @@ def main(cfg: Config) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(parse(Config, prog="python -m rlstruct.algos.sac"))
+    run_cli(main, Config, prog="python -m rlstruct.algos.sac")

@@ -55,7 +55,7 @@ from rlstruct.learn.nets import HeadActorCritic, head_actor_critic
 from rlstruct.learn.optim import adam, gradient_step
 from rlstruct.learn.sampling import PolicyAgent, greedy_info
 from rlstruct.learners.rank import RankContext
-from rlstruct.runs.resolve import parse
+from rlstruct.runs.resolve import run_cli
 from rlstruct.runs.run import Run, RunConfig
 
 
@@ -242,4 +242,4 @@ def main(cfg: Config) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main(parse(Config, prog="python -m rlstruct.algos.trpo"))
+    run_cli(main, Config, prog="python -m rlstruct.algos.trpo")

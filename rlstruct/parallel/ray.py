@@ -41,6 +41,31 @@ def require_ray(what: str) -> Any:
     return ray
 
 
+def connect_advice(address: str, err: BaseException) -> str:
+    """What to say when joining the Ray cluster at ``address`` failed with ``err``: the cause in
+    one line, and what to do about it.
+
+    Examples:
+        >>> advice = connect_advice("10.0.0.1:6379", RuntimeError("InvalidAuthToken: ..."))
+        >>> advice.startswith("cannot join the Ray cluster at 10.0.0.1:6379")
+        True
+        >>> "export RAY_AUTH_MODE=token" in advice
+        True
+    """
+    first = (str(err).strip().splitlines() or [""])[0][:300]
+    text = f"{type(err).__name__}: {first}"
+    if "auth" in text.lower() or "token" in text.lower():
+        todo = ("the cluster uses token authentication: export RAY_AUTH_MODE=token in the "
+                "driver's environment (and on every node that runs `ray start`), with the "
+                "cluster's token in ~/.ray/auth_token or RAY_AUTH_TOKEN; docs/guide-clusters.md")
+    else:
+        todo = ("check that `ray start --head` runs there and that this machine can reach it "
+                "(`ray status --address ADDRESS`), that both run the same Ray and Python "
+                "versions, or leave --ray-address out to start a local cluster; "
+                "docs/guide-clusters.md")
+    return f"cannot join the Ray cluster at {address} ({text}): {todo}"
+
+
 def _ray_constants() -> Any:
     """``ray._private.ray_constants``, where this Ray version has it."""
     with contextlib.suppress(ImportError):
@@ -49,7 +74,7 @@ def _ray_constants() -> Any:
         return ray_constants
     return None
 
-__all__ = ["RaySession", "LOCAL_ENV", "SESSION", "ray", "require_ray"]
+__all__ = ["RaySession", "LOCAL_ENV", "SESSION", "ray", "require_ray", "connect_advice"]
 
 #: Environment variables set while RayBatcher starts a local cluster: no usage statistics, and
 #: Ray's "local only" mode, in which every Ray process binds to the loopback address.
@@ -108,6 +133,10 @@ class RaySession:
             address: ``None`` (``RAY_ADDRESS``, else a local cluster), ``"local"``, or the
                 address of a running cluster; ignored when this process is connected already.
             num_cpus: the CPUs of a local cluster.
+
+        Raises:
+            ConfigError: the cluster at ``address`` cannot be joined (one message that says
+                what to do; see :func:`connect_advice`).
         """
         if self.ray.is_initialized():
             if self.users > 0:  # opened by another RayBatcher that is still alive
@@ -120,7 +149,10 @@ class RaySession:
         if address == "local":
             self._init_local(num_cpus)
         else:
-            self.ray.init(address=address)
+            try:
+                self.ray.init(address=address)
+            except Exception as err:  # connection refused, bad token, version mismatch...
+                raise ConfigError(connect_advice(address, err)) from None
         self.users, self.local = 1, address == "local"
         return True
 

@@ -28,13 +28,14 @@ import contextlib
 import datetime
 import fcntl
 import os
+import shutil
 import socket
 from pathlib import Path
 from typing import Any
 
 from rlstruct.errors import ConfigError
 
-__all__ = ["FolderLock", "FolderSnapshot", "LOCK_NAME"]
+__all__ = ["FolderLock", "FolderSnapshot", "FolderGuard", "LOCK_NAME"]
 
 #: The lock file's name inside a run folder.
 LOCK_NAME = ".lock"
@@ -102,3 +103,38 @@ class FolderSnapshot:
             path = self.folder / name
             if not path.is_file() or path.read_bytes() != data:
                 path.write_bytes(data)
+
+
+class FolderGuard:
+    """A run's hold on its folder: the lock, and what a run that fails before its first
+    iteration leaves behind. A resumed folder is put back byte for byte; a fresh folder whose
+    run was refused by a :class:`~rlstruct.errors.ConfigError` (a mistake of the user's, such
+    as a Ray cluster that cannot be joined) is removed, so a mistake leaves no folder.
+
+    Args:
+        resume: the folder being resumed (locked and snapshot now), or None for a fresh run
+            (:meth:`adopt` its folder once it exists).
+
+    Raises:
+        ConfigError: the resumed folder is held by another session.
+    """
+
+    def __init__(self, resume: str | os.PathLike | None) -> None:
+        self.folder = None if resume is None else Path(resume)
+        self.lock = None if resume is None else FolderLock(resume)
+        self.snapshot = None if resume is None else FolderSnapshot(resume)
+
+    def adopt(self, folder: str | os.PathLike) -> None:
+        """Locks the folder a fresh run just created (nothing to do on a resume)."""
+        if self.lock is None:
+            self.folder, self.lock = Path(folder), FolderLock(folder)
+
+    def close(self, failed_early: bool = False, user_error: bool = False) -> None:
+        """Releases the folder; ``failed_early``: the run failed before its first iteration
+        (``user_error``: with a ConfigError), see the class notes."""
+        if failed_early and self.snapshot is not None:
+            self.snapshot.restore()  # a refused resume leaves the run as it was
+        if self.lock is not None:
+            self.lock.release()
+        if failed_early and user_error and self.snapshot is None and self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,7 +37,7 @@ from rlstruct.runs.config import RESUMABLE, RunConfig
 from rlstruct.runs.layout_file import apply_layout
 from rlstruct.runs.logger import config_to_dict
 
-__all__ = ["resolve", "parse", "is_resolved", "algo_name"]
+__all__ = ["resolve", "parse", "run_cli", "is_resolved", "algo_name"]
 
 C = TypeVar("C", bound=RunConfig)
 
@@ -113,6 +113,25 @@ def parse(config_class: type[C], args: Sequence[str] | None = None,
     except ConfigError as err:
         name = prog or f"rlstruct train {algo_name(config_class)}"
         print(f"{name}: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def run_cli(main: Callable[[C], Any], config_class: type[C], args: Sequence[str] | None = None,
+            prog: str | None = None) -> Any:
+    """An algorithm's command line: :func:`parse`, then ``main(cfg)``. A ConfigError raised
+    while the run sets up (a Ray cluster that cannot be joined, a layout the algorithm cannot
+    run) is one message and exit code 2 as well; the run leaves no folder behind
+    (:class:`~rlstruct.runs.lock.FolderGuard`).
+
+    Returns:
+        What ``main`` returns (the run's summary).
+    """
+    cfg = parse(config_class, args, prog)
+    try:
+        return main(cfg)
+    except ConfigError as err:
+        print(f"{prog or 'rlstruct train ' + algo_name(config_class)}: error: {err}",
+              file=sys.stderr)
         raise SystemExit(2) from None
 
 

@@ -75,7 +75,7 @@ from rlstruct.runs.config import RunConfig
 from rlstruct.runs.episodes import EpisodeTracker
 from rlstruct.runs.evaluator import Evaluator
 from rlstruct.runs.layout import make_batcher
-from rlstruct.runs.lock import FolderLock, FolderSnapshot
+from rlstruct.runs.lock import FolderGuard
 from rlstruct.runs.logger import RunLogger, config_to_dict
 from rlstruct.runs.monitor import ResourceMonitor
 from rlstruct.runs.resolve import resolve
@@ -155,16 +155,15 @@ class Run:
         self._eval_agent: tuple[Any, dict[str, Any], DictTensor | None] | None = None
         self._training_batcher: Any = None
         self._stack = contextlib.ExitStack()
-        # One session per folder; a resume that fails before its first iteration puts the
-        # folder back as it was (rlstruct/runs/lock.py).
         world = torchrun_world()
         #: How the run was launched, and its learner ranks (config.json, summary.json).
         self.launch: dict[str, Any] = (
             {"launcher": "torchrun", "world_size": world} if world > 1 else
             {"launcher": "rlstruct", "world_size": cfg.layout.n_learners,
              "learner_backend": cfg.layout.learner_backend})
-        self._lock = FolderLock(cfg.resume) if cfg.resume is not None else None
-        self._snapshot = FolderSnapshot(cfg.resume) if cfg.resume is not None else None
+        # One session per folder; a run that fails before its first iteration leaves the
+        # folder as it was (rlstruct/runs/lock.py).
+        self._guard = FolderGuard(cfg.resume)
         try:
             self.logger = RunLogger(
                 algo, cfg.env_id, cfg, cfg.runs_dir, total_frames=cfg.max_frames,
@@ -174,11 +173,9 @@ class Run:
                 launch=self.launch,
             )
         except BaseException:
-            if self._snapshot is not None and self._lock is not None:
-                self._snapshot.restore()
-                self._lock.release()
+            self._guard.close(failed_early=True)
             raise
-        self._lock = self._lock or FolderLock(self.logger.dir)
+        self._guard.adopt(self.logger.dir)
         self._resumed_at = self.iteration
         #: Per iteration: seconds collecting/learning/waiting, cores busy, memory, GPU use.
         self.monitor = ResourceMonitor()
@@ -523,7 +520,8 @@ class Run:
         """Writes the last progress row and checkpoint (also on Ctrl-C and SIGTERM), closes the
         batchers, the evaluator and the logger (which plots), then sets and prints
         :attr:`summary` and writes it to ``summary.json``. Any other exception still leaves a
-        ``summary.json`` with status ``failed`` and the error."""
+        ``summary.json`` with status ``failed`` and the error, unless the run failed before its
+        first iteration (:class:`~rlstruct.runs.lock.FolderGuard`)."""
         finish = exc_type is None or issubclass(exc_type, KeyboardInterrupt)
         try:
             if finish:
@@ -543,10 +541,8 @@ class Run:
                     if self._old_sigterm is not None:
                         signal.signal(signal.SIGTERM, self._old_sigterm)
                     self._write_summary(finish, exc)
-                    if (not finish and self._snapshot is not None
-                            and self.iteration == self._resumed_at):
-                        self._snapshot.restore()  # a refused resume leaves the run as it was
-                    self._lock.release()
+                    self._guard.close(not finish and self.iteration == self._resumed_at,
+                                      isinstance(exc, ConfigError))
         if finish:
             print(_describe(self.algo, self.summary, self.logger.train_column))
             print(f"outputs in {self.logger.dir}", flush=True)

@@ -103,3 +103,34 @@ def test_a_command_line_mistake_exits_2_with_one_message_and_no_folder(args, mes
     assert message in done.stderr
     assert "Traceback" not in done.stderr and done.stderr.count("error:") == 1
     assert list(tmp_path.iterdir()) == []  # no runs/ folder
+
+
+@pytest.mark.slow
+def test_a_config_error_while_the_run_sets_up_exits_2_and_leaves_no_folder(tmp_path):
+    # REINFORCE collects synchronously: --pipeline 2 is refused when the training batcher is
+    # built (after the run folder exists); the folder goes, the message stays one line.
+    done = subprocess.run([sys.executable, "-m", "rlstruct", "train", "reinforce", "--pipeline",
+                           "2"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "rlstruct train reinforce: error:" in done.stderr and "--pipeline 2" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not any((tmp_path / "runs").iterdir()) if (tmp_path / "runs").exists() else True
+
+
+def test_a_ray_cluster_that_cannot_be_joined_is_one_message_that_says_what_to_do():
+    from rlstruct.parallel.ray import RaySession
+
+    class Unjoinable:
+        @staticmethod
+        def is_initialized():
+            return False
+
+        @staticmethod
+        def init(address):
+            raise ConnectionError("InvalidAuthToken: the token does not match")
+
+    with pytest.raises(ConfigError) as info:
+        RaySession(Unjoinable, lambda: None).acquire("10.1.2.3:6379", 1)
+    message = str(info.value)
+    assert message.startswith("cannot join the Ray cluster at 10.1.2.3:6379 (ConnectionError:")
+    assert "export RAY_AUTH_MODE=token" in message
