@@ -138,3 +138,5 @@ class FolderGuard:
             self.lock.release()
         if failed_early and user_error and self.snapshot is None and self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
+            with contextlib.suppress(OSError):  # the runs folder too, if that leaves it empty
+                self.folder.parent.rmdir()
