@@ -94,8 +94,8 @@ class TuneCommand:
     """
 
     algo: Annotated[str, tyro.conf.arg(metavar="MODULE:FUNCTION")]
-    """the algorithm's side: FUNCTION(**overrides) of MODULE returns the AlgoSetup to measure
-    (e.g. rlstruct.algos.tuning:ppo, also :a2c and :impala)"""
+    """the algorithm's side: FUNCTION of MODULE, called with the config overrides, returns the
+    AlgoSetup to measure (e.g. rlstruct.algos.tuning:ppo, also :a2c and :impala)"""
     env_id: str | None = None
     """gymnasium id (None: the algorithm's)"""
     hidden: int | None = None
