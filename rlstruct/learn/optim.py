@@ -15,8 +15,9 @@ Example:
 
 Every algorithm builds :func:`adam` (``torch.optim.Adam``, fused where the device allows it)
 and steps it with :func:`gradient_step`. A hand-written Adam over one flat buffer was measured
-against it on the real workloads (``benchmarks/optimizers.py``) and removed: slower on PPO's
-Nature CNN, and its gain on MLPs did not pay for the build-order coupling it brought.
+against it on the real workloads (``benchmarks/optimizers.py`` of commit e9b5192) and
+removed: slower on PPO's Nature CNN, and its gain on MLPs did not pay for the build-order
+coupling it brought.
 """
 
 from __future__ import annotations
