@@ -81,7 +81,7 @@ from rlstruct.runs.monitor import ResourceMonitor
 from rlstruct.runs.resolve import resolve
 from rlstruct.trajectories import Trajectories
 
-__all__ = ["Run", "Terminated", "env_dims", "env_shape", "env_spaces"]  # RunConfig: run_config.py
+__all__ = ["Run", "Terminated", "env_dims", "env_shape", "env_spaces"]  # RunConfig: config.py
 
 #: ``summary["status"]`` for each ``stopped_by``; an exception other than Ctrl-C is ``failed``.
 STATUS = {"target_return": "solved", "max_frames": "budget", "time_budget": "budget",
