@@ -58,7 +58,10 @@ only, and its values against the action space (range, and finiteness for ``Box``
 one vectorised reduction; a bad action raises :class:`ActionError` naming the first bad env
 (``exc.env_index``, its local index) before any env is stepped. On a GPU that range check reads
 one flag on the host per step; ``check_actions=False`` drops it (out-of-range actions are then
-clipped or mapped by the dynamics, never an error).
+clipped or mapped by the dynamics, never an error). Observations are checked after the dynamics
+(``check_obs``): a NaN or an infinity in a float observation, at a step or in a reset
+observation, raises :class:`ObservationError` naming the first bad env; one reduction per step,
+and on a GPU one more flag read on the host (``check_obs=False`` drops it).
 """
 
 from __future__ import annotations
