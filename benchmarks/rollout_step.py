@@ -5,7 +5,10 @@ sampling, under ``no_grad``, one torch thread), with 32 envs: one worker of thro
 ``Batcher(2 x GymEnvInf(32))``. The rlstruct row runs the batchers' acquisition loop
 (:class:`rlstruct.batchers.rollout.Rollout` over ``GymEnvInf(32)`` and a ``SlotBuffer``, segments
 of ``T`` steps) in this process; the reference rows run gymnasium's ``SyncVectorEnv`` with the
-same MLP, on 32 and on 64 envs (throughput.py's row 2).
+same MLP, on 32 and on 64 envs (throughput.py's row 2). A fourth row is the rlstruct row with
+``GymEnvInf(..., check_obs=False)``: the "observation check" line gives what the check of NaN and
+infinite observations costs per worker step (the difference of the medians, and the median of
+the per-rep paired differences and ratios).
 
 Method: CPU time (``time.process_time``) of whole segments, after two warm-up segments; the rows
 are interleaved, ``--reps`` times, and each figure is the median (min-max) over the reps, in µs
@@ -52,13 +55,14 @@ N_ENVS = 32  # one worker of throughput.py's Batcher(2 x GymEnvInf(32))
 class RolloutLoop:
     """The batchers' loop over ``GymEnvInf(32)`` in this process."""
 
-    label = "rlstruct Rollout(GymEnvInf(32)) + MLP"
     n = N_ENVS
 
-    def __init__(self, n_timesteps: int) -> None:
+    def __init__(self, n_timesteps: int, check_obs: bool = True) -> None:
         self.T = n_timesteps
+        self.label = "rlstruct Rollout(GymEnvInf(32)) + MLP" + (
+            "" if check_obs else ", check_obs=False")
         torch.manual_seed(0)
-        self.env = GymEnvInf(ENV_ID, n_envs=self.n, seed=0)
+        self.env = GymEnvInf(ENV_ID, n_envs=self.n, seed=0, check_obs=check_obs)
         self.agent = MLPAgent()
         empty = DictTensor(batch_size=self.n, device="cpu")
         step_specs, info_specs = infer_specs(self.env, self.agent, empty, empty)
@@ -160,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     reps = args.reps or (2 if args.quick else 7)
     segments = args.segments or (2 if args.quick else 20)
     _common.pin_threads(1)
-    loops = [RolloutLoop(args.T), GymLoop(args.T, N_ENVS), GymLoop(args.T, 2 * N_ENVS)]
+    loops = [RolloutLoop(args.T), GymLoop(args.T, N_ENVS), GymLoop(args.T, 2 * N_ENVS),
+             RolloutLoop(args.T, check_obs=False)]
     for loop in loops:
         for _ in range(2):
             loop.segment()
@@ -182,6 +187,18 @@ def main(argv: list[str] | None = None) -> int:
                      "us_per_transition": s["median"] / loop.n})
         print(f"{loop.label:<42} {s['median']:>9.1f} ({s['min']:.1f}-{s['max']:.1f})".ljust(70)
               + f"{s['median'] / loop.n:>17.2f}")
+    on, off = samples[loops[0].label], samples[loops[3].label]
+    paired = [a - b for a, b in zip(on, off)]
+    check = {
+        "us_per_step": _common.summarize(on)["median"] - _common.summarize(off)["median"],
+        "paired_us": _common.summarize(paired),
+        "paired_ratio": _common.summarize([a / b for a, b in zip(on, off)]),
+    }
+    print(f"observation check (check_obs=True - False): {check['us_per_step']:+.1f} us per vector "
+          f"step ({check['us_per_step'] / _common.summarize(off)['median']:+.1%} of the step); "
+          f"paired per rep: {check['paired_us']['median']:+.1f} us "
+          f"({check['paired_us']['min']:+.1f} to {check['paired_us']['max']:+.1f}), ratio "
+          f"{check['paired_ratio']['median']:.3f}")
     print("rlstruct step, split (wall us per vector step, timers around the parts):")
     for k, v in parts.items():
         print(f"  {k:<24} {v:7.1f}")
@@ -189,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump({"benchmark": "rollout_step", "T": args.T, "reps": reps,
                        "segments": segments, "environment": env, "rows": rows,
-                       "split_us": parts}, f, indent=2)
+                       "check_obs_cost": check, "split_us": parts}, f, indent=2)
         print(f"wrote {args.json}")
     return 0
 
