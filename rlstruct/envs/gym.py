@@ -66,7 +66,13 @@ from rlstruct.envs.spaces import (
 )
 from rlstruct.envs.step_checks import AnswerChecker, check_observations, check_step
 from rlstruct.envs.unwrap import stepper
-from rlstruct.errors import BatcherStateError, ConfigError, RLStructError, SpaceError
+from rlstruct.errors import (
+    BatcherStateError,
+    ConfigError,
+    ObservationError,
+    RLStructError,
+    SpaceError,
+)
 
 __all__ = ["GymEnv", "GymEnvInf", "EnvFactory"]
 
@@ -224,6 +230,7 @@ class _GymVecEnv(VecEnv):
         self._running = None
         for k in range(self._n):
             self._reset_env(k)
+        self._check_reset_obs()
         obs = {key: a.copy() for key, a in self._reset_buf.items()}
         self._running = np.arange(self._n)
         return _dicttensor(obs, self._n), torch.from_numpy(self._arange.copy())
@@ -360,15 +367,26 @@ class _GymVecEnv(VecEnv):
                 self._reset_leaves[0][k] = obs  # what write_leaves accepts without a look
             else:
                 write_leaves(obs, self._leaves, self._reset_leaves, k, self._offset + k)
-            if self._obs_checked:
-                rows = [x[k : k + 1] for x in self._reset_leaves]
-                check_observations(rows, self._obs_checked, [k], self._offset, self._t, True)
             if self._info_keys:
                 self._write_info(info, k, k, self._reset_info)
         except BaseException as e:
             self._fail(e, k, "reset")
             raise
         self._t[k] = 0
+
+    def _check_reset_obs(self) -> None:
+        """``check_obs``: raises ObservationError for a reset observation holding NaN or an
+        infinity. The whole reset staging is checked in one pass per float key (row k holds env
+        k's last reset observation; the rows not reset since were checked then)."""
+        if self._obs_checked:
+            try:
+                check_observations(
+                    self._reset_leaves, self._obs_checked, self._arange, self._offset, self._t,
+                    reset=True,
+                )
+            except ObservationError:
+                self._running = None
+                raise
 
     def _write_info(
         self, info: Mapping[str, Any], j: int, k: int, arrays: list[np.ndarray]
@@ -569,6 +587,7 @@ class GymEnvInf(_GymVecEnv):
             ended = done.nonzero()[0]
             for k in ended.tolist():
                 self._reset_env(k)
+            self._check_reset_obs()
             nxt = self._next_obs(t1, ended)
             nxt_dt = _dicttensor(nxt, n)
         else:
