@@ -6,8 +6,11 @@ envs' answers after, each error naming its env.
 and :func:`action_rows` are the parts it shares with the torch-native envs. An
 :class:`AnswerChecker` checks what gymnasium envs return: five values per ``step``, observation
 frames exactly in their space's dtype (numpy would promote silently), and rewards that are real
-scalar numbers (the rules are in :mod:`rlstruct.envs.gym`). Errors about one env carry
-``exc.env_index``, its LOCAL index; messages name it by its global index (``offset + k``).
+scalar numbers (the rules are in :mod:`rlstruct.envs.gym`). :func:`check_observations` refuses
+float observations holding NaN or an infinity (``check_obs``, GymEnv's and EnvPoolEnv's) and
+:func:`observation_error` builds the :class:`~rlstruct.errors.ObservationError` every VecEnv
+raises for them. Errors about one env carry ``exc.env_index``, its LOCAL index; messages name it
+by its global index (``offset + k``).
 """
 
 from __future__ import annotations
