@@ -5,7 +5,14 @@ sampling, under ``no_grad``, one torch thread), with 32 envs: one worker of thro
 ``Batcher(2 x GymEnvInf(32))``. The rlstruct row runs the batchers' acquisition loop
 (:class:`rlstruct.batchers.rollout.Rollout` over ``GymEnvInf(32)`` and a ``SlotBuffer``, segments
 of ``T`` steps) in this process; the reference rows run gymnasium's ``SyncVectorEnv`` with the
-same MLP, on 32 and on 64 envs (throughput.py's row 2).
+same MLP, on 32 and on 64 envs (throughput.py's row 2). A fourth row is the rlstruct row with
+``GymEnvInf(..., check_obs=False)``: the "observation check" line gives what the check of NaN and
+infinite observations costs per worker step (the difference of the medians, and the median of
+the per-rep paired differences and ratios). On a busy machine that difference drowns in the
+noise, so a last pass times ``GymEnvInf(32).step`` alone with the check on and off, in
+``--blocks`` interleaved blocks of 64 steps (random actions, so about 1.5 episodes end per
+step), and reports the minimum, 10th percentile and median per step of each: the minimum is what
+neighbours disturb least.
 
 Method: CPU time (``time.process_time``) of whole segments, after two warm-up segments; the rows
 are interleaved, ``--reps`` times, and each figure is the median (min-max) over the reps, in µs
@@ -30,6 +37,7 @@ os.environ["MKL_NUM_THREADS"] = "1"
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from collections import Counter
@@ -52,13 +60,14 @@ N_ENVS = 32  # one worker of throughput.py's Batcher(2 x GymEnvInf(32))
 class RolloutLoop:
     """The batchers' loop over ``GymEnvInf(32)`` in this process."""
 
-    label = "rlstruct Rollout(GymEnvInf(32)) + MLP"
     n = N_ENVS
 
-    def __init__(self, n_timesteps: int) -> None:
+    def __init__(self, n_timesteps: int, check_obs: bool = True) -> None:
         self.T = n_timesteps
+        self.label = "rlstruct Rollout(GymEnvInf(32)) + MLP" + (
+            "" if check_obs else ", check_obs=False")
         torch.manual_seed(0)
-        self.env = GymEnvInf(ENV_ID, n_envs=self.n, seed=0)
+        self.env = GymEnvInf(ENV_ID, n_envs=self.n, seed=0, check_obs=check_obs)
         self.agent = MLPAgent()
         empty = DictTensor(batch_size=self.n, device="cpu")
         step_specs, info_specs = infer_specs(self.env, self.agent, empty, empty)
@@ -94,6 +103,31 @@ def cpu_us_per_step(loop: Any, segments: int) -> float:
     for _ in range(segments):
         loop.segment()
     return (time.process_time() - t0) / (segments * loop.T) * 1e6
+
+
+def env_step_check_cost(blocks: int) -> dict[str, dict[str, float]]:
+    """Wall µs per ``GymEnvInf(32).step`` with ``check_obs`` on and off: ``blocks`` interleaved
+    blocks of 64 steps each; ``{"on"|"off": {"min", "p10", "median"}}``."""
+    gen = torch.Generator().manual_seed(0)
+    actions = [DictTensor({"action": torch.randint(0, 2, (N_ENVS,), generator=gen)})
+               for _ in range(64)]
+    envs = {k: GymEnvInf(ENV_ID, n_envs=N_ENVS, seed=0, check_obs=k == "on")
+            for k in ("on", "off")}
+    times: dict[str, list[float]] = {k: [] for k in envs}
+    for env in envs.values():
+        env.reset()
+    for b in range(blocks):
+        for key in ("on", "off") if b % 2 else ("off", "on"):
+            env = envs[key]
+            t0 = time.perf_counter()
+            for a in actions:
+                env.step(a)
+            times[key].append((time.perf_counter() - t0) / len(actions) * 1e6)
+    out = {}
+    for key, v in times.items():
+        v.sort()
+        out[key] = {"min": v[0], "p10": v[len(v) // 10], "median": statistics.median(v)}
+    return out
 
 
 def _timed(obj: Any, name: str, label: str, acc: Counter) -> Callable[[], None]:
@@ -155,12 +189,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=None, help="interleaved reps (default 7)")
     parser.add_argument("--segments", type=int, default=None, help="segments per rep (20)")
     parser.add_argument("-T", dest="T", type=int, default=64, help="steps per segment (64)")
+    parser.add_argument("--blocks", type=int, default=None,
+                        help="blocks of the env.step check_obs pass (default 200, quick 4)")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON to PATH")
     args = parser.parse_args(argv)
     reps = args.reps or (2 if args.quick else 7)
     segments = args.segments or (2 if args.quick else 20)
     _common.pin_threads(1)
-    loops = [RolloutLoop(args.T), GymLoop(args.T, N_ENVS), GymLoop(args.T, 2 * N_ENVS)]
+    loops = [RolloutLoop(args.T), GymLoop(args.T, N_ENVS), GymLoop(args.T, 2 * N_ENVS),
+             RolloutLoop(args.T, check_obs=False)]
     for loop in loops:
         for _ in range(2):
             loop.segment()
@@ -182,6 +219,25 @@ def main(argv: list[str] | None = None) -> int:
                      "us_per_transition": s["median"] / loop.n})
         print(f"{loop.label:<42} {s['median']:>9.1f} ({s['min']:.1f}-{s['max']:.1f})".ljust(70)
               + f"{s['median'] / loop.n:>17.2f}")
+    on, off = samples[loops[0].label], samples[loops[3].label]
+    paired = [a - b for a, b in zip(on, off)]
+    check = {
+        "us_per_step": _common.summarize(on)["median"] - _common.summarize(off)["median"],
+        "paired_us": _common.summarize(paired),
+        "paired_ratio": _common.summarize([a / b for a, b in zip(on, off)]),
+    }
+    print(f"observation check (check_obs=True - False): {check['us_per_step']:+.1f} us per vector "
+          f"step ({check['us_per_step'] / _common.summarize(off)['median']:+.1%} of the step); "
+          f"paired per rep: {check['paired_us']['median']:+.1f} us "
+          f"({check['paired_us']['min']:+.1f} to {check['paired_us']['max']:+.1f}), ratio "
+          f"{check['paired_ratio']['median']:.3f}")
+    alone = env_step_check_cost(args.blocks or (4 if args.quick else 200))
+    on_, off_ = alone["on"], alone["off"]
+    check["env_step_alone_us"] = alone
+    print(f"GymEnvInf(32).step alone, check_obs on / off (wall us per step): min "
+          f"{on_['min']:.1f} / {off_['min']:.1f} ({on_['min'] - off_['min']:+.1f}), p10 "
+          f"{on_['p10']:.1f} / {off_['p10']:.1f}, median {on_['median']:.1f} / "
+          f"{off_['median']:.1f}")
     print("rlstruct step, split (wall us per vector step, timers around the parts):")
     for k, v in parts.items():
         print(f"  {k:<24} {v:7.1f}")
@@ -189,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump({"benchmark": "rollout_step", "T": args.T, "reps": reps,
                        "segments": segments, "environment": env, "rows": rows,
-                       "split_us": parts}, f, indent=2)
+                       "check_obs_cost": check, "split_us": parts}, f, indent=2)
         print(f"wrote {args.json}")
     return 0
 

@@ -20,6 +20,9 @@ Rows (all measured in the same run):
    (the row says "not installed" without torchrl);
 5. rlstruct ``SerialBatcher`` over ``GymEnvInf(64)``;
 6. rlstruct ``Batcher``, 2 processes x ``GymEnvInf(32)``;
+5b, 6b. rows 5 and 6 with ``GymEnvInf(..., check_obs=False)``: without the check that refuses
+   NaN and infinite observations at every step (``ObservationError``); the "observation check
+   cost" lines give the ratio of rows 5 and 6 to them (the check's cost: 1 - ratio);
 7. rlstruct ``Batcher`` start-up time (2 workers) and buffer bytes per transition.
 
 Method: every setup lives in its own *runner* process (this script with ``--runner``), so that
@@ -109,7 +112,16 @@ ROWS: dict[str, tuple[int, str]] = {
     "torchrl": (4, "TorchRL MultiSyncCollector(2 x SerialEnv(32))"),
     "rl_serial": (5, "rlstruct SerialBatcher(GymEnvInf(64))"),
     "rl_batcher": (6, "rlstruct Batcher(2 procs x GymEnvInf(32))"),
+    "rl_serial_nocheck": ("5b", "  row 5 with check_obs=False"),
+    "rl_batcher_nocheck": ("6b", "  row 6 with check_obs=False"),
 }
+
+#: (with the observation check, without it): the check's cost is 1 - the ratio of medians.
+CHECK_COSTS: list[tuple[str, str]] = [
+    ("rl_serial", "rl_serial_nocheck"),
+    ("rl_batcher", "rl_batcher_nocheck"),
+]
+MAX_CHECK_COST = 0.02  # what "negligible" means here: at most 2% of the steps/s
 
 
 # ------------------------------------------------------------------------------ the policy
@@ -316,21 +328,23 @@ class TorchRLMultiSync:
         self.collector.shutdown()
 
 
-def _batcher(cfg: dict) -> Batcher:
+def _batcher(cfg: dict, check_obs: bool = True) -> Batcher:
     return Batcher(
         n_timesteps=cfg["T"], create_agent=MLPAgent, agent_args={}, create_env=GymEnvInf,
-        env_args={"env": ENV_ID, "n_envs": N_ENVS // N_PROCS}, n_processes=N_PROCS, seeds=0,
-        n_threads=1,
+        env_args={"env": ENV_ID, "n_envs": N_ENVS // N_PROCS, "check_obs": check_obs},
+        n_processes=N_PROCS, seeds=0, n_threads=1,
     )
 
 
 class RLSerial:
     """Row 5: ``SerialBatcher`` over ``GymEnvInf(64)``."""
 
+    check_obs = True  # GymEnvInf's check of NaN and infinite observations (row 5b: off)
+
     def __init__(self, cfg: dict) -> None:
         self.b = SerialBatcher(
             n_timesteps=cfg["T"], create_agent=MLPAgent, agent_args={}, create_env=GymEnvInf,
-            env_args={"env": ENV_ID, "n_envs": N_ENVS}, seeds=0,
+            env_args={"env": ENV_ID, "n_envs": N_ENVS, "check_obs": self.check_obs}, seeds=0,
         )
         self.b.reset()
         self.info = {"bytes_per_transition": self.b.buffer.bytes_per_transition()}
@@ -349,7 +363,7 @@ class RLBatcher(RLSerial):
 
     def __init__(self, cfg: dict) -> None:
         self.cfg = cfg
-        self.b = _batcher(cfg)
+        self.b = _batcher(cfg, self.check_obs)
         self.b.reset()
         self.info = {
             "bytes_per_transition": self.b.buffer.bytes_per_transition(),
@@ -373,6 +387,18 @@ class RLBatcher(RLSerial):
                 "first_batch_s": t2 - t1, "close_s": t3 - t2}
 
 
+class RLSerialNoCheck(RLSerial):
+    """Row 5b: row 5 without the observation check."""
+
+    check_obs = False
+
+
+class RLBatcherNoCheck(RLBatcher):
+    """Row 6b: row 6 without the observation check."""
+
+    check_obs = False
+
+
 SETUPS: dict[str, Callable[[dict], Any]] = {
     "raw": RawLoop,
     "gym_sync": GymSync,
@@ -380,6 +406,8 @@ SETUPS: dict[str, Callable[[dict], Any]] = {
     "torchrl": TorchRLMultiSync,
     "rl_serial": RLSerial,
     "rl_batcher": RLBatcher,
+    "rl_serial_nocheck": RLSerialNoCheck,
+    "rl_batcher_nocheck": RLBatcherNoCheck,
 }
 
 
@@ -712,6 +740,19 @@ def run(quick: bool, reps: int | None, min_time: float | None, n_timesteps: int 
         else:
             t["verdict"] = f"n/a ({b['status'] if 'steps_per_s' in a else a['status']})"
         targets.append(t)
+    check_costs = []
+    for with_key, without_key in CHECK_COSTS:
+        a, b = rows[with_key], rows[without_key]
+        c = {"name": f"{with_key} / {without_key}", "with": with_key, "without": without_key,
+             "ratio": None, "paired_min": None, "paired_max": None, "cost": None,
+             "max_cost": MAX_CHECK_COST, "verdict": "n/a"}
+        if "steps_per_s" in a and "steps_per_s" in b:
+            c["ratio"] = a["steps_per_s"]["median"] / b["steps_per_s"]["median"]
+            paired = [x / y for x, y in zip(a["steps_per_s_reps"], b["steps_per_s_reps"])]
+            c["paired_min"], c["paired_max"] = min(paired), max(paired)
+            c["cost"] = 1 - c["ratio"]
+            c["verdict"] = "negligible" if c["cost"] <= MAX_CHECK_COST else "above the bar"
+        check_costs.append(c)
     if "rl_batcher" in runner_of and "construct_s" in rows["rl_batcher"]:
         # The runner's first construction (constructor + reset) is the program's first Batcher.
         first = rows["rl_batcher"]["construct_s"]
@@ -739,6 +780,7 @@ def run(quick: bool, reps: int | None, min_time: float | None, n_timesteps: int 
         "rows": [rows[k] for k in SETUPS],
         "startup": startup,
         "targets": targets,
+        "check_costs": check_costs,
         "phases_s": phases,
     }
 
@@ -819,6 +861,15 @@ def print_table(result: dict) -> None:
     verdicts += [st["first_verdict"]] if "first_s" in st else []
     print(f"{verdicts.count('PASS')} PASS, {verdicts.count('MISS')} MISS, "
           f"{len(verdicts) - verdicts.count('PASS') - verdicts.count('MISS')} n/a")
+    print(f"observation check cost (check_obs=True vs False; ratio of median steps/s, paired = "
+          f"range of the per-rep ratios; negligible: cost <= {MAX_CHECK_COST:.0%}):")
+    for c in result.get("check_costs", []):
+        name = f"#{rows[c['with']]['row']} / #{rows[c['without']]['row']}"
+        if c["ratio"] is None:
+            print(f"  {name:<9} {'':>24} {c['verdict']}")
+        else:
+            print(f"  {name:<9} {c['ratio']:>7.3f} (paired {c['paired_min']:.3f}-"
+                  f"{c['paired_max']:.3f}) cost {c['cost']:+.1%} {c['verdict']}")
 
 
 def run_pipeline_section(timeout_s: float = PIPELINE_TIMEOUT_S) -> dict:

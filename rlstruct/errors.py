@@ -7,6 +7,8 @@ Messages name the culprit (key, worker, env, device) and say what was expected.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "RLStructError",
     "ShapeError",
@@ -15,6 +17,7 @@ __all__ = [
     "SpaceError",
     "ActionError",
     "RewardError",
+    "ObservationError",
     "ConfigError",
     "NonFiniteError",
     "CheckpointError",
@@ -82,6 +85,55 @@ class RewardError(RLStructError, TypeError):
     Attributes:
         env_index: the LOCAL index of the env in its VecEnv (batchers report the global one).
     """
+
+
+class ObservationError(RLStructError, ValueError):
+    """An env returned a float observation holding NaN or an infinity (at a step or in a reset
+    observation); the VecEnv refuses it before any agent acts on it.
+
+    The message names the env by its GLOBAL index, the observation key and the ``env_step``
+    (``env 5: observation key 'frame' holds nan at env_step 3 ...``); through a ``Batcher`` the
+    :class:`WorkerError` that carries it adds the worker and the segment's step.
+
+    Attributes:
+        env_index: the LOCAL index of the env in its VecEnv (batchers report the global one).
+        env: the GLOBAL index of the env (over every worker of a batcher).
+        key: the observation key (``"frame"``, or a Dict/Tuple leaf's key such as ``"pos"``).
+        env_step: the env's ``env_step`` (0 for a reset observation).
+        value: the first non-finite value found (``nan``, ``inf`` or ``-inf``).
+        worker: the worker (``Batcher``) or ``0`` (``SerialBatcher``) whose loop stepped the
+            env; None outside a batcher.
+        step: the time step within the segment; None outside a batcher.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        env_index: int,
+        env: int,
+        key: str,
+        env_step: int,
+        value: float,
+    ) -> None:
+        super().__init__(message)
+        self.env_index = env_index
+        self.env = env
+        self.key = key
+        self.env_step = env_step
+        self.value = value
+        self.worker: int | None = None
+        self.step: int | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable despite keyword-only arguments
+        return (_observation_error, (self.args, self.__dict__))
+
+
+def _observation_error(args: tuple[Any, ...], state: dict[str, Any]) -> ObservationError:
+    err = ObservationError.__new__(ObservationError, *args)
+    err.args = args
+    err.__dict__.update(state)
+    return err
 
 
 class ConfigError(RLStructError, ValueError):

@@ -127,7 +127,9 @@ class WorkerCore:
         seed_global_rngs(spec.build_seed, device)
         try:
             create_env, env_args, create_agent, agent_args = cloudpickle.loads(spec.factories)
-            self.env = make_env_on(create_env, env_args, spec.env_seed, device)
+            self.env = make_env_on(
+                create_env, env_args, spec.env_seed, device, env_id_offset=spec.offset
+            )
         except Exception as e:
             _mark(e, "env factory")
             raise

@@ -24,7 +24,13 @@ from rlstruct.agent import Agent
 from rlstruct.batchers.buffer import SlotBuffer, Specs
 from rlstruct.dicttensor import DictTensor, _same_device
 from rlstruct.envs.base import VecEnv
-from rlstruct.errors import BatcherStateError, DeviceContractError, KeyMismatchError, ShapeError
+from rlstruct.errors import (
+    BatcherStateError,
+    DeviceContractError,
+    KeyMismatchError,
+    ObservationError,
+    ShapeError,
+)
 
 __all__ = ["Rollout", "infer_specs", "StepContext"]
 
@@ -48,6 +54,12 @@ def _add_note(exc: BaseException, note: str) -> None:
 def _annotate(exc: BaseException, phase: str, step: int | None, env: int | None) -> None:
     if getattr(exc, "rlstruct_context", None) is None:
         exc.rlstruct_context = StepContext(phase, step, env)  # type: ignore[attr-defined]
+
+
+def _locate_observation(exc: BaseException, worker: int, step: int | None) -> None:
+    """Fills in the worker and the segment's step of an :class:`ObservationError`."""
+    if isinstance(exc, ObservationError) and exc.worker is None:
+        exc.worker, exc.step = worker, step
 
 
 def _agent_name(agent: Agent) -> str:
@@ -249,6 +261,7 @@ class Rollout:
         except Exception as e:
             env = getattr(e, "env_index", None)
             _annotate(e, "env reset", None, None if env is None else env + self.first_env)
+            _locate_observation(e, self.worker, None)
             raise
         self._obs = obs
         self._running = running.to(self.buffer.lengths.device)
@@ -319,6 +332,7 @@ class Rollout:
                 except Exception as e:
                     env = getattr(e, "env_index", None)
                     _annotate(e, "env step", t, None if env is None else env + self.first_env)
+                    _locate_observation(e, self.worker, t)
                     raise
                 try:
                     buffer.write_steps((obs, action, obs_t1), rows, n_run, t, where)

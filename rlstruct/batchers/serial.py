@@ -31,14 +31,35 @@ __all__ = ["SerialBatcher", "make_env_on"]
 
 
 def make_env_on(
-    create_env: Callable[..., VecEnv], env_args: Mapping[str, Any], seed: int, device: torch.device
+    create_env: Callable[..., VecEnv],
+    env_args: Mapping[str, Any],
+    seed: int,
+    device: torch.device,
+    env_id_offset: int = 0,
 ) -> VecEnv:
     """Builds the VecEnv and, when it lives on another device than ``device`` (its ``device``:
     the CPU for gymnasium envs), wraps it in a DeviceEnv. A torch-native env built on the
-    batcher's device is used as it is: no copy to or from the host."""
+    batcher's device is used as it is: no copy to or from the host.
+
+    Args:
+        create_env: ``create_env(**env_args, seed=seed) -> VecEnv``.
+        env_args: its keyword arguments.
+        seed: the seed of env 0.
+        device: the batcher's device.
+        env_id_offset: the GLOBAL index of env 0 (worker ``w`` of ``n`` envs each: ``w * n``),
+            given to the env with :meth:`VecEnv.set_env_id_offset` so that its error messages
+            name global env indices, whatever ``create_env`` passed.
+
+    Returns:
+        The VecEnv, on ``device``.
+
+    Raises:
+        ConfigError: ``create_env`` returned something else than a VecEnv.
+    """
     env = create_env(**env_args, seed=seed)
     if not isinstance(env, VecEnv):
         raise ConfigError(f"create_env returned a {type(env).__name__}, expected a VecEnv")
+    env.set_env_id_offset(env_id_offset)
     from rlstruct.envs.device import DeviceEnv
 
     if not isinstance(env, DeviceEnv) and not _same_device(env.device, device):

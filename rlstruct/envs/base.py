@@ -17,7 +17,12 @@
   ``initial_state`` (bool), ``last_action``, ``env_step`` (int64). The same keys, shapes and dtypes
   appear at reset and at every step.
 - An exception raised by env ``k`` (local index) during ``step`` or ``reset`` carries
-  ``exc.env_index = k``; batchers add their offset to report the GLOBAL env index.
+  ``exc.env_index = k``; batchers add their offset to report the GLOBAL env index. Its message
+  names the env by its global index: ``offset + k``, where a batcher sets ``offset`` with
+  ``set_env_id_offset`` right after ``create_env`` (worker ``w`` of ``n`` envs each: ``w * n``).
+- A float observation holding NaN or an infinity raises :class:`~rlstruct.errors.ObservationError`
+  in the ``step`` or ``reset`` that produced it, before any agent sees it (``check_obs=True``, the
+  default of rlstruct's VecEnvs).
 - ``n_envs()`` has no side effect; ``close()`` releases the envs; ``action_space`` and
   ``observation_space`` are the single-env gymnasium spaces.
 """
@@ -62,6 +67,16 @@ class VecEnv(ABC):
         ``DeviceEnv``: its ``to_device``). Batchers wrap an env in a ``DeviceEnv`` only when
         this is not their device."""
         return torch.device("cpu")
+
+    def set_env_id_offset(self, offset: int) -> None:  # noqa: B027 - optional hook
+        """Tells the VecEnv the GLOBAL index of its env 0, which its error messages name (env
+        ``k`` is ``offset + k``). Batchers call it right after ``create_env`` with the worker's
+        first global env index, so that messages agree with ``WorkerError.env``; the default
+        does nothing (a VecEnv without such messages need not override it).
+
+        Args:
+            offset: the global index of env 0 (>= 0).
+        """
 
     def close(self) -> None:  # noqa: B027 - envs without resources need not override
         """Releases the envs."""

@@ -101,6 +101,14 @@ class DeviceEnv(VecEnv):
         up_next = DictTensor._trusted(nxt, obs_next.batch_size, up_t1.device())
         return (up_t1, up_was), (up_next, running.to(dev, non_blocking=nb))
 
+    def set_env_id_offset(self, offset: int) -> None:
+        """Passes the global index of env 0 on to the wrapped env (its error messages).
+
+        Args:
+            offset: the global index of env 0.
+        """
+        self.env.set_env_id_offset(offset)
+
     def close(self) -> None:
         """Closes the wrapped env."""
         self.env.close()

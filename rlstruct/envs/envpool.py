@@ -89,11 +89,12 @@ from rlstruct.envs.spaces import (
     observation_leaves,
     torch_dtype,
 )
-from rlstruct.envs.step_checks import check_step
+from rlstruct.envs.step_checks import check_observations, check_step
 from rlstruct.errors import (
     BatcherStateError,
     ConfigError,
     KeyMismatchError,
+    ObservationError,
     RLStructError,
     ShapeError,
     SpaceError,
@@ -145,6 +146,10 @@ class EnvPoolEnv(VecEnv):
         info_keys: names of per-env numeric entries of envpool's ``info`` (e.g. ``"lives"`` for
             Atari) recorded as float32 ``info/<name>`` keys (0 where absent).
         env_id_offset: global index of env 0, used in error messages (batcher workers).
+        check_obs: raise :class:`~rlstruct.errors.ObservationError` (naming env, key and
+            env_step) when a float observation holds NaN or an infinity, at a step or a reset,
+            before any agent sees it (one ``np.isfinite`` pass per float key); ``False`` lets
+            them through.
         **envpool_kwargs: passed to ``envpool.make`` (``num_threads``, ``max_episode_steps``,
             Atari's ``episodic_life``, ``reward_clip``, ``repeat_action_probability``...).
             ``num_envs``, ``batch_size``, ``seed``, ``env_seed`` and ``env_type`` are set by
@@ -175,6 +180,7 @@ class EnvPoolEnv(VecEnv):
         auto_reset: bool = True,
         info_keys: Sequence[str] = (),
         env_id_offset: int = 0,
+        check_obs: bool = True,
         **envpool_kwargs: Any,
     ) -> None:
         _check_int("n_envs", n_envs, 1)
@@ -239,6 +245,9 @@ class EnvPoolEnv(VecEnv):
         self._n = n
         self._seed = int(seed)
         self._offset = int(env_id_offset)
+        self._obs_checked = [
+            (i, lf.key) for i, lf in enumerate(self._leaves) if lf.dtype.kind == "f"
+        ] if check_obs else []
         self._info_keys = tuple(info_keys)
         self._closed = False
         self._arange = np.arange(n)
@@ -300,6 +309,8 @@ class EnvPoolEnv(VecEnv):
         Raises:
             BatcherStateError: the env is closed.
             KeyMismatchError: ``env_info`` has keys.
+            ObservationError: a float reset observation holds NaN or an infinity
+                (``check_obs``).
         """
         self._check_open()
         if env_info is not None:
@@ -321,9 +332,10 @@ class EnvPoolEnv(VecEnv):
             raise
         perm = self._perm(info, ids)
         self._t[:] = 0
-        out = {
-            lf.key: torch.from_numpy(x) for lf, x in zip(self._leaves, self._leaf_arrays(obs, perm))
-        }
+        leaves = self._leaf_arrays(obs, perm)
+        if self._obs_checked:
+            check_observations(leaves, self._obs_checked, ids, self._offset, self._t, True)
+        out = {lf.key: torch.from_numpy(x) for lf, x in zip(self._leaves, leaves)}
         out.update({key: torch.from_numpy(a.copy()) for key, a in self._reset_const.items()})
         for name, x in zip(self._info_keys, self._info_arrays(info, perm, self._n)):
             out[_INFO + name] = torch.from_numpy(x)
@@ -352,6 +364,7 @@ class EnvPoolEnv(VecEnv):
             ActionError: an action is outside the action space (no env was stepped).
             SpaceError: envpool returned an observation of another dtype or shape than its
                 space (no silent cast).
+            ObservationError: a float observation holds NaN or an infinity (``check_obs``).
         """
         run, a = self._begin_step(action)
         n = run.shape[0]
@@ -370,6 +383,12 @@ class EnvPoolEnv(VecEnv):
                 _note(e, f"raised by envpool's step() of {self.env_id}; call reset() to go on")
             raise
         self._t[run] += 1
+        if self._obs_checked:
+            try:
+                check_observations(leaves, self._obs_checked, run, self._offset, self._t)
+            except ObservationError:
+                self._running = None
+                raise
         t = self._t[run]
         pool_done = terminated | truncated  # the envs envpool will reset at their next step
         if self._limit:
@@ -437,7 +456,10 @@ class EnvPoolEnv(VecEnv):
                     continue
                 obs, info = call(ids)
                 perm = self._perm(info, ids)
-                arrays = self._leaf_arrays(obs, perm) + self._info_arrays(info, perm, len(ids))
+                leaves = self._leaf_arrays(obs, perm)
+                if self._obs_checked:
+                    check_observations(leaves, self._obs_checked, ids, self._offset, self._t, True)
+                arrays = leaves + self._info_arrays(info, perm, len(ids))
                 keys = [lf.key for lf in self._leaves] + [_INFO + k for k in self._info_keys]
                 for key, x in zip(keys, arrays):
                     if key not in fresh:
@@ -470,6 +492,16 @@ class EnvPoolEnv(VecEnv):
     def _pool_reset(self, ids: np.ndarray) -> tuple[Any, Mapping[str, Any]]:
         """envpool's explicit reset of envs ``ids``: ``(obs, info)``."""
         return self._pool.reset(ids.astype(np.int32))
+
+    def set_env_id_offset(self, offset: int) -> None:
+        """Sets the global index of env 0 (what error messages name; see
+        :meth:`VecEnv.set_env_id_offset`).
+
+        Raises:
+            ConfigError: ``offset`` is not an int >= 0.
+        """
+        _check_int("env_id_offset", offset, 0)
+        self._offset = int(offset)
 
     def _begin_step(self, action: DictTensor) -> tuple[np.ndarray, np.ndarray]:
         """Checks call order and actions; returns ``(running, actions as numpy)``."""

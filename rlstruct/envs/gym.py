@@ -31,7 +31,10 @@ vectorised conversion per step; the rewards are walked one by one only when it f
 Failures: an invalid action raises :class:`ActionError` before any env is stepped, and the VecEnv
 stays usable. Any error raised once envs have been stepped (by an env, an observation that does
 not match its space, or a bad reward) leaves the envs half-stepped: the next ``step`` asks for a
-``reset``. Every error about one env (those, :class:`ActionError`, ``FloatingPointError``)
+``reset``. A float observation holding NaN or an infinity raises :class:`ObservationError` in
+the ``step`` or ``reset`` that produced it (``check_obs=True``, the default; one ``np.isfinite``
+pass per float key). Every error about one env (those, :class:`ActionError`,
+``FloatingPointError``)
 carries ``exc.env_index``, the LOCAL index of the env that produced it in this VecEnv (batchers add
 their offset), its message names that env by its global index, and errors raised by the env
 itself get a note naming it.
@@ -61,9 +64,15 @@ from rlstruct.envs.spaces import (
     torch_dtype,
     write_leaves,
 )
-from rlstruct.envs.step_checks import AnswerChecker, check_step
+from rlstruct.envs.step_checks import AnswerChecker, check_observations, check_step
 from rlstruct.envs.unwrap import stepper
-from rlstruct.errors import BatcherStateError, ConfigError, RLStructError, SpaceError
+from rlstruct.errors import (
+    BatcherStateError,
+    ConfigError,
+    ObservationError,
+    RLStructError,
+    SpaceError,
+)
 
 __all__ = ["GymEnv", "GymEnvInf", "EnvFactory"]
 
@@ -86,6 +95,7 @@ class _GymVecEnv(VecEnv):
         env_id_offset: int = 0,
         check_finite: bool = False,
         obs_dtype: str | np.dtype | torch.dtype | None = None,
+        check_obs: bool = True,
     ) -> None:
         # First: rlstructures' GymEnv(envs, seed) (env instances, the seed second) gets an error
         # saying what changed, whatever its other arguments hold.
@@ -117,6 +127,7 @@ class _GymVecEnv(VecEnv):
         self._seed = int(seed)
         self._offset = int(env_id_offset)
         self._check_finite = bool(check_finite)
+        self._check_obs = bool(check_obs)
         self._env_info_keys = None if env_info_keys is None else tuple(env_info_keys)
         self._info_keys = tuple(info_keys)
 
@@ -145,7 +156,11 @@ class _GymVecEnv(VecEnv):
             self._reset_buf[_INFO + name] = a
         self._frame_only = len(self._leaves) == 1 and self._leaves[0].path == ()
         self._arange = np.arange(n)
-        self._float_keys = [lf.key for lf in self._leaves if lf.dtype.kind in "fc"] + [K.REWARD]
+        # The float observation leaves checked for NaN and infinities at every step and reset
+        # (check_obs; check_finite implies it), as (index in self._leaves, key).
+        self._obs_checked = [
+            (i, lf.key) for i, lf in enumerate(self._leaves) if lf.dtype.kind == "f"
+        ] if (self._check_obs or self._check_finite) else []
 
         self._t = np.zeros(n, np.int64)  # env_step of each env
         self._check = AnswerChecker(
@@ -207,15 +222,16 @@ class _GymVecEnv(VecEnv):
         Raises:
             ShapeError: ``env_info`` does not have ``N`` rows.
             KeyMismatchError: ``env_info`` lacks one of ``env_info_keys``.
+            ObservationError: a float reset observation holds NaN or an infinity
+                (``check_obs``).
         """
         self._check_open()
         self._options = env_info_options(env_info, self._n, self._env_info_keys)
         self._running = None
         for k in range(self._n):
             self._reset_env(k)
+        self._check_reset_obs()
         obs = {key: a.copy() for key, a in self._reset_buf.items()}
-        if self._check_finite:
-            self._finite(obs, np.arange(self._n))
         self._running = np.arange(self._n)
         return _dicttensor(obs, self._n), torch.from_numpy(self._arange.copy())
 
@@ -296,6 +312,8 @@ class _GymVecEnv(VecEnv):
                 k = -1
                 n = run.shape[0]
                 out = [x[:n].copy() for x in leaves]
+            if self._obs_checked:
+                check_observations(out, self._obs_checked, run, self._offset, self._t)
             truncated = np.asarray(tr, dtype=bool)
             if self._own_limits:  # gymnasium's TimeLimit, for envs stepped past their wrappers
                 if full:
@@ -335,7 +353,7 @@ class _GymVecEnv(VecEnv):
         for name, x in zip(self._info_keys, self._step_info):
             obs[_INFO + name] = x[:n].copy()
         if self._check_finite:
-            self._finite(obs, run)
+            self._finite_rewards(obs[K.REWARD], run)
         return obs
 
     def _reset_env(self, k: int) -> None:
@@ -356,6 +374,20 @@ class _GymVecEnv(VecEnv):
             raise
         self._t[k] = 0
 
+    def _check_reset_obs(self) -> None:
+        """``check_obs``: raises ObservationError for a reset observation holding NaN or an
+        infinity. The whole reset staging is checked in one pass per float key (row k holds env
+        k's last reset observation; the rows not reset since were checked then)."""
+        if self._obs_checked:
+            try:
+                check_observations(
+                    self._reset_leaves, self._obs_checked, self._arange, self._offset, self._t,
+                    reset=True,
+                )
+            except ObservationError:
+                self._running = None
+                raise
+
     def _write_info(
         self, info: Mapping[str, Any], j: int, k: int, arrays: list[np.ndarray]
     ) -> None:
@@ -371,20 +403,33 @@ class _GymVecEnv(VecEnv):
                 err.env_index = k  # type: ignore[attr-defined]
                 raise err from None
 
-    def _finite(self, obs: Mapping[str, np.ndarray], run: np.ndarray) -> None:
-        for key in self._float_keys:
-            x = obs[key]
-            ok = np.isfinite(x).reshape(x.shape[0], -1).all(axis=1)
-            if not ok.all():
-                j = int(np.flatnonzero(~ok)[0])
-                k = int(run[j])
-                self._running = None
-                err = FloatingPointError(
-                    f"env {self._offset + k}: observation key {key!r} holds {short_repr(x[j])} at "
-                    f"env_step {int(self._t[k])} (check_finite=True); call reset() to go on"
-                )
-                err.env_index = k  # type: ignore[attr-defined]
-                raise err
+    def _finite_rewards(self, reward: np.ndarray, run: np.ndarray) -> None:
+        """``check_finite``: raises FloatingPointError for the first NaN or infinite reward
+        (the observations are checked in :meth:`_step_envs` and :meth:`_reset_env`)."""
+        ok = np.isfinite(reward)
+        if not ok.all():
+            j = int(np.flatnonzero(~ok)[0])
+            k = int(run[j])
+            self._running = None
+            err = FloatingPointError(
+                f"env {self._offset + k}: observation key {K.REWARD!r} holds "
+                f"{short_repr(reward[j])} at env_step {int(self._t[k])} (check_finite=True); "
+                "call reset() to go on"
+            )
+            err.env_index = k  # type: ignore[attr-defined]
+            raise err
+
+    def set_env_id_offset(self, offset: int) -> None:
+        """Sets the global index of env 0 (what error messages name; see
+        :meth:`VecEnv.set_env_id_offset`).
+
+        Raises:
+            ConfigError: ``offset`` is not an int >= 0.
+        """
+        if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
+            raise ConfigError(f"env_id_offset must be an int >= 0, got {offset!r}")
+        self._offset = int(offset)
+        self._check.offset = self._offset
 
     def _fail(self, e: BaseException, k: int, what: str) -> None:
         """Marks the VecEnv failed and names the env of ``e``: the one a check already set in
@@ -429,12 +474,16 @@ class GymEnv(_GymVecEnv):
         info_keys: names of numeric entries of gymnasium's ``info`` recorded as float32
             ``info/<name>`` keys (0 where absent).
         env_id_offset: global index of env 0, used in error messages (batcher workers).
-        check_finite: raise ``FloatingPointError`` (naming env, key and env_step) when a float
-            observation or a reward is NaN or Inf, or a finite reward overflows float32 (without
-            it, such a reward becomes inf with a ``RuntimeWarning`` naming the env).
+        check_finite: raise ``FloatingPointError`` (naming env, key and env_step) when a reward
+            is NaN or Inf or a finite reward overflows float32 (without it, such a reward becomes
+            inf with a ``RuntimeWarning`` naming the env); implies ``check_obs``.
         obs_dtype: ``None`` keeps the observations' dtype (MuJoCo's are float64); a float dtype
             (``"float32"``, ``torch.float32``...) casts a float ``Box`` observation to it, in each
             env (gymnasium's ``DtypeObservation`` wrapper: the space says the new dtype).
+        check_obs: raise :class:`~rlstruct.errors.ObservationError` (naming env, key and
+            env_step) when a float observation leaf holds NaN or an infinity, at a step or in a
+            reset observation, before any agent sees it (one ``np.isfinite`` pass per float
+            key and step). ``False`` lets such observations through.
 
     Raises:
         ConfigError: bad ``env``, ``n_envs``, ``seed``, ``make_kwargs``, offset or ``obs_dtype``
@@ -473,6 +522,7 @@ class GymEnv(_GymVecEnv):
             ActionError: an action is outside the action space (no env was stepped).
             SpaceError: an observation has another dtype than its space (no silent cast).
             RewardError: a reward is not a real scalar number.
+            ObservationError: a float observation holds NaN or an infinity (``check_obs``).
         """
         run, a = self._begin_step(action)
         arrays = self._step_obs(run, a, self._step_envs(run, a))
@@ -526,6 +576,7 @@ class GymEnvInf(_GymVecEnv):
             ActionError: an action is outside the action space (no env was stepped).
             SpaceError: an observation has another dtype than its space (no silent cast).
             RewardError: a reward is not a real scalar number.
+            ObservationError: a float observation holds NaN or an infinity (``check_obs``).
         """
         run, a = self._begin_step(action)
         t1 = self._step_obs(run, a, self._step_envs(run, a))
@@ -536,9 +587,8 @@ class GymEnvInf(_GymVecEnv):
             ended = done.nonzero()[0]
             for k in ended.tolist():
                 self._reset_env(k)
+            self._check_reset_obs()
             nxt = self._next_obs(t1, ended)
-            if self._check_finite:
-                self._finite(nxt, run)
             nxt_dt = _dicttensor(nxt, n)
         else:
             nxt_dt = DictTensor._trusted(dict(t1_dt._tensors), n, _CPU)

@@ -6,8 +6,11 @@ envs' answers after, each error naming its env.
 and :func:`action_rows` are the parts it shares with the torch-native envs. An
 :class:`AnswerChecker` checks what gymnasium envs return: five values per ``step``, observation
 frames exactly in their space's dtype (numpy would promote silently), and rewards that are real
-scalar numbers (the rules are in :mod:`rlstruct.envs.gym`). Errors about one env carry
-``exc.env_index``, its LOCAL index; messages name it by its global index (``offset + k``).
+scalar numbers (the rules are in :mod:`rlstruct.envs.gym`). :func:`check_observations` refuses
+float observations holding NaN or an infinity (``check_obs``, GymEnv's and EnvPoolEnv's) and
+:func:`observation_error` builds the :class:`~rlstruct.errors.ObservationError` every VecEnv
+raises for them. Errors about one env carry ``exc.env_index``, its LOCAL index; messages name it
+by its global index (``offset + k``).
 """
 
 from __future__ import annotations
@@ -29,12 +32,20 @@ from rlstruct.envs.spaces import ActionSpec, Leaf, check_leaf, short_repr
 from rlstruct.errors import (
     BatcherStateError,
     DeviceContractError,
+    ObservationError,
     RewardError,
     RLStructError,
     ShapeError,
 )
 
-__all__ = ["check_step", "check_running", "action_rows", "AnswerChecker"]
+__all__ = [
+    "check_step",
+    "check_running",
+    "action_rows",
+    "AnswerChecker",
+    "check_observations",
+    "observation_error",
+]
 
 _CPU = torch.device("cpu")
 _DTYPE = attrgetter("dtype")
@@ -124,6 +135,68 @@ def check_step(
     return run, act.to_numpy(a, run, offset)
 
 
+def observation_error(
+    key: str, k: int, offset: int, env_step: int, value: float, reset: bool = False
+) -> ObservationError:
+    """The :class:`ObservationError` of env ``k`` (LOCAL index) whose observation key ``key``
+    holds the non-finite ``value``; its message names the env by its global index
+    ``offset + k``.
+
+    Args:
+        key: the observation key.
+        k: the env's local index (``exc.env_index``).
+        offset: the global index of env 0.
+        env_step: the env's ``env_step`` (0 for a reset observation).
+        value: the first non-finite value of the observation.
+        reset: the observation is a reset observation (the first of an episode).
+    """
+    when = "in its reset observation" if reset else f"at env_step {env_step}"
+    return ObservationError(
+        f"env {offset + k}: observation key {key!r} holds {value} {when}; rlstruct refuses NaN "
+        "and infinite observations before the agent acts on them (fix the env, or pass "
+        "check_obs=False to the VecEnv to let them through); call reset() to go on",
+        env_index=k,
+        env=offset + k,
+        key=key,
+        env_step=0 if reset else env_step,
+        value=value,
+    )
+
+
+def check_observations(
+    arrays: Sequence[np.ndarray],
+    keys: Sequence[tuple[int, str]],
+    rows: np.ndarray,
+    offset: int,
+    env_step: np.ndarray,
+    reset: bool = False,
+) -> None:
+    """Raises :class:`ObservationError` for the first float observation holding NaN or an
+    infinity. The common path is one ``np.isfinite(x).all()`` per float key (about 1.5 us for
+    32 CartPole rows); the culprit row is looked for only when it fails.
+
+    Args:
+        arrays: the observation leaves' arrays, row ``j`` = env ``rows[j]``.
+        keys: ``(index in arrays, key)`` of the float leaves to check.
+        rows: the LOCAL env index of each row.
+        offset: the global index of env 0 (messages).
+        env_step: the VecEnv's ``env_step`` per env (indexed by local env index).
+        reset: the arrays are reset observations.
+
+    Raises:
+        ObservationError: naming the env (global index), key and env_step.
+    """
+    for i, key in keys:
+        x = arrays[i]
+        if np.isfinite(x).all():
+            continue
+        bad = ~np.isfinite(x.reshape(x.shape[0], -1))
+        j = int(np.flatnonzero(bad.any(axis=1))[0])
+        k = int(rows[j])
+        value = float(x.reshape(x.shape[0], -1)[j][bad[j]][0])
+        raise observation_error(key, k, offset, int(env_step[k]), value, reset)
+
+
 class AnswerChecker:
     """Checks the answers of the gymnasium envs of one VecEnv, naming the culprit env.
 
@@ -132,6 +205,9 @@ class AnswerChecker:
         offset: the global index of env 0 (messages).
         env_step: the VecEnv's ``env_step`` array ``(N,)`` (read at each error, never copied).
         check_finite: a finite reward that overflows float32 raises instead of warning.
+
+    Attributes:
+        offset: the global index of env 0; the VecEnv updates it when a batcher tells it.
     """
 
     def __init__(
@@ -139,7 +215,7 @@ class AnswerChecker:
     ) -> None:
         self._leaf = frame
         self._frame_dtypes = {frame.dtype} if frame is not None else set()
-        self._offset = offset
+        self.offset = offset
         self._t = env_step
         self._check_finite = check_finite
 
@@ -171,7 +247,7 @@ class AnswerChecker:
         for k, v in zip(run.tolist(), obs):
             if v.__class__ is not np.ndarray or v.dtype != lf.dtype or v.shape != lf.shape:
                 try:
-                    check_leaf(v, lf, self._offset + k)  # raises unless exact (e.g. int)
+                    check_leaf(v, lf, self.offset + k)  # raises unless exact (e.g. int)
                 except RLStructError as e:
                     e.env_index = k  # type: ignore[attr-defined]
                     raise
@@ -187,7 +263,7 @@ class AnswerChecker:
             if n != 5:
                 got = f"{n} values" if n is not None else f"a {type(answer).__name__}"
                 err = ValueError(
-                    f"env {self._offset + k}: step() returned {got}, expected the 5 values of "
+                    f"env {self.offset + k}: step() returned {got}, expected the 5 values of "
                     "gymnasium's API (obs, reward, terminated, truncated, info)"
                 )
                 err.env_index = k  # type: ignore[attr-defined]
@@ -250,7 +326,7 @@ class AnswerChecker:
             else:
                 what = f"{short_repr(v)} ({type(v).__name__})"
             err = RewardError(
-                f"env {self._offset + k}: its reward at env_step {int(self._t[k])} is {what}; a "
+                f"env {self.offset + k}: its reward at env_step {int(self._t[k])} is {what}; a "
                 "reward must be one real number (int, float, bool, a numpy real scalar or 0-d "
                 "array) and rlstruct never casts it silently: fix the env or wrap it with a "
                 "gymnasium.RewardWrapper; call reset() to go on"
@@ -262,7 +338,7 @@ class AnswerChecker:
     def _reward_overflow(self, v: Any, k: int) -> None:
         """A finite reward ``v`` of env ``k`` overflows float32: raise or warn, naming env ``k``."""
         what = (
-            f"env {self._offset + k}: the reward {short_repr(v)} at env_step {int(self._t[k])} "
+            f"env {self.offset + k}: the reward {short_repr(v)} at env_step {int(self._t[k])} "
             "overflows float32 (largest finite value 3.4e38)"
         )
         if self._check_finite:

@@ -31,7 +31,10 @@ def test_rollout_step_benchmark_quick(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     data = json.loads(out.read_text())
     assert data["environment"]["torch_threads"] == 1
-    assert [r["n_envs"] for r in data["rows"]] == [32, 32, 64]
+    assert [r["n_envs"] for r in data["rows"]] == [32, 32, 64, 32]  # the last: check_obs=False
+    cost = data["check_obs_cost"]
+    assert "us_per_step" in cost and "observation check" in res.stdout
+    assert all(cost["env_step_alone_us"][k]["min"] > 0 for k in ("on", "off"))
     for r in data["rows"]:
         s = r["us_per_step"]
         assert s["n"] == data["reps"] and 0 < s["min"] <= s["median"] <= s["max"], r

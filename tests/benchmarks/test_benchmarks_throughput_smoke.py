@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-ROWS = {"raw", "gym_sync", "gym_async", "torchrl", "rl_serial", "rl_batcher"}
+ROWS = {
+    "raw", "gym_sync", "gym_async", "torchrl", "rl_serial", "rl_batcher",
+    "rl_serial_nocheck", "rl_batcher_nocheck",  # rows 5 and 6 with check_obs=False
+}
 OPTIONAL = {"torchrl"}  # a peer that may be "not installed"
 
 
@@ -58,3 +61,9 @@ def test_throughput_benchmark_quick(tmp_path: Path) -> None:
     for t in data["targets"]:
         assert t["verdict"] in ("PASS", "MISS") or t["verdict"].startswith("n/a"), t
     assert "PASS" in res.stdout or "MISS" in res.stdout
+    costs = {c["name"]: c for c in data["check_costs"]}  # the observation check, on vs off
+    assert set(costs) == {"rl_serial / rl_serial_nocheck", "rl_batcher / rl_batcher_nocheck"}
+    for c in costs.values():
+        assert c["ratio"] > 0 and c["paired_min"] <= c["paired_max"], c
+        assert c["verdict"] in ("negligible", "above the bar"), c
+    assert "observation check cost" in res.stdout

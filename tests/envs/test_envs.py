@@ -21,6 +21,7 @@ from rlstruct.errors import (
     ConfigError,
     DeviceContractError,
     KeyMismatchError,
+    ObservationError,
     ShapeError,
     SpaceError,
 )
@@ -81,7 +82,9 @@ def space_env(n: int, obs_space: gym.Space, cls: type = GymEnv, **kwargs: Any) -
     return cls([partial(SpaceEnv, obs_space, **env_kwargs) for _ in range(n)], **kwargs)
 
 
-_VEC_KWARGS = {"seed", "info_keys", "env_info_keys", "env_id_offset", "check_finite"}
+_VEC_KWARGS = {
+    "seed", "info_keys", "env_info_keys", "env_id_offset", "check_finite", "check_obs"
+}
 
 
 def counters(lengths: list[Any], cls: type = GymEnv, **kwargs: Any) -> GymEnv:
@@ -692,12 +695,12 @@ def test_check_finite(where: str) -> None:
     env = space_env(2, spaces.Box(-1, 1, (1,)), check_finite=True, env_id_offset=3, **kw)
     env.reset()
     env.step(act(0, 0))
-    with pytest.raises(
-        FloatingPointError, match=rf"env 3: observation key '{where}' .* env_step 2"
-    ) as info:
+    # A NaN observation is an ObservationError (check_obs, which check_finite implies).
+    error = ObservationError if where == "frame" else FloatingPointError
+    with pytest.raises(error, match=rf"env 3: observation key '{where}' .* env_step 2") as info:
         env.step(act(0, 0))
     assert info.value.env_index == 0
-    unchecked = space_env(2, spaces.Box(-1, 1, (1,)), **kw)
+    unchecked = space_env(2, spaces.Box(-1, 1, (1,)), check_obs=False, **kw)
     unchecked.reset()
     unchecked.step(act(0, 0))
     (obs_t1, _), _ = unchecked.step(act(0, 0))

@@ -58,7 +58,10 @@ only, and its values against the action space (range, and finiteness for ``Box``
 one vectorised reduction; a bad action raises :class:`ActionError` naming the first bad env
 (``exc.env_index``, its local index) before any env is stepped. On a GPU that range check reads
 one flag on the host per step; ``check_actions=False`` drops it (out-of-range actions are then
-clipped or mapped by the dynamics, never an error).
+clipped or mapped by the dynamics, never an error). Observations are checked after the dynamics
+(``check_obs``): a NaN or an infinity in a float observation, at a step or in a reset
+observation, raises :class:`ObservationError` naming the first bad env; one reduction per step,
+and on a GPU one more flag read on the host (``check_obs=False`` drops it).
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ from torch import Tensor
 from rlstruct import keys as K
 from rlstruct.dicttensor import DictTensor, _same_device
 from rlstruct.envs.base import StepResult, VecEnv
-from rlstruct.envs.step_checks import check_running
+from rlstruct.envs.step_checks import check_running, observation_error
 from rlstruct.envs.torch.actions import TorchActions, torch_dtype_of
 from rlstruct.envs.torch.streams import mix64, splitmix64_uniform, stream_step
 from rlstruct.errors import (
@@ -83,6 +86,7 @@ from rlstruct.errors import (
     ConfigError,
     DeviceContractError,
     KeyMismatchError,
+    ObservationError,
     ShapeError,
 )
 
@@ -130,6 +134,11 @@ class TorchVecEnv(VecEnv):
         check_actions: check each action's value against the action space (a host
             synchronisation per step on a GPU); shape, dtype and device are always checked.
         env_id_offset: global index of env 0, used in error messages (batcher workers).
+        check_obs: raise :class:`~rlstruct.errors.ObservationError` (naming env, key and
+            env_step) when a float observation holds NaN or an infinity (a subclass's dynamics
+            or ``observe`` gone wrong, a state set by hand), at a step or a reset, before any
+            agent sees it: one ``isfinite`` reduction per step, and on a GPU one more host
+            synchronisation per step (like ``check_actions``); ``False`` drops it.
 
     Raises:
         ConfigError: a bad ``n_envs``, ``seed``, ``device``, ``dtype``, ``max_episode_steps`` or
@@ -154,6 +163,7 @@ class TorchVecEnv(VecEnv):
         auto_reset: bool = False,
         check_actions: bool = True,
         env_id_offset: int = 0,
+        check_obs: bool = True,
     ) -> None:
         _check_int("n_envs", n_envs, 1)
         _check_int("seed", seed, 0)
@@ -178,6 +188,7 @@ class TorchVecEnv(VecEnv):
         self.max_episode_steps = int(max_episode_steps)
         self.auto_reset = bool(auto_reset)
         self.check_actions = bool(check_actions)
+        self.check_obs = bool(check_obs)
 
         self.observation_space = copy.deepcopy(type(self).observation_space)
         self.action_space = copy.deepcopy(type(self).action_space)
@@ -301,16 +312,20 @@ class TorchVecEnv(VecEnv):
             ShapeError: ``env_info`` does not have ``N`` rows, or a key is not ``(N,)``.
             KeyMismatchError: ``env_info`` has a key that is not a reset option.
             ConfigError: option values the env refuses (e.g. ``low > high``).
+            ObservationError: a float reset observation holds NaN or an infinity (``check_obs``).
         """
         self._check_open()
         self._options = self._parse_options(env_info)
         self._running = None
         self._state.copy_(self._draw(self._arange))
         self._t.zero_()
-        self._running = self._arange.clone()
         n, dev = self._n, self._device
+        frame = self.observe(self._state)
+        if self._checks_frames() and not bool(torch.isfinite(frame).all()):
+            raise self._frame_error(frame, self._arange, self._t, reset=True)
+        self._running = self._arange.clone()
         obs = {
-            K.FRAME: self.observe(self._state),
+            K.FRAME: frame,
             K.REWARD: torch.zeros(n, dtype=torch.float32, device=dev),
             K.TERMINATED: torch.zeros(n, dtype=torch.bool, device=dev),
             K.TRUNCATED: torch.zeros(n, dtype=torch.bool, device=dev),
@@ -388,6 +403,7 @@ class TorchVecEnv(VecEnv):
             DeviceContractError: ``action`` is on another device than the env.
             ActionError: a wrong per-env shape or dtype, or a value outside the action space
                 (no env was stepped).
+            ObservationError: a float observation holds NaN or an infinity (``check_obs``).
         """
         run = self._begin_step()
         n = run.shape[0]
@@ -415,13 +431,26 @@ class TorchVecEnv(VecEnv):
             K.LAST_ACTION: a,
             K.ENV_STEP: t,
         }
+        check = self._checks_frames()
         if self.auto_reset:
+            ok_t1 = torch.isfinite(obs_t1[K.FRAME]).all() if check else None
             obs_next = self._auto_reset(nxt, t, obs_t1, false[1:])
+            if check:
+                frame = obs_next[K.FRAME]
+                ok = ok_t1 if frame is obs_t1[K.FRAME] else ok_t1 & torch.isfinite(frame).all()
+                if not bool(ok):  # one host read per step
+                    self._running = None
+                    if not bool(ok_t1):
+                        raise self._frame_error(obs_t1[K.FRAME], run, t)
+                    raise self._frame_error(frame, run, obs_next[K.ENV_STEP], reset=True)
             # Fresh index tensors: a caller may modify them in place.
             return (DictTensor._trusted(obs_t1, n, dev), run.clone()), (
                 DictTensor._trusted(obs_next, n, dev),
                 run.clone(),
             )
+        if check and not bool(torch.isfinite(obs_t1[K.FRAME]).all()):
+            self._running = None
+            raise self._frame_error(obs_t1[K.FRAME], run, t)
         # Episodic: ended envs keep their final state and leave ``running``.
         if full:
             self._state.copy_(nxt)
@@ -471,6 +500,33 @@ class TorchVecEnv(VecEnv):
             K.LAST_ACTION: torch.where(mask, self._act.default, a),
             K.ENV_STEP: t_next,
         }
+
+    def _checks_frames(self) -> bool:
+        """Whether ``check_obs`` applies: it is set and the observations are floats."""
+        return self.check_obs and self._obs_dtype.is_floating_point
+
+    def _frame_error(
+        self, frame: Tensor, rows: Tensor, env_step: Tensor, reset: bool = False
+    ) -> ObservationError:
+        """The :class:`ObservationError` of the first row of ``frame`` that holds NaN or an
+        infinity (row ``j`` is env ``rows[j]``, at ``env_step[j]``)."""
+        flat = frame.reshape(frame.shape[0], -1)
+        bad = ~torch.isfinite(flat)
+        j = int(bad.any(dim=1).nonzero()[0, 0])
+        value = float(flat[j][bad[j]][0])
+        return observation_error(
+            K.FRAME, int(rows[j]), self._offset, int(env_step[j]), value, reset
+        )
+
+    def set_env_id_offset(self, offset: int) -> None:
+        """Sets the global index of env 0 (what error messages name; see
+        :meth:`VecEnv.set_env_id_offset`).
+
+        Raises:
+            ConfigError: ``offset`` is not an int >= 0.
+        """
+        _check_int("env_id_offset", offset, 0)
+        self._offset = int(offset)
 
     def _begin_step(self) -> Tensor:
         self._check_open()
