@@ -11,12 +11,10 @@ samples of the buffer:
     a*   = argmax_a Q(s', a) with --double, argmax_a Q_target(s', a) without
     loss = Huber(Q(s, a) - y)
 
-A truncated step bootstraps like any other, from the TRUE final observation
-(``_observation/frame``); only termination removes the bootstrap. Every ``target_update_every``
-gradient steps the target network moves towards the online one: ``target <- tau online +
-(1 - tau) target`` (``tau=1``: hard copies; ``--tau 0.005 --target-update-every 1``: Polyak).
-
-Run: ``python -m rlstruct.algos.dqn --help``; ``python -m rlstruct.algos.dqn --seed 1 --dueling``.
+A truncated step bootstraps from the TRUE final observation; only termination removes the
+bootstrap. Every ``target_update_every`` gradient steps ``target <- tau online + (1 - tau)
+target`` (``tau=1``: hard copies; ``--tau 0.005 --target-update-every 1``: Polyak).
+Run: ``rlstruct train dqn --help``; ``rlstruct train dqn --seed 1 --dueling``.
 """
 
 from __future__ import annotations

@@ -19,30 +19,20 @@ Seeding: env ``k`` of a VecEnv built with ``seed=s`` has its ``action_space`` se
 gets ``reset(seed=s + k)`` on its FIRST reset only; later resets continue the env's own RNG, as
 gymnasium recommends.
 
-Rewards: each env's reward must be a real scalar number: a Python ``int``, ``float`` or ``bool``
-(``True`` is 1.0), a numpy integer, float or bool scalar, a 0-d array of such a dtype, or any
-other ``numbers.Real``. ``None``, a ``str`` (even ``"2.5"``), an array of several values and a
-complex number raise :class:`RewardError` naming the env and its ``env_step``; nothing is cast
-silently. Rewards are stored as float32: a finite reward too large for float32 (``1e40``) raises
-``FloatingPointError`` with ``check_finite=True`` and otherwise is stored as ``inf`` with a
-``RuntimeWarning`` naming the env (never numpy's anonymous overflow warning). The check is one
-vectorised conversion per step; the rewards are walked one by one only when it fails.
-
-Failures: an invalid action raises :class:`ActionError` before any env is stepped, and the VecEnv
-stays usable. Any error raised once envs have been stepped (by an env, an observation that does
-not match its space, or a bad reward) leaves the envs half-stepped: the next ``step`` asks for a
-``reset``. A float observation holding NaN or an infinity raises :class:`ObservationError` in
-the ``step`` or ``reset`` that produced it (``check_obs=True``, the default; one ``np.isfinite``
-pass per float key). Every error about one env (those, :class:`ActionError`,
-``FloatingPointError``)
-carries ``exc.env_index``, the LOCAL index of the env that produced it in this VecEnv (batchers add
-their offset), its message names that env by its global index, and errors raised by the env
-itself get a note naming it.
+Rewards must be real scalars (a ``str``, ``None``, an array or a complex number raises
+:class:`RewardError` naming the env and its ``env_step``; nothing is cast silently), stored as
+float32 (a finite reward too large for it raises ``FloatingPointError`` with
+``check_finite=True``, else it is ``inf`` with a warning naming the env). An invalid action raises
+:class:`ActionError` before any env is stepped; any later error (from an env, an observation that
+does not match its space, a bad reward) leaves the envs half-stepped, and the next ``step`` asks
+for a ``reset``. A float observation holding NaN or an infinity raises :class:`ObservationError`
+in the ``step`` or ``reset`` that produced it (``check_obs=True``, the default). Every error about
+one env carries ``exc.env_index`` (its LOCAL index) and names it by its global index in the
+message (docs/guide-reliability.md).
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -59,18 +49,24 @@ from rlstruct.envs.spaces import (
     ActionSpec,
     Leaf,
     env_info_options,
+    exact_leaf,
     observation_leaves,
-    short_repr,
     torch_dtype,
     write_leaves,
 )
-from rlstruct.envs.step_checks import AnswerChecker, check_observations, check_step
+from rlstruct.envs.step_checks import (
+    AnswerChecker,
+    check_finite_rewards,
+    check_observations,
+    check_step,
+    name_failed_env,
+    write_info,
+)
 from rlstruct.envs.unwrap import stepper
 from rlstruct.errors import (
     BatcherStateError,
     ConfigError,
     ObservationError,
-    RLStructError,
     SpaceError,
 )
 
@@ -363,7 +359,7 @@ class _GymVecEnv(VecEnv):
             obs, info = self._resetters[k].reset(seed=seed, options=self._options[k])
             self._unseeded[k] = False
             self._resetters[k] = self._steppers[k]
-            if self._frame_only and _exact(obs, self._leaves[0]):
+            if self._frame_only and exact_leaf(obs, self._leaves[0]):
                 self._reset_leaves[0][k] = obs  # what write_leaves accepts without a look
             else:
                 write_leaves(obs, self._leaves, self._reset_leaves, k, self._offset + k)
@@ -391,33 +387,14 @@ class _GymVecEnv(VecEnv):
     def _write_info(
         self, info: Mapping[str, Any], j: int, k: int, arrays: list[np.ndarray]
     ) -> None:
-        for name, arr in zip(self._info_keys, arrays):
-            v = info.get(name, 0.0)
-            try:
-                arr[j] = v
-            except (TypeError, ValueError):
-                err = ConfigError(
-                    f"env {self._offset + k}: info[{name!r}] is {short_repr(v)} "
-                    f"({type(v).__name__}); info_keys must name numeric scalar entries"
-                )
-                err.env_index = k  # type: ignore[attr-defined]
-                raise err from None
+        write_info(self._info_keys, info, arrays, j, k, self._offset)
 
     def _finite_rewards(self, reward: np.ndarray, run: np.ndarray) -> None:
         """``check_finite``: raises FloatingPointError for the first NaN or infinite reward
         (the observations are checked in :meth:`_step_envs` and :meth:`_reset_env`)."""
-        ok = np.isfinite(reward)
-        if not ok.all():
-            j = int(np.flatnonzero(~ok)[0])
-            k = int(run[j])
+        if not np.isfinite(reward).all():
             self._running = None
-            err = FloatingPointError(
-                f"env {self._offset + k}: observation key {K.REWARD!r} holds "
-                f"{short_repr(reward[j])} at env_step {int(self._t[k])} (check_finite=True); "
-                "call reset() to go on"
-            )
-            err.env_index = k  # type: ignore[attr-defined]
-            raise err
+            check_finite_rewards(reward, run, self._t, self._offset)
 
     def set_env_id_offset(self, offset: int) -> None:
         """Sets the global index of env 0 (what error messages name; see
@@ -432,24 +409,9 @@ class _GymVecEnv(VecEnv):
         self._check.offset = self._offset
 
     def _fail(self, e: BaseException, k: int, what: str) -> None:
-        """Marks the VecEnv failed and names the env of ``e``: the one a check already set in
-        ``e.env_index``, else ``k`` (the env being stepped or reset; -1: none known)."""
+        """Marks the VecEnv failed and names the env of ``e`` (:func:`name_failed_env`)."""
         self._running = None
-        known_index = getattr(e, "env_index", None)
-        if known_index is not None:
-            k = int(known_index)
-        elif k >= 0:
-            with contextlib.suppress(AttributeError):  # exceptions with __slots__
-                e.env_index = k  # type: ignore[attr-defined]
-        if k < 0:
-            return
-        if not isinstance(e, RLStructError) and hasattr(e, "add_note"):  # Python >= 3.11
-            # k is this VecEnv's own index; a batcher reports the global one (WorkerError.env).
-            known = f", global id {self._offset + k}" if self._offset else ""
-            e.add_note(
-                f"raised while {type(self).__name__} called {what}() of its env {k}{known} "
-                f"(env_step {int(self._t[k])}); call reset() to go on"
-            )
+        name_failed_env(e, k, what, type(self).__name__, self._offset, self._t)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -625,11 +587,6 @@ class GymEnvInf(_GymVecEnv):
             x[ended] = reset[key][ended]
             nxt[key] = x
         return nxt
-
-
-def _exact(v: Any, lf: Leaf) -> bool:
-    """True when ``v`` is an ndarray of exactly the leaf's dtype and shape."""
-    return v.__class__ is np.ndarray and v.dtype == lf.dtype and v.shape == lf.shape
 
 
 def _dicttensor(arrays: dict[str, np.ndarray], n: int) -> DictTensor:

@@ -44,6 +44,7 @@ __all__ = [
     "observation_leaves",
     "torch_dtype",
     "write_leaves",
+    "exact_leaf",
     "leaf_value",
     "MISSING",
     "check_leaf",
@@ -358,3 +359,9 @@ def short_repr(x: object, n: int = 80) -> str:
     """``repr(x)``, cut to ``n`` characters."""
     text = repr(x)
     return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def exact_leaf(v: Any, lf: Leaf) -> bool:
+    """True when ``v`` is an ndarray of exactly the leaf's dtype and shape (it is then written
+    as it is, without a look at its values)."""
+    return v.__class__ is np.ndarray and v.dtype == lf.dtype and v.shape == lf.shape

@@ -15,6 +15,7 @@ by its global index (``offset + k``).
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import warnings
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from rlstruct.envs.base import VecEnv
 from rlstruct.envs.spaces import ActionSpec, Leaf, check_leaf, short_repr
 from rlstruct.errors import (
     BatcherStateError,
+    ConfigError,
     DeviceContractError,
     ObservationError,
     RewardError,
@@ -39,6 +41,9 @@ from rlstruct.errors import (
 )
 
 __all__ = [
+    "name_failed_env",
+    "write_info",
+    "check_finite_rewards",
     "check_step",
     "check_running",
     "action_rows",
@@ -351,3 +356,57 @@ class AnswerChecker:
             RuntimeWarning,
             stacklevel=2,
         )
+
+
+def write_info(info_keys: Sequence[str], info: Any, arrays: list[np.ndarray], j: int, k: int,
+               offset: int) -> None:
+    """Writes env ``k``'s ``info[name]`` (0.0 where missing) into row ``j`` of each array.
+
+    Raises:
+        ConfigError: a named entry is not a numeric scalar (naming the global env).
+    """
+    for name, arr in zip(info_keys, arrays):
+        v = info.get(name, 0.0)
+        try:
+            arr[j] = v
+        except (TypeError, ValueError):
+            err = ConfigError(f"env {offset + k}: info[{name!r}] is {short_repr(v)} "
+                              f"({type(v).__name__}); info_keys must name numeric scalar entries")
+            err.env_index = k  # type: ignore[attr-defined]
+            raise err from None
+
+
+def check_finite_rewards(reward: np.ndarray, run: np.ndarray, env_step: np.ndarray,
+                         offset: int) -> None:
+    """``check_finite``: raises FloatingPointError naming the env of the first NaN or infinite
+    reward (``reward[j]`` is env ``run[j]``'s)."""
+    ok = np.isfinite(reward)
+    if ok.all():
+        return
+    j = int(np.flatnonzero(~ok)[0])
+    k = int(run[j])
+    err = FloatingPointError(
+        f"env {offset + k}: observation key {K.REWARD!r} holds {short_repr(reward[j])} at "
+        f"env_step {int(env_step[k])} (check_finite=True); call reset() to go on")
+    err.env_index = k  # type: ignore[attr-defined]
+    raise err
+
+
+def name_failed_env(e: BaseException, k: int, what: str, vecenv: str, offset: int,
+                    env_step: np.ndarray) -> None:
+    """Names the env of ``e``: the one a check already set in ``e.env_index``, else ``k`` (the
+    env being stepped or reset; -1: none known); an error the env raised itself gets a note
+    naming it (``what``: ``"step"`` or ``"reset"``; ``vecenv``: the VecEnv's class name)."""
+    known_index = getattr(e, "env_index", None)
+    if known_index is not None:
+        k = int(known_index)
+    elif k >= 0:
+        with contextlib.suppress(AttributeError):  # exceptions with __slots__
+            e.env_index = k  # type: ignore[attr-defined]
+    if k < 0:
+        return
+    if not isinstance(e, RLStructError) and hasattr(e, "add_note"):  # Python >= 3.11
+        # k is the VecEnv's own index; a batcher reports the global one (WorkerError.env).
+        known = f", global id {offset + k}" if offset else ""
+        e.add_note(f"raised while {vecenv} called {what}() of its env {k}{known} "
+                   f"(env_step {int(env_step[k])}); call reset() to go on")
