@@ -43,11 +43,9 @@ STORED_KEYS = (K.OBS_FRAME, K.STORED_ACTION, K.NEXT_FRAME, K.NEXT_REWARD, K.NEXT
 class Config(RunConfig):
     """DQN with double/dueling options, hard or soft target updates (rlstruct train dqn).
 
-    The defaults solve CartPole-v1 in about 30k gradient steps, and the gradient steps are
-    what costs time on a CPU. Hence a small net, 1 step per 4 frames (frames are cheap: B=16
-    envs x T=16 steps cost a few ms), a buffer that keeps the rare failures of good policies
-    (the whole run fits in it), and hard target copies every 256 steps (more often diverged).
-    """
+    The defaults solve CartPole-v1 in about 30k gradient steps, what costs time on a CPU: a
+    small net, 1 step per 4 frames, a buffer that keeps the rare failures of good policies (the
+    whole run fits in it), hard target copies every 256 steps (more often diverged)."""
     action_spaces: ClassVar[tuple[str, ...]] = ("Discrete",)
 
     n_timesteps: int = 16
