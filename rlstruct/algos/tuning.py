@@ -10,6 +10,7 @@ the CPU, as the algorithm's ``main`` calls it), so that a layout is measured und
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import torch
@@ -22,6 +23,8 @@ from rlstruct.errors import ConfigError
 from rlstruct.learn.distributions import space_spec
 from rlstruct.learn.nets import head_actor_critic
 from rlstruct.learn.optim import adam, gradient_step
+from rlstruct.learners.local import LocalLearner
+from rlstruct.learners.rank import algorithm_learn
 from rlstruct.runs.run import env_spaces
 from rlstruct.tools.tune import AlgoSetup
 from rlstruct.trajectories import Trajectories
@@ -82,7 +85,11 @@ def impala(**overrides: Any) -> AlgoSetup:
     where ``main`` runs it in a learner thread: the same cost per batch)."""
     return _setup(_impala, lambda obs_dim, space, cfg: _impala.ActorCritic(obs_dim, space.n,
                                                                           cfg.hidden),
-                  _impala.BehaviourAgent,
-                  lambda model, cfg: _impala.Learner(_impala.BehaviourAgent(model), cfg,
-                                                     torch.device("cpu")),
-                  **overrides)
+                  _impala.BehaviourAgent, _impala_learner, **overrides)
+
+
+def _impala_learner(model: Any, cfg: Any) -> Any:
+    group = LocalLearner(model, partial(adam, lr=cfg.lr, eps=1e-5),
+                         partial(algorithm_learn, learn=_impala.learn,
+                                 make_agent=_impala.BehaviourAgent, cfg=cfg), torch.device("cpu"))
+    return _impala.Learner(group)  # as in impala.main, with its one-rank learner group

@@ -20,8 +20,7 @@ def test_a_leaking_test_fails_and_the_next_one_passes(tmp_path):
     (tmp_path / "test_leak.py").write_text(
         textwrap.dedent(
             """
-            import shutil
-import subprocess
+            import subprocess
 
             def test_leaks():
                 subprocess.Popen(["sleep", "60"])

@@ -196,8 +196,12 @@ def test_sac_runs_with_two_learner_ranks_from_the_command_line(tmp_path):
     updates = int(float(learned[-1]["updates"]))
     assert updates >= 32 and updates % 32 == 0  # the same n = 4 envs x 8 steps per batch
     state = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=False)
-    assert {k.split(".")[0] for k in state["model"]} == {"actor", "critic", "target",
-                                                         "temperature"}  # the ranks' nets
+    assert {k.split(".")[0] for k in state["learner"]} == {"actor", "critic", "target",
+                                                           "temperature"}  # the ranks' nets
+    actor = {k.removeprefix("actor."): v for k, v in state["learner"].items()
+             if k.startswith("actor.")}
+    assert state["model"].keys() == actor.keys()  # the policy, as evaluate rebuilds it
+    assert all(torch.equal(state["model"][k], v) for k, v in actor.items())
     assert state["optimizer"]["state"][0]["step"] == updates
 
 
