@@ -8,8 +8,9 @@ the metrics' conversion to floats; this script shows that this is noise beside t
 
 Workload: PPO's defaults (``rlstruct.algos.ppo``: 20 epochs of minibatches of 256 over a batch
 of the default layout's 2 x 8 envs x 32 steps, Adam), a batch collected once by a
-``SerialBatcher`` on CartPole-v1 and learned on again and again by two identical models (one per path, the same seed), one torch
-thread. Prints the median ms per learn call of each path and their ratio (group / direct).
+``SerialBatcher`` on CartPole-v1 and learned on again and again by two identical models (one
+per path, the same seed), one torch thread. Prints the median ms per learn call of each path
+and their ratio (group / direct).
 
 Run: ``python benchmarks/local_learner.py [--reps 15] [--json out.json]``.
 """
