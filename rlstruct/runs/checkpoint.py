@@ -26,11 +26,10 @@ from __future__ import annotations
 import errno
 import importlib
 import io
-import json
 import os
 import random
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,7 @@ from rlstruct.errors import CheckpointError
 
 __all__ = [
     "save_checkpoint", "copy_checkpoint", "load_checkpoint", "rng_state", "set_rng_state",
-    "object_path", "import_object", "build_model", "config_changes", "agent_spec",
+    "object_path", "import_object", "build_model", "agent_spec",
 ]
 
 
@@ -153,28 +152,6 @@ def build_model(spec: Mapping[str, Any]) -> torch.nn.Module:
     """
     cls = import_object(spec["class"])
     return cls(*spec.get("args", ()), **spec.get("kwargs", {}))
-
-
-def config_changes(
-    run_dir: str | Path, config: Mapping[str, Any], may_change: Sequence[str]
-) -> list[str]:
-    """What stops ``config`` from resuming the run in ``run_dir`` (empty: nothing).
-
-    The folder must hold ``config.json`` and ``checkpoints/latest.pt``; every config field but
-    ``may_change`` (budgets, cadences, the device layout...) must equal the saved one: the
-    model, the env and the hyperparameters stay those of the run being continued.
-    """
-    folder = Path(run_dir)
-    if not (folder / "checkpoints" / "latest.pt").is_file():
-        return [f"resume: {folder} holds no checkpoints/latest.pt (give a run directory)"]
-    try:
-        saved = json.loads((folder / "config.json").read_text())["config"]
-    except (OSError, ValueError, KeyError) as err:
-        return [f"resume: cannot read {folder / 'config.json'}: {type(err).__name__}: {err}"]
-    return [f"resume: {name} is {config.get(name, '<absent>')!r} here but "
-            f"{saved.get(name, '<absent>')!r} in {folder} (it cannot change on resume)"
-            for name in sorted(set(saved) | set(config))
-            if name not in may_change and saved.get(name) != config.get(name)]
 
 
 def agent_spec(

@@ -19,9 +19,10 @@ or thread exists; on the command line that is one message and exit code 2.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -107,13 +108,8 @@ def parse(config_class: type[C], args: Sequence[str] | None = None,
     """
     import tyro
 
-    try:
-        cfg = tyro.cli(config_class, args=args, prog=prog)
-        return resolve(cfg)
-    except ConfigError as err:
-        name = prog or f"rlstruct train {algo_name(config_class)}"
-        print(f"{name}: error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+    with _exit_2_on_config_error(config_class, prog):
+        return resolve(tyro.cli(config_class, args=args, prog=prog))
 
 
 def run_cli(main: Callable[[C], Any], config_class: type[C], args: Sequence[str] | None = None,
@@ -127,8 +123,15 @@ def run_cli(main: Callable[[C], Any], config_class: type[C], args: Sequence[str]
         What ``main`` returns (the run's summary).
     """
     cfg = parse(config_class, args, prog)
-    try:
+    with _exit_2_on_config_error(config_class, prog):
         return main(cfg)
+
+
+@contextlib.contextmanager
+def _exit_2_on_config_error(config_class: type[RunConfig], prog: str | None) -> Iterator[None]:
+    """A ConfigError in the block: one message on stderr, exit code 2, no traceback."""
+    try:
+        yield
     except ConfigError as err:
         print(f"{prog or 'rlstruct train ' + algo_name(config_class)}: error: {err}",
               file=sys.stderr)
@@ -164,12 +167,13 @@ def _device_problems(cfg: RunConfig) -> list[str]:
     problems = []
     for name, value in named:
         try:
-            torch.device(value) if value != "auto" else None
+            if value != "auto":
+                torch.device(value)
         except (RuntimeError, TypeError):
             continue  # not a device at all: LayoutConfig.problems says so
         try:
             resolve_device(value)
-        except ConfigError as err:
+        except ConfigError as err:  # a device this machine lacks
             problems.append(f"{name}: {err}")
     return problems
 

@@ -133,9 +133,8 @@ class Run:
         self.obs_dim = math.prod(self.obs_shape)
         self._resumed: dict[str, Any] = {}
         if cfg.resume is not None:
+            # resolve() checked that it loads, is this algorithm's and fits the config
             self._resumed = load_checkpoint(Path(cfg.resume) / "checkpoints" / "latest.pt")
-            if self._resumed.get("algo", algo) != algo:
-                raise ConfigError(f"resume: {cfg.resume} is a {self._resumed['algo']} run")
         r = self._resumed
         self.start -= r.get("wall_time", 0.0)  # the clock and the time budget go on
         self.frames, self.iteration = r.get("frames", 0), r.get("iteration", 0)

@@ -295,3 +295,57 @@ def test_every_algorithm_is_in_the_algorithm_tables():
         assert f"| `{name}.py` |" in readme, f"rlstruct/algos/README.md has no row for {name}"
         assert f"`rlstruct.algos.{name}`" in guide, f"docs/algorithms.md has no row for {name}"
     assert "all five" not in readme and "all eight" in readme
+
+
+_TRAIN = re.compile(r"(?:\brlstruct train |-m rlstruct\.algos\.)(\w+)(.*)")
+
+
+def doc_train_commands() -> list[tuple[str, str, str]]:
+    """``(page, algorithm, flags)`` of every ``rlstruct train ALGO ...`` and ``-m
+    rlstruct.algos.ALGO ...`` line of the pages' code blocks, as written (continuation lines
+    joined, trailing comments dropped)."""
+    found = []
+    pages = [p for p in LINKED_PAGES if p.suffix == ".md"]
+    for page in pages:
+        for _lang, body in _FENCE.findall(page.read_text()):
+            for line in body.replace("\\\n", " ").splitlines():
+                match = _TRAIN.search(line)
+                if match:
+                    flags = re.split(r"\s#", match.group(2))[0]
+                    found.append((page.relative_to(REPO).as_posix(), match.group(1), flags))
+    return found
+
+
+def test_the_train_commands_of_the_docs_parse_as_written(capsys):
+    """Every training command line the docs show names an algorithm and flags that exist, with
+    values of the right types (parsed by the algorithm's own command line, nothing run). Shell
+    variables (``"$RUNS"``) and their flag are left out; lines with placeholders (``<...>``)
+    are skipped."""
+    import shlex
+
+    import tyro
+
+    from rlstruct.__main__ import ALGOS
+
+    checked = []
+    for page, algo, flags in doc_train_commands():
+        if "<" in flags or "..." in flags:
+            continue
+        assert algo in ALGOS, f"{page}: no algorithm {algo!r} ({' '.join(ALGOS)})"
+        tokens: list[str] = []
+        for token in shlex.split(flags):
+            if "$" in token:  # a shell variable: drop it and the flag it is the value of
+                if tokens and tokens[-1].startswith("--"):
+                    tokens.pop()
+                continue
+            tokens.append(token)
+        module = importlib.import_module(f"rlstruct.algos.{algo}")
+        try:
+            tyro.cli(module.Config, args=tokens, prog=f"rlstruct train {algo}")
+        except SystemExit as exit_:
+            assert exit_.code == 0, (f"{page}: `rlstruct train {algo}{flags}` does not parse: "
+                                     f"{capsys.readouterr().err[-500:]}")
+        checked.append((page, algo))
+    capsys.readouterr()
+    assert len(checked) >= 15, checked  # the extraction finds the docs' commands
+    assert {algo for _, algo in checked} >= {"ppo", "dqn", "impala"}
