@@ -15,11 +15,17 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+from typing import Any
+
 import torch
 
 from rlstruct.errors import ConfigError
 
-__all__ = ["resolve_device", "is_accelerator", "available_devices", "session_device"]
+__all__ = [
+    "resolve_device", "is_accelerator", "available_devices", "session_device", "bf16_native",
+    "learner_autocast",
+]
 
 # Device types that hold no real memory to compute on, or that are the host.
 _NOT_ACCELERATORS = frozenset({"cpu", "meta"})
@@ -144,6 +150,36 @@ def session_device(
     if n_gpus == 0:
         return torch.device("cpu")
     return torch.device("cuda", (trial * sessions_per_trial + session + offset) % n_gpus)
+
+
+def bf16_native(device: str | torch.device) -> bool:
+    """Whether ``device`` computes bfloat16 natively: a CUDA device that supports it, or a CPU
+    with AVX512-BF16 or AMX (on other CPUs bfloat16 is emulated, and slower than float32)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        cpu: Any = torch.cpu
+        return bool(cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported())
+    return False
+
+
+def learner_autocast(device: str | torch.device,
+                     precision: str) -> contextlib.AbstractContextManager:
+    """The context a learn step runs in for ``--precision``: ``"fp32"`` (nothing), ``"bf16"``
+    (``torch.autocast`` to bfloat16 on ``device``: matmuls and convolutions in bfloat16, weights,
+    gradients and optimizer state in float32) or ``"auto"`` (bf16 where
+    :func:`bf16_native`, else fp32).
+
+    Raises:
+        ConfigError: ``precision`` is none of the three.
+    """
+    if precision not in ("fp32", "bf16", "auto"):
+        raise ConfigError(f"precision must be 'fp32', 'bf16' or 'auto', got {precision!r}")
+    device = torch.device(device)
+    if precision == "fp32" or (precision == "auto" and not bf16_native(device)):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 def _names() -> str:

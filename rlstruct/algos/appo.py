@@ -41,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 import tyro
@@ -50,8 +50,9 @@ from torch import Tensor
 from rlstruct import Agent, DictTensor, LearnerThread, Trajectories, replay_agent_stateless
 from rlstruct import functional as F
 from rlstruct import keys as K
+from rlstruct.algos.presets import APPO_PRESETS
 from rlstruct.envs import GymEnvInf
-from rlstruct.learn.nets import MLPActorCritic
+from rlstruct.learn.nets import CNNActorCritic, MLPActorCritic
 from rlstruct.learn.optim import adam, gradient_step
 from rlstruct.learn.sampling import ActorAgent, greedy_info
 from rlstruct.learners.thread import LatestWeights
@@ -63,6 +64,7 @@ from rlstruct.runs.run import Run, RunConfig
 @dataclass
 class Config(RunConfig):
     """APPO: clipped PPO with V-trace targets on a pipelined batcher (rlstruct train appo)."""
+    presets = APPO_PRESETS  # --preset NAME: rlstruct/algos/presets.py
     action_spaces: ClassVar[tuple[str, ...]] = ("Discrete",)
 
     max_frames: int = 150_000
@@ -85,6 +87,8 @@ class Config(RunConfig):
     c_bar: float = 0.8
     """V-trace: truncation of the trace coefficients (below 1 it also shortens the traces
     on-policy, like GAE's lambda)"""
+    model: Literal["mlp", "cnn"] = "mlp"
+    """mlp on flattened observations, or the Nature CNN on stacked frames (--env-backend atari)"""
     queue: int = 0
     """0: learn in the main thread while the pipelined workers collect the next segment (one
     update of lag); N: in a learner thread, which collection waits for when N segments behind"""
@@ -201,7 +205,9 @@ class Learner:
 def main(cfg: Config) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("appo", cfg) as run:
-        model = run.model(ActorCritic, run.obs_dim, run.n_actions, cfg.hidden)  # on the CPU
+        model = (run.model(CNNActorCritic, run.n_actions, in_channels=run.obs_shape[0])
+                 if cfg.model == "cnn" else run.model(ActorCritic, run.obs_dim, run.n_actions,
+                                                      cfg.hidden))  # on the CPU
         batcher = run.training_batcher(BehaviourAgent, {"model": model}, GymEnvInf,
                                        cfg.n_timesteps)
         run.evaluator(BehaviourAgent, {"model": model}, agent_info=greedy_info())

@@ -5,13 +5,13 @@ One iteration:
 1. **Collect**: the training batcher steps ``B = n_processes * n_envs`` auto-reset envs
    (``GymEnvInf``) for ``T`` steps. The policy head is picked from the action space
    (``rlstruct.learn.distributions``: softmax for Discrete; a diagonal Gaussian for Box, rescaled
-   and
-   clipped into the bounds); the agent stores the env's ``action``, the head's unclipped
+   and clipped into the bounds); the agent stores the env's ``action``, the head's unclipped
    ``sample``, its log-probability ``logp`` and the critic's ``value`` at every step.
 2. **Advantages**, once per batch: the critic values the TRUE next observations
    (``_observation/frame``, the final observation at an episode end, never the reset one) in one
    batched call, and ``F.gae`` gives GAE(lambda): terminated steps do not bootstrap; truncated
-   steps and segment cuts bootstrap from that next value.
+   steps and segment cuts bootstrap from that next value (on scaled rewards with
+   ``--normalize-reward``).
 3. **Learn**: ``n_epochs`` passes over the batch's ``N`` valid steps (``to_transitions()``) in
    shuffled minibatches. Each minibatch replays the agent on the learner device in one batched
    call (``replay_agent_stateless`` takes transitions directly) for new head params and
@@ -23,7 +23,7 @@ One iteration:
    ``--pipeline 2`` the workers already collect the next segment while the learner learns on
    this one (one update of policy lag, which the clipped ratio tolerates).
 
-Run: ``python -m rlstruct.algos.ppo --help``; ``python -m rlstruct.algos.ppo --seed 1``.
+Run: ``rlstruct train ppo --help``; ``rlstruct train ppo --preset atari`` (Pong).
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ from torch import Tensor
 from rlstruct import Agent, DictTensor, Trajectories, replay_agent_stateless
 from rlstruct import functional as F
 from rlstruct import keys as K
+from rlstruct.algos.presets import PPO_PRESETS
 from rlstruct.envs import GymEnvInf
+from rlstruct.learn import normalization
 from rlstruct.learn.distributions import space_spec
 from rlstruct.learn.nets import CNNActorCritic, HeadActorCritic, head_actor_critic
 from rlstruct.learn.optim import Optimizer, adam, gradient_step
@@ -78,6 +80,11 @@ class Config(RunConfig):
     """mlp: normalise observations with running statistics (sent with the weights)"""
     log_std_init: float = 0.0
     """Box actions: initial log-std of the Gaussian policy (in the normalised space [-1, 1])"""
+    activation: Literal["tanh", "relu"] = "tanh"
+    """mlp: the hidden layers' activation"""
+    normalize_reward: bool = False
+    """mlp: divide rewards by the running std of the discounted returns (clipped to +-10)"""
+    presets = PPO_PRESETS  # --preset NAME: rlstruct/algos/presets.py
 
     def problems(self) -> list[str]:  # listed with the shared fields' problems, all at once
         bad = self.n_epochs < 1 or self.minibatch_size < 1 or not 0 < self.clip_coef < 1
@@ -88,21 +95,18 @@ class Config(RunConfig):
 
 # --------------------------------------------------------------------------------------- model
 def model_factory(run: Run, cfg: Config) -> partial[HeadActorCritic | CNNActorCritic]:
-    """Separate actor and critic MLPs, the actor ending in the policy head of the action space
-    (categorical for Discrete, Gaussian for Box: rlstruct/learn/nets.py,
-    rlstruct/learn/distributions.py);
-    or the Nature CNN (Discrete actions). Built from plain values, so checkpoints record it."""
+    """Actor and critic MLPs (the actor ends in the action space's policy head), or the Nature
+    CNN (Discrete actions); built from plain values, so checkpoints record it."""
     if cfg.model == "cnn":
         return partial(CNNActorCritic, run.n_actions, in_channels=run.obs_shape[0])
     return partial(head_actor_critic, run.obs_dim, space_spec(run.action_space), cfg.hidden,
-                   cfg.log_std_init, cfg.normalize_obs)
+                   cfg.log_std_init, cfg.normalize_obs, cfg.activation, cfg.normalize_reward)
 
 
 # --------------------------------------------------------------------------------------- agent
-# Memoryless (rlstruct/learn/sampling.py): samples from model.head (the mode on rows with
-# agent_info["greedy"]) and stores the env's action, the head's unclipped sample, its logp and
-# the value; its call_replay (replay_agent_stateless on the learner) samples nothing and returns
-# the differentiable head params and value.
+# Memoryless (rlstruct/learn/sampling.py): samples from model.head (the mode with greedy) and
+# stores the env's action, the unclipped sample, its logp and the value; replayed on the learner
+# it samples nothing and returns the differentiable head params and value.
 PPOAgent = PolicyAgent
 
 
@@ -123,16 +127,30 @@ def value_loss(value: Tensor, value_old: Tensor, returns: Tensor, clip: float | 
     return 0.5 * loss
 
 
+def scaled_rewards(model: Any, traj: Trajectories, gamma: float) -> Tensor:
+    """The rewards ``(B, T)``; with ``--normalize-reward`` scaled by the returns' running std
+    (``normalization.scale_rewards``; ``model.discounted`` carries each row's return on)."""
+    steps, norm = traj.trajectories, getattr(model, "reward_norm", None)
+    if norm is None:
+        return steps[K.NEXT_REWARD]
+    done = steps[K.NEXT_TERMINATED] | steps[K.NEXT_TRUNCATED]
+    scaled, model.discounted = normalization.scale_rewards(norm, getattr(model, "discounted", None),
+                                             steps[K.NEXT_REWARD], done, steps.lengths, gamma)
+    return scaled
+
+
 def gae_advantages(
     model: HeadActorCritic, traj: Trajectories, gamma: float, lam: float
 ) -> tuple[Tensor, Tensor]:
     """GAE ``(advantages, returns)``, each ``(B, T)``, from the values stored at collection and
-    the critic's values of the true next observations (one batched call, no gradient)."""
+    the critic's values of the true next observations (one batched call, no gradient), on the
+    rewards of :func:`scaled_rewards`."""
     steps = traj.trajectories
     with torch.no_grad():
         next_value = model.value(steps[K.NEXT_FRAME].flatten(0, 1)).view(steps[K.NEXT_REWARD].shape)
     return F.gae(
-        steps[K.NEXT_REWARD], steps[K.STORED_VALUE], next_value, steps[K.NEXT_TERMINATED],
+        scaled_rewards(model, traj, gamma), steps[K.STORED_VALUE], next_value,
+        steps[K.NEXT_TERMINATED],
         steps[K.NEXT_TRUNCATED], steps.lengths, gamma, lam,
     )
 
@@ -162,9 +180,8 @@ def ppo_loss(agent: Agent, minibatch: DictTensor, cfg: Config) -> tuple[Tensor, 
 
 def relabel(agent: Agent, traj: Trajectories) -> Trajectories:
     """``logp`` and ``value`` of the stored actions recomputed by the current model: with
-    ``--pipeline 2`` the batch was collected one update ago, and PPO's clip range (and GAE's
-    baseline) must be measured from the policy being improved, or the first epoch already
-    starts outside the clip range and the gradient vanishes."""
+    ``--pipeline 2`` the batch was collected one update ago, and the clip range must be measured
+    from the policy being improved (or the first epoch starts outside it)."""
     steps = traj.trajectories
     with torch.no_grad():
         params, value = agent.model(steps[K.OBS_FRAME].flatten(0, 1))

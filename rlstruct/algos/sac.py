@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from rlstruct import Agent, DictTensor
 from rlstruct import functional as F
 from rlstruct import keys as K
+from rlstruct.algos.presets import SAC_PRESETS
 from rlstruct.envs import GymEnvInf
 from rlstruct.learn.distributions import make_head, space_from_spec, space_spec
 from rlstruct.learn.optim import adam, gradient_step
@@ -52,9 +53,9 @@ STORED_KEYS = (K.OBS_FRAME, STORED_SQUASHED, K.NEXT_FRAME, K.NEXT_REWARD, K.NEXT
 
 @dataclass
 class Config(RunConfig):
-    """SAC with twin critics, Polyak targets and automatic temperature (rlstruct train sac).
-
-    The defaults solve Pendulum-v1 in 6-7k frames, a step per frame, 4 envs in this process."""
+    """SAC with twin critics, Polyak targets and automatic temperature (rlstruct train sac); the
+    defaults solve Pendulum-v1 in 6-7k frames, a step per frame, 4 envs in this process."""
+    presets = SAC_PRESETS  # --preset NAME: rlstruct/algos/presets.py
     action_spaces: ClassVar[tuple[str, ...]] = ("Box",)
     splits_rows: ClassVar[bool] = False  # the ranks split the samples' rows
     learner_ranks: ClassVar[bool] = True  # --n-learners: Run.learner_group

@@ -48,6 +48,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from rlstruct import Trajectories
 from rlstruct import functional as F
 from rlstruct import keys as K
+from rlstruct.algos.presets import TRPO_PRESETS
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ShapeError
 from rlstruct.learn.distributions import space_spec
@@ -62,6 +63,7 @@ from rlstruct.runs.run import Run, RunConfig
 @dataclass
 class Config(RunConfig):
     """TRPO on auto-reset segments; defaults tuned for Pendulum-v1 (rlstruct train trpo)."""
+    presets = TRPO_PRESETS  # --preset NAME: rlstruct/algos/presets.py
     learner_ranks: ClassVar[bool] = True  # --n-learners: Run.learner_group
     env_id: str = "Pendulum-v1"
     max_frames: int = 300_000

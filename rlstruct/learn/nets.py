@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-import torch  # noqa: F401 - the doctests use it
+import torch
 from gymnasium.spaces import Space
 from torch import Tensor, nn
 
@@ -44,12 +44,17 @@ def linear(n_in: int, n_out: int, gain: float) -> nn.Linear:
     return layer
 
 
-def mlp(n_in: int, hidden: int, n_out: int, out_gain: float) -> nn.Sequential:
-    """``n_in -> hidden -> hidden -> n_out``: two tanh hidden layers (gain ``sqrt(2)``) and a
-    linear output layer with gain ``out_gain``."""
-    g = math.sqrt(2)
+#: The hidden layers' activations an MLP may have (``activation=`` of :func:`mlp`).
+ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+
+def mlp(n_in: int, hidden: int, n_out: int, out_gain: float,
+        activation: str = "tanh") -> nn.Sequential:
+    """``n_in -> hidden -> hidden -> n_out``: two hidden layers (gain ``sqrt(2)``, ``tanh`` or
+    ``relu``) and a linear output layer with gain ``out_gain``."""
+    g, act = math.sqrt(2), ACTIVATIONS[activation]
     return nn.Sequential(
-        linear(n_in, hidden, g), nn.Tanh(), linear(hidden, hidden, g), nn.Tanh(),
+        linear(n_in, hidden, g), act(), linear(hidden, hidden, g), act(),
         linear(hidden, n_out, out_gain),
     )
 
@@ -95,6 +100,10 @@ class HeadActorCritic(nn.Module):
             (e.g. ``make_head(space, hidden)``).
         hidden: width of both hidden layers of each MLP.
         normalize_obs: normalise observations with running statistics.
+        activation: the hidden layers' activation, ``"tanh"`` or ``"relu"``.
+        normalize_reward: keep running statistics of the discounted returns
+            (``self.reward_norm``, a :class:`RunningNorm` of shape ``(1,)``), by which an
+            algorithm may scale rewards (PPO's ``--normalize-reward``).
 
     Examples:
         >>> import numpy as np
@@ -107,14 +116,16 @@ class HeadActorCritic(nn.Module):
         (torch.Size([5, 2]), torch.Size([5]), True)
     """
 
-    def __init__(self, obs_dim: int, head: ActionHead, hidden: int, normalize_obs: bool = False):
+    def __init__(self, obs_dim: int, head: ActionHead, hidden: int, normalize_obs: bool = False,
+                 activation: str = "tanh", normalize_reward: bool = False):
         super().__init__()
-        g = math.sqrt(2)
+        g, act = math.sqrt(2), ACTIVATIONS[activation]
         self.obs_norm = RunningNorm((obs_dim,)) if normalize_obs else None
+        self.reward_norm = RunningNorm((1,), clip=0.0) if normalize_reward else None
         self.actor = nn.Sequential(
-            linear(obs_dim, hidden, g), nn.Tanh(), linear(hidden, hidden, g), nn.Tanh(), head
+            linear(obs_dim, hidden, g), act(), linear(hidden, hidden, g), act(), head
         )
-        self.critic = mlp(obs_dim, hidden, 1, out_gain=1.0)
+        self.critic = mlp(obs_dim, hidden, 1, out_gain=1.0, activation=activation)
 
     @property
     def head(self) -> ActionHead:
@@ -144,7 +155,7 @@ class HeadActorCritic(nn.Module):
 
 def head_actor_critic(
     obs_dim: int, action_space: dict[str, object] | Space, hidden: int, log_std_init: float = 0.0,
-    normalize_obs: bool = False,
+    normalize_obs: bool = False, activation: str = "tanh", normalize_reward: bool = False,
 ) -> HeadActorCritic:
     """A :class:`HeadActorCritic` built from plain values only (``action_space`` is
     :func:`~rlstruct.learn.distributions.space_spec` of the env's action space), so a checkpoint can
@@ -158,7 +169,7 @@ def head_actor_critic(
         torch.Size([3, 2])
     """
     head = make_head(space_from_spec(action_space), hidden, log_std_init=log_std_init)
-    return HeadActorCritic(obs_dim, head, hidden, normalize_obs)
+    return HeadActorCritic(obs_dim, head, hidden, normalize_obs, activation, normalize_reward)
 
 
 def conv(c_in: int, c_out: int, kernel: int, stride: int, gain: float = math.sqrt(2)) -> nn.Conv2d:
@@ -212,8 +223,15 @@ class CNNActorCritic(nn.Module):
 
     def value(self, frame: Tensor) -> Tensor:
         """``V(frame)``, ``(n,)``."""
-        return self.critic(self._features(frame)).squeeze(-1)
+        x = self._features(frame)
+        with torch.autocast(x.device.type, enabled=False):  # bf16 trunk, float32 heads
+            return self.critic(x.float()).squeeze(-1)
 
     def forward(self, frame: Tensor) -> tuple[Tensor, Tensor]:
         x = self._features(frame)
-        return self.actor(x), self.critic(x).squeeze(-1)
+        # Under --precision bf16 the trunk runs in bfloat16 and the heads in float32: the
+        # logits' rounding would otherwise move PPO's ratio of a policy to itself off 1 by about
+        # 1e-2, a tenth of its clip range.
+        with torch.autocast(x.device.type, enabled=False):
+            x = x.float()
+            return self.actor(x), self.critic(x).squeeze(-1)

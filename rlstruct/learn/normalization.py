@@ -88,3 +88,39 @@ class RunningNorm(nn.Module):
         if self.clip > 0:
             y = y.clamp(-self.clip, self.clip)
         return y.to(dtype)
+
+
+@torch.no_grad()
+def scale_rewards(
+    norm: RunningNorm, running: Tensor | None, reward: Tensor, done: Tensor, lengths: Tensor,
+    gamma: float, clip: float = 10.0,
+) -> tuple[Tensor, Tensor]:
+    """Rewards divided by the running std of the discounted returns (what rl-zoo's
+    ``VecNormalize`` does to rewards), for one batch of auto-reset segments.
+
+    Each env row's return ``G <- gamma G + r`` runs on across batches and restarts after an
+    episode's end; every valid step's ``G`` updates ``norm`` first, then the rewards are scaled.
+
+    Args:
+        norm: the statistics of the returns, shape ``(1,)``.
+        running: each row's return at the end of the previous batch ``(B,)`` (None: zeros).
+        reward: ``(B, T)``.
+        done: ``(B, T)`` bool, the episode ended at that step (terminated or truncated).
+        lengths: ``(B,)`` valid steps per row.
+        gamma: the discount.
+        clip: the scaled rewards are clipped to ``[-clip, clip]``.
+
+    Returns:
+        ``(scaled rewards (B, T), each row's return for the next batch (B,))``.
+    """
+    if running is None or running.shape != reward.shape[:1]:
+        running = torch.zeros_like(reward[:, 0])
+    returns = []
+    for t in range(reward.shape[1]):
+        valid = t < lengths
+        running = torch.where(valid, running * gamma + reward[:, t], running)
+        returns.append(running[valid])
+        running = torch.where(valid & done[:, t], torch.zeros_like(running), running)
+    norm.update(torch.cat(returns).unsqueeze(1))
+    scale = torch.rsqrt(norm.var + norm.eps).to(reward.dtype)
+    return (reward * scale).clamp(-clip, clip), running

@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from rlstruct.devices import learner_autocast
 from rlstruct.learn.optim import Optimizer, gradient_step
 from rlstruct.learners.staging import DeviceStager, unpack
 
@@ -244,6 +245,7 @@ def algorithm_learn(
     ctx: RankContext, batch: Any, *, learn: Callable[..., Mapping[str, float]],
     make_agent: Callable[[nn.Module], Any] | None, cfg: Any, per_rank: tuple[str, ...] = (),
     lr: float | None = None, stacked: bool = False, out_of_time: Callable[[], bool] | None = None,
+    precision: str = "fp32",
 ) -> Mapping[str, float]:
     """Runs an algorithm's ``learn(agent, optimizer, batch, cfg, step)`` on one rank, with
     ``step=ctx.step`` (gradients averaged over the ranks); bind the keywords with
@@ -264,6 +266,8 @@ def algorithm_learn(
         out_of_time: handed to ``learn`` as ``out_of_time=`` (a learn function that stops
             between minibatches once the run's time is up); only a one-rank learner in the run's
             own process has it, since ranks must take the same number of steps.
+        precision: ``"fp32"``, ``"bf16"`` or ``"auto"``: the learn step runs in
+            :func:`~rlstruct.devices.learner_autocast` on the rank's device.
     """
     if lr is not None:
         for group in ctx.optimizer.param_groups:
@@ -273,6 +277,13 @@ def algorithm_learn(
         for name in per_rank:
             setattr(cfg, name, max(1, getattr(cfg, name) // ctx.world_size))
     agent = ctx.model if make_agent is None else make_agent(ctx.model)
+    with learner_autocast(ctx.device, precision):
+        return _learn_batch(agent, ctx, batch, learn, cfg, stacked, out_of_time)
+
+
+def _learn_batch(agent: Any, ctx: RankContext, batch: Any,
+                 learn: Callable[..., Mapping[str, float]], cfg: Any, stacked: bool,
+                 out_of_time: Callable[[], bool] | None) -> Mapping[str, float]:
     if not stacked:
         if out_of_time is not None:
             return learn(agent, ctx.optimizer, batch, cfg, ctx.step, out_of_time=out_of_time)

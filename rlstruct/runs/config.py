@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import tyro
 
 from rlstruct.runs.layout import LayoutConfig
+from rlstruct.runs.presets import Preset, build_preset
 
 __all__ = ["RunConfig", "RESUMABLE"]
+
+C = TypeVar("C", bound="RunConfig")
 
 #: RunConfig fields a resumed run may set differently from the run it continues.
 RESUMABLE = ("resume", "max_frames", "time_budget", "target_return", "eval_every", "eval_envs",
@@ -33,6 +36,10 @@ class RunConfig:
     clipping) and the device layout. An algorithm's config subclasses it; redeclaring a field
     changes its default and keeps its help."""
 
+    preset: str | None = None
+    """a named hyperparameter set of the algorithm (listed above); every other flag given
+    overrides its values. Set by --preset and Config.from_preset: setting it by hand on a
+    Config changes no other field"""
     env_id: str = "CartPole-v1"
     """gymnasium id of the environment (Discrete actions; ppo, a2c and trpo also take Box ones,
     sac only Box ones); pkg.mod:Id imports pkg.mod first"""
@@ -60,6 +67,10 @@ class RunConfig:
     """save checkpoints/latest.pt every this many iterations (and at the end)"""
     n_threads: int = 1
     """torch threads of the learner (the cores are shared with the workers)"""
+    precision: Literal["fp32", "bf16", "auto"] = "fp32"
+    """the learn step's arithmetic: fp32; bf16 (autocast: convolutions and matmuls in bfloat16,
+    weights and optimizer state in float32); auto (bf16 where the learner device has it natively:
+    CUDA, or a CPU with AVX512-BF16 or AMX)"""
     runs_dir: str = "runs"
     """folder of the run directories"""
     n_timesteps: int = 32
@@ -95,6 +106,18 @@ class RunConfig:
     #: Whether learner ranks split the batch's env rows (``n_processes * n_envs``), which must
     #: then be a multiple of their number (SAC splits its samples' rows instead).
     splits_rows: ClassVar[bool] = True
+    #: The algorithm's named hyperparameter sets (``--preset NAME``).
+    presets: ClassVar[dict[str, Preset]] = {}
+
+    @classmethod
+    def from_preset(cls: type[C], name: str, **overrides: Any) -> C:
+        """The config of the preset ``name`` (its values for the env id given or its own),
+        with ``overrides`` on top: ``Config.from_preset("atari", env_id="ALE/Breakout-v5")``.
+
+        Raises:
+            ConfigError: the algorithm has no such preset, or it names no config field.
+        """
+        return build_preset(cls, name, overrides)
 
     def __post_init__(self) -> None:
         """Only normalises (``env_module`` from a list); reads nothing and checks nothing:
@@ -121,6 +144,11 @@ class RunConfig:
             problems.append(f"lr must be a finite number > 0, got {self.lr}")
         if not self.time_budget > 0:
             problems.append(f"time_budget must be > 0 seconds, got {self.time_budget}")
+        if self.preset is not None and self.preset not in self.presets:
+            known = ", ".join(sorted(self.presets)) or "none"
+            problems.append(f"preset {self.preset!r} is not one of the algorithm's: {known}")
+        if self.precision not in ("fp32", "bf16", "auto"):
+            problems.append(f"precision must be fp32, bf16 or auto, got {self.precision!r}")
         if not 0 < self.gamma <= 1:
             problems.append(f"gamma must be in (0, 1], got {self.gamma}")
         return problems + self.layout.problems()

@@ -29,7 +29,7 @@ def learner_group(
     checkpoints."""
     layout = run.cfg.layout
     rank_learn = partial(algorithm_learn, learn=learn, make_agent=make_agent, cfg=run.cfg,
-                         per_rank=per_rank, stacked=stacked)
+                         per_rank=per_rank, stacked=stacked, precision=run.cfg.precision)
     group: LearnerGroupBase
     if (torchrun_world() == 1 and layout.n_learners == 1 and layout.learner_devices is None
             and layout.learner_backend == "local"):
@@ -38,6 +38,7 @@ def learner_group(
         checked = None if make_agent is None else (lambda m: run.learner(make_agent(m)))
         takes_clock = "out_of_time" in inspect.signature(learn).parameters
         local_learn = partial(algorithm_learn, learn=learn, make_agent=checked, cfg=run.cfg,
+                              precision=run.cfg.precision,
                               stacked=stacked, out_of_time=run.out_of_time if takes_clock else None)
         group = run._stack.enter_context(LocalLearner(model, make_optimizer, local_learn,
                                                       run.device))

@@ -37,6 +37,7 @@ from rlstruct.runs.checkpoint import load_checkpoint, object_path
 from rlstruct.runs.config import RESUMABLE, RunConfig
 from rlstruct.runs.layout_file import apply_layout
 from rlstruct.runs.logger import config_to_dict
+from rlstruct.runs.presets import preset_help, preset_in_args
 
 __all__ = ["resolve", "parse", "run_cli", "is_resolved", "algo_name"]
 
@@ -100,6 +101,8 @@ def parse(config_class: type[C], args: Sequence[str] | None = None,
           prog: str | None = None) -> C:
     """The command line of an algorithm: ``tyro.cli(config_class)``, then :func:`resolve`. A
     problem of the config prints one message and exits with code 2, before anything starts.
+    With ``--preset NAME`` the preset's values (:mod:`rlstruct.runs.presets`) are the defaults,
+    so every other flag given overrides them.
 
     Args:
         config_class: the algorithm's ``Config``.
@@ -108,8 +111,16 @@ def parse(config_class: type[C], args: Sequence[str] | None = None,
     """
     import tyro
 
+    description = "\n\n".join(filter(None, [config_class.__doc__, preset_help(config_class)]))
     with _exit_2_on_config_error(config_class, prog):
-        return resolve(tyro.cli(config_class, args=args, prog=prog))
+        name = preset_in_args(sys.argv[1:] if args is None else args)
+        default = None
+        if name is not None:  # the preset's values, for the env id the command line gives
+            first = tyro.cli(config_class, args=args, prog=prog, description=description,
+                             default=config_class.from_preset(name))
+            default = config_class.from_preset(name, env_id=first.env_id)
+        return resolve(tyro.cli(config_class, args=args, prog=prog, description=description,
+                                default=default))
 
 
 def run_cli(main: Callable[[C], Any], config_class: type[C], args: Sequence[str] | None = None,

@@ -1,0 +1,85 @@
+"""The algorithms' presets (``--preset NAME``): published, tested hyperparameter sets.
+
+Each is a :class:`~rlstruct.runs.presets.Preset` that an algorithm's ``Config.presets`` lists;
+docs/algorithms.md's preset table gives each one's measured result and the command behind it.
+Sources: rl-zoo (DLR-RM/rl-baselines3-zoo, ``hyperparams/*.yml``) and CleanRL
+(``ppo_atari.py``). Where rlstruct's nets differ from theirs the docstring of the preset says
+so (rlstruct keeps orthogonal initialisation everywhere; rl-zoo's MuJoCo PPO turns it off).
+"""
+
+from __future__ import annotations
+
+from rlstruct.runs.presets import Preset
+
+__all__ = ["PPO_PRESETS", "APPO_PRESETS", "SAC_PRESETS", "TRPO_PRESETS"]
+
+#: rl-zoo's and CleanRL's Atari settings (8 envs, T=128, 4 epochs of 4 minibatches of 256, lr
+#: 2.5e-4 annealed, clip 0.1) with the Nature CNN, laid out to keep 2 cores busy: the learner
+#: learns on one batch (2 threads, bfloat16 where the CPU or GPU has it) while the workers
+#: collect the next (docs/guide-atari.md measures each lever). Atari's measure is the training
+#: episodes' return (greedy evaluation is off for Atari; rlstruct evaluate RUN_DIR afterwards).
+PPO_ATARI = Preset(
+    "Atari (ALE/Pong-v5 unless --env-id): Nature CNN, rl-zoo's and CleanRL's PPO settings",
+    dict(env_id="ALE/Pong-v5", env_backend="atari", model="cnn", n_processes=2, n_envs=4,
+         n_timesteps=128, n_epochs=4, minibatch_size=256, lr=2.5e-4, anneal_lr=True,
+         clip_coef=0.1, ent_coef=0.01, vf_coef=0.5, gamma=0.99, gae_lambda=0.95,
+         max_grad_norm=0.5, adv_norm="minibatch", target_return=None, max_frames=10_000_000,
+         time_budget=86_400.0, eval_every=0, checkpoint_every=100, n_threads=2, pipeline=2,
+         precision="auto"),
+)
+
+#: MuJoCo locomotion: rl-zoo's tuned PPO settings per task (obs and reward normalisation,
+#: 256-wide ReLU nets, log-std -2), and their HalfCheetah values for other Box tasks.
+PPO_MUJOCO = Preset(
+    "MuJoCo (HalfCheetah-v5 unless --env-id): rl-zoo's PPO settings per task",
+    dict(env_id="HalfCheetah-v5", max_frames=1_000_000, time_budget=3_600.0, target_return=None,
+         n_processes=1, n_envs=1, n_timesteps=512, minibatch_size=64, n_epochs=20, lr=2.0633e-5,
+         gamma=0.98, gae_lambda=0.92, clip_coef=0.1, ent_coef=4.01762e-4, vf_coef=0.58096,
+         max_grad_norm=0.8, hidden=256, activation="relu", log_std_init=-2.0,
+         normalize_obs=True, normalize_reward=True, anneal_lr=False, eval_every=0,
+         checkpoint_every=200),
+    per_env={
+        "Hopper-v5": dict(n_timesteps=512, minibatch_size=32, n_epochs=5, lr=9.80828e-5,
+                          gamma=0.999, gae_lambda=0.99, clip_coef=0.2, ent_coef=2.29519e-3,
+                          vf_coef=0.835671, max_grad_norm=0.7),
+        "Walker2d-v5": dict(n_timesteps=512, minibatch_size=32, n_epochs=20, lr=5.05041e-5,
+                            gamma=0.99, gae_lambda=0.95, clip_coef=0.1, ent_coef=5.85045e-4,
+                            vf_coef=0.871923, max_grad_norm=1.0),
+    },
+)
+
+
+PPO_PRESETS = {"atari": PPO_ATARI, "mujoco": PPO_MUJOCO}
+
+#: APPO on Atari: the PPO preset's settings (V-trace targets instead of GAE; APPO always
+#: pipelines, so the workers collect while the learner learns).
+APPO_PRESETS = {"atari": Preset(
+    "Atari (ALE/Pong-v5 unless --env-id): Nature CNN, PPO's Atari settings with V-trace",
+    dict(env_id="ALE/Pong-v5", env_backend="atari", model="cnn", n_processes=2, n_envs=4,
+         n_timesteps=128, n_epochs=4, minibatch_size=256, lr=2.5e-4, anneal_lr=True,
+         clip_coef=0.1, ent_coef=0.01, vf_coef=0.5, gamma=0.99, max_grad_norm=0.5,
+         target_return=None, max_frames=10_000_000, time_budget=86_400.0, eval_every=0,
+         checkpoint_every=100, n_threads=2, pipeline=2, precision="auto"),
+)}
+
+#: SAC on MuJoCo: rl-zoo's settings (SB3's SAC defaults, 10k random frames first): 256-wide
+#: nets, lr 3e-4, batches of 256, tau 0.005, one gradient step per frame from one env.
+SAC_PRESETS = {"mujoco": Preset(
+    "MuJoCo (Hopper-v5 unless --env-id): rl-zoo's SAC settings",
+    dict(env_id="Hopper-v5", max_frames=1_000_000, time_budget=7_200.0, target_return=None,
+         n_processes=1, n_envs=1, n_timesteps=1, hidden=256, lr=3e-4, batch_size=256,
+         buffer_size=1_000_000, learning_starts=10_000, tau=0.005, gamma=0.99, utd=1.0,
+         init_alpha=1.0, max_grad_norm=0.0, eval_every=0, checkpoint_every=20_000),
+)}
+
+#: TRPO on MuJoCo: rl-zoo's settings (2 envs x 1024 steps, 20 critic epochs of 128, CG of 25
+#: steps, damping 0.1, KL bound 0.01; observation normalisation, not reward normalisation).
+TRPO_PRESETS = {"mujoco": Preset(
+    "MuJoCo (HalfCheetah-v5 unless --env-id): rl-zoo's TRPO settings",
+    dict(env_id="HalfCheetah-v5", max_frames=1_000_000, time_budget=3_600.0,
+         target_return=None, n_processes=2, n_envs=1, n_timesteps=1024, hidden=64, lr=1e-3,
+         gamma=0.99, gae_lambda=0.95, cg_iters=25, cg_damping=0.1, max_kl=0.01,
+         critic_epochs=20, minibatch_size=128, normalize_obs=True, eval_every=0,
+         checkpoint_every=100),
+    per_env={"HalfCheetah-v5": dict(max_kl=0.04)},
+)}
