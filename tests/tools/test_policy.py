@@ -1,6 +1,6 @@
 """rlstruct/tools/policy.py: ``rlstruct.load_policy(run_dir).act(obs)`` on the checkpoint of
 every algorithm (tiny runs trained in this process with a SerialBatcher; the pipelined ones,
-learner groups and Atari in worker processes, slow), one observation and batches, greedy and
+learner groups in worker processes, slow), Atari frames, one observation and batches, greedy and
 sampled actions, devices, a recurrent policy's memory, and the typed errors."""
 
 from __future__ import annotations
@@ -261,7 +261,7 @@ def test_a_dict_observation_space_takes_dicts_of_leaves():
         policy.act({"pos": np.zeros((3, 2), np.float32), "flag": np.zeros(2, np.int64)})
 
 
-# ------------------------------------------------- worker processes, learner groups, Atari
+# ----------------------------------------------------- worker processes, learner groups, Atari
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("algo", ["impala", "appo", "ppo --n-learners 2",
@@ -281,7 +281,6 @@ def test_pipelined_and_learner_group_runs_give_their_policy(algo, tmp_path):
     check_acts(policy, observations(env_id, 8))
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_an_atari_policy_acts_on_stacked_uint8_frames(tmp_path):
     pytest.importorskip("ale_py", reason="needs the atari extra: pip install rlstruct[atari]")
