@@ -8,19 +8,19 @@ them:
 
 | observation space | one observation | a batch |
 |---|---|---|
-| ``Box(shape)`` | ndarray ``shape`` (CartPole ``(4,)``, Atari ``(4, 84, 84)``) | ``(B, *shape)`` |
+| ``Box`` of shape ``feat`` | ``(*feat)``: CartPole (4,), Atari (4, 84, 84) | ``(B, *feat)`` |
 | ``Discrete`` | an int | ints ``(B,)`` |
 | ``Dict`` / ``Tuple`` | a dict / tuple of the above | each leaf with a leading ``B`` |
 
 | action space | one action | a batch |
 |---|---|---|
 | ``Discrete`` | a Python int | int64 ndarray ``(B,)`` |
-| ``Box(shape)``, ``MultiDiscrete``... | ndarray ``shape`` in the space's dtype | ``(B, *shape)`` |
+| ``Box``, ``MultiDiscrete``... | ndarray ``(*feat)``, the space's dtype | ``(B, *feat)`` |
 
 Actions are greedy by default (the action evaluation plays); ``deterministic=False`` samples
 from the policy (DQN: epsilon-greedy with the run's final ``eps_end``), from a generator of the
-policy's own (``seed``). Lists, torch tensors and numbers of a kind that casts without loss
-(float64 for a float32 Box) are accepted too.
+policy's own (``seed``). Lists, torch tensors and arrays of another dtype are accepted where
+``torch.can_cast`` allows it (float64 or ints for a float32 Box; never floats for uint8 frames).
 
 A recurrent policy (``rlstruct train a2c --recurrent``) keeps its memory between calls, one row
 per observation of the batch: call :meth:`Policy.reset` when an episode starts again.
@@ -190,16 +190,17 @@ class Policy:
 
     @torch.no_grad()
     def act(self, obs: Any, deterministic: bool = True) -> Any:
-        """The action for one observation, or the actions ``(B, ...)`` for a batch ``(B, ...)``.
+        """The action for one observation ``(*feat)``, or the actions of a batch ``(B, *feat)``.
 
         Args:
-            obs: one observation as the env returns it (e.g. an ndarray of the space's shape),
-                or a batch of them with a leading ``B`` (see the module docstring).
+            obs: one observation as the env returns it (an ndarray ``(*feat)`` of a Box, an int
+                of a Discrete space...), or a batch of them ``(B, *feat)`` (see the module
+                docstring; a Dict space: a dict of these).
             deterministic: the greedy action (True) or one sampled from the policy (False).
 
         Returns:
             One action as the env takes it (a Python int for ``Discrete``, an ndarray of the
-            space's shape and dtype for a Box...), or an ndarray ``(B, *action shape)``.
+            space's shape and dtype for a Box...), or an ndarray ``(B, *action feat)``.
 
         Raises:
             ShapeError: ``obs`` has neither the space's shape nor a batch of it (the message
