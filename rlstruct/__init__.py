@@ -38,11 +38,20 @@ The experiment layer, which the algorithms of ``rlstruct/algos/`` are written wi
     from rlstruct.learners.torchrun import TorchrunLearnerGroup   # rank 0 under torchrun
     from rlstruct.learners.ray import RayLearnerGroup   # learner ranks as Ray actors
 
+A trained policy, in one line (imported at first use, see :mod:`rlstruct.tools.policy`)::
+
+    policy = rlstruct.load_policy("runs/ppo_CartPole-v1_...")   # action = policy.act(obs)
+
 ``rlstruct.compat`` keeps rlstructures' names for a port. ``rlstruct plot runs/``
 plots run directories (see :mod:`rlstruct.runs.plotting`); ``rlstruct evaluate RUN_DIR``
 plays a saved policy (see :mod:`rlstruct.tools.evaluate`); ``rlstruct --help`` lists every
 command.
 """
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from rlstruct import keys
 from rlstruct.agent import Agent
 from rlstruct.batchers import Batcher, RestartPolicy, SerialBatcher
@@ -72,4 +81,18 @@ __all__ = [
     "LearnerThread",
     "functional",
     "keys",
+    "load_policy",
 ]
+
+#: Names exported here but defined in a higher layer: imported at first use (PEP 562), so that
+#: ``import rlstruct`` imports only the core.
+_LAZY = {"load_policy": "rlstruct.tools.policy"}
+
+
+def __getattr__(name: str) -> Any:
+    """``load_policy`` (:mod:`rlstruct.tools.policy`), imported at first use."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # later lookups skip __getattr__
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

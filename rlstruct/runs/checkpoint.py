@@ -10,6 +10,9 @@
 - :func:`object_path` / :func:`import_object` name a class by ``"pkg.mod:Qualname"``, and
   :func:`build_model` rebuilds a model from ``{"class", "args", "kwargs"}``, the constructor
   call a checkpoint records (see :meth:`rlstruct.runs.run.Run.model`).
+- :func:`agent_spec` records the evaluation agent in a checkpoint; :func:`rebuild_agent` gives
+  it back, its models rebuilt and loaded (what ``rlstruct evaluate`` and
+  :func:`rlstruct.load_policy` play).
 
 Example:
     >>> import tempfile, torch
@@ -29,18 +32,19 @@ import io
 import os
 import random
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from rlstruct.dicttensor import DictTensor
 from rlstruct.errors import CheckpointError
 
 __all__ = [
     "save_checkpoint", "copy_checkpoint", "load_checkpoint", "rng_state", "set_rng_state",
-    "object_path", "import_object", "build_model", "agent_spec",
+    "object_path", "import_object", "build_model", "agent_spec", "rebuild_agent",
 ]
 
 
@@ -177,6 +181,47 @@ def agent_spec(
     except AttributeError:
         return None
     return {"class": path, "args": args, "agent_info": info}
+
+
+def rebuild_agent(
+    state: Mapping[str, Any], path: str | Path,
+) -> tuple[Callable[..., Any], dict[str, Any], DictTensor | None]:
+    """The evaluation agent that :func:`agent_spec` recorded in the checkpoint ``state``:
+    ``(create_agent, agent_args, agent_info)``, each saved model of ``agent_args`` rebuilt on
+    the CPU from its recorded constructor call and loaded with its weights; ``agent_info``
+    (``(1, ...)``, the greedy one) as a DictTensor, or None.
+
+    Args:
+        state: a checkpoint, as :func:`load_checkpoint` returns it.
+        path: the checkpoint's file (for messages).
+
+    Raises:
+        CheckpointError: the checkpoint does not record the agent (written before rlstruct
+            recorded it, or an agent argument it cannot hold), or holds a model's weights but
+            not its constructor call, or a recorded class cannot be imported.
+    """
+    spec = state.get("agent")
+    if spec is None:
+        raise CheckpointError(f"{path} does not record the evaluation agent (written before "
+                              "rlstruct recorded it, or an agent argument it cannot hold)")
+    constructors = state.get("constructors", {})
+    args: dict[str, Any] = {}
+    for key, value in spec["args"].items():
+        if isinstance(value, dict) and "saved" in value:
+            name = value["saved"]
+            if name not in constructors:
+                raise CheckpointError(
+                    f"{path} holds {name!r}'s weights but not its constructor arguments: build "
+                    f"it with run.model(cls, *args) in the algorithm so checkpoints record them")
+            model = build_model(constructors[name])
+            model.load_state_dict(state[name])
+            args[key] = model
+        else:
+            args[key] = value
+    info = spec.get("agent_info")
+    agent_info = None if info is None else DictTensor({k: torch.as_tensor(v)
+                                                       for k, v in info.items()})
+    return import_object(spec["class"]), args, agent_info
 
 
 def _write_atomic(path: Path, data: memoryview) -> None:

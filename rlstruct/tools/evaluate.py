@@ -25,17 +25,15 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-import torch
 
 from rlstruct.batchers import SerialBatcher
-from rlstruct.dicttensor import DictTensor
 from rlstruct.envs import GymEnv
 from rlstruct.envs.registry import env_spec, import_env_modules
-from rlstruct.errors import CheckpointError, ConfigError
-from rlstruct.runs.checkpoint import build_model, import_object, load_checkpoint
+from rlstruct.errors import ConfigError
+from rlstruct.runs.checkpoint import load_checkpoint, rebuild_agent
 from rlstruct.runs.episodes import EpisodeTracker
 
-__all__ = ["evaluate", "describe", "VIDEO_HINT"]
+__all__ = ["evaluate", "describe", "env_factory", "VIDEO_HINT"]
 
 #: What ``--video`` prints when gymnasium's RecordVideo cannot run here.
 VIDEO_HINT = ("--video needs moviepy, which gymnasium's RecordVideo uses to write the files "
@@ -79,10 +77,10 @@ def evaluate(
     path = Path(run_dir) / "checkpoints" / f"{checkpoint}.pt"
     state = load_checkpoint(path)
     cfg = state.get("config", {})
-    create_agent, agent_args, agent_info = _rebuild_agent(state, path)
+    create_agent, agent_args, agent_info = rebuild_agent(state, path)
     import_env_modules(cfg.get("env_module", []))
     env_id = cfg["env_id"]
-    factories = [_env_factory(env_id, cfg.get("env_backend", "gymnasium"))] * n_episodes
+    factories = [env_factory(env_id, cfg.get("env_backend", "gymnasium"))] * n_episodes
     if video_dir is not None:
         if cfg.get("env_backend") == "atari":
             print("rlstruct evaluate: --video does not record Atari runs yet; "
@@ -128,32 +126,10 @@ def describe(returns: list[float], state: dict[str, Any], checkpoint: str) -> st
             f"(min {min(returns):.2f}, max {max(returns):.2f})")
 
 
-def _rebuild_agent(state: dict[str, Any], path: Path) -> tuple[Callable[..., Any], dict, Any]:
-    spec = state.get("agent")
-    if spec is None:
-        raise CheckpointError(f"{path} does not record the evaluation agent (written before "
-                              "rlstruct recorded it, or an agent argument it cannot hold)")
-    constructors = state.get("constructors", {})
-    args: dict[str, Any] = {}
-    for key, value in spec["args"].items():
-        if isinstance(value, dict) and "saved" in value:
-            name = value["saved"]
-            if name not in constructors:
-                raise CheckpointError(
-                    f"{path} holds {name!r}'s weights but not its constructor arguments: build "
-                    f"it with run.model(cls, *args) in the algorithm so checkpoints record them")
-            model = build_model(constructors[name])
-            model.load_state_dict(state[name])
-            args[key] = model
-        else:
-            args[key] = value
-    info = spec.get("agent_info")
-    agent_info = None if info is None else DictTensor({k: torch.as_tensor(v)
-                                                       for k, v in info.items()})
-    return import_object(spec["class"]), args, agent_info
-
-
-def _env_factory(env_id: str, backend: str) -> Callable[[], gym.Env]:
+def env_factory(env_id: str, backend: str = "gymnasium") -> Callable[..., gym.Env]:
+    """What makes one gymnasium env of a run's ``env_id`` as its ``env_backend`` trains on it:
+    the preprocessed Atari env for ``"atari"``, ``gym.make(env_id)`` otherwise (a ``"torch"``
+    run's env has the gymnasium spaces of its id). Keyword arguments (``render_mode``) go to it."""
     if backend == "atari":
         from rlstruct.envs.atari import make_atari_gym_env
 
