@@ -68,3 +68,25 @@ def test_the_statistics_travel_with_the_weights():
     for a, b in zip(learner(frame), worker(frame)):
         assert torch.equal(a, b)
     assert state["obs_norm.mean"].dtype == torch.float64  # not rounded on the way
+
+
+def test_scale_rewards_divides_by_the_std_of_running_discounted_returns():
+    from rlstruct.learn.normalization import scale_rewards
+
+    gamma = 0.9
+    reward = torch.tensor([[1.0, 2.0, 3.0, 4.0], [0.5, -1.0, 2.0, 0.0]])
+    done = torch.tensor([[False, True, False, False], [False, False, False, False]])
+    lengths = torch.tensor([4, 3])  # row 1's last step is not valid
+    norm = RunningNorm((1,), clip=0.0)
+    scaled, running = scale_rewards(norm, torch.tensor([10.0, 0.0]), reward, done, lengths,
+                                    gamma, clip=100.0)
+    # by hand: row 0 continues from 10, restarts after step 1; row 1 stops after 3 steps
+    r0 = [10 * 0.9 + 1, (10 * 0.9 + 1) * 0.9 + 2, 3.0, 3 * 0.9 + 4]
+    r1 = [0.5, 0.5 * 0.9 - 1, (0.5 * 0.9 - 1) * 0.9 + 2]
+    returns = torch.tensor(r0 + r1, dtype=torch.float64)
+    torch.testing.assert_close(norm.var, returns.var(correction=0).reshape(1))
+    assert int(norm.count) == 7
+    torch.testing.assert_close(scaled, reward / returns.var(correction=0).sqrt().float())
+    torch.testing.assert_close(running, torch.tensor([r0[-1], r1[-1]]))
+    clipped, _ = scale_rewards(norm, running, reward, done, lengths, gamma, clip=1.0)
+    assert clipped.abs().max() == 1.0 and scaled.abs().max() > 1.0
