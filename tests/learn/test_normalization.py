@@ -88,5 +88,6 @@ def test_scale_rewards_divides_by_the_std_of_running_discounted_returns():
     assert int(norm.count) == 7
     torch.testing.assert_close(scaled, reward / returns.var(correction=0).sqrt().float())
     torch.testing.assert_close(running, torch.tensor([r0[-1], r1[-1]]))
-    clipped, _ = scale_rewards(norm, running, reward, done, lengths, gamma, clip=1.0)
+    clipped, _ = scale_rewards(RunningNorm((1,), clip=0.0), None, reward, done, lengths, gamma,
+                               clip=1.0)
     assert clipped.abs().max() == 1.0 and scaled.abs().max() > 1.0
