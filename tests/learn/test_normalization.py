@@ -90,4 +90,4 @@ def test_scale_rewards_divides_by_the_std_of_running_discounted_returns():
     torch.testing.assert_close(running, torch.tensor([r0[-1], r1[-1]]))
     clipped, _ = scale_rewards(RunningNorm((1,), clip=0.0), None, reward, done, lengths, gamma,
                                clip=1.0)
-    assert clipped.abs().max() == 1.0 and scaled.abs().max() > 1.0
+    assert clipped.abs().max() == 1.0 and (clipped.abs() < 1.0).any()
