@@ -46,7 +46,9 @@ def run_summary(run: Any, finish: bool, exc: BaseException | None) -> dict[str, 
         "checkpoint": run._checkpointed,
     }
     summary["status"] = STATUS.get(run.stopped_by or "", "ended") if finish else "failed"
-    if exc is not None:
+    if run._after_signal is not None:  # what went wrong in the stop, for the record
+        summary["error"] = f"Terminated: {run.signals.stop_now()} (then {run._after_signal})"
+    elif exc is not None:
         summary["error"] = f"{type(exc).__name__}: {exc}"
     elif run.stopped_by == "interrupted" and run.signals.requested:
         summary["error"] = f"Terminated: {run.signals.stop_now()}"

@@ -60,7 +60,7 @@ from rlstruct.envs.registry import (
     env_spaces,
 )
 from rlstruct.envs.torch import make_torch_env
-from rlstruct.errors import CheckpointError, ConfigError
+from rlstruct.errors import CheckpointError, ConfigError, LearnerError
 from rlstruct.learners.base import LearnerGroupBase, OptimizerFactory
 from rlstruct.learners.torchrun import serve_rank, torchrun_rank, torchrun_world
 from rlstruct.runs.checkpoint import (
@@ -177,6 +177,7 @@ class Run:
             {"frames": self.frames, "iteration": self.iteration} if r else None)
         self._cause: str | None = None  # a failure found after a signal (a torchrun rank died)
         self._checkpoint_error: str | None = None
+        self._after_signal: str | None = None  # an error that followed the stop signal
         self.signals = StopSignals(self._remove_partial_files, torchrun=world > 1)
 
     # ------------------------------------------------------------------ set-up
@@ -527,13 +528,21 @@ class Run:
         raises :class:`~rlstruct.runs.signals.Terminated`, also when the stop waited for the
         loop body and the loop ended on its own."""
         self.signals.teardown()
+        # An error after a stop signal (not a learner rank's) is taken for its consequence:
+        # a signal to the whole process group (Slurm, ``timeout``) also stops the workers.
+        after = (exc is not None and self.signals.requested
+                 and not isinstance(exc, (KeyboardInterrupt, LearnerError)))
+        if after:
+            self._after_signal, exc_type = f"{type(exc).__name__}: {exc}", None
         finish = exc_type is None or issubclass(exc_type, KeyboardInterrupt)
         by_signal = isinstance(exc, Terminated) or (
-            exc is None and self.signals.requested and self.stopped_by in (None, "interrupted"))
+            (exc is None or after) and self.signals.requested
+            and self.stopped_by in (None, "interrupted"))
         try:
             if finish:
                 if self.stopped_by is None:  # Ctrl-C, or a loop that ended on its own
-                    self.stopped_by = "interrupted" if exc_type is not None else "loop_end"
+                    self.stopped_by = ("interrupted" if exc_type is not None or by_signal
+                                       else "loop_end")
                 if by_signal:
                     self._cause = lost_rank(self._groups)
                 if self.logger.n_rows == 0 or self.logger.frames != self.frames:
@@ -555,8 +564,8 @@ class Run:
         if finish:
             print(describe(self.algo, self.summary, self.logger.train_column))
             print(f"outputs in {self.logger.dir}", flush=True)
-        if by_signal and exc is None:
-            raise self.signals.stop_now()
+        if by_signal and (exc is None or after):
+            raise self.signals.stop_now() from None
 
     def _write_summary(self, finish: bool, exc: BaseException | None) -> None:
         summary = run_summary(self, finish, exc)
