@@ -448,9 +448,8 @@ class TorchrunLearnerGroup(LearnerGroupBase):
             for r in ranks:
                 if after[r] == before[r]:
                     self._failed = True
-                    pid = (self._store.get(f"pid/{r}").decode()
-                           if self._store.check([f"pid/{r}"]) else "pid unknown")
-                    return (f"LearnerError: learner group (torchrun): rank {r} (pid {pid}) died "
+                    return (f"LearnerError: learner group (torchrun): rank {r} ({self._pid(r)}) "
+                            "died "
                             "without a traceback (its heartbeat stopped: killed by a signal "
                             "such as SIGKILL, or the OOM killer); torchrun then stopped rank 0")
         return None
@@ -472,14 +471,23 @@ class TorchrunLearnerGroup(LearnerGroupBase):
         after = self._beats(ranks)
         for r in ranks:
             if after[r] == before[r]:
-                return LearnerError(f"learner group (torchrun): rank {r} died (its heartbeat "
-                                    f"stopped) while {what}{suffix}", rank=r, batch=batch)
+                return LearnerError(f"learner group (torchrun): rank {r} ({self._pid(r)}) died "
+                                    f"(its heartbeat stopped) while {what}{suffix}", rank=r,
+                                    batch=batch)
         phases = {r: self._phase(r) for r in ranks}
         busy = [r for r in ranks if not phases[r].startswith("idle")] or list(ranks)
         described = "; ".join(f"rank {r}: {phases[r]}" for r in busy)
         return LearnerTimeoutError(f"learner group (torchrun): ranks {busy} did not finish "
                                    f"{what} within {self.timeout:g} s ({described}){suffix}",
                                    ranks=busy)
+
+    def _pid(self, rank: int) -> str:
+        """``pid N on HOST`` of a rank > 0, as it wrote it to the store."""
+        try:
+            return "pid " + self._store.get(f"pid/{rank}").decode() if self._store.check(
+                [f"pid/{rank}"]) else "pid unknown"
+        except Exception:
+            return "pid unknown"
 
     def _beats(self, ranks: range) -> dict[int, int]:
         out = {}

@@ -212,3 +212,74 @@ def test_a_second_signal_ends_the_run_at_once(tmp_path):
         assert not list((s.run_dir() / "checkpoints").glob("*.tmp"))
         time.sleep(1)
         assert not s.group_alive(), "processes of the run were left behind"
+
+
+# ----------------------------------------------------------------------------- torchrun
+def torchrun(*flags: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            "2", "-m", "rlstruct.algos.ppo", *LONG, "--n-processes", "1", "--n-envs", "4",
+            *flags]
+
+
+def rank_pid(s: Session, rank: int) -> int:
+    import psutil
+
+    for proc in psutil.Process(s.proc.pid).children(recursive=True):  # the agent's workers
+        with contextlib.suppress(psutil.Error, OSError):
+            if ("rlstruct.algos.ppo" in proc.cmdline()
+                    and proc.environ().get("RANK") == str(rank)):
+                return proc.pid
+    raise AssertionError(f"no process of rank {rank}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_sigterm_to_torchrun_stops_rank_0_with_a_matching_checkpoint_within_its_30_s(tmp_path):
+    # torchrun's agent forwards the SIGTERM to every rank and sends SIGKILL 30 s later.
+    with session(torchrun("--n-epochs", "40"), tmp_path) as s:
+        s.wait_rows(3)
+        s.signal(signal.SIGTERM)
+        assert s.took < 25, s.out + s.err
+        summary = json.loads((s.run_dir() / "summary.json").read_text())
+        assert summary["status"] == "interrupted" and "SIGTERM" in summary["error"], summary
+        checkpoint = torch.load(s.run_dir() / "checkpoints" / "latest.pt", weights_only=False)
+        assert checkpoint["frames"] == summary["frames"] == int(s.rows()[-1]["frames"])
+        # Rank 0 ends with one line and exit code 0 (torchrun's agent itself prints its own
+        # SignalException traceback and exits 1: torch's design, not the run's).
+        assert "stopped by SIGTERM (exit code 0)" in s.err, s.err
+        assert "rlstruct/" not in s.err.split("SignalException")[0].split("exit code 0)")[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("epochs", ["20", "1"])  # 1: rank 0 mostly collects, when the agent
+def test_a_torchrun_rank_killed_by_sigkill_is_named_in_the_summary(tmp_path, epochs):
+    # SIGTERMs it; 20: a collective of rank 0's learn phase fails first.
+    with session(torchrun("--n-epochs", epochs), tmp_path) as s:
+        s.wait_rows(3)
+        pid = rank_pid(s, 1)
+        os.kill(pid, signal.SIGKILL)
+        s.out, s.err = s.proc.communicate(timeout=60)
+        summary = json.loads((s.run_dir() / "summary.json").read_text())
+        assert summary["status"] == "failed", summary
+        assert "rank 1" in summary["error"] and str(pid) in summary["error"], summary["error"]
+
+
+# ----------------------------------------------------------------------------- Ray
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("flags", [("--backend", "ray", "--n-processes", "2"),
+                                   ("--learner-backend", "ray", "--n-learners", "2",
+                                    "--n-processes", "2")], ids=["backend", "learner_ranks"])
+def test_sigterm_under_ray_keeps_the_runs_handler_and_checkpoints(tmp_path, flags):
+    # ray.init installs sys.exit(signum) on SIGTERM: the run's own handler must be back.
+    pytest.importorskip("ray", reason="Ray is not installed: pip install rlstruct[ray]")
+    with session(algo("ppo", *flags), tmp_path, env={"RAY_USAGE_STATS_ENABLED": "0"}) as s:
+        s.wait_rows(2, timeout=200)
+        rc = s.signal(signal.SIGTERM)
+        assert rc == 0 and "stopped by SIGTERM (exit code 0)" in s.err, s.err
+        summary = json.loads((s.run_dir() / "summary.json").read_text())
+        assert summary["status"] == "interrupted" and "SIGTERM" in summary["error"], summary
+        checkpoint = torch.load(s.run_dir() / "checkpoints" / "latest.pt", weights_only=False)
+        assert checkpoint["frames"] == summary["frames"] == int(s.rows()[-1]["frames"])
+        assert s.took < 25
