@@ -21,7 +21,8 @@ process Batcher's own weights ring, which ``update`` then commits without a copy
   the rank (the first culprit: a rank whose error came from a collective is a victim), with its
   traceback; a rank that hangs makes the driver's wait end at its deadline with
   :class:`~rlstruct.errors.LearnerTimeoutError` naming the ranks still busy outside a collective
-  first. :meth:`~LearnerGroup.close` ends every rank (stop, then terminate, then kill), which
+  first. :meth:`~LearnerGroup.close` ends every rank (stop, then kill: ranks ignore SIGINT and
+  SIGTERM, which reach the driver only), which
   destroys the process group and frees its port, in bounded time; a finalizer does it too.
 
 The learn function runs on every rank as ``learn(ctx, shard, **kwargs)`` (``ctx``: a
@@ -359,7 +360,7 @@ class LearnerGroup(LearnerGroupBase):
 
     # ------------------------------------------------------------------ shutdown
     def close(self, timeout: float = 10.0) -> None:
-        """Ends every rank (stop; terminate, then kill what is left) in about ``timeout``
+        """Ends every rank (stop; then kill what is left) in about ``timeout``
         seconds at most. Idempotent."""
         if self._closed:
             return
@@ -496,7 +497,8 @@ class LearnerGroup(LearnerGroupBase):
 
 
 def _shutdown(procs: list[Any], conns: list[Any], timeout: float) -> None:
-    """Stops the ranks in bounded time: ask, wait, terminate, kill; closes the pipes."""
+    """Stops the ranks in bounded time: ask, wait, kill (they ignore SIGTERM); closes the
+    pipes."""
     for conn in conns:
         with contextlib.suppress(OSError, ValueError):
             conn.send(("stop",))
@@ -504,9 +506,6 @@ def _shutdown(procs: list[Any], conns: list[Any], timeout: float) -> None:
     for proc in procs:
         proc.join(max(0.0, deadline - time.monotonic()))
     for proc in procs:
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(1.0)
         if proc.is_alive():
             proc.kill()
             proc.join(1.0)

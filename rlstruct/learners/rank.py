@@ -14,6 +14,10 @@ model with the algorithm's factory, loads the group's initial weights and then, 
 3. rank 0 copies the new weights into the group's shared-memory publication slot, and every rank
    answers ``done`` with its metrics and timings.
 
+A rank ignores SIGINT and SIGTERM, like the batcher workers ignore SIGINT: Ctrl-C to the process
+group (or Slurm's SIGTERM to every process of a job step) reaches the driver only, which finishes
+the batch in flight, checkpoints and then stops the ranks itself (stop, then SIGKILL).
+
 An exception anywhere is sent to the driver with its traceback, naming the rank (and whether it
 was raised inside a collective, i.e. most likely caused by another rank). The rank writes what it
 is doing (batch, phase, since when) into a shared status table, which the driver reads to name a
@@ -27,6 +31,7 @@ import copy
 import io
 import os
 import queue
+import signal
 import threading
 import time
 import traceback
@@ -399,6 +404,10 @@ def rank_main(
             conn.send(msg)
 
     try:
+        # The driver owns shutdown: a signal to the process group must not break the batch
+        # the driver collects before its final checkpoint.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         torch.set_num_threads(spec.n_threads)
         device = torch.device(spec.devices[rank])
         if device.type == "cuda":

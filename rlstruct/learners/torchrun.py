@@ -25,6 +25,10 @@ checkpoints. Rank 0's ``Run.learner_group`` returns a :class:`TorchrunLearnerGro
   :class:`~rlstruct.errors.LearnerError` names a rank that raised (with its traceback) or
   whose heartbeat stopped (died); :class:`~rlstruct.errors.LearnerTimeoutError` names the ranks
   still busy. Under torchrun the agent also ends the other processes when one dies.
+- Signals: ranks > 0 ignore SIGINT, and SIGTERM for :data:`SIGTERM_GRACE_S` (torchrun's agent
+  forwards a signal to every rank; rank 0 finishes the batch in flight with them, checkpoints
+  and tells them to stop). When the agent SIGTERMs rank 0 because another rank died, rank 0
+  names that rank (:meth:`TorchrunLearnerGroup.lost_rank`: its heartbeat stopped).
 - Shutdown: :meth:`TorchrunLearnerGroup.close` tells the ranks to stop (they leave
   :func:`serve_rank` and their process exits 0) and destroys the process group; a rank whose
   rank 0 is gone sees its connection close and exits 1.
@@ -35,6 +39,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import signal
+import socket
 import threading
 import time
 import traceback
@@ -58,6 +64,9 @@ __all__ = ["TorchrunLearnerGroup", "serve_rank", "torchrun_group", "torchrun_ran
 _BEAT_S = 0.25  # heartbeat period of ranks > 0
 _ORPHAN_GRACE_S = 2.0  # a rank whose store is gone exits after this, unless it stopped
 _IDLE_S = 24 * 3600.0  # how long ranks > 0 wait for rank 0's next batch (it may evaluate...)
+#: Seconds a rank > 0 keeps serving after a SIGTERM (rank 0 stops it before; torchrun's agent
+#: sends SIGKILL 30 s after its SIGTERM).
+SIGTERM_GRACE_S = 25.0
 
 
 def torchrun_world() -> int:
@@ -205,8 +214,11 @@ def serve_rank(device_type: str = "cpu", timeout: float = 1800.0) -> None:
     store = None
     stop = threading.Event()
     code = 0
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: rank 0 decides, then says stop
+    signal.signal(signal.SIGTERM, _exit_later)
     try:
         store, control, data = _join(rank, world, _local_device(device_type), None, timeout)
+        store.set(f"pid/{rank}", f"{os.getpid()} on {socket.gethostname()}")
         # Its own client with a short timeout: a lost store is noticed in seconds.
         beat_store = dist.PrefixStore("rlstruct/health", dist.TCPStore(
             os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
@@ -246,6 +258,15 @@ def serve_rank(device_type: str = "cpu", timeout: float = 1800.0) -> None:
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
     raise SystemExit(code)
+
+
+def _exit_later(signum: int, frame: Any) -> None:
+    """A rank > 0's SIGTERM: rank 0 (signalled too) finishes its batch with this rank and then
+    says stop; should it not, the process ends after :data:`SIGTERM_GRACE_S`."""
+    timer = threading.Timer(SIGTERM_GRACE_S, os._exit, args=(128 + signum,))
+    timer.daemon = True
+    timer.start()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _heartbeat(store: Any, rank: int, stop: threading.Event) -> None:
@@ -405,6 +426,33 @@ class TorchrunLearnerGroup(LearnerGroupBase):
         except Exception as exc:
             self._failed = True
             raise self._diagnose(what, batch) from exc
+        except BaseException:  # a signal in a collective: the world is out of step
+            self._failed = True
+            raise
+
+    def lost_rank(self) -> str | None:
+        """Why torchrun's agent stopped this rank, when a rank > 0 died or failed: that rank,
+        described (its traceback's last line, or its pid and host and that its heartbeat
+        stopped: a signal such as SIGKILL, or the OOM killer); None while every rank beats."""
+        ranks = range(1, self.n_learners)
+        with contextlib.suppress(Exception):
+            for r in ranks:
+                if self._store.check([f"error/{r}"]):
+                    self._failed = True
+                    text = self._store.get(f"error/{r}").decode().strip()
+                    return (f"LearnerError: learner group (torchrun): rank {r} raised "
+                            f"{(text.splitlines() or ['?'])[-1]}; torchrun then stopped rank 0")
+            before = self._beats(ranks)
+            time.sleep(4 * _BEAT_S)
+            after = self._beats(ranks)
+            for r in ranks:
+                if after[r] == before[r]:
+                    self._failed = True
+                    return (f"LearnerError: learner group (torchrun): rank {r} ({self._pid(r)}) "
+                            "died "
+                            "without a traceback (its heartbeat stopped: killed by a signal "
+                            "such as SIGKILL, or the OOM killer); torchrun then stopped rank 0")
+        return None
 
     def _diagnose(self, what: str, batch: int | None) -> LearnerError | LearnerTimeoutError:
         ranks = range(1, self.n_learners)
@@ -423,14 +471,23 @@ class TorchrunLearnerGroup(LearnerGroupBase):
         after = self._beats(ranks)
         for r in ranks:
             if after[r] == before[r]:
-                return LearnerError(f"learner group (torchrun): rank {r} died (its heartbeat "
-                                    f"stopped) while {what}{suffix}", rank=r, batch=batch)
+                return LearnerError(f"learner group (torchrun): rank {r} ({self._pid(r)}) died "
+                                    f"(its heartbeat stopped) while {what}{suffix}", rank=r,
+                                    batch=batch)
         phases = {r: self._phase(r) for r in ranks}
         busy = [r for r in ranks if not phases[r].startswith("idle")] or list(ranks)
         described = "; ".join(f"rank {r}: {phases[r]}" for r in busy)
         return LearnerTimeoutError(f"learner group (torchrun): ranks {busy} did not finish "
                                    f"{what} within {self.timeout:g} s ({described}){suffix}",
                                    ranks=busy)
+
+    def _pid(self, rank: int) -> str:
+        """``pid N on HOST`` of a rank > 0, as it wrote it to the store."""
+        try:
+            return "pid " + self._store.get(f"pid/{rank}").decode() if self._store.check(
+                [f"pid/{rank}"]) else "pid unknown"
+        except Exception:
+            return "pid unknown"
 
     def _beats(self, ranks: range) -> dict[int, int]:
         out = {}

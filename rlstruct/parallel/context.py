@@ -5,12 +5,20 @@ Processes are forked from a forkserver process that has torch and rlstruct impor
 (multiprocessing's ``forkserver`` start method with a preload list): the first Batcher of a
 program pays for those imports once, later ones start in a fraction of a second. The forkserver
 is a fresh single-threaded process, so no CUDA context or thread of the caller is ever forked.
+
+The forkserver ignores SIGTERM (and, as multiprocessing makes it, SIGINT): it ends when the
+program that started it does. A signal to the whole process group (Slurm at a time limit,
+``timeout``, ``kill -TERM -PGID``) would otherwise kill it, and every live worker and learner
+rank forked from it would then read as dead (multiprocessing reports exit code 255).
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.forkserver
+import os
+import signal
+import sys
 
 import torch.multiprocessing as tmp
 
@@ -21,7 +29,24 @@ __all__ = ["worker_context", "FORKSERVER_MAX_FDS", "PRELOAD"]
 FORKSERVER_MAX_FDS = 240
 
 #: Modules the forkserver imports once, so that workers forked from it start without importing.
-PRELOAD = ["rlstruct.batchers.process.worker", "rlstruct.envs"]
+PRELOAD = ["rlstruct.parallel.context", "rlstruct.batchers.process.worker", "rlstruct.envs"]
+
+
+def _in_forkserver() -> bool:
+    """This module is being imported by the forkserver's preload (multiprocessing's
+    ``forkserver.main`` is on the stack)."""
+    frame = sys._getframe()
+    suffix = os.path.join("multiprocessing", "forkserver.py")
+    while frame is not None:
+        if frame.f_code.co_name == "main" and frame.f_code.co_filename.endswith(suffix):
+            return True
+        frame = frame.f_back
+    return False
+
+
+if _in_forkserver():
+    # Workers set their own SIGTERM handler, learner ranks ignore it as well.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def worker_context(start: bool = False) -> multiprocessing.context.BaseContext:

@@ -2,16 +2,20 @@
 process shares (``RayBatcher`` and the Ray learner ranks).
 
 The connection is a local cluster rlstruct starts, or a running one it joins; it is shared by
-every live user of the process and closed by the last one that opened it. Without Ray installed
-this module still imports: :data:`ray` and :data:`SESSION` are None and :func:`require_ray`
-raises an ImportError that says ``pip install rlstruct[ray]``.
+every live user of the process and closed by the last one that opened it. ``ray.init`` replaces
+the process's SIGTERM handler with ``sys.exit``; the handlers found before it are put back
+(a run's own, which writes its final checkpoint: :mod:`rlstruct.runs.signals`).
+Without Ray installed this module still imports: :data:`ray` and :data:`SESSION` are None and
+:func:`require_ray` raises an ImportError that says ``pip install rlstruct[ray]``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rlstruct.errors import ConfigError
@@ -66,6 +70,23 @@ def connect_advice(address: str, err: BaseException) -> str:
     return f"cannot join the Ray cluster at {address} ({text}): {todo}"
 
 
+@contextlib.contextmanager
+def keep_signal_handlers() -> Iterator[None]:
+    """Puts back the SIGTERM and SIGINT handlers of the main thread after the block
+    (``ray.init`` installs ``sys.exit(signum)`` on SIGTERM, which would end a run without its
+    final checkpoint)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None and signal.getsignal(sig) is not handler:
+                signal.signal(sig, handler)
+
+
 def _ray_constants() -> Any:
     """``ray._private.ray_constants``, where this Ray version has it."""
     with contextlib.suppress(ImportError):
@@ -74,7 +95,8 @@ def _ray_constants() -> Any:
         return ray_constants
     return None
 
-__all__ = ["RaySession", "LOCAL_ENV", "SESSION", "ray", "require_ray", "connect_advice"]
+__all__ = ["RaySession", "LOCAL_ENV", "SESSION", "ray", "require_ray", "connect_advice",
+           "keep_signal_handlers"]
 
 #: Environment variables set while RayBatcher starts a local cluster: no usage statistics, and
 #: Ray's "local only" mode, in which every Ray process binds to the loopback address.
@@ -147,10 +169,12 @@ class RaySession:
         if address is None:
             address = os.environ.get("RAY_ADDRESS") or "local"
         if address == "local":
-            self._init_local(num_cpus)
+            with keep_signal_handlers():
+                self._init_local(num_cpus)
         else:
             try:
-                self.ray.init(address=address)
+                with keep_signal_handlers():
+                    self.ray.init(address=address)
             except Exception as err:  # connection refused, bad token, version mismatch...
                 raise ConfigError(connect_advice(address, err)) from None
         self.users, self.local = 1, address == "local"

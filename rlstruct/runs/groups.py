@@ -65,6 +65,7 @@ def learner_group(
             n_threads=run.cfg.n_threads))
         if run._training_batcher is not None:  # rank 0 writes into its ring where it can
             group.publish_to(run._training_batcher)
+    run._groups.append(group)  # a stop collects its batch in flight before the checkpoint
     # Checkpoints hold the group's (rank 0's) model and optimizer; the group stands for
     # ``model`` (with a ``policy`` prefix: for the policy module, its part of the weights), so
     # the checkpoint records how to rebuild it and the evaluation agent (rlstruct evaluate).

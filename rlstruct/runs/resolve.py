@@ -14,7 +14,9 @@ the command line calls it through :func:`parse`), does everything that looks out
 - checks the run to resume: its checkpoint, its algorithm and the config its checkpoint records.
 
 Every problem is listed in one :class:`~rlstruct.errors.ConfigError`, before any folder, process
-or thread exists; on the command line that is one message and exit code 2.
+or thread exists; on the command line that is one message and exit code 2. A run stopped by a
+signal (:mod:`rlstruct.runs.signals`) is one line too, and exit code 0 after SIGTERM, 130 after
+Ctrl-C.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from rlstruct.runs.config import RESUMABLE, RunConfig
 from rlstruct.runs.layout_file import apply_layout
 from rlstruct.runs.logger import config_to_dict
 from rlstruct.runs.presets import preset_help, preset_in_args
+from rlstruct.runs.signals import exit_code
 
 __all__ = ["resolve", "parse", "run_cli", "is_resolved", "algo_name"]
 
@@ -130,12 +133,24 @@ def run_cli(main: Callable[[C], Any], config_class: type[C], args: Sequence[str]
     run) is one message and exit code 2 as well; the run leaves no folder behind
     (:class:`~rlstruct.runs.lock.FolderGuard`).
 
+    A run stopped by SIGTERM or Ctrl-C (:class:`~rlstruct.runs.signals.Terminated`: it wrote
+    its final checkpoint and summary) is one line on stderr and exit code 0 after SIGTERM, 130
+    after Ctrl-C; so is a Ctrl-C before the run starts or after it ended. No traceback.
+
     Returns:
         What ``main`` returns (the run's summary).
     """
-    cfg = parse(config_class, args, prog)
-    with _exit_2_on_config_error(config_class, prog):
-        return main(cfg)
+    name = prog or "rlstruct train " + algo_name(config_class)
+    try:
+        cfg = parse(config_class, args, prog)
+        with _exit_2_on_config_error(config_class, prog):
+            return main(cfg)
+    except KeyboardInterrupt as stop:  # Terminated (SIGTERM, Ctrl-C) or a bare Ctrl-C
+        code = exit_code(stop)
+        what = str(stop) or "signal SIGINT"
+        print(f"{name}: stopped by {what.removeprefix('signal ')} (exit code {code})",
+              file=sys.stderr, flush=True)
+        raise SystemExit(code) from None
 
 
 @contextlib.contextmanager

@@ -10,7 +10,8 @@
   learner device, the training batcher, the :class:`~rlstruct.runs.evaluator.Evaluator`, the
   :class:`~rlstruct.runs.logger.RunLogger`, checkpoints (and ``--resume`` from them), the stop test,
   the summary and ``summary.json``. Everything is closed on the way out, on Ctrl-C and SIGTERM
-  too.
+  too: a first signal ends the run with a final checkpoint that matches the summary and raises
+  :class:`~rlstruct.runs.signals.Terminated` (see :mod:`rlstruct.runs.signals`).
 
 A training loop with it (see ``rlstruct/algos/`` for eight complete ones)::
 
@@ -34,9 +35,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import signal
 import sys
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -61,7 +60,7 @@ from rlstruct.envs.registry import (
     env_spaces,
 )
 from rlstruct.envs.torch import make_torch_env
-from rlstruct.errors import CheckpointError, ConfigError
+from rlstruct.errors import CheckpointError, ConfigError, LearnerError
 from rlstruct.learners.base import LearnerGroupBase, OptimizerFactory
 from rlstruct.learners.torchrun import serve_rank, torchrun_rank, torchrun_world
 from rlstruct.runs.checkpoint import (
@@ -78,20 +77,12 @@ from rlstruct.runs.layout import make_batcher
 from rlstruct.runs.lock import FolderGuard
 from rlstruct.runs.logger import RunLogger, config_to_dict
 from rlstruct.runs.monitor import ResourceMonitor
+from rlstruct.runs.outcome import describe, run_summary
 from rlstruct.runs.resolve import resolve
+from rlstruct.runs.signals import StopSignals, Terminated, final_checkpoint, lost_rank
 from rlstruct.trajectories import Trajectories
 
 __all__ = ["Run", "Terminated", "env_dims", "env_shape", "env_spaces"]  # RunConfig: config.py
-
-#: ``summary["status"]`` for each ``stopped_by``; an exception other than Ctrl-C is ``failed``.
-STATUS = {"target_return": "solved", "max_frames": "budget", "time_budget": "budget",
-          "interrupted": "interrupted", "loop_end": "ended"}
-
-
-class Terminated(KeyboardInterrupt):
-    """Raised in the main thread by the SIGTERM handler a :class:`Run` installs: the run then
-    ends as on Ctrl-C (last row, checkpoint, summary with status ``interrupted``)."""
-
 
 class Run:
     """One training run (see the module docstring); use it as a context manager.
@@ -179,14 +170,15 @@ class Run:
         #: Per iteration: seconds collecting/learning/waiting, cores busy, memory, GPU use.
         self.monitor = ResourceMonitor()
         self._stack.callback(self.monitor.close)
-        self._terminated, self._old_sigterm = False, None
-        if threading.current_thread() is threading.main_thread():
-            self._old_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
-
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        if not self._terminated:  # a second SIGTERM during the teardown is ignored
-            self._terminated = True
-            raise Terminated(f"signal {signal.Signals(signum).name}")
+        #: The learner groups (a stop collects a batch they still learn on before the checkpoint).
+        self._groups: list[Any] = []
+        #: What ``checkpoints/latest.pt`` holds: its frames and iteration (summary.json).
+        self._checkpointed: dict[str, int] | None = (
+            {"frames": self.frames, "iteration": self.iteration} if r else None)
+        self._cause: str | None = None  # a failure found after a signal (a torchrun rank died)
+        self._checkpoint_error: str | None = None
+        self._after_signal: str | None = None  # an error that followed the stop signal
+        self.signals = StopSignals(self._remove_partial_files, torchrun=world > 1)
 
     # ------------------------------------------------------------------ set-up
     def training_batcher(
@@ -396,8 +388,11 @@ class Run:
             self.record(traj)
             if self.done:
                 return
-            with self.monitor.phase("learn"):
-                yield traj
+            with self.monitor.phase("learn"), self.signals.deferred():
+                yield traj  # a signal here waits for the body (up to STOP_GRACE_S)
+            if self.signals.requested:
+                self.stopped_by = "interrupted"
+                return
 
     def publish(
         self,
@@ -505,6 +500,12 @@ class Run:
             agent=None if self._eval_agent is None else agent_spec(*self._eval_agent, modules),
         )
         self.logger.checkpoint(state, score=self.logger.train_return())
+        self._checkpointed = {"frames": self.frames, "iteration": self.iteration}
+
+    def _remove_partial_files(self) -> None:
+        """Before a second signal ends the process: no half-written checkpoint is left."""
+        for tmp in (self.logger.dir / "checkpoints").glob("*.tmp"):
+            tmp.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ teardown
     def __enter__(self) -> Run:
@@ -520,16 +521,35 @@ class Run:
         batchers, the evaluator and the logger (which plots), then sets and prints
         :attr:`summary` and writes it to ``summary.json``. Any other exception still leaves a
         ``summary.json`` with status ``failed`` and the error, unless the run failed before its
-        first iteration (:class:`~rlstruct.runs.lock.FolderGuard`)."""
+        first iteration (:class:`~rlstruct.runs.lock.FolderGuard`).
+
+        A run stopped by a signal (:mod:`rlstruct.runs.signals`) first collects a batch its
+        learner group still learns on, so the checkpoint's frames are the summary's; it then
+        raises :class:`~rlstruct.runs.signals.Terminated`, also when the stop waited for the
+        loop body and the loop ended on its own."""
+        self.signals.teardown()
+        # An error after a stop signal (not a learner rank's) is taken for its consequence:
+        # a signal to the whole process group (Slurm, ``timeout``) also stops the workers.
+        after = (exc is not None and self.signals.requested
+                 and not isinstance(exc, (KeyboardInterrupt, LearnerError)))
+        if after:
+            self._after_signal, exc_type = f"{type(exc).__name__}: {exc}", None
         finish = exc_type is None or issubclass(exc_type, KeyboardInterrupt)
+        by_signal = isinstance(exc, Terminated) or (
+            (exc is None or after) and self.signals.requested
+            and self.stopped_by in (None, "interrupted"))
         try:
             if finish:
                 if self.stopped_by is None:  # Ctrl-C, or a loop that ended on its own
-                    self.stopped_by = "interrupted" if exc_type is not None else "loop_end"
+                    self.stopped_by = ("interrupted" if exc_type is not None or by_signal
+                                       else "loop_end")
+                if by_signal:
+                    self._cause = lost_rank(self._groups)
                 if self.logger.n_rows == 0 or self.logger.frames != self.frames:
                     self.logger.log(self.frames, iteration=self.iteration, eval_return=math.nan,
                                     **self.monitor.sample(self.frames))
-                self.checkpoint()
+                self._checkpoint_error = final_checkpoint(self.checkpoint, self._groups,
+                                                          by_signal or exc_type is not None)
         finally:
             try:
                 self._stack.close()
@@ -537,20 +557,18 @@ class Run:
                 try:
                     self.logger.close()
                 finally:
-                    if self._old_sigterm is not None:
-                        signal.signal(signal.SIGTERM, self._old_sigterm)
+                    self.signals.restore()
                     self._write_summary(finish, exc)
                     self._guard.close(not finish and self.iteration == self._resumed_at,
                                       isinstance(exc, ConfigError))
         if finish:
-            print(_describe(self.algo, self.summary, self.logger.train_column))
+            print(describe(self.algo, self.summary, self.logger.train_column))
             print(f"outputs in {self.logger.dir}", flush=True)
+        if by_signal and (exc is None or after):
+            raise self.signals.stop_now() from None
 
     def _write_summary(self, finish: bool, exc: BaseException | None) -> None:
-        summary = self._summary()
-        summary["status"] = STATUS.get(self.stopped_by or "", "ended") if finish else "failed"
-        if exc is not None:
-            summary["error"] = f"{type(exc).__name__}: {exc}"
+        summary = run_summary(self, finish, exc)
         if finish:
             self.summary = summary
         try:
@@ -558,34 +576,6 @@ class Run:
         except OSError as err:  # e.g. a full disk: never hide the run's own outcome
             warnings.warn(f"could not write {self.logger.dir / 'summary.json'}: {err}",
                           stacklevel=2)
-
-    def _summary(self) -> dict[str, Any]:
-        solved = self._solved_at
-        return {
-            "algo": self.algo,
-            "run_dir": str(self.logger.dir),
-            "stopped_by": self.stopped_by,
-            "solved": solved is not None,
-            "frames": self.frames,
-            "iterations": self.iteration,
-            "episodes": self.logger.episodes,
-            self.logger.train_column: self.logger.train_return(),
-            "eval_return": self.eval_return,
-            "wall_time": time.monotonic() - self.start,
-            "frames_to_solve": None if solved is None else solved[0],
-            "time_to_solve": None if solved is None else solved[1],
-            "resumes": self.n_resumes,
-            "launch": self.launch,
-        }
-
-
-def _describe(algo: str, s: dict[str, Any], column: str) -> str:
-    how = "solved" if s["solved"] else f"stopped by {s['stopped_by']}"
-    when = s["time_to_solve"] if s["solved"] else s["wall_time"]
-    return (
-        f"{algo}: {how} after {s['frames']:,} frames, {when:.1f} s, {s['iterations']} iterations;"
-        f" {column} {s[column]:.2f}, last eval_return {s['eval_return']:.2f}"
-    )
 
 
 def _code_dir(cfg: RunConfig) -> Path | None:

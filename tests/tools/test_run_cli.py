@@ -140,6 +140,8 @@ def test_sigterm_ends_the_run_like_ctrl_c(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and "SIGTERM" in summary["error"], err
     assert "stopped by interrupted" in out and took < 30
+    # A graceful stop: exit code 0 (Slurm: COMPLETED), one line, no traceback.
+    assert proc.returncode == 0 and "Traceback" not in err, err
     rows = read_rows(run_dir / "progress.csv")
     assert int(rows[-1]["frames"]) == summary["frames"]
     import torch

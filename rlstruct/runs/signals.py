@@ -1,0 +1,241 @@
+"""How a run stops on a signal: SIGTERM (Slurm's time limit, preemption, ``--signal``,
+``scancel``, torchrun's agent) and SIGINT (Ctrl-C) end it gracefully.
+
+:class:`StopSignals` is installed by :class:`~rlstruct.runs.run.Run` in the main thread:
+
+- **The first signal** stops the run at a consistent point. While the loop body learns on a
+  segment (between two ``get`` of :meth:`Run.segments <rlstruct.runs.run.Run.segments>`: learn,
+  publish, checkpoint) it is deferred: the body finishes, then the loop ends with
+  ``stopped_by="interrupted"``. If the body takes longer than :data:`STOP_GRACE_S`, or the
+  signal comes anywhere else (waiting for a segment, setting up), :class:`Terminated` is raised
+  at once in the main thread. Either way :meth:`Run.__exit__
+  <rlstruct.runs.run.Run.__exit__>` writes the last row, a final checkpoint that matches
+  ``summary.json`` (a learner group's batch still in flight is collected first,
+  :func:`settle_groups`), closes everything and raises :class:`Terminated`, which the command
+  line (:func:`~rlstruct.runs.resolve.run_cli`) turns into one line and exit code
+  :data:`EXIT_CODES` (0 after SIGTERM, 130 after Ctrl-C).
+- **A second signal** (SIGTERM or SIGINT) ends the process at once: one line on stderr, the
+  run's processes killed by PID, exit code ``128 + signal`` (143 or 130). Under torchrun a second
+  signal is ignored: its agent forwards the signal it received (a terminal's Ctrl-C reaches
+  every rank twice) and sends SIGKILL 30 s later itself.
+
+Learner ranks and batcher workers ignore SIGINT: Ctrl-C to the process group reaches the main
+process only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+__all__ = ["Terminated", "StopSignals", "EXIT_CODES", "STOP_GRACE_S", "settle_groups",
+           "exit_code"]
+
+#: Seconds a deferred stop waits for the loop body (a learn phase) before it interrupts it;
+#: the final checkpoint then has as long again, well within the 30 s after which Slurm
+#: (``KillWait``) and torchrun send SIGKILL.
+STOP_GRACE_S = 10.0
+
+#: The command line's exit code after a graceful stop, by signal: SIGTERM is how Slurm and
+#: schedulers ask a job to stop, so the job ends COMPLETED; Ctrl-C is the shell's convention.
+EXIT_CODES = {signal.SIGTERM: 0, signal.SIGINT: 130}
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Terminated(KeyboardInterrupt):
+    """The run was stopped by a signal (SIGTERM or Ctrl-C): it ended with its last row, a final
+    checkpoint and ``summary.json`` with status ``interrupted``.
+
+    Attributes:
+        signum: the signal's number.
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signum = int(signum)
+        super().__init__(f"signal {signal.Signals(signum).name}")
+
+
+def exit_code(exc: BaseException) -> int:
+    """The command line's exit code for a run that ended with ``exc`` (a
+    :class:`Terminated`, or a KeyboardInterrupt outside a run: 130)."""
+    return EXIT_CODES.get(getattr(exc, "signum", signal.SIGINT), 1)
+
+
+class StopSignals:
+    """The SIGTERM and SIGINT handlers of a run (see the module notes). Installed only from the
+    main thread (signals are delivered there); elsewhere it does nothing.
+
+    Args:
+        on_hard_exit: called before a second signal ends the process (removes half-written
+            files); must be quick.
+        torchrun: the process is a torchrun rank (a second signal is then ignored).
+        grace: seconds a deferred stop waits (:data:`STOP_GRACE_S`).
+    """
+
+    def __init__(self, on_hard_exit: Callable[[], None] = lambda: None, torchrun: bool = False,
+                 grace: float = STOP_GRACE_S) -> None:
+        self.signum: int | None = None
+        self.received_at: float | None = None
+        self._on_hard_exit, self._torchrun, self._grace = on_hard_exit, torchrun, grace
+        self._deferring = False
+        self._raised = False
+        self._overdue = False
+        self._tearing_down = False
+        self._timer: threading.Timer | None = None
+        self._old: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in _SIGNALS:
+                self._old[sig] = signal.signal(sig, self._handle)
+
+    @property
+    def requested(self) -> bool:
+        """A signal asked the run to stop."""
+        return self.signum is not None
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """A block a first signal does not interrupt for up to ``grace`` seconds (the loop body);
+        the caller checks :attr:`requested` after it."""
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+            self._cancel_timer()
+
+    def stop_now(self) -> Terminated:
+        """The :class:`Terminated` that ends a run whose signal was deferred (it is not
+        raised twice)."""
+        self._raised = True
+        return Terminated(self.signum or signal.SIGTERM)
+
+    def teardown(self) -> None:
+        """The run is tearing down: a signal from now on is a second one."""
+        self._tearing_down = True
+        self._cancel_timer()
+
+    def restore(self) -> None:
+        """Puts back the handlers found at installation (idempotent)."""
+        self._cancel_timer()
+        for sig, old in self._old.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(sig, old if old is not None else signal.SIG_DFL)
+        self._old = {}
+
+    def reinstall(self) -> None:
+        """Takes SIGTERM and SIGINT back from a library that replaced the handlers (Ray's
+        ``ray.init`` installs ``sys.exit`` on SIGTERM)."""
+        if self._old and threading.current_thread() is threading.main_thread():
+            for sig in _SIGNALS:
+                signal.signal(sig, self._handle)
+
+    # ------------------------------------------------------------------ internals
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is None:  # the first signal
+            self.signum, self.received_at = signum, time.monotonic()
+            if self._tearing_down:
+                return  # the teardown (bounded) goes on: it writes the final checkpoint
+            if self._deferring:
+                self._timer = threading.Timer(self._grace, self._overdue_stop)
+                self._timer.daemon = True
+                self._timer.start()
+                return
+            self._raised = True
+            raise Terminated(signum)
+        if self._overdue and not self._raised and not self._tearing_down:
+            self._raised = True  # the deferred stop's grace is over: interrupt the body
+            raise Terminated(self.signum)
+        if self._torchrun:
+            return  # the agent forwards its signal too, and sends SIGKILL after 30 s itself
+        self._hard_exit(signum)
+
+    def _overdue_stop(self) -> None:
+        self._overdue = True
+        with contextlib.suppress(Exception):
+            signal.pthread_kill(threading.main_thread().ident or 0, self.signum or signal.SIGTERM)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _hard_exit(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        print(f"rlstruct: second signal ({name}): stopping at once, without the final "
+              "checkpoint (the last one written is kept)", file=sys.stderr, flush=True)
+        with contextlib.suppress(Exception):
+            self._on_hard_exit()
+        kill_descendants()
+        os._exit(128 + signum)
+
+
+def kill_descendants() -> None:
+    """SIGKILL to every descendant of this process, by PID (batcher workers, learner ranks,
+    a local Ray cluster)."""
+    try:
+        import psutil
+
+        procs = psutil.Process().children(recursive=True)
+    except Exception:
+        return
+    for proc in procs:
+        with contextlib.suppress(Exception):
+            proc.kill()
+
+
+def settle_groups(groups: Iterable[Any], seconds: float) -> None:
+    """Before the final checkpoint: collects a batch still in flight in each learner group (a
+    stop that interrupted a learn phase), so that the checkpoint's model, optimizer and frames
+    agree; every wait of the groups is bounded by ``seconds`` from now on.
+
+    Raises:
+        whatever ``collect`` raises (a rank that failed or did not finish in time).
+    """
+    deadline = time.monotonic() + seconds
+    for group in groups:
+        remaining = max(0.5, deadline - time.monotonic())
+        if hasattr(group, "timeout"):
+            group.timeout = min(group.timeout, remaining)
+        while getattr(group, "pending", 0):
+            group.collect(timeout=max(0.5, deadline - time.monotonic()))
+
+
+def final_checkpoint(checkpoint: Callable[[], None], groups: Iterable[Any],
+                     interrupted: bool) -> str | None:
+    """Writes a run's last checkpoint with ``checkpoint``. After an interrupt, a learner group's
+    batch in flight is collected first (:func:`settle_groups`, bounded by
+    :data:`STOP_GRACE_S`), and a failure is returned (one line, also printed) rather than
+    raised, so that the run still closes and writes its summary.
+
+    Returns:
+        None, or what went wrong.
+    """
+    if not interrupted:
+        checkpoint()
+        return None
+    try:
+        settle_groups(groups, STOP_GRACE_S)
+        checkpoint()
+    except Exception as err:
+        text = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
+        print(f"rlstruct: the final checkpoint failed ({text}); checkpoints/latest.pt keeps the "
+              "last one written (summary.json: checkpoint)", file=sys.stderr, flush=True)
+        return text
+    return None
+
+
+def lost_rank(groups: Iterable[Any]) -> str | None:
+    """Under torchrun: the rank whose death made torchrun's agent stop this one, described
+    (None when every rank is alive: the signal came from outside)."""
+    for group in groups:
+        lost = getattr(group, "lost_rank", None)
+        if callable(lost):
+            return lost()
+    return None
