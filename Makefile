@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: venv demo test test-fast lint docs bench clean
+.PHONY: venv demo test test-fast lint docs bench gpu-check clean
 
 # torch is installed only when the venv lacks it: a GPU user keeps their CUDA build, and a
 # machine with a local CPU wheel never downloads CUDA packages.
@@ -51,6 +51,12 @@ bench: venv
 	$(PY) benchmarks/torch_envs.py
 	$(PY) benchmarks/ray_backend.py
 	$(PY) benchmarks/envpool_atari.py
+
+# Every GPU path in one call (benchmarks/gpu_check.py): the gpu-marked tests, PPO --preset atari with
+# the learner on the GPU beside the CPU, torch-native envs at 65k envs, a SerialBatcher on cuda, a
+# cuda learner with a CPU batcher; under 8 minutes on one GPU; the report goes to gpu-report.md.
+gpu-check: venv
+	$(PY) benchmarks/gpu_check.py --out gpu-report.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache docs/_build docs/generated

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -60,7 +61,7 @@ def test_unknown_presets_and_fields_raise_config_errors():
 
 def _build_with(preset):
     class Config(ppo.Config):
-        presets = {"x": preset}
+        presets: ClassVar[dict] = {"x": preset}
     return Config.from_preset("x")
 
 
