@@ -188,18 +188,18 @@ def test_algos_lists_every_algorithm_file():
 
 
 def test_train_algo_help_is_the_algorithms_own(capsys):
-    import tyro
-
     from rlstruct.algos import ppo
+    from rlstruct.runs.resolve import parse
 
     out = help_of(["train", "ppo"], capsys)
-    with pytest.raises(SystemExit):
-        tyro.cli(ppo.Config, args=["--help"], prog="python -m rlstruct.algos.ppo")
+    with pytest.raises(SystemExit):  # what python -m rlstruct.algos.ppo --help prints
+        parse(ppo.Config, args=["--help"], prog="python -m rlstruct.algos.ppo")
     own = capsys.readouterr().out
     assert out.startswith("usage: rlstruct train ppo [-h] [OPTIONS]")
     assert own.startswith("usage: python -m rlstruct.algos.ppo [-h] [OPTIONS]")
     assert out.splitlines()[1:] == own.splitlines()[1:]
     assert "--clip-coef" in out and "--n-processes" in out and "rlstruct/algos/ppo.py" not in out
+    assert "presets (--preset NAME" in out and "  atari: " in out
 
 
 @pytest.mark.parametrize("command", ["evaluate", "plot", "sweep", "tune"])
