@@ -1,0 +1,41 @@
+"""Smoke run of benchmarks/gpu_check.py on the CPU (--allow-cpu): the steps that need no extra run,
+the report names each, and without CUDA and without --allow-cpu the script refuses with exit 2.
+
+No timing is asserted here (BENCHMARKS.md: targets live in the benchmark output, never in tests).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+
+pytestmark = pytest.mark.slow  # subprocess runs
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+def test_without_cuda_it_exits_2_and_says_why(tmp_path: Path) -> None:
+    res = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "r.md")],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert res.returncode == 2 and "no CUDA device" in res.stderr
+    assert not (tmp_path / "r.md").exists()
+
+
+@pytest.mark.timeout(300)
+def test_the_cpu_smoke_run_writes_a_report_of_each_step(tmp_path: Path) -> None:
+    out = tmp_path / "report.md"
+    res = subprocess.run([sys.executable, str(SCRIPT), "--allow-cpu", "--only", "3", "4", "5",
+                          "--out", str(out)], capture_output=True, text=True, timeout=280,
+                         cwd=ROOT)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    text = out.read_text()
+    for step in ("torch-native envs at 65k envs", "SerialBatcher on cuda",
+                 "learner on cuda:0, CPU batcher"):
+        assert f"| {step} | yes |" in text
+    assert "gpu-marked tests" not in text  # --only left it out
