@@ -104,9 +104,8 @@ def model_factory(run: Run, cfg: Config) -> partial[HeadActorCritic | CNNActorCr
 
 
 # --------------------------------------------------------------------------------------- agent
-# Memoryless (rlstruct/learn/sampling.py): samples from model.head (the mode with greedy) and
-# stores the env's action, the unclipped sample, its logp and the value; replayed on the learner
-# it samples nothing and returns the differentiable head params and value.
+# Memoryless (rlstruct/learn/sampling.py): stores the env's action, the head's unclipped sample,
+# its logp and the value; replayed on the learner it returns the head's params and the value.
 PPOAgent = PolicyAgent
 
 
@@ -119,7 +118,7 @@ def clipped_policy_loss(logp: Tensor, logp_old: Tensor, advantage: Tensor, clip:
 
 def value_loss(value: Tensor, value_old: Tensor, returns: Tensor, clip: float | None) -> Tensor:
     """Per sample ``0.5 (V - R)^2``; with ``clip``, the max of that and the same loss for
-    ``V_old + clamp(V - V_old, -clip, clip)`` (PPO2's value clipping)."""
+    ``V_old + clamp(V - V_old, -clip, clip)``."""
     loss = (value - returns).square()
     if clip is not None:
         clipped = value_old + (value - value_old).clamp(-clip, clip)
@@ -134,25 +133,28 @@ def scaled_rewards(model: Any, traj: Trajectories, gamma: float) -> Tensor:
     if norm is None:
         return steps[K.NEXT_REWARD]
     done = steps[K.NEXT_TERMINATED] | steps[K.NEXT_TRUNCATED]
-    scaled, model.discounted = normalization.scale_rewards(norm, getattr(model, "discounted", None),
-                                             steps[K.NEXT_REWARD], done, steps.lengths, gamma)
+    scaled, model.discounted = normalization.scale_rewards(
+        norm, getattr(model, "discounted", None), steps[K.NEXT_REWARD], done, steps.lengths, gamma)
     return scaled
 
 
 def gae_advantages(
-    model: HeadActorCritic, traj: Trajectories, gamma: float, lam: float
+    model: HeadActorCritic, traj: Trajectories, gamma: float, lam: float, current: bool = False
 ) -> tuple[Tensor, Tensor]:
-    """GAE ``(advantages, returns)``, each ``(B, T)``, from the values stored at collection and
-    the critic's values of the true next observations (one batched call, no gradient), on the
-    rewards of :func:`scaled_rewards`."""
+    """GAE ``(advantages, returns)``, each ``(B, T)``, from the stored values and the critic's
+    values of the true next observations (no gradient), on :func:`scaled_rewards`. With
+    ``current`` (the stored values are this model's) step ``t``'s next value is step ``t+1``'s
+    stored one, and the critic runs only where the next observation is not in the batch: an
+    episode's end and a row's last step (a forward pass over the batch saved)."""
     steps = traj.trajectories
+    value, done = steps[K.STORED_VALUE], steps[K.NEXT_TERMINATED] | steps[K.NEXT_TRUNCATED]
+    t = torch.arange(value.shape[1], device=value.device)
+    need = (done | (t >= steps.lengths.unsqueeze(1) - 1)) if current else torch.ones_like(done)
+    next_value = torch.cat([value[:, 1:], value[:, -1:]], 1).clone()
     with torch.no_grad():
-        next_value = model.value(steps[K.NEXT_FRAME].flatten(0, 1)).view(steps[K.NEXT_REWARD].shape)
-    return F.gae(
-        scaled_rewards(model, traj, gamma), steps[K.STORED_VALUE], next_value,
-        steps[K.NEXT_TERMINATED],
-        steps[K.NEXT_TRUNCATED], steps.lengths, gamma, lam,
-    )
+        next_value[need] = model.value(steps[K.NEXT_FRAME][need]).to(value.dtype)
+    return F.gae(scaled_rewards(model, traj, gamma), value, next_value, steps[K.NEXT_TERMINATED],
+                 steps[K.NEXT_TRUNCATED], steps.lengths, gamma, lam)
 
 
 def ppo_loss(agent: Agent, minibatch: DictTensor, cfg: Config) -> tuple[Tensor, dict[str, Tensor]]:
@@ -182,13 +184,12 @@ def relabel(agent: Agent, traj: Trajectories) -> Trajectories:
     """``logp`` and ``value`` of the stored actions recomputed by the current model: with
     ``--pipeline 2`` the batch was collected one update ago, and the clip range must be measured
     from the policy being improved (or the first epoch starts outside it)."""
-    steps = traj.trajectories
+    steps, shape = traj.trajectories, traj.trajectories[K.STORED_VALUE].shape
     with torch.no_grad():
         params, value = agent.model(steps[K.OBS_FRAME].flatten(0, 1))
-        shape = steps[K.STORED_VALUE].shape
         logp = agent.model.head.log_prob(params, steps[K.STORED_SAMPLE].flatten(0, 1))
-    traj.trajectories.set(K.STORED_LOGP, logp.view(shape))
-    traj.trajectories.set(K.STORED_VALUE, value.view(shape))
+    steps.set(K.STORED_LOGP, logp.view(shape))
+    steps.set(K.STORED_VALUE, value.view(shape))
     return traj
 
 
@@ -196,13 +197,12 @@ def learn(
     agent: Agent, optimizer: Optimizer, traj: Trajectories, cfg: Config,
     step: Any = gradient_step, out_of_time: Callable[[], bool] = lambda: False,
 ) -> dict[str, float]:
-    """``n_epochs`` of minibatch steps over one batch, stopping early once ``out_of_time()``
-    (checked between minibatches); returns the last epoch's mean stats. With ``--n-learners N``
-    each rank runs it on B/N rows, minibatches of minibatch_size/N, and ``step`` averages the
-    gradients over the ranks."""
+    """``n_epochs`` of minibatch steps over one batch, stopping early once ``out_of_time()``;
+    returns the last epoch's mean stats. With ``--n-learners N`` each rank runs it on B/N rows,
+    minibatches of minibatch_size/N, and ``step`` averages the gradients over the ranks."""
     if cfg.layout.pipeline > 1:  # collected one update ago: clip around the current policy
-        traj = relabel(agent, traj)
-    advantage, returns = gae_advantages(agent.model, traj, cfg.gamma, cfg.gae_lambda)
+        traj = relabel(agent, traj)  # (otherwise the stored values are this model's already)
+    advantage, returns = gae_advantages(agent.model, traj, cfg.gamma, cfg.gae_lambda, current=True)
     steps = traj.trajectories.get([K.OBS_FRAME, K.STORED_SAMPLE, K.STORED_LOGP, K.STORED_VALUE])
     steps.set("advantage", advantage)
     steps.set("return", returns)

@@ -337,3 +337,24 @@ def test_mountain_car_continuous_runs_through_the_gaussian_head(tmp_path):
     assert summary["frames"] >= 256 and summary["stopped_by"] == "max_frames"
     checkpoint = torch.load(Path(summary["run_dir"]) / "checkpoints" / "latest.pt")
     assert "actor.4.log_std" in checkpoint["model"] and "obs_norm.mean" in checkpoint["model"]
+
+
+def test_next_values_from_the_batch_equal_the_critic_on_every_next_observation():
+    """gae_advantages(current=True) takes step t+1's stored value as step t's next value and runs
+    the critic only at episode ends and row ends: the same advantages as the critic run on every
+    true next observation, when the stored values are the model's own (as the workers store)."""
+    torch.manual_seed(0)
+    model = actor_critic(obs_dim=4, n_actions=2, hidden=16)
+    segments = collect(ppo.PPOAgent, model, n_segments=3, n_timesteps=40, n_envs=3)
+    ends = 0
+    for traj in segments:
+        steps_ = traj.trajectories
+        ends += int((steps_["_observation/terminated"] | steps_["_observation/truncated"]).sum())
+        full = ppo.gae_advantages(model, traj, gamma=0.99, lam=0.95)
+        calls = []
+        hook = model.critic.register_forward_hook(lambda m, i, o: calls.append(i[0].shape[0]))
+        fast = ppo.gae_advantages(model, traj, gamma=0.99, lam=0.95, current=True)
+        hook.remove()
+        torch.testing.assert_close(fast, full, atol=1e-5, rtol=1e-5)
+        assert calls and calls[0] < 40 * 3  # the critic ran on fewer than every step
+    assert ends > 0  # episode ends were inside the batches (CartPole under a random policy)
