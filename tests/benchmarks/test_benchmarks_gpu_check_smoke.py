@@ -30,12 +30,11 @@ def test_without_cuda_it_exits_2_and_says_why(tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_the_cpu_smoke_run_writes_a_report_of_each_step(tmp_path: Path) -> None:
     out = tmp_path / "report.md"
-    res = subprocess.run([sys.executable, str(SCRIPT), "--allow-cpu", "--only", "3", "4", "5",
+    res = subprocess.run([sys.executable, str(SCRIPT), "--allow-cpu", "--only", "4", "5",
                           "--out", str(out)], capture_output=True, text=True, timeout=280,
                          cwd=ROOT)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     text = out.read_text()
-    for step in ("torch-native envs at 65k envs", "SerialBatcher on cuda",
-                 "learner on cuda:0, CPU batcher"):
+    for step in ("SerialBatcher on cuda", "learner on cuda:0, CPU batcher"):
         assert f"| {step} | yes |" in text
-    assert "gpu-marked tests" not in text  # --only left it out
+    assert "gpu-marked tests" not in text and "65k" not in text  # --only left them out
