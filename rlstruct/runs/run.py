@@ -561,6 +561,7 @@ class Run:
 
     def _summary(self) -> dict[str, Any]:
         solved = self._solved_at
+        nodes = getattr(self._training_batcher, "nodes", None)  # RayBatcher: each actor's node
         return {
             "algo": self.algo,
             "run_dir": str(self.logger.dir),
@@ -576,6 +577,7 @@ class Run:
             "time_to_solve": None if solved is None else solved[1],
             "resumes": self.n_resumes,
             "launch": self.launch,
+            **({"ray_nodes": len(set(nodes) - {None})} if nodes else {}),
         }
 
 
