@@ -8,10 +8,11 @@ as root (the daemons run as root). ``.ci/run`` installs both with apt, so CI run
 from __future__ import annotations
 
 import json
-import os
 import re
+import shutil
 import socket
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,15 +130,17 @@ def doc_job(slurm: LocalSlurm, tmp_path: Path):
     this venv, a private home (Ray's token) and Ray folder, free ports, a runs folder."""
     home = tmp_path / "home"
     home.mkdir()
+    # Ray's sockets live under RAY_TMPDIR, whose path must stay short (AF_UNIX: 107 bytes)
+    ray_tmp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
 
     def make(page: str, name: str, **env: str) -> DocJob:
         base = {
             "VENV": str(Path(sys.executable).parent.parent), "HOME": str(home),
-            "RAY_TMPDIR": str(tmp_path / "ray"), "RAY_PORT": str(free_port()),
+            "RAY_TMPDIR": str(ray_tmp), "RAY_PORT": str(free_port()),
             "RDZV_PORT": str(free_port()), "RUNS": str(tmp_path / "runs"),
             "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
         }
-        os.makedirs(base["RAY_TMPDIR"], exist_ok=True)
         return DocJob(slurm, page, name, tmp_path, {**base, **env})
 
-    return make
+    yield make
+    shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -9,6 +9,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 from conftest import REPO
 
 CLUSTERS = "guide-clusters.md"
@@ -16,6 +17,7 @@ CLUSTERS = "guide-clusters.md"
 SMALL = {"FRAMES": "3000", "TIME_BUDGET": "90"}
 
 
+@pytest.mark.timeout(400)
 def test_one_node_many_cores(doc_job):
     job = doc_job(CLUSTERS, "ppo-node", **SMALL)
     job.submit("--nodes=1", "--cpus-per-task=2", "--time=3")
@@ -24,6 +26,7 @@ def test_one_node_many_cores(doc_job):
     assert summary["status"] == "budget" and summary["frames"] >= 3000
 
 
+@pytest.mark.timeout(400)
 def test_several_nodes_a_ray_cluster_with_actors_on_both_nodes(doc_job):
     """Token authentication on (Ray 2.60): without ``RAY_AUTH_MODE=token`` the second node and
     the driver fail with InvalidAuthToken."""
@@ -36,6 +39,7 @@ def test_several_nodes_a_ray_cluster_with_actors_on_both_nodes(doc_job):
     assert (Path(job.env["HOME"]) / ".ray" / "auth_token").is_file()
 
 
+@pytest.mark.timeout(400)
 def test_hetjob_learner_ranks_on_one_component_rollouts_on_the_other(doc_job):
     job = doc_job(CLUSTERS, "ppo-hetjob", **SMALL)
     job.submit("--time=4", "--nodes=1", "--cpus-per-task=1", "--gpus-per-node=0", ":",
@@ -49,6 +53,7 @@ def test_hetjob_learner_ranks_on_one_component_rollouts_on_the_other(doc_job):
     assert summary["ray_nodes"] == 1, summary
 
 
+@pytest.mark.timeout(400)
 def test_torchrun_under_srun_across_two_nodes(doc_job):
     job = doc_job(CLUSTERS, "ppo-torchrun", **SMALL)
     job.submit("--nodes=2", "--cpus-per-task=2", "--gpus-per-node=0", "--time=3")
@@ -58,6 +63,7 @@ def test_torchrun_under_srun_across_two_nodes(doc_job):
     assert summary["launch"] == {"launcher": "torchrun", "world_size": 2}
 
 
+@pytest.mark.timeout(400)
 def test_a_custom_env_from_the_users_module(doc_job):
     job = doc_job(CLUSTERS, "ppo-custom-env", ENV_DIR=str(REPO / "examples"), **SMALL)
     job.submit("--nodes=1", "--cpus-per-task=2", "--time=3")
@@ -85,6 +91,7 @@ def _rows(run: Path) -> int:
     return max(0, len(path.read_text().splitlines()) - 1) if path.is_file() else 0
 
 
+@pytest.mark.timeout(400)
 def test_requeue_recipe_killed_before_a_checkpoint_then_requeued_resumes(doc_job, slurm):
     """Session 1 killed with SIGKILL before its first checkpoint (a node lost): the requeued
     session 2 starts fresh. Session 2 requeued by ``scontrol requeue`` (a preemption) once it
@@ -111,6 +118,7 @@ def test_requeue_recipe_killed_before_a_checkpoint_then_requeued_resumes(doc_job
     assert job.run_dirs() == sorted([first, second])
 
 
+@pytest.mark.timeout(400)
 def test_requeue_recipe_at_the_time_limit(doc_job, slurm):
     """A job that reaches its ``--time`` limit: ``--signal=B:USR1@45`` on a 1-minute job warns
     the script 15-45 s in; the trap passes SIGTERM to the run, waits for its checkpoint and

@@ -24,7 +24,8 @@ from pathlib import Path
 __all__ = ["LocalSlurm", "missing_slurm", "TERMINAL_STATES"]
 
 #: The daemons and commands the tier needs.
-PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "srun")
+PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "srun", "squeue",
+            "scancel")
 #: Job states a job does not leave by itself.
 TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
                              "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"})
@@ -108,8 +109,11 @@ class LocalSlurm:
             raise
 
     def stop(self, deadline_s: float = 20.0) -> None:
-        """Stops every daemon started, by the pid its pid file holds: SIGTERM, then SIGKILL
+        """Cancels the jobs still there and waits (``KillWait`` and a minute) until they left,
+        then stops every daemon started, by the pid its pid file holds: SIGTERM, then SIGKILL
         after ``deadline_s``."""
+        if self._pid_files:
+            self._cancel_jobs(self.kill_wait + 60.0)
         pids = []
         for path in reversed(self._pid_files):
             with contextlib.suppress(OSError, ValueError):
@@ -125,6 +129,17 @@ class LocalSlurm:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self._pid_files.clear()
+
+    def _cancel_jobs(self, deadline_s: float) -> None:
+        """``scancel`` every job of the cluster; waits until ``squeue`` lists none."""
+        with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+            jobs = self.command("squeue", "-h", "-o", "%A").split()
+            if jobs:
+                self.command("scancel", *jobs, check=False)
+            end = time.monotonic() + deadline_s
+            while jobs and time.monotonic() < end:
+                time.sleep(1.0)
+                jobs = self.command("squeue", "-h", "-o", "%A").split()
 
     def _hosts(self) -> None:
         hosts = Path("/etc/hosts")
