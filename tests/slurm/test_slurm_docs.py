@@ -6,11 +6,16 @@ job's final state in ``scontrol show job`` and the run's ``summary.json``."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import time
 from pathlib import Path
 
 import pytest
 from conftest import REPO
+
+from rlstruct.runs.lock import LOCK_NAME
 
 CLUSTERS = "guide-clusters.md"
 #: A small run: enough frames for a few iterations, a time budget as a backstop.
@@ -99,10 +104,13 @@ def test_requeue_recipe_killed_before_a_checkpoint_then_requeued_resumes(doc_job
     ends COMPLETED."""
     job = doc_job(CLUSTERS, "ppo-pong", FRAMES="1000000", TIME_BUDGET="45")
     job.submit("--cpus-per-task=2", "--time=5")
-    first = _wait_for("run folder", lambda: [p for p in job.run_dirs()
-                                             if (p / "config.json").is_file()], 90, job)[0]
-    slurm.command("scancel", "--signal=KILL", "--full", str(job.job_id))
-    job.wait(60, states={"FAILED", "CANCELLED", "COMPLETED"})
+    lock = _wait_for("run folder lock", lambda: [p / LOCK_NAME for p in job.run_dirs()
+                                                 if (p / LOCK_NAME).is_file()], 90, job)[0]
+    first = lock.parent
+    holder = _wait_for("lock holder", lambda: re.match(r"pid (\d+)", lock.read_text()), 30, job)
+    os.kill(int(holder.group(1)), signal.SIGKILL)  # the run's process, as a lost node would
+    fields = job.wait(60)
+    assert fields["JobState"] == "FAILED", fields  # the script's exit status: the run's, 137
     assert not (first / "checkpoints" / "latest.pt").exists(), "killed too late for this test"
     slurm.command("scontrol", "requeue", str(job.job_id))
     job.wait(60, states={"RUNNING"}, release=True)
