@@ -131,5 +131,5 @@ def test_resume_auto_continues_the_newest_checkpointed_run_and_passes_over_a_kil
 def test_an_explicit_resume_without_a_checkpoint_is_still_refused(tmp_path):
     killed = tmp_path / "runs" / "killed"
     killed.mkdir(parents=True)
-    with pytest.raises(ConfigError, match="holds no checkpoints/latest.pt"):
+    with pytest.raises(ConfigError, match=r"holds no checkpoints/latest\.pt"):
         resolve(config(tmp_path, resume=str(killed)), "test")
