@@ -45,6 +45,9 @@ def run_summary(run: Any, finish: bool, exc: BaseException | None) -> dict[str, 
         "launch": run.launch,
         "checkpoint": run._checkpointed,
     }
+    nodes = getattr(run._training_batcher, "nodes", None)  # RayBatcher: each actor's node
+    if nodes:
+        summary["ray_nodes"] = len(set(nodes) - {None})
     summary["status"] = STATUS.get(run.stopped_by or "", "ended") if finish else "failed"
     if run._after_signal is not None:  # what went wrong in the stop, for the record
         summary["error"] = f"Terminated: {run.signals.stop_now()} (then {run._after_signal})"

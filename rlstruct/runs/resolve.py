@@ -11,7 +11,8 @@ the command line calls it through :func:`parse`), does everything that looks out
 - reads torchrun's variables (``WORLD_SIZE``) for the learner-rank checks, and whether the
   learner ranks can split the batch;
 - checks that every device named exists on this machine;
-- checks the run to resume: its checkpoint, its algorithm and the config its checkpoint records.
+- picks the run to resume for ``--resume auto`` (:func:`newest_checkpointed_run`), and checks
+  the run to resume: its checkpoint, its algorithm and the config its checkpoint records.
 
 Every problem is listed in one :class:`~rlstruct.errors.ConfigError`, before any folder, process
 or thread exists; on the command line that is one message and exit code 2. A run stopped by a
@@ -42,11 +43,16 @@ from rlstruct.runs.logger import config_to_dict
 from rlstruct.runs.presets import preset_help, preset_in_args
 from rlstruct.runs.signals import exit_code
 
-__all__ = ["resolve", "parse", "run_cli", "is_resolved", "algo_name"]
+__all__ = ["resolve", "parse", "run_cli", "is_resolved", "algo_name", "newest_checkpointed_run",
+           "RESUME_AUTO"]
 
 C = TypeVar("C", bound=RunConfig)
 
 _RESOLVED = "_rlstruct_resolved"
+
+#: The value of ``--resume`` that continues the newest checkpointed run of ``--runs-dir``, or
+#: starts a fresh run when there is none.
+RESUME_AUTO = "auto"
 
 
 def is_resolved(cfg: RunConfig) -> bool:
@@ -91,6 +97,9 @@ def resolve(cfg: C, algo: str | None = None) -> C:
         problems += id_problems
         if not id_problems:
             problems += _space_problems(cfg)
+    if cfg.resume == RESUME_AUTO:
+        found = newest_checkpointed_run(cfg.runs_dir)
+        cfg.resume = None if found is None else str(found)
     if cfg.resume is not None:
         problems += _resume_problems(cfg, algo or algo_name(cfg))
     if problems:
@@ -216,6 +225,34 @@ def _space_problems(cfg: RunConfig) -> list[str]:
     takes = " or ".join(cfg.action_spaces)
     return [f"{algo_name(cfg)} cannot train on {cfg.env_id}: its action space is {space}, "
             f"and {algo_name(cfg)} takes {takes} action spaces"]
+
+
+def newest_checkpointed_run(runs_dir: str | os.PathLike[str]) -> Path | None:
+    """The run folder of ``runs_dir`` whose ``checkpoints/latest.pt`` was written last: what
+    ``--resume auto`` continues. Folders without a checkpoint (a session killed before its
+    first one) are passed over.
+
+    Args:
+        runs_dir: the folder of the run directories (``--runs-dir``); it may not exist yet.
+
+    Returns:
+        The run folder, or None when no run of ``runs_dir`` holds a checkpoint (a fresh run).
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> runs = pathlib.Path(tempfile.mkdtemp())
+        >>> newest_checkpointed_run(runs) is None
+        True
+        >>> (runs / "a" / "checkpoints").mkdir(parents=True)
+        >>> _ = (runs / "a" / "checkpoints" / "latest.pt").write_bytes(b"")
+        >>> newest_checkpointed_run(runs).name
+        'a'
+    """
+    folder = Path(runs_dir)
+    found = [(p.stat().st_mtime, p.name, p.parent.parent)
+             for p in folder.glob("*/checkpoints/latest.pt") if p.is_file()] \
+        if folder.is_dir() else []
+    return max(found)[2] if found else None
 
 
 def _resume_problems(cfg: RunConfig, algo: str) -> list[str]:

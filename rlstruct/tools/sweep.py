@@ -49,7 +49,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, Literal, NoReturn
 
 import tyro
 
@@ -169,6 +169,9 @@ def sweep(
     poll_s: float = 0.2,
     quiet: bool = False,
     ma_window: int = MA_WINDOW,
+    launcher: str = "local",
+    slurm_time: int = 60,
+    slurm_partition: str | None = None,
 ) -> list[SessionResult]:
     """Run ``algo`` over ``seeds`` x ``trials`` and write the summary and trial graphs.
 
@@ -190,6 +193,8 @@ def sweep(
         poll_s: how often the running sessions are polled.
         quiet: print nothing.
         ma_window: width, in grid points, of the trial graphs' moving average.
+        launcher: ``local``, or ``slurm``: a Slurm job per session (``slurm_sweep``).
+        slurm_time, slurm_partition: each Slurm job's ``--time`` (minutes) and partition.
 
     Returns:
         One :class:`SessionResult` per session, ordered by trial then session.
@@ -210,13 +215,13 @@ def sweep(
         raise ConfigError(f"sweep: no algorithm {algo!r} (no module rlstruct.algos.{algo}; "
                           "rlstruct train --help lists them)")
     module = module or f"rlstruct.algos.{algo}"
-    _check_arguments(seeds, gpus, cores_per_session, max_parallel, ma_window,
+    rotate = gpus if launcher == "local" else 0  # slurm: each job gets its own GPUs
+    _check_arguments(seeds, rotate, cores_per_session, max_parallel, ma_window,
                      [out / f"trial{t}" / f"session{s}" for t in range(len(trial_list))
                       for s in range(len(seeds))])
-    if cuda_offset is None:
-        cuda_offset = int(os.environ.get("CUDA_OFFSET", "0") or 0)
-    if max_parallel is None:
-        max_parallel = max(1, _usable_cores() // cores_per_session)
+    cuda_offset = int(os.environ.get("CUDA_OFFSET", "0") or 0) if cuda_offset is None \
+        else cuda_offset
+    max_parallel = max_parallel or max(1, _usable_cores() // cores_per_session)  # None: cores
     out.mkdir(parents=True, exist_ok=True)
 
     jobs: list[_Job] = []
@@ -224,7 +229,7 @@ def sweep(
         flags = override_flags(overrides)
         for s, seed in enumerate(seeds):
             folder = out / f"trial{t}" / f"session{s}"
-            device = session_device(t, s, len(seeds), gpus, cuda_offset) if gpus else None
+            device = session_device(t, s, len(seeds), gpus, cuda_offset) if rotate else None
             cmd = [python or sys.executable, "-m", module, *algo_args, *flags, "--seed", str(seed),
                    "--n-threads", "1", "--runs-dir", str(folder)]
             if device is not None:
@@ -238,6 +243,15 @@ def sweep(
         "cuda_offset": cuda_offset, "timeout": timeout,
     }, indent=2) + "\n")
 
+    if launcher == "slurm":  # one Slurm job per session (rlstruct/tools/slurm_sweep.py)
+        from rlstruct.tools.slurm_sweep import run_on_slurm
+
+        for job, (code, error) in zip(jobs, run_on_slurm(
+                [(j.cmd, j.folder, f"t{j.result.trial}s{j.result.session}") for j in jobs],
+                out, cores_per_session, gpus, slurm_time, slurm_partition, timeout, quiet)):
+            job.result.error, job.result.device = f"{error}; " if error else "", f"slurm {gpus}"
+            _finish(job, -1 if code is None else code)
+        return _write_outputs(out, jobs, len(trial_list), quiet, ma_window)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     pending, running = list(jobs), []
     try:
@@ -276,8 +290,7 @@ def sweep(
             job.result.error = "not run: sweep interrupted"
         _write_outputs(out, jobs, len(trial_list), quiet=True)
         raise
-    results = _write_outputs(out, jobs, len(trial_list), quiet, ma_window)
-    return results
+    return _write_outputs(out, jobs, len(trial_list), quiet, ma_window)
 
 
 def _check_arguments(seeds: list[int], gpus: int, cores_per_session: int,
@@ -502,7 +515,7 @@ class SweepCommand:
     cores_per_session: int = 1
     """cores one session keeps busy"""
     gpus: int = 0
-    """GPUs to rotate the sessions' learners over (0: no device flag)"""
+    """GPUs to rotate the sessions' learners over (0: no device flag; slurm: GPUs per job)"""
     cuda_offset: int | None = None
     """added to the GPU rotation (None: $CUDA_OFFSET or 0)"""
     out: Path | None = None
@@ -511,6 +524,13 @@ class SweepCommand:
     """seconds per session before it is killed (None: no limit)"""
     ma_window: int = MA_WINDOW
     """width, in points of the trial graphs' 200-point frames grid, of their moving average"""
+    launcher: Literal["local", "slurm"] = "local"
+    """local: subprocesses here; slurm: one Slurm job per session (pip install
+    rlstruct[slurm]) with --cores-per-session CPUs and --gpus GPUs, requeued and resumed"""
+    slurm_time: int = 60
+    """slurm: each job's time limit, in minutes"""
+    slurm_partition: str | None = None
+    """slurm: the partition (None: the default)"""
     algo_args: tyro.conf.Suppress[tuple[str, ...]] = ()
     """the flags after --, given to every session (not a flag: split off before parsing)"""
 
@@ -561,7 +581,8 @@ def run(args: SweepCommand) -> int:
                         algo_args=args.algo_args, max_parallel=args.max_parallel,
                         cores_per_session=args.cores_per_session, gpus=args.gpus,
                         cuda_offset=args.cuda_offset, timeout=args.timeout,
-                        ma_window=args.ma_window)
+                        ma_window=args.ma_window, launcher=args.launcher,
+                        slurm_time=args.slurm_time, slurm_partition=args.slurm_partition)
     except ConfigError as err:
         _usage_error(str(err))
     except KeyboardInterrupt:

@@ -111,3 +111,25 @@ def test_a_damaged_checkpoint_is_a_typed_error_without_torchs_unsafe_advice(tmp_
     message = str(info.value)
     assert "latest.pt" in message and "damaged or not a checkpoint" in message
     assert "weights_only" not in message and "arbitrary code" not in message
+
+
+def test_resume_auto_continues_the_newest_checkpointed_run_and_passes_over_a_killed_one(tmp_path):
+    """Issue 29: a Slurm job's first session killed (SIGKILL) before its first checkpoint left a
+    run folder without ``checkpoints/latest.pt``, and every requeued session that resumed it
+    exited 2. ``--resume auto`` starts fresh then, and continues the run once it has one."""
+    killed = tmp_path / "runs" / "killed"
+    killed.mkdir(parents=True)
+    (killed / "config.json").write_text("{}")  # what a session killed at start leaves
+    first = train(config(tmp_path, target_return=None, max_frames=20, resume="auto"))
+    assert first.n_resumes == 0 and first.logger.dir != killed
+    assert first.cfg.resume is None  # resolved: a fresh run
+    again = train(config(tmp_path, target_return=None, max_frames=40, resume="auto"))
+    assert again.n_resumes == 1 and again.logger.dir == first.logger.dir
+    assert again.frames >= 40 and again.cfg.resume == str(first.logger.dir)
+
+
+def test_an_explicit_resume_without_a_checkpoint_is_still_refused(tmp_path):
+    killed = tmp_path / "runs" / "killed"
+    killed.mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"holds no checkpoints/latest\.pt"):
+        resolve(config(tmp_path, resume=str(killed)), "test")
