@@ -351,8 +351,9 @@ def test_next_values_from_the_batch_equal_the_critic_on_every_next_observation()
         steps_ = traj.trajectories
         ends += int((steps_["_observation/terminated"] | steps_["_observation/truncated"]).sum())
         full = ppo.gae_advantages(model, traj, gamma=0.99, lam=0.95)
-        calls = []
-        hook = model.critic.register_forward_hook(lambda m, i, o: calls.append(i[0].shape[0]))
+        calls: list[int] = []
+        hook = model.critic.register_forward_hook(
+            lambda m, i, o, calls=calls: calls.append(i[0].shape[0]))
         fast = ppo.gae_advantages(model, traj, gamma=0.99, lam=0.95, current=True)
         hook.remove()
         torch.testing.assert_close(fast, full, atol=1e-5, rtol=1e-5)
