@@ -14,17 +14,18 @@ from rlstruct.runs.presets import Preset
 __all__ = ["PPO_PRESETS", "APPO_PRESETS", "SAC_PRESETS", "TRPO_PRESETS"]
 
 #: rl-zoo's and CleanRL's Atari settings (8 envs, T=128, 4 epochs of 4 minibatches of 256, lr
-#: 2.5e-4 annealed, clip 0.1) with the Nature CNN, laid out to keep 2 cores busy: the learner
-#: learns on one batch (2 threads, bfloat16 where the CPU or GPU has it) while the workers
-#: collect the next (docs/guide-atari.md measures each lever). Atari's measure is the training
-#: episodes' return (greedy evaluation is off for Atari; rlstruct evaluate RUN_DIR afterwards).
+#: 2.5e-4 annealed, clip 0.1) with the Nature CNN, laid out for 2 cores: the workers collect,
+#: then the learner learns on both cores (2 threads, bfloat16 where the CPU or GPU has it).
+#: Learning while the workers collect (--pipeline 2) was slower on 2 cores: 2 learner threads
+#: and 2 workers on 2 cores stall the learner's parallel kernels (docs/guide-atari.md). Atari's
+#: measure is the training episodes' return (rlstruct evaluate RUN_DIR afterwards).
 PPO_ATARI = Preset(
     "Atari (ALE/Pong-v5 unless --env-id): Nature CNN, rl-zoo's and CleanRL's PPO settings",
     dict(env_id="ALE/Pong-v5", env_backend="atari", model="cnn", n_processes=2, n_envs=4,
          n_timesteps=128, n_epochs=4, minibatch_size=256, lr=2.5e-4, anneal_lr=True,
          clip_coef=0.1, ent_coef=0.01, vf_coef=0.5, gamma=0.99, gae_lambda=0.95,
          max_grad_norm=0.5, adv_norm="minibatch", target_return=None, max_frames=10_000_000,
-         time_budget=86_400.0, eval_every=0, checkpoint_every=100, n_threads=2, pipeline=2,
+         time_budget=86_400.0, eval_every=0, checkpoint_every=100, n_threads=2, pipeline=1,
          precision="auto"),
 )
 
@@ -52,14 +53,14 @@ PPO_MUJOCO = Preset(
 PPO_PRESETS = {"atari": PPO_ATARI, "mujoco": PPO_MUJOCO}
 
 #: APPO on Atari: the PPO preset's settings (V-trace targets instead of GAE; APPO always
-#: pipelines, so the workers collect while the learner learns).
+#: pipelines, so the workers collect while the learner learns, on one thread beside them).
 APPO_PRESETS = {"atari": Preset(
     "Atari (ALE/Pong-v5 unless --env-id): Nature CNN, PPO's Atari settings with V-trace",
     dict(env_id="ALE/Pong-v5", env_backend="atari", model="cnn", n_processes=2, n_envs=4,
          n_timesteps=128, n_epochs=4, minibatch_size=256, lr=2.5e-4, anneal_lr=True,
          clip_coef=0.1, ent_coef=0.01, vf_coef=0.5, gamma=0.99, max_grad_norm=0.5,
          target_return=None, max_frames=10_000_000, time_budget=86_400.0, eval_every=0,
-         checkpoint_every=100, n_threads=2, pipeline=2, precision="auto"),
+         checkpoint_every=100, n_threads=1, pipeline=2, precision="auto"),
 )}
 
 #: SAC on MuJoCo: rl-zoo's settings (SB3's SAC defaults, 10k random frames first): 256-wide
