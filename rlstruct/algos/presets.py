@@ -50,6 +50,7 @@ PPO_MUJOCO = Preset(
 )
 
 
+#: PPO's presets: ``--preset atari`` and ``--preset mujoco``.
 PPO_PRESETS = {"atari": PPO_ATARI, "mujoco": PPO_MUJOCO}
 
 #: APPO on Atari: the PPO preset's settings (V-trace targets instead of GAE; APPO always
