@@ -98,7 +98,7 @@ def test_a_two_rank_world_learns_identical_replicas(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("fault", "expected"), [
-    ("die", r"ERROR LearnerError rank=1 .*rank 1 died"),
+    ("die", r"ERROR LearnerError rank=1 .*rank 1 (\(pid \d+ on [^)]+\) )?died"),
     ("raise", r"ERROR LearnerError rank=1 .*rank 1 raised ValueError: a bad batch on rank 1"),
     ("hang", r"ERROR LearnerTimeoutError rank=\[1\] .*rank 1: learning batch 1"),
 ])
