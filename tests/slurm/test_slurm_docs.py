@@ -17,6 +17,9 @@ from conftest import REPO
 
 from rlstruct.runs.lock import LOCK_NAME
 
+NEEDS_RAY = "the script starts a Ray cluster: pip install 'rlstruct[ray]'"
+NEEDS_ATARI = "the script trains on Pong: pip install 'rlstruct[atari]'"
+
 CLUSTERS = "guide-clusters.md"
 #: A small run: enough frames for a few iterations, a time budget as a backstop.
 SMALL = {"FRAMES": "3000", "TIME_BUDGET": "90"}
@@ -35,6 +38,7 @@ def test_one_node_many_cores(doc_job):
 def test_several_nodes_a_ray_cluster_with_actors_on_both_nodes(doc_job):
     """Token authentication on (Ray 2.60): without ``RAY_AUTH_MODE=token`` the second node and
     the driver fail with InvalidAuthToken."""
+    pytest.importorskip("ray", reason=NEEDS_RAY)
     job = doc_job(CLUSTERS, "ppo-ray", **SMALL)
     job.submit("--nodes=2", "--cpus-per-task=2", "--time=4")
     job.completed(job.wait(240))
@@ -46,6 +50,7 @@ def test_several_nodes_a_ray_cluster_with_actors_on_both_nodes(doc_job):
 
 @pytest.mark.timeout(400)
 def test_hetjob_learner_ranks_on_one_component_rollouts_on_the_other(doc_job):
+    pytest.importorskip("ray", reason=NEEDS_RAY)
     job = doc_job(CLUSTERS, "ppo-hetjob", **SMALL)
     job.submit("--time=4", "--nodes=1", "--cpus-per-task=1", "--gpus-per-node=0", ":",
                "--nodes=1", "--cpus-per-task=2")
@@ -102,6 +107,8 @@ def test_requeue_recipe_killed_before_a_checkpoint_then_requeued_resumes(doc_job
     session 2 starts fresh. Session 2 requeued by ``scontrol requeue`` (a preemption) once it
     logged a row: the SIGTERM from Slurm writes its checkpoint, session 3 resumes it and the job
     ends COMPLETED."""
+    pytest.importorskip("ale_py", reason=NEEDS_ATARI)
+    pytest.importorskip("cv2", reason=NEEDS_ATARI)
     job = doc_job(CLUSTERS, "ppo-pong", FRAMES="1000000", TIME_BUDGET="45")
     job.submit("--cpus-per-task=2", "--time=5")
     lock = _wait_for("run folder lock", lambda: [p / LOCK_NAME for p in job.run_dirs()
@@ -132,6 +139,8 @@ def test_requeue_recipe_at_the_time_limit(doc_job, slurm):
     the script 15-45 s in; the trap passes SIGTERM to the run, waits for its checkpoint and
     requeues the job, and the next session resumes the run to the end of its budget (its time
     limit is raised when the test releases it, so that it is not warned in turn)."""
+    pytest.importorskip("ale_py", reason=NEEDS_ATARI)
+    pytest.importorskip("cv2", reason=NEEDS_ATARI)
     job = doc_job(CLUSTERS, "ppo-pong", FRAMES="1000000", TIME_BUDGET="50")
     job.submit("--cpus-per-task=2", "--time=1", "--signal=B:USR1@45")
     job.wait(60, states={"RUNNING"})
