@@ -8,7 +8,7 @@ envs, T=128, 4 epochs of minibatches of 256, lr 2.5e-4, clip 0.1, entropy 0.01, 
    - the env step (``make_atari_env``, 8 envs, random actions, one thread);
    - the CNN's inference on a batch of 8 (what a worker does per step, float32);
    - its training step on a minibatch of 256 (forward, backward, Adam), in float32 and in the
-     preset's precision.
+     preset's precision, each also with channels_last weights and frames (a lever left out).
 
    ``limit = cores / (env + inference + epochs * training)`` agent steps per second.
 2. **rlstruct**: ``rlstruct train ppo --preset atari`` for ``--seconds`` (a subprocess each), and
@@ -25,7 +25,8 @@ The sides alternate, ``--reps`` times each; the table gives medians and the rati
 the limit. Not installed peers print "not installed".
 
 Run: ``python benchmarks/atari.py [--seconds 90] [--reps 2] [--json out.json]``
-(``--quick``: a smoke run of a few seconds, for the test suite).
+(``--quick``: a smoke run of a few seconds, for the test suite; ``--limit-only``: the compute
+limit alone).
 """
 
 from __future__ import annotations
@@ -92,10 +93,14 @@ def compute_limit(precision: str, reps: int) -> dict[str, float]:
         infer_ms = (time.process_time() - t) / (10 * reps * n) * 1e3
     opt = torch.optim.Adam(model.parameters(), lr=2.5e-4, eps=1e-5)
 
-    def train_ms(prec: str) -> float:
+    def train_ms(prec: str, channels_last: bool = False) -> float:
+        net = model.to(memory_format=torch.channels_last if channels_last else
+                       torch.contiguous_format)
+        x = frames.contiguous(memory_format=torch.channels_last) if channels_last else frames
+
         def step() -> None:
             with learner_autocast("cpu", prec):
-                logits, value = model(frames)
+                logits, value = net(x)
                 loss = logits.logsumexp(-1).mean() + value.square().mean()
             opt.zero_grad()
             loss.backward()
@@ -110,7 +115,8 @@ def compute_limit(precision: str, reps: int) -> dict[str, float]:
 
     train = {"fp32": train_ms("fp32"), precision: train_ms(precision)}
     cores = os.cpu_count() or 1
-    out = {"env_ms": env_ms, "inference_ms": infer_ms, "cores": cores}
+    out = {"env_ms": env_ms, "inference_ms": infer_ms, "cores": cores,  # a lever left out:
+           **{f"train_{p}_channels_last_ms": train_ms(p, channels_last=True) for p in train}}
     for prec, ms in train.items():
         out[f"train_{prec}_ms"] = ms
         out[f"limit_{prec}"] = cores * 1e3 / (env_ms + infer_ms + HYPER["n_epochs"] * ms)
@@ -204,13 +210,17 @@ def main() -> None:
     p.add_argument("--variants", action=argparse.BooleanOptionalAction, default=True,
                    help="also run the preset with one lever out at a time")
     p.add_argument("--quick", action="store_true", help="a smoke run (seconds, not figures)")
+    p.add_argument("--limit-only", action="store_true",
+                   help="only the compute limit (each part timed alone), no training runs")
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args()
     if args.quick:
-        args.seconds, args.reps, args.warmup, args.variants = 18.0, 1, 0, False
+        args.seconds, args.reps, args.warmup, args.variants = 30.0, 1, 0, False
     print(f"load average before: {os.getloadavg()}", flush=True)
     limit = compute_limit("bf16", args.reps)
     print(json.dumps({k: round(v, 3) for k, v in limit.items()}), flush=True)
+    if args.limit_only:
+        return
     names = list(VARIANTS) if args.variants else list(VARIANTS)[:1]
     results: dict[str, list[dict[str, float]]] = {name: [] for name in [*names, "sb3"]}
     for rep in range(args.reps):

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from rlstruct.errors import ConfigError
 
-__all__ = ["Preset", "build_preset", "preset_help", "preset_in_args"]
+__all__ = ["Preset", "build_preset", "command_line_config", "preset_help", "preset_in_args"]
 
 C = TypeVar("C")
 
@@ -38,13 +38,11 @@ class Preset:
         values: config field -> value (a layout field by its own name, e.g. ``n_envs``).
         per_env: env id -> values that refine ``values`` for that env (e.g. rl-zoo's per-task
             PPO settings for Hopper-v5).
-        results: what the docs' preset table reports, for the record (free text).
     """
 
     about: str
     values: Mapping[str, Any]
     per_env: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    results: str = ""
 
     def values_for(self, env_id: str) -> dict[str, Any]:
         """``values`` refined by ``per_env[env_id]`` (when the env has its own)."""
@@ -64,21 +62,18 @@ def build_preset(config_class: type[C], name: str, overrides: Mapping[str, Any])
         raise ConfigError(f"{config_class.__module__}.{config_class.__name__} has no preset "
                           f"{name!r}; its presets: {known}")
     preset = presets[name]
-    default_env = next(f.default for f in dataclasses.fields(config_class)  # type: ignore[arg-type]
-                       if f.name == "env_id")
-    env_id = overrides.get("env_id", preset.values.get("env_id", default_env))
-    values = {**preset.values_for(env_id), **overrides, "preset": name}
     fields = {f.name: f for f in dataclasses.fields(config_class)}  # type: ignore[arg-type]
-    layout_class = type(fields["layout"].default_factory())  # type: ignore[misc]
-    layout_fields = {f.name for f in dataclasses.fields(layout_class)}
+    env_id = overrides.get("env_id", preset.values.get("env_id", fields["env_id"].default))
+    values = {**preset.values_for(env_id), **overrides, "preset": name}
+    base_layout = fields["layout"].default_factory()  # type: ignore[misc]  # the config's own
+    layout_fields = {f.name for f in dataclasses.fields(base_layout)}
     unknown = sorted(k for k in values if k not in fields and k not in layout_fields)
     if unknown:
         raise ConfigError(f"preset {name!r} of {config_class.__name__} sets {unknown}, which "
                           f"are not fields of its config")
-    top = {k: v for k, v in values.items() if k in fields and k != "layout"}
-    base_layout = values.get("layout", fields["layout"].default_factory())  # type: ignore[misc]
-    layout = dataclasses.replace(base_layout, **{k: v for k, v in values.items()
-                                                 if k in layout_fields and k not in fields})
+    top = {k: v for k, v in values.items() if k in fields}
+    layout = dataclasses.replace(top.pop("layout", base_layout), **{
+        k: v for k, v in values.items() if k in layout_fields and k not in fields})
     return config_class(**top, layout=layout)
 
 
@@ -108,3 +103,32 @@ def preset_in_args(args: Sequence[str]) -> str | None:
         elif arg.startswith("--preset="):
             name = arg.split("=", 1)[1]
     return None if name in (None, "None") else name
+
+
+def command_line_config(config_class: type[C], args: Sequence[str] | None = None,
+                        prog: str | None = None) -> C:
+    """``tyro.cli(config_class)`` with ``--preset NAME``'s values (for the env id the command
+    line gives) as the defaults, so that every other flag overrides them; the help lists the
+    presets. Nothing outside the config is read (that is
+    :func:`~rlstruct.runs.resolve.resolve`'s step).
+
+    Args:
+        config_class: the algorithm's ``Config``.
+        args: the arguments (default: ``sys.argv[1:]``).
+        prog: the program's name in messages and ``--help``.
+
+    Raises:
+        ConfigError: an unknown preset, or ``--preset`` without a name.
+    """
+    import sys
+
+    import tyro
+
+    description = "\n\n".join(filter(None, [config_class.__doc__, preset_help(config_class)]))
+    name = preset_in_args(sys.argv[1:] if args is None else args)
+    default = None
+    if name is not None:  # first the env id the command line gives, then its preset values
+        first = tyro.cli(config_class, args=args, prog=prog, description=description,
+                         default=build_preset(config_class, name, {}))
+        default = build_preset(config_class, name, {"env_id": first.env_id})
+    return tyro.cli(config_class, args=args, prog=prog, description=description, default=default)

@@ -40,7 +40,7 @@ from rlstruct.runs.checkpoint import load_checkpoint, object_path
 from rlstruct.runs.config import RESUMABLE, RunConfig
 from rlstruct.runs.layout_file import apply_layout
 from rlstruct.runs.logger import config_to_dict
-from rlstruct.runs.presets import preset_help, preset_in_args
+from rlstruct.runs.presets import command_line_config
 from rlstruct.runs.signals import exit_code
 
 __all__ = ["resolve", "parse", "run_cli", "is_resolved", "algo_name", "newest_checkpointed_run",
@@ -111,28 +111,17 @@ def resolve(cfg: C, algo: str | None = None) -> C:
 
 def parse(config_class: type[C], args: Sequence[str] | None = None,
           prog: str | None = None) -> C:
-    """The command line of an algorithm: ``tyro.cli(config_class)``, then :func:`resolve`. A
-    problem of the config prints one message and exits with code 2, before anything starts.
-    With ``--preset NAME`` the preset's values (:mod:`rlstruct.runs.presets`) are the defaults,
-    so every other flag given overrides them.
+    """The command line of an algorithm: :func:`~rlstruct.runs.presets.command_line_config`
+    (tyro, with ``--preset NAME``'s values as the defaults), then :func:`resolve`. A problem of
+    the config prints one message and exits with code 2, before anything starts.
 
     Args:
         config_class: the algorithm's ``Config``.
         args: the arguments (default: ``sys.argv[1:]``).
         prog: the program's name in messages and ``--help``.
     """
-    import tyro
-
-    description = "\n\n".join(filter(None, [config_class.__doc__, preset_help(config_class)]))
     with _exit_2_on_config_error(config_class, prog):
-        name = preset_in_args(sys.argv[1:] if args is None else args)
-        default = None
-        if name is not None:  # the preset's values, for the env id the command line gives
-            first = tyro.cli(config_class, args=args, prog=prog, description=description,
-                             default=config_class.from_preset(name))
-            default = config_class.from_preset(name, env_id=first.env_id)
-        return resolve(tyro.cli(config_class, args=args, prog=prog, description=description,
-                                default=default))
+        return resolve(command_line_config(config_class, args, prog))
 
 
 def run_cli(main: Callable[[C], Any], config_class: type[C], args: Sequence[str] | None = None,

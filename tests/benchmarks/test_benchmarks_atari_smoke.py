@@ -30,6 +30,7 @@ def test_atari_benchmark_prints_both_sides_and_the_limit(tmp_path: Path) -> None
     assert "compute limit on" in res.stdout and "x limit" in res.stdout
     data = json.loads(out.read_text())
     assert data["limit"]["limit_fp32"] > 0 and data["limit"]["env_ms"] > 0
+    assert data["limit"]["train_bf16_channels_last_ms"] > 0
     preset = data["median"]["rlstruct --preset atari"]
     assert preset["steps_per_s"] > 0 and 0 < preset["cores_busy"] <= data["limit"]["cores"] + 0.5
     try:

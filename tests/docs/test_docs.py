@@ -318,14 +318,14 @@ def doc_train_commands() -> list[tuple[str, str, str]]:
 
 def test_the_train_commands_of_the_docs_parse_as_written(capsys):
     """Every training command line the docs show names an algorithm and flags that exist, with
-    values of the right types (parsed by the algorithm's own command line, nothing run). Shell
+    values of the right types and a preset the algorithm has (parsed by the algorithm's own
+    command line, ``command_line_config``: the tyro step, nothing resolved or run). Shell
     variables (``"$RUNS"``, ``$((CPUS - 1))``) and their flag are left out, and a trailing
     ``&``; lines with placeholders (``<...>``) are skipped."""
     import shlex
 
-    import tyro
-
     from rlstruct.__main__ import ALGOS
+    from rlstruct.runs.presets import command_line_config
 
     checked = []
     for page, algo, flags in doc_train_commands():
@@ -343,7 +343,7 @@ def test_the_train_commands_of_the_docs_parse_as_written(capsys):
             tokens.append(token)
         module = importlib.import_module(f"rlstruct.algos.{algo}")
         try:
-            tyro.cli(module.Config, args=tokens, prog=f"rlstruct train {algo}")
+            command_line_config(module.Config, tokens, prog=f"rlstruct train {algo}")
         except SystemExit as exit_:
             assert exit_.code == 0, (f"{page}: `rlstruct train {algo}{flags}` does not parse: "
                                      f"{capsys.readouterr().err[-500:]}")
@@ -351,3 +351,4 @@ def test_the_train_commands_of_the_docs_parse_as_written(capsys):
     capsys.readouterr()
     assert len(checked) >= 15, checked  # the extraction finds the docs' commands
     assert {algo for _, algo in checked} >= {"ppo", "dqn", "impala"}
+    assert sum("--preset" in flags for _, _, flags in doc_train_commands()) >= 5
