@@ -37,7 +37,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 
 test: venv lint
-	$(PY) -m pytest rlstruct tests
+	$(PY) -m pytest rlstruct tests --durations=25
 
 # The inner loop: everything but the tests marked slow (worker processes, subprocess runs of the
 # algorithms, tutorials, benchmark smokes); under 2 minutes on 2 cores. CI runs `make test`.

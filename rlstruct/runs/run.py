@@ -517,7 +517,8 @@ class Run:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        """Writes the last progress row and checkpoint (also on Ctrl-C and SIGTERM), closes the
+        """Writes the last progress row and checkpoint (also on Ctrl-C and SIGTERM; no
+        checkpoint where they stopped it before its first iteration ended), closes the
         batchers, the evaluator and the logger (which plots), then sets and prints
         :attr:`summary` and writes it to ``summary.json``. Any other exception still leaves a
         ``summary.json`` with status ``failed`` and the error, unless the run failed before its
@@ -548,8 +549,13 @@ class Run:
                 if self.logger.n_rows == 0 or self.logger.frames != self.frames:
                     self.logger.log(self.frames, iteration=self.iteration, eval_return=math.nan,
                                     **self.monitor.sample(self.frames))
-                self._checkpoint_error = final_checkpoint(self.checkpoint, self._groups,
-                                                          by_signal or exc_type is not None)
+                # A stop before the first iteration may come before the algorithm registered
+                # all its state (the learner comes after the batchers): no checkpoint then,
+                # which ``--resume auto`` reads as a run to start afresh (a resumed one keeps
+                # its own).
+                if self.iteration > self._resumed_at or self.stopped_by != "interrupted":
+                    self._checkpoint_error = final_checkpoint(self.checkpoint, self._groups,
+                                                              by_signal or exc_type is not None)
         finally:
             try:
                 self._stack.close()

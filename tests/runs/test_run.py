@@ -181,6 +181,21 @@ def test_ctrl_c_keeps_the_last_row_and_checkpoint(tmp_path, capsys):
     assert (run_dir / "returns.png").is_file()
 
 
+def test_a_stop_before_the_first_iteration_leaves_no_checkpoint(tmp_path):
+    """The algorithm registers its learner's state after the batchers start: a checkpoint
+    written before the first iteration ends could lack it, and could not be resumed
+    (a Slurm job warned during Pong's start-up). ``--resume auto`` then starts afresh."""
+    from rlstruct.runs.resolve import newest_checkpointed_run
+
+    with pytest.raises(KeyboardInterrupt):
+        train(config(tmp_path, target_return=None, max_frames=1000), fail_at=0)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert not (run_dir / "checkpoints" / "latest.pt").exists()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["checkpoint"] is None
+    assert newest_checkpointed_run(tmp_path / "runs") is None
+
+
 def test_other_errors_propagate_and_close_everything(tmp_path, capsys):
     with pytest.raises(ZeroDivisionError):
         train(config(tmp_path, target_return=None), fail_at=1, error=ZeroDivisionError)
