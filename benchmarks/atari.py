@@ -169,8 +169,8 @@ def run_sb3(seconds: float, warmup: int) -> dict[str, float] | None:
     meter = TreeMeter()
 
     class Clock(BaseCallback):
-        def _on_step(self) -> bool:
-            return time.perf_counter() - start < seconds
+        def _on_step(self) -> bool:  # past the time, until two iterations after the warm-up
+            return time.perf_counter() - start < seconds or len(marks) < warmup + 2
 
         def _on_rollout_end(self) -> None:
             marks.append((time.perf_counter(), self.model.num_timesteps))
