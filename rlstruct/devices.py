@@ -185,7 +185,9 @@ def learner_autocast(device: str | torch.device,
     device = torch.device(device)
     if precision == "fp32" or (precision == "auto" and not bf16_native(device)):
         return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16)
+    # No cast cache: autocast keeps its bfloat16 copy of each weight for the whole context, and
+    # a learn step is many optimizer steps in one context, whose forwards must see the updates.
+    return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
 
 
 def _names() -> str:

@@ -15,12 +15,10 @@ __all__ = ["PPO_PRESETS", "APPO_PRESETS", "SAC_PRESETS", "TRPO_PRESETS"]
 
 #: rl-zoo's and CleanRL's Atari settings (8 envs, T=128, 4 epochs of 4 minibatches of 256, lr
 #: 2.5e-4 annealed, clip 0.1) with the Nature CNN, laid out for 2 cores: the workers collect,
-#: then the learner learns on both cores (2 threads, float32). Learning while the workers
-#: collect (--pipeline 2) was slower on 2 cores: 2 learner threads and 2 workers on 2 cores
-#: stall the learner's parallel kernels. bfloat16 autocast (--precision bf16) was 1.6x faster
-#: but did not learn Pong: the policy the workers run in float32 moved erratically under the
-#: learner's bfloat16 updates (docs/guide-atari.md). Atari's measure is the training episodes'
-#: return (rlstruct evaluate RUN_DIR afterwards).
+#: then the learner learns on both cores (2 threads, bfloat16 where the CPU or GPU has it).
+#: Learning while the workers collect (--pipeline 2) was slower on 2 cores: 2 learner threads
+#: and 2 workers on 2 cores stall the learner's parallel kernels (docs/guide-atari.md). Atari's
+#: measure is the training episodes' return (rlstruct evaluate RUN_DIR afterwards).
 PPO_ATARI = Preset(
     "Atari (ALE/Pong-v5 unless --env-id): Nature CNN, rl-zoo's and CleanRL's PPO settings",
     dict(env_id="ALE/Pong-v5", env_backend="atari", model="cnn", n_processes=2, n_envs=4,
@@ -28,7 +26,7 @@ PPO_ATARI = Preset(
          clip_coef=0.1, ent_coef=0.01, vf_coef=0.5, gamma=0.99, gae_lambda=0.95,
          max_grad_norm=0.5, adv_norm="minibatch", target_return=None, max_frames=10_000_000,
          time_budget=86_400.0, eval_every=0, checkpoint_every=100, n_threads=2, pipeline=1,
-         precision="fp32"),
+         precision="auto"),
 )
 
 #: MuJoCo locomotion: rl-zoo's tuned PPO settings per task (obs and reward normalisation,
@@ -63,7 +61,7 @@ APPO_PRESETS = {"atari": Preset(
          n_timesteps=128, n_epochs=4, minibatch_size=256, lr=2.5e-4, anneal_lr=True,
          clip_coef=0.1, ent_coef=0.01, vf_coef=0.5, gamma=0.99, max_grad_norm=0.5,
          target_return=None, max_frames=10_000_000, time_budget=86_400.0, eval_every=0,
-         checkpoint_every=100, n_threads=1, pipeline=2, precision="fp32"),
+         checkpoint_every=100, n_threads=1, pipeline=2, precision="auto"),
 )}
 
 #: SAC on MuJoCo: rl-zoo's settings (SB3's SAC defaults, 10k random frames first): 256-wide
