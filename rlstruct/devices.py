@@ -171,11 +171,10 @@ def learner_autocast(device: str | torch.device,
     gradients and optimizer state in float32) or ``"auto"`` (bf16 where
     :func:`bf16_native`, else fp32).
 
-    Measure bf16 before trusting it: PPO on Pong under it ran 1.6x faster on an AVX512-BF16
-    CPU but did not learn (docs/guide-atari.md). The float32 policy the workers run moved
-    erratically from one learn step to the next (KL 3e-4 to 0.4, against about 0.002 in
-    float32) while the learner's bfloat16 view of it barely moved; a likely cause is that
-    updates smaller than bfloat16's rounding step vanish from the weights the forward pass uses.
+    The autocast context keeps no cast cache: a learn step runs many optimizer steps in one
+    context, and each forward must see the weights as the last step left them (with the cache,
+    PPO's Nature CNN learned on its first minibatch's weights all through a learn step and did
+    not learn Pong).
 
     Raises:
         ConfigError: ``precision`` is none of the three.

@@ -71,9 +71,8 @@ class RunConfig:
     """torch threads of the learner (the cores are shared with the workers)"""
     precision: Literal["fp32", "bf16", "auto"] = "fp32"
     """the learn step's arithmetic: fp32; bf16 (autocast: convolutions and matmuls in bfloat16,
-    weights and optimizer state in float32; faster, but PPO with it did not learn Pong:
-    docs/guide-atari.md); auto (bf16 where the learner device has it natively: CUDA, or a CPU
-    with AVX512-BF16 or AMX)"""
+    weights and optimizer state in float32); auto (bf16 where the learner device has it natively:
+    CUDA, or a CPU with AVX512-BF16 or AMX)"""
     runs_dir: str = "runs"
     """folder of the run directories"""
     n_timesteps: int = 32
