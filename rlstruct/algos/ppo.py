@@ -16,13 +16,10 @@ One iteration:
    shuffled minibatches. Each minibatch replays the agent on the learner device in one batched
    call (``replay_agent_stateless`` takes transitions directly) for new head params and
    values, and minimises ``-min(r A, clip(r, 1-eps, 1+eps) A) + vf_coef L_V - ent_coef H``,
-   ``r = exp(logp_new - logp_old)``. Advantages are normalised per minibatch (``--adv-norm
-   batch``: once over the batch; ``off``: never). With ``--normalize-obs`` the running
-   observation statistics then take in the batch (buffers of the model: published with it).
-4. **Publish**: ``run.publish`` (``batcher.update(state_dict)``, then ``execute()``). With
-   ``--pipeline 2`` the workers already collect the next segment while the learner learns on
-   this one (one update of policy lag, which the clipped ratio tolerates).
-
+   ``r = exp(logp_new - logp_old)``. Advantages are normalised per minibatch (``--adv-norm``).
+   With ``--normalize-obs`` the running statistics (the model's buffers) then take in the batch.
+4. **Publish**: ``run.publish``. With ``--pipeline 2`` the workers collect the next segment
+   while the learner learns on this one (one update of policy lag; the clip tolerates it).
 Run: ``rlstruct train ppo --help``; ``rlstruct train ppo --preset atari`` (Pong).
 """
 
@@ -84,6 +81,8 @@ class Config(RunConfig):
     """mlp: the hidden layers' activation"""
     normalize_reward: bool = False
     """mlp: divide rewards by the running std of the discounted returns (clipped to +-10)"""
+    init: Literal["orthogonal", "torch"] = "orthogonal"
+    """mlp: orthogonal weights, or torch's nn.Linear defaults (rl-zoo's MuJoCo PPO)"""
     presets = PPO_PRESETS  # --preset NAME: rlstruct/algos/presets.py
 
     def problems(self) -> list[str]:  # listed with the shared fields' problems, all at once
@@ -100,7 +99,8 @@ def model_factory(run: Run, cfg: Config) -> partial[HeadActorCritic | CNNActorCr
     if cfg.model == "cnn":
         return partial(CNNActorCritic, run.n_actions, in_channels=run.obs_shape[0])
     return partial(head_actor_critic, run.obs_dim, space_spec(run.action_space), cfg.hidden,
-                   cfg.log_std_init, cfg.normalize_obs, cfg.activation, cfg.normalize_reward)
+                   cfg.log_std_init, cfg.normalize_obs, cfg.activation, cfg.normalize_reward,
+                   cfg.init)
 
 
 # --------------------------------------------------------------------------------------- agent

@@ -3,8 +3,7 @@
 Each is a :class:`~rlstruct.runs.presets.Preset` that an algorithm's ``Config.presets`` lists;
 docs/algorithms.md's preset table gives each one's measured result and the command behind it.
 Sources: rl-zoo (DLR-RM/rl-baselines3-zoo, ``hyperparams/*.yml``) and CleanRL
-(``ppo_atari.py``). Where rlstruct's nets differ from theirs the docstring of the preset says
-so (rlstruct keeps orthogonal initialisation everywhere; rl-zoo's MuJoCo PPO turns it off).
+(``ppo_atari.py``). Where rlstruct's nets differ from theirs the comment of the preset says so.
 """
 
 from __future__ import annotations
@@ -30,22 +29,26 @@ PPO_ATARI = Preset(
 )
 
 #: MuJoCo locomotion: rl-zoo's tuned PPO settings per task (obs and reward normalisation,
-#: 256-wide ReLU nets, log-std -2), and their HalfCheetah values for other Box tasks.
+#: 256-wide ReLU nets with torch's default init, ``ortho_init=False``, log-std -2), and their
+#: HalfCheetah values for other Box tasks. rl-zoo's Walker2d keeps SB3's default net (64-wide
+#: tanh, orthogonal, log-std 0). SB3's value loss is ``(V - R)^2`` and rlstruct's
+#: ``0.5 (V - R)^2``, so each ``vf_coef`` is twice rl-zoo's (the same weight on the value).
 PPO_MUJOCO = Preset(
     "MuJoCo (HalfCheetah-v5 unless --env-id): rl-zoo's PPO settings per task",
     dict(env_id="HalfCheetah-v5", max_frames=1_000_000, time_budget=3_600.0, target_return=None,
          n_processes=1, n_envs=1, n_timesteps=512, minibatch_size=64, n_epochs=20, lr=2.0633e-5,
-         gamma=0.98, gae_lambda=0.92, clip_coef=0.1, ent_coef=4.01762e-4, vf_coef=0.58096,
-         max_grad_norm=0.8, hidden=256, activation="relu", log_std_init=-2.0,
+         gamma=0.98, gae_lambda=0.92, clip_coef=0.1, ent_coef=4.01762e-4, vf_coef=2 * 0.58096,
+         max_grad_norm=0.8, hidden=256, activation="relu", log_std_init=-2.0, init="torch",
          normalize_obs=True, normalize_reward=True, anneal_lr=False, eval_every=0,
          checkpoint_every=200),
     per_env={
         "Hopper-v5": dict(n_timesteps=512, minibatch_size=32, n_epochs=5, lr=9.80828e-5,
                           gamma=0.999, gae_lambda=0.99, clip_coef=0.2, ent_coef=2.29519e-3,
-                          vf_coef=0.835671, max_grad_norm=0.7),
+                          vf_coef=2 * 0.835671, max_grad_norm=0.7),
         "Walker2d-v5": dict(n_timesteps=512, minibatch_size=32, n_epochs=20, lr=5.05041e-5,
                             gamma=0.99, gae_lambda=0.95, clip_coef=0.1, ent_coef=5.85045e-4,
-                            vf_coef=0.871923, max_grad_norm=1.0),
+                            vf_coef=2 * 0.871923, max_grad_norm=1.0, hidden=64,
+                            activation="tanh", log_std_init=0.0, init="orthogonal"),
     },
 )
 

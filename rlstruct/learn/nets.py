@@ -44,6 +44,10 @@ def linear(n_in: int, n_out: int, gain: float) -> nn.Linear:
     return layer
 
 
+#: The initialisations a :class:`HeadActorCritic` may have (``init=``): orthogonal (above), or
+#: torch's own defaults for ``nn.Linear`` (rl-zoo's MuJoCo PPO settings, ``ortho_init=False``).
+INITS = ("orthogonal", "torch")
+
 #: The hidden layers' activations an MLP may have (``activation=`` of :func:`mlp`).
 ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -104,6 +108,9 @@ class HeadActorCritic(nn.Module):
         normalize_reward: keep running statistics of the discounted returns
             (``self.reward_norm``, a :class:`RunningNorm` of shape ``(1,)``), by which an
             algorithm may scale rewards (PPO's ``--normalize-reward``).
+        init: ``"orthogonal"`` (gain ``sqrt(2)`` hidden, the head's own gain, 1 for the value)
+            or ``"torch"``: every linear layer, the head's included, re-drawn with
+            ``nn.Linear``'s default initialisation (a Gaussian head's free log-std is kept).
 
     Examples:
         >>> import numpy as np
@@ -117,8 +124,11 @@ class HeadActorCritic(nn.Module):
     """
 
     def __init__(self, obs_dim: int, head: ActionHead, hidden: int, normalize_obs: bool = False,
-                 activation: str = "tanh", normalize_reward: bool = False):
+                 activation: str = "tanh", normalize_reward: bool = False,
+                 init: str = "orthogonal"):
         super().__init__()
+        if init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {init!r}")
         g, act = math.sqrt(2), ACTIVATIONS[activation]
         self.obs_norm = RunningNorm((obs_dim,)) if normalize_obs else None
         self.reward_norm = RunningNorm((1,), clip=0.0) if normalize_reward else None
@@ -126,6 +136,10 @@ class HeadActorCritic(nn.Module):
             linear(obs_dim, hidden, g), act(), linear(hidden, hidden, g), act(), head
         )
         self.critic = mlp(obs_dim, hidden, 1, out_gain=1.0, activation=activation)
+        if init == "torch":
+            for layer in self.modules():
+                if isinstance(layer, nn.Linear):
+                    layer.reset_parameters()
 
     @property
     def head(self) -> ActionHead:
@@ -156,6 +170,7 @@ class HeadActorCritic(nn.Module):
 def head_actor_critic(
     obs_dim: int, action_space: dict[str, object] | Space, hidden: int, log_std_init: float = 0.0,
     normalize_obs: bool = False, activation: str = "tanh", normalize_reward: bool = False,
+    init: str = "orthogonal",
 ) -> HeadActorCritic:
     """A :class:`HeadActorCritic` built from plain values only (``action_space`` is
     :func:`~rlstruct.learn.distributions.space_spec` of the env's action space), so a checkpoint can
@@ -169,7 +184,8 @@ def head_actor_critic(
         torch.Size([3, 2])
     """
     head = make_head(space_from_spec(action_space), hidden, log_std_init=log_std_init)
-    return HeadActorCritic(obs_dim, head, hidden, normalize_obs, activation, normalize_reward)
+    return HeadActorCritic(obs_dim, head, hidden, normalize_obs, activation, normalize_reward,
+                           init)
 
 
 def conv(c_in: int, c_out: int, kernel: int, stride: int, gain: float = math.sqrt(2)) -> nn.Conv2d:
