@@ -28,11 +28,13 @@ PPO_ATARI = Preset(
          precision="auto"),
 )
 
-#: MuJoCo locomotion: rl-zoo's tuned PPO settings per task (obs and reward normalisation,
-#: 256-wide ReLU nets with torch's default init, ``ortho_init=False``, log-std -2), and their
-#: HalfCheetah values for other Box tasks. rl-zoo's Walker2d keeps SB3's default net (64-wide
-#: tanh, orthogonal, log-std 0). SB3's value loss is ``(V - R)^2`` and rlstruct's
-#: ``0.5 (V - R)^2``, so each ``vf_coef`` is twice rl-zoo's (the same weight on the value).
+#: MuJoCo locomotion, obs and reward normalisation everywhere. HalfCheetah (and other Box tasks)
+#: and Walker2d: rl-zoo's tuned settings (HalfCheetah: 256-wide ReLU nets with torch's default
+#: init, ``ortho_init=False``, log-std -2; Walker2d: SB3's default 64-wide tanh net). SB3's value
+#: loss is ``(V - R)^2`` and rlstruct's ``0.5 (V - R)^2``: each ``vf_coef`` is twice rl-zoo's.
+#: Hopper: CleanRL's ``ppo_continuous_action.py`` (2048 steps, 10 epochs of 64, lr 3e-4
+#: annealed, value clipping, 64-wide tanh): rl-zoo's Hopper-v3 values stand still at the alive
+#: bonus (about 1,000) on Hopper-v5, in SB3 2.9.2 as in rlstruct (docs/algorithms.md).
 PPO_MUJOCO = Preset(
     "MuJoCo (HalfCheetah-v5 unless --env-id): rl-zoo's PPO settings per task",
     dict(env_id="HalfCheetah-v5", max_frames=1_000_000, time_budget=3_600.0, target_return=None,
@@ -42,9 +44,10 @@ PPO_MUJOCO = Preset(
          normalize_obs=True, normalize_reward=True, anneal_lr=False, eval_every=0,
          checkpoint_every=200),
     per_env={
-        "Hopper-v5": dict(n_timesteps=512, minibatch_size=32, n_epochs=5, lr=9.80828e-5,
-                          gamma=0.999, gae_lambda=0.99, clip_coef=0.2, ent_coef=2.29519e-3,
-                          vf_coef=2 * 0.835671, max_grad_norm=0.7),
+        "Hopper-v5": dict(n_timesteps=2048, minibatch_size=64, n_epochs=10, lr=3e-4,
+                          anneal_lr=True, gamma=0.99, gae_lambda=0.95, clip_coef=0.2,
+                          value_clip=0.2, ent_coef=0.0, vf_coef=0.5, max_grad_norm=0.5,
+                          hidden=64, activation="tanh", log_std_init=0.0, init="orthogonal"),
         "Walker2d-v5": dict(n_timesteps=512, minibatch_size=32, n_epochs=20, lr=5.05041e-5,
                             gamma=0.99, gae_lambda=0.95, clip_coef=0.1, ent_coef=5.85045e-4,
                             vf_coef=2 * 0.871923, max_grad_norm=1.0, hidden=64,

@@ -51,11 +51,11 @@ def test_an_unknown_init_is_refused():
 
 
 def test_the_mujoco_preset_follows_rl_zoo_s_nets():
-    for env in ("HalfCheetah-v5", "Hopper-v5"):
+    cheetah = ppo.Config.from_preset("mujoco", env_id="HalfCheetah-v5")
+    assert (cheetah.init, cheetah.hidden, cheetah.activation, cheetah.log_std_init) == (
+        "torch", 256, "relu", -2.0)
+    for env in ("Walker2d-v5", "Hopper-v5"):  # SB3's default MlpPolicy; CleanRL's net
         cfg = ppo.Config.from_preset("mujoco", env_id=env)
         assert (cfg.init, cfg.hidden, cfg.activation, cfg.log_std_init) == (
-            "torch", 256, "relu", -2.0)
-    walker = ppo.Config.from_preset("mujoco", env_id="Walker2d-v5")  # SB3's default MlpPolicy
-    assert (walker.init, walker.hidden, walker.activation, walker.log_std_init) == (
-        "orthogonal", 64, "tanh", 0.0)
+            "orthogonal", 64, "tanh", 0.0)
     assert ppo.Config().init == "orthogonal"

@@ -43,7 +43,7 @@ def test_overrides_win_and_per_env_values_refine_the_preset():
     cheetah = ppo.Config.from_preset("mujoco")
     hopper = ppo.Config.from_preset("mujoco", env_id="Hopper-v5", seed=4)
     assert (cheetah.env_id, cheetah.n_epochs, cheetah.gamma) == ("HalfCheetah-v5", 20, 0.98)
-    assert (hopper.n_epochs, hopper.gamma, hopper.seed, hopper.hidden) == (5, 0.999, 4, 256)
+    assert (hopper.n_epochs, hopper.gamma, hopper.seed, hopper.hidden) == (10, 0.99, 4, 64)
     assert ppo.Config.from_preset("atari", n_epochs=8).n_epochs == 8
 
 
@@ -76,7 +76,7 @@ def test_preset_in_args_reads_both_spellings_and_refuses_a_missing_name():
 def test_the_command_line_applies_a_preset_and_every_flag_overrides_it():
     pytest.importorskip("mujoco", reason="needs the mujoco extra: pip install rlstruct[mujoco]")
     cfg = parse(ppo.Config, ["--preset", "mujoco", "--env-id", "Hopper-v5", "--n-epochs", "7"])
-    assert (cfg.preset, cfg.env_id, cfg.n_epochs, cfg.gamma) == ("mujoco", "Hopper-v5", 7, 0.999)
+    assert (cfg.preset, cfg.env_id, cfg.n_epochs, cfg.gamma) == ("mujoco", "Hopper-v5", 7, 0.99)
     before = parse(ppo.Config, ["--lr", "1e-4", "--preset", "mujoco"])
     assert before.lr == 1e-4 and before.n_epochs == 20  # a flag before --preset wins too
     sac_cfg = parse(sac.Config, ["--preset", "mujoco", "--batch-size", "64"])
