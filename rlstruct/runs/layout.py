@@ -4,7 +4,8 @@
 the flags); :func:`make_batcher` turns a layout into a batcher. A batcher device that is an
 accelerator selects the single-process device batcher (:class:`~rlstruct.SerialBatcher` with
 the envs behind a DeviceEnv); the CPU selects the multi-process :class:`~rlstruct.Batcher` (or
-the SerialBatcher when ``n_processes`` is 1, which saves the workers' start-up).
+the SerialBatcher when ``n_processes`` is 1, which saves the workers' start-up; with
+``pipeline`` above 1 one worker process collects while the learner learns).
 ``--check-devices`` wraps every agent in :class:`~rlstruct.CheckDevice`.
 
 The default of ``n_processes`` is 2, not "one per core": with the same seed a run collects the
@@ -209,7 +210,7 @@ def make_batcher(
         env_info: example env_info (1 or B rows).
         check_devices: wrap the agent in CheckDevice.
         pipeline: segment slots per worker (``Batcher(pipeline=...)``); more than 1 needs
-            worker processes.
+            worker processes (on the CPU, ``n_processes=1`` then gives one worker process).
         backend: ``"local"`` (worker processes of this machine) or ``"ray"`` (a
             :class:`~rlstruct.batchers.ray.batcher.RayBatcher`, one actor per worker).
         ray_address: the Ray cluster to join (``backend="ray"`` only).
@@ -221,8 +222,8 @@ def make_batcher(
             :meth:`LayoutConfig.batcher_options` gives them).
 
     Returns:
-        A SerialBatcher on ``device`` for an accelerator (or one CPU process), else a Batcher
-        (or a RayBatcher with ``backend="ray"``).
+        A SerialBatcher on ``device`` for an accelerator (or one CPU process without a
+        pipeline), else a Batcher (or a RayBatcher with ``backend="ray"``).
 
     Raises:
         ConfigError: a bad pipeline (the batchers' one check), a pipeline without worker
@@ -262,11 +263,11 @@ def make_batcher(
         )  # fmt: skip
     if backend != "local":
         raise ConfigError(f"backend must be 'local' or 'ray', got {backend!r}")
-    if is_accelerator(device) or n_processes == 1:
-        if pipeline > 1:
-            raise ConfigError(
-                f"pipeline={pipeline} needs worker processes: use the CPU batcher with "
-                "n_processes >= 2 (a SerialBatcher collects in the learner's process)"
-            )
+    if is_accelerator(device) and pipeline > 1:
+        raise ConfigError(
+            f"pipeline={pipeline} needs worker processes: use the CPU batcher (the device "
+            "batcher collects in the learner's process)"
+        )
+    if is_accelerator(device) or (n_processes == 1 and pipeline == 1):
         return SerialBatcher(**common, device=device)
     return Batcher(**common, n_processes=n_processes, pipeline=pipeline, restart=restart)

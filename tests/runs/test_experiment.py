@@ -36,6 +36,17 @@ def test_cpu_with_one_process_is_serial_and_with_more_is_multiprocess():
         assert isinstance(multi, Batcher) and multi.n_elems() == 4
 
 
+@pytest.mark.timeout(60)
+def test_one_process_with_a_pipeline_is_one_worker_that_collects_ahead():
+    # --n-processes 1 --pipeline 2: one env in one worker, collecting while the learner learns
+    with build("cpu", 1, pipeline=2) as one:
+        assert isinstance(one, Batcher) and one.n_elems() == 2 and one.n_processes == 1
+        one.reset()
+        one.execute()
+        traj, _ = one.get()
+    assert traj.n_elems() == 2
+
+
 def test_check_devices_wraps_the_agent():
     with build("cpu", 1, check_devices=True) as b:
         assert isinstance(b.agent, CheckDevice)
