@@ -57,14 +57,15 @@ class LayoutConfig:
     eval_device: str = "cpu"
     """device of the evaluation batcher: cpu (a worker process of its own) or a GPU"""
     n_processes: int = 2
-    """training worker processes on the CPU (0: one per core; 1: no worker, collect here)"""
+    """training worker processes on the CPU (0: one per core; 1: no worker, collect here, or one
+    worker with --pipeline 2)"""
     n_envs: int = 8
     """environments per worker process (or in the device batcher)"""
     check_devices: bool = False
     """wrap every agent in CheckDevice (a debugging aid)"""
     pipeline: int = 1
     """segment slots per worker: 1 collects then learns; 2 collects the next batch while learning
-    on this one (one update of policy lag; worker processes only)"""
+    on this one (one update of policy lag; on the CPU batcher only)"""
     backend: Literal["local", "ray"] = "local"
     """training workers: local processes, or Ray actors (pip install rlstruct[ray]; see
     docs/guide-clusters.md)"""
