@@ -227,8 +227,8 @@ def make_batcher(
         pipeline), else a Batcher (or a RayBatcher with ``backend="ray"``).
 
     Raises:
-        ConfigError: a bad pipeline (the batchers' one check), a pipeline without worker
-            processes; an unknown backend.
+        ConfigError: a bad pipeline (the batchers' one check), a pipeline on an accelerator
+            (no worker processes there); an unknown backend.
     """
     device = resolve_device(device)
     if check_devices:
