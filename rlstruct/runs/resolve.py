@@ -260,7 +260,11 @@ def _resume_problems(cfg: RunConfig, algo: str) -> list[str]:
                 f"`rlstruct train {saved_algo} --resume {folder}`"]
     saved: dict[str, Any] = state.get("config") or {}
     config = config_to_dict(cfg)
+    # A field added to the config after the checkpoint was written is absent from it; the run
+    # had that field's default behaviour, so the default (and only the default) resumes it.
+    defaults = config_to_dict(type(cfg)())
     return [f"resume: {name} is {config.get(name, '<absent>')!r} here but "
             f"{saved.get(name, '<absent>')!r} in the checkpoint of {folder} (it cannot change "
             "on resume)" for name in sorted(set(saved) | set(config))
-            if name not in RESUMABLE and saved.get(name) != config.get(name)]
+            if name not in RESUMABLE and saved.get(name) != config.get(name)
+            and not (name not in saved and config.get(name) == defaults.get(name))]

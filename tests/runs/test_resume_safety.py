@@ -133,3 +133,20 @@ def test_an_explicit_resume_without_a_checkpoint_is_still_refused(tmp_path):
     killed.mkdir(parents=True)
     with pytest.raises(ConfigError, match=r"holds no checkpoints/latest\.pt"):
         resolve(config(tmp_path, resume=str(killed)), "test")
+
+
+def test_a_field_newer_than_the_checkpoint_resumes_at_its_default_only(tmp_path):
+    """A run checkpointed before a config field existed (the checkpoint's config lacks it) had
+    that field's default behaviour: it resumes with the default and is refused with another
+    value (found resuming a Pong run across the release that added PPO's ``init``)."""
+    first = train(config(tmp_path, target_return=None, max_frames=20))
+    folder = first.logger.dir
+    ckpt = folder / "checkpoints" / "latest.pt"
+    state = torch.load(ckpt)
+    assert state["config"]["gamma"] == 0.99
+    del state["config"]["gamma"]  # as written by a release without the field
+    torch.save(state, ckpt)
+    resolve(config(tmp_path, target_return=None, max_frames=40, resume=str(folder)), "test")
+    with pytest.raises(ConfigError, match=r"gamma is 0\.5 here but '<absent>' in the checkpoint"):
+        resolve(config(tmp_path, target_return=None, max_frames=40, gamma=0.5,
+                       resume=str(folder)), "test")
