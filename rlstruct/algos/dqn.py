@@ -11,9 +11,8 @@ samples of the buffer:
     a*   = argmax_a Q(s', a) with --double, argmax_a Q_target(s', a) without
     loss = Huber(Q(s, a) - y)
 
-A truncated step bootstraps from the TRUE final observation; only termination removes the
-bootstrap. Every ``target_update_every`` gradient steps ``target <- tau online + (1 - tau)
-target`` (``tau=1``: hard copies; ``--tau 0.005 --target-update-every 1``: Polyak).
+A truncated step bootstraps from the TRUE final observation. Every ``target_update_every``
+steps ``target <- tau online + (1 - tau) target`` (1: hard copies; 0.005, every 1: Polyak).
 Run: ``rlstruct train dqn --help``; ``rlstruct train dqn --seed 1 --dueling``.
 """
 
@@ -31,7 +30,7 @@ from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.envs import GymEnvInf
 from rlstruct.learn.optim import Optimizer, adam, gradient_step
-from rlstruct.learn.replay_buffer import ReplayBuffer, replay_memory_problems
+from rlstruct.learn.replay_buffer import ReplayBuffer, ReplayCheckpoint, replay_memory_problems
 from rlstruct.runs.resolve import run_cli
 from rlstruct.runs.run import Run, RunConfig
 
@@ -40,7 +39,7 @@ STORED_KEYS = (K.OBS_FRAME, K.STORED_ACTION, K.NEXT_FRAME, K.NEXT_REWARD, K.NEXT
 
 
 @dataclass
-class Config(RunConfig):
+class Config(RunConfig, ReplayCheckpoint):
     """DQN with double/dueling options, hard or soft target updates (rlstruct train dqn).
 
     The defaults solve CartPole-v1 in about 30k gradient steps, what costs time on a CPU: a
@@ -227,6 +226,7 @@ def main(cfg: Config) -> dict[str, Any]:
         optimizer = adam(model.parameters(), cfg.lr, run.device)
         buffer = ReplayBuffer(cfg.buffer_size, device=run.device, keys=STORED_KEYS)
         run.checkpoint_state(model=model, target=target, optimizer=optimizer)
+        run.resume_state(**{"buffer": buffer} if cfg.checkpoint_buffer else {})  # --resume
         n_rows, n_updates, stats = batcher.n_elems(), 0, {}
         # 1. Store each segment and start the next one (the workers collect it meanwhile).
         for traj in run.segments(batcher, agent_info=epsilon(0, n_rows, cfg)):

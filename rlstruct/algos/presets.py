@@ -71,7 +71,7 @@ APPO_PRESETS = {"atari": Preset(
          checkpoint_every=100, n_threads=1, pipeline=2, precision="auto"),
 )}
 
-#: SAC on MuJoCo: rl-zoo's settings (SB3's SAC defaults, 10k random frames first): 256-wide
+#: SAC on MuJoCo: rl-zoo's settings (SB3's SAC defaults, 10k frames before learning): 256-wide
 #: nets, lr 3e-4, batches of 256, tau 0.005, one gradient step per frame from one env.
 SAC_PRESETS = {"mujoco": Preset(
     "MuJoCo (Hopper-v5 unless --env-id): rl-zoo's SAC settings",

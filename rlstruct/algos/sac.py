@@ -15,8 +15,7 @@ then takes ``utd`` gradient steps per collected frame on uniform samples of the 
 Speed: ONE backward and ONE fused Adam step on the sum of the losses; twin critics batched.
 A truncated step bootstraps from the TRUE final observation (termination does not).
 ``--n-learners N``: ``k`` buffer samples and their noise per batch, 1/N of the rows per rank.
-Run: ``python -m rlstruct.algos.sac --help``, ``python -m rlstruct.algos.sac --env-id Pendulum-v1
---seed 1``.
+Run: ``rlstruct train sac --help``; ``rlstruct train sac --seed 1``.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ from rlstruct.algos.presets import SAC_PRESETS
 from rlstruct.envs import GymEnvInf
 from rlstruct.learn.distributions import make_head, space_from_spec, space_spec
 from rlstruct.learn.optim import adam, gradient_step
-from rlstruct.learn.replay_buffer import ReplayBuffer, replay_memory_problems
+from rlstruct.learn.replay_buffer import ReplayBuffer, ReplayCheckpoint, replay_memory_problems
 from rlstruct.learn.sampling import HeadSampler, greedy_info
 from rlstruct.runs.layout import LayoutConfig
 from rlstruct.runs.resolve import run_cli
@@ -52,7 +51,7 @@ STORED_KEYS = (K.OBS_FRAME, STORED_SQUASHED, K.NEXT_FRAME, K.NEXT_REWARD, K.NEXT
 
 
 @dataclass
-class Config(RunConfig):
+class Config(RunConfig, ReplayCheckpoint):
     """SAC with twin critics, Polyak targets and automatic temperature (rlstruct train sac); the
     defaults solve Pendulum-v1 in 6-7k frames, a step per frame, 4 envs in this process."""
     presets = SAC_PRESETS  # --preset NAME: rlstruct/algos/presets.py
@@ -223,6 +222,7 @@ def main(cfg: Config) -> dict[str, Any]:
         make_nets = partial(sac_nets, run.obs_dim, spec, cfg.hidden, cfg.init_alpha)
         nets = make_nets(actor=actor)  # critics, targets, temperature too
         buffer = ReplayBuffer(cfg.buffer_size, device=run.device, keys=STORED_KEYS)
+        run.resume_state(**{"buffer": buffer} if cfg.checkpoint_buffer else {})  # --resume
         group = run.learner_group(make_nets, nets, partial(adam, lr=cfg.lr), learn,  # fused Adam
                                   stacked=True, policy="actor.")  # --n-learners N: N ranks
         n_updates, owed, stats, n = 0, 0.0, {}, 0

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,7 +37,7 @@ from rlstruct.keys import AGENT_INFO, AGENT_STATE, ENV_ID, ENV_INFO, LENGTHS, PO
 from rlstruct.temporal import TemporalDictTensor
 from rlstruct.trajectories import Trajectories
 
-__all__ = ["ReplayBuffer"]
+__all__ = ["ReplayBuffer", "ReplayCheckpoint"]
 
 _INFO_KEYS = (AGENT_INFO, ENV_INFO, AGENT_STATE, ENV_ID, POLICY_VERSION)
 _Spec = tuple[torch.Size, torch.dtype]
@@ -465,6 +466,17 @@ class ReplayBuffer:
                 self._generator = generator
             else:  # keep the user's generator object, with the saved state
                 self._generator.set_state(generator.get_state())
+
+
+@dataclass
+class ReplayCheckpoint:
+    """The config field of the algorithms that learn from a :class:`ReplayBuffer` (SAC, DQN):
+    their ``Config`` subclasses it beside ``RunConfig``, and passes the buffer to
+    ``run.resume_state`` when it is on."""
+
+    checkpoint_buffer: bool = True
+    """save the replay buffer with each checkpoint (checkpoints/buffer.pt), so that --resume
+    continues with it; off: a resumed run starts with an empty buffer"""
 
 
 def replay_memory_problems(buffer_size: int, obs_shape: Sequence[int], obs_itemsize: int,

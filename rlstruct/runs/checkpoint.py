@@ -45,6 +45,7 @@ from rlstruct.errors import CheckpointError
 __all__ = [
     "save_checkpoint", "copy_checkpoint", "load_checkpoint", "rng_state", "set_rng_state",
     "object_path", "import_object", "build_model", "agent_spec", "rebuild_agent",
+    "save_resume_files", "load_resume_files",
 ]
 
 
@@ -222,6 +223,52 @@ def rebuild_agent(
     agent_info = None if info is None else DictTensor({k: torch.as_tensor(v)
                                                        for k, v in info.items()})
     return import_object(spec["class"]), args, agent_info
+
+
+def save_resume_files(folder: Path, objects: Mapping[str, Any], iteration: int) -> None:
+    """Saves each object's state to ``folder/<name>.pt``, tagged with ``iteration``: the states
+    only a resume needs (:meth:`~rlstruct.runs.run.Run.resume_state`). Written before
+    ``latest.pt``, so a file of a newer iteration than ``latest.pt`` is a write cut short.
+
+    Raises:
+        CheckpointError: a write failed (the previous file is kept).
+    """
+    for name, obj in objects.items():
+        state = {"iteration": iteration, "state": _own_storage(obj.state_dict())}
+        save_checkpoint(state, folder / f"{name}.pt")
+
+
+def load_resume_files(folder: Path, objects: Mapping[str, Any], iteration: int | None) -> None:
+    """Loads ``folder/<name>.pt`` into each object when it was saved at ``iteration`` (that of
+    ``latest.pt``); an absent file or another iteration leaves the object as built (an
+    empty replay buffer) and says so on stderr.
+
+    Raises:
+        CheckpointError: the file is damaged, or its state does not load into the object.
+    """
+    for name, obj in objects.items():
+        path = folder / f"{name}.pt"
+        saved = load_checkpoint(path) if path.is_file() else {}
+        if saved.get("iteration") != iteration:
+            found = f"is of iteration {saved.get('iteration')}" if saved else "is absent"
+            print(f"rlstruct: resume: {path} {found}, not {iteration} (latest.pt's): {name} "
+                  "starts as built", file=sys.stderr)
+            continue
+        try:
+            obj.load_state_dict(saved["state"])
+        except (ValueError, RuntimeError, KeyError) as err:  # ShapeError, KeyMismatchError too
+            raise CheckpointError(f"resume: the state in {path} does not fit this run's "
+                                  f"{type(obj).__name__}: {err}") from err
+
+
+def _own_storage(state: Any) -> Any:
+    """``state`` with each tensor view of a larger storage cloned: ``torch.save`` writes a
+    view's whole storage (a replay buffer's filled rows would cost its full capacity)."""
+    if isinstance(state, torch.Tensor):
+        return state.clone() if state.untyped_storage().nbytes() > state.nbytes else state
+    if isinstance(state, dict):
+        return {k: _own_storage(v) for k, v in state.items()}
+    return state
 
 
 def _write_atomic(path: Path, data: memoryview) -> None:

@@ -53,23 +53,12 @@ from rlstruct.devices import resolve_device
 from rlstruct.dicttensor import DictTensor
 from rlstruct.envs.base import VecEnv
 from rlstruct.envs.gym import GymEnvInf
-from rlstruct.envs.registry import (
-    EnvModules,
-    env_dims,
-    env_shape,
-    env_spaces,
-)
+from rlstruct.envs.registry import EnvModules, env_dims, env_shape, env_spaces
 from rlstruct.envs.torch import make_torch_env
 from rlstruct.errors import CheckpointError, ConfigError, LearnerError
 from rlstruct.learners.base import LearnerGroupBase, OptimizerFactory
 from rlstruct.learners.torchrun import serve_rank, torchrun_rank, torchrun_world
-from rlstruct.runs.checkpoint import (
-    agent_spec,
-    load_checkpoint,
-    object_path,
-    rng_state,
-    set_rng_state,
-)
+from rlstruct.runs import checkpoint as ckpt
 from rlstruct.runs.config import RunConfig
 from rlstruct.runs.episodes import EpisodeTracker
 from rlstruct.runs.evaluator import Evaluator
@@ -125,7 +114,7 @@ class Run:
         self._resumed: dict[str, Any] = {}
         if cfg.resume is not None:
             # resolve() checked that it loads, is this algorithm's and fits the config
-            self._resumed = load_checkpoint(Path(cfg.resume) / "checkpoints" / "latest.pt")
+            self._resumed = ckpt.load_checkpoint(Path(cfg.resume) / "checkpoints" / "latest.pt")
         r = self._resumed
         self.start -= r.get("wall_time", 0.0)  # the clock and the time budget go on
         self.frames, self.iteration = r.get("frames", 0), r.get("iteration", 0)
@@ -138,6 +127,7 @@ class Run:
         self._tracker = EpisodeTracker()
         self._evaluator: Evaluator | None = None
         self._saved: dict[str, Any] = {}
+        self._resume_only: dict[str, Any] = {}  # checkpoints/<name>.pt (resume_state)
         #: name -> the module a saved object stands for (a learner group for the model it
         #: replicates): how the checkpoint's constructors and evaluation agent find it.
         self._stands_for: dict[str, Any] = {}
@@ -270,7 +260,7 @@ class Run:
             args, kwargs, cls = (*cls.args, *args), {**cls.keywords, **kwargs}, cls.func
         module = cls(*args, **kwargs)
         self._constructors.append(
-            (module, {"class": object_path(cls), "args": list(args), "kwargs": dict(kwargs)}))
+            (module, {"class": ckpt.object_path(cls), "args": list(args), "kwargs": dict(kwargs)}))
         return module
 
     def learner(self, agent: Agent) -> Agent:
@@ -340,7 +330,7 @@ class Run:
                     f"resume: the state of {name!r} in {self.cfg.resume} does not fit this "
                     f"run's {type(obj).__name__} (a checkpoint of another model or optimizer "
                     f"layout, or of an earlier rlstruct version): {err}") from err
-        set_rng_state(self._resumed["rng"])
+        ckpt.set_rng_state(self._resumed["rng"])
 
     def out_of_time(self) -> bool:
         """True once the time budget is spent: one clock read, for learn loops to call between
@@ -477,6 +467,20 @@ class Run:
         if self.iteration % self.cfg.checkpoint_every == 0:
             self.checkpoint()
 
+    def resume_state(self, **objects: Any) -> None:
+        """States that only a resume needs, too large to copy into ``best.pt`` (a replay
+        buffer): each is saved to ``checkpoints/<name>.pt`` with every checkpoint and loaded on
+        ``--resume`` (:func:`~rlstruct.runs.checkpoint.load_resume_files`: a run checkpointed
+        without one resumes with the object as built, and says so on stderr).
+
+        Raises:
+            CheckpointError: the saved state does not load into the object.
+        """
+        self._resume_only.update(objects)
+        if self._resumed:
+            ckpt.load_resume_files(Path(self.cfg.resume or "") / "checkpoints", objects,
+                              self._resumed.get("iteration"))
+
     def checkpoint(self) -> None:
         """Saves ``checkpoints/latest.pt`` (and ``best.pt`` by the train return): the
         :meth:`checkpoint_state` objects' states, ``algo``, the whole ``config``, ``frames``,
@@ -494,11 +498,14 @@ class Run:
             iteration=self.iteration, episodes=self.logger.episodes, resumes=self.n_resumes,
             wall_time=time.monotonic() - self.start, eval_return=self.eval_return,
             solved_at=None if self._solved_at is None else list(self._solved_at),
-            best_score=self.logger.best_score, rng=rng_state(),
+            best_score=self.logger.best_score, rng=ckpt.rng_state(),
             constructors={name: spec for name, obj in modules.items()
                           for built, spec in self._constructors if obj is built},
-            agent=None if self._eval_agent is None else agent_spec(*self._eval_agent, modules),
+            agent=None if self._eval_agent is None else ckpt.agent_spec(*self._eval_agent, modules),
         )
+        folder = self.logger.dir / "checkpoints"
+        folder.mkdir(exist_ok=True)
+        ckpt.save_resume_files(folder, self._resume_only, self.iteration)  # before latest.pt
         self.logger.checkpoint(state, score=self.logger.train_return())
         self._checkpointed = {"frames": self.frames, "iteration": self.iteration}
 

@@ -171,6 +171,36 @@ def test_learns_pendulum(tmp_path: Path):
 
 
 
+def buffer_rows(run_dir: Path) -> int:
+    """The rows of the replay buffer a run saved with its last checkpoint."""
+    saved = torch.load(run_dir / "checkpoints" / "buffer.pt")
+    latest = torch.load(run_dir / "checkpoints" / "latest.pt")
+    assert saved["iteration"] == latest["iteration"]
+    return int(saved["state"]["size"])
+
+
+def test_a_resumed_run_continues_with_its_replay_buffer(tmp_path: Path, capfd):
+    def config(frames: int, **kw) -> sac.Config:
+        return sac.Config(max_frames=frames, learning_starts=32, batch_size=16, hidden=16,
+                          eval_every=0, target_return=None, runs_dir=str(tmp_path), **kw)
+
+    # Segments of 4 envs x 8 steps; the one that reaches max_frames ends the run unstored.
+    run_dir = Path(sac.main(config(96))["run_dir"])
+    assert buffer_rows(run_dir) == 64
+    sac.main(config(160, resume=str(run_dir)))
+    assert buffer_rows(run_dir) == 96  # the 64 saved rows and 32 new ones
+    # A checkpoint without the buffer (an older rlstruct): it resumes, says so, starts empty.
+    (run_dir / "checkpoints" / "buffer.pt").unlink()
+    sac.main(config(224, resume=str(run_dir)))
+    err = capfd.readouterr().err
+    assert "buffer.pt is absent, not 3 (latest.pt's): buffer starts as built" in err
+    assert buffer_rows(run_dir) == 32
+    # Off: no buffer file, and the buffer's state is not in latest.pt either.
+    off = Path(sac.main(config(64, checkpoint_buffer=False))["run_dir"])
+    assert not (off / "checkpoints" / "buffer.pt").exists()
+    assert "buffer" not in torch.load(off / "checkpoints" / "latest.pt")
+
+
 @pytest.mark.gpu
 def test_gpu_layout(tmp_path: Path):
     cfg = sac.Config(
