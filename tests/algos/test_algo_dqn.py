@@ -168,6 +168,24 @@ def test_check_devices_smoke_run(tmp_path):
     check_run_dir(run_dir)
 
 
+def test_a_resumed_run_continues_with_its_replay_buffer(tmp_path):
+    def run(frames: int, **kw) -> Path:
+        cfg = dqn.Config(layout=LayoutConfig(learner_device="cpu", n_processes=1, n_envs=2),
+                         n_timesteps=8, hidden=16, learning_starts=16, updates_per_batch=2,
+                         eval_every=0, target_return=None, max_frames=frames,
+                         runs_dir=str(tmp_path), **kw)
+        return Path(dqn.main(cfg)["run_dir"])
+
+    def buffer_rows(run_dir: Path) -> int:
+        return int(torch.load(run_dir / "checkpoints" / "buffer.pt")["state"]["size"])
+
+    run_dir = run(48)  # segments of 16 frames; the one that ends the run is not stored
+    assert buffer_rows(run_dir) == 32
+    run(80, resume=str(run_dir))
+    assert buffer_rows(run_dir) == 48  # 32 saved, 16 new
+    assert not (run(32, checkpoint_buffer=False) / "checkpoints" / "buffer.pt").exists()
+
+
 @pytest.mark.slow
 def test_learns_the_repeat_env(tmp_path):
     # Reward 1 per step for repeating the observed symbol: random play earns 5 of 10.
