@@ -26,6 +26,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -262,7 +263,9 @@ def _resume_problems(cfg: RunConfig, algo: str) -> list[str]:
     config = config_to_dict(cfg)
     # A field added to the config after the checkpoint was written is absent from it; the run
     # had that field's default behaviour, so the default (and only the default) resumes it.
-    defaults = config_to_dict(type(cfg)())
+    defaults = config_to_dict({f.name: f.default_factory() if f.default is MISSING else f.default
+                               for f in fields(cfg) if f.default is not MISSING
+                               or f.default_factory is not MISSING})
     return [f"resume: {name} is {config.get(name, '<absent>')!r} here but "
             f"{saved.get(name, '<absent>')!r} in the checkpoint of {folder} (it cannot change "
             "on resume)" for name in sorted(set(saved) | set(config))
