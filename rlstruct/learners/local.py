@@ -16,7 +16,7 @@ Example:
     >>> def learn(ctx, batch):
     ...     loss = ctx.model(batch).pow(2).mean()
     ...     ctx.step(ctx.optimizer, loss, max_grad_norm=0.5)
-    ...     return {"loss": float(loss)}
+    ...     return {"loss": loss.item()}
     >>> group = LocalLearner(model, partial(adam, lr=0.1), learn, torch.device("cpu"))
     >>> before = model.weight.clone()
     >>> stats = group.learn(torch.ones(4, 2))
