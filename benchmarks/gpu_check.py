@@ -11,8 +11,9 @@ Steps (each a subprocess with its own deadline; a failure is reported and the ne
    contracts checked;
 5. a learner on ``cuda:0`` with a CPU batcher (worker processes), device contracts checked.
 
-Without a CUDA device it exits 2, unless ``--allow-cpu`` (the plumbing's smoke test: ``cuda``
-becomes ``cpu`` and the steps are shortened).
+The report is rewritten after every step; pytest's whole output of step 1 goes beside it
+(``gpu-report.tests.log``). Without a CUDA device it exits 2, unless ``--allow-cpu`` (the
+plumbing's smoke test: ``cuda`` becomes ``cpu`` and the steps are shortened).
 
 Run: ``make gpu-check`` or ``python benchmarks/gpu_check.py [--out gpu-report.md]``.
 """
@@ -40,11 +41,16 @@ def _summary(runs_dir: str) -> dict:
     return json.loads(next(Path(runs_dir).glob("*/summary.json")).read_text())
 
 
+TESTS_LOG: Path | None = None  # where step 1 writes pytest's whole output (beside the report)
+
+
 def step_gpu_tests(dev: str, quick: bool) -> dict:
-    """The ``gpu``-marked tests; their pass/skip/fail counts."""
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p",
+    """The ``gpu``-marked tests; their pass/skip/fail counts (pytest's output: ``TESTS_LOG``)."""
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfEs", "-m", "gpu", "-p",
                           "no:cacheprovider", "rlstruct", "tests"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120 if quick else 240)
+    if TESTS_LOG is not None:
+        TESTS_LOG.write_text(res.stdout + res.stderr)
     last = (res.stdout.strip().splitlines() or [""])[-1]
     return {"ok": res.returncode in (0, 5), "result": last,
             "failures": [ln for ln in res.stdout.splitlines() if ln.startswith("FAILED")][:20]}
@@ -144,6 +150,8 @@ def main() -> int:
         return 2
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     quick = dev == "cpu"
+    global TESTS_LOG
+    TESTS_LOG = Path(args.out).with_suffix(".tests.log")
     start, results = time.perf_counter(), {}
     for i, (step, fn) in enumerate(STEPS.items(), 1):
         if args.only is not None and str(i) not in args.only:
@@ -156,8 +164,9 @@ def main() -> int:
         results[step]["seconds"] = round(time.perf_counter() - t, 1)
         print(f"{step}: {'ok' if results[step]['ok'] else 'FAILED'} "
               f"({results[step]['seconds']} s)", flush=True)
-    text = report(results, dev, time.perf_counter() - start)
-    Path(args.out).write_text(text)
+        # written after every step: a run cut short keeps the steps it finished
+        text = report(results, dev, time.perf_counter() - start)
+        Path(args.out).write_text(text)
     print(text)
     return 0 if all(r["ok"] for r in results.values()) else 1
 
