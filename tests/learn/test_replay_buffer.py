@@ -252,7 +252,7 @@ def test_cuda_buffer_takes_cpu_batches_and_samples_on_cuda() -> None:
     rb = ReplayBuffer(32, device="cuda", generator=torch.Generator("cuda").manual_seed(0))
     assert rb.device.type == "cuda" and rb.device.index is not None
     rb.add(make_batch([4, 2], n_steps=4))  # CPU batch
-    rb.add(make_batch([3], n_steps=3, first_uid=6).cuda())  # CUDA batch
+    rb.add(make_batch([3], n_steps=3, first_uid=6).to("cuda"))  # CUDA batch
     for v in rb.state_dict()["tensors"].values():
         assert v.is_cuda
     out = rb.sample(100)
@@ -260,7 +260,7 @@ def test_cuda_buffer_takes_cpu_batches_and_samples_on_cuda() -> None:
     assert set(uids(out.to("cpu"))) <= set(range(9))
     # A CPU buffer takes a CUDA batch too (only its valid rows cross the bus).
     cpu = ReplayBuffer(8)
-    cpu.add(make_batch([2, 1], n_steps=2).cuda())
+    cpu.add(make_batch([2, 1], n_steps=2).to("cuda"))
     assert uids(cpu.transitions()) == [0, 1, 2]
     with pytest.raises(DeviceContractError, match="generator is on cpu"):
         ReplayBuffer(8, device="cuda", generator=torch.Generator())
