@@ -39,6 +39,21 @@ def test_every_preset_builds_a_config_without_problems(algo, name, env):
         assert getattr(holder, key) == value, key
 
 
+#: Wall seconds a frame costs, measured on the 2-core development machine (docs/algorithms.md):
+#: SAC on Hopper-v5 20 ms of CPU a frame on one core; PPO on HalfCheetah-v5 1M frames in about
+#: 850 s; PPO on ALE/Pong-v5 about 650 agent steps/s.
+MEASURED_S_PER_FRAME = [(sac, "mujoco", "Hopper-v5", 0.020), (ppo, "mujoco", None, 850 / 1e6),
+                        (ppo, "atari", None, 1 / 650)]
+
+
+@pytest.mark.parametrize(("algo", "name", "env", "cost"), MEASURED_S_PER_FRAME)
+def test_a_preset_s_time_budget_leaves_room_for_its_frames(algo, name, env, cost):
+    # The budget guards a run; the frames stop it. With twice the measured cost a frame (a busy
+    # machine) the preset's frames still fit: a 2-hour SAC budget once stopped 300k-frame runs.
+    cfg = algo.Config.from_preset(name, **({} if env is None else {"env_id": env}))
+    assert cfg.time_budget >= 2 * cost * cfg.max_frames, (cfg.time_budget, cfg.max_frames)
+
+
 def test_overrides_win_and_per_env_values_refine_the_preset():
     cheetah = ppo.Config.from_preset("mujoco")
     hopper = ppo.Config.from_preset("mujoco", env_id="Hopper-v5", seed=4)
