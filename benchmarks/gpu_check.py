@@ -41,19 +41,16 @@ def _summary(runs_dir: str) -> dict:
     return json.loads(next(Path(runs_dir).glob("*/summary.json")).read_text())
 
 
-TESTS_LOG: Path | None = None  # where step 1 writes pytest's whole output (beside the report)
-
-
 def step_gpu_tests(dev: str, quick: bool) -> dict:
-    """The ``gpu``-marked tests; their pass/skip/fail counts (pytest's output: ``TESTS_LOG``)."""
+    """The ``gpu``-marked tests; their pass/skip/fail counts, and pytest's whole output as
+    ``log`` (which :func:`main` writes beside the report)."""
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfEs", "-m", "gpu", "-p",
                           "no:cacheprovider", "rlstruct", "tests"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120 if quick else 240)
-    if TESTS_LOG is not None:
-        TESTS_LOG.write_text(res.stdout + res.stderr)
     last = (res.stdout.strip().splitlines() or [""])[-1]
     return {"ok": res.returncode in (0, 5), "result": last,
-            "failures": [ln for ln in res.stdout.splitlines() if ln.startswith("FAILED")][:20]}
+            "failures": [ln for ln in res.stdout.splitlines() if ln.startswith("FAILED")][:20],
+            "log": res.stdout + res.stderr}
 
 
 def step_atari(dev: str, quick: bool) -> dict:
@@ -150,8 +147,6 @@ def main() -> int:
         return 2
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     quick = dev == "cpu"
-    global TESTS_LOG
-    TESTS_LOG = Path(args.out).with_suffix(".tests.log")
     start, results = time.perf_counter(), {}
     for i, (step, fn) in enumerate(STEPS.items(), 1):
         if args.only is not None and str(i) not in args.only:
@@ -162,6 +157,9 @@ def main() -> int:
         except Exception as exc:  # a failed step is reported; the next one runs
             results[step] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[-1500:]}
         results[step]["seconds"] = round(time.perf_counter() - t, 1)
+        log = results[step].pop("log", None)
+        if log is not None:
+            Path(args.out).with_suffix(".tests.log").write_text(log)
         print(f"{step}: {'ok' if results[step]['ok'] else 'FAILED'} "
               f"({results[step]['seconds']} s)", flush=True)
         # written after every step: a run cut short keeps the steps it finished
