@@ -111,7 +111,8 @@ class DocJob:
         """Asserts that the job ended COMPLETED, exit 0 (with its output otherwise)."""
         assert (fields.get("JobState"), fields.get("ExitCode")) == ("COMPLETED", "0:0"), (
             f"job {self.job_id}: {fields.get('JobState')} {fields.get('ExitCode')} "
-            f"({fields.get('Reason')})\n--- job output ---\n{self.output[-6000:]}")
+            f"({fields.get('Reason')})\n--- job output ---\n{self.output[-6000:]}\n"
+            f"--- Slurm's logs on the job ---\n{self.slurm.log_of(self.job_id)[-4000:]}")
 
     def run_dirs(self) -> list[Path]:
         """The run folders of the job, oldest name first."""

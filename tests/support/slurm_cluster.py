@@ -103,7 +103,7 @@ class LocalSlurm:
             self._daemon(run / "slurmctld.pid", ["slurmctld"])
             for node in NODES:
                 self._daemon(run / f"slurmd-{node}.pid", ["slurmd", "-N", node])
-            self._wait_idle(deadline_s)
+            self.wait_idle(deadline_s)
         except BaseException:
             self.stop()
             raise
@@ -187,16 +187,35 @@ class LocalSlurm:
             time.sleep(0.1)
         raise RuntimeError(f"{cmd[0]} wrote no live pid to {pid_file} within {deadline_s:g} s")
 
-    def _wait_idle(self, deadline_s: float) -> None:
-        end, shown = time.monotonic() + deadline_s, ""
+    def idle(self) -> bool:
+        """Whether both nodes are idle: no job holds them, none is completing on them."""
+        shown = self.command("sinfo", "-h", "-N", "-o", "%N %t", check=False)
+        states = dict(line.split() for line in shown.splitlines() if len(line.split()) == 2)
+        return all(states.get(node) == "idle" for node in NODES)
+
+    def wait_idle(self, deadline_s: float) -> None:
+        """Waits until both nodes are :meth:`idle`.
+
+        Raises:
+            RuntimeError: not within ``deadline_s`` (with what ``sinfo`` says).
+        """
+        end = time.monotonic() + deadline_s
         while time.monotonic() < end:
-            shown = self.command("sinfo", "-h", "-N", "-o", "%N %t", check=False)
-            states = dict(line.split() for line in shown.splitlines() if len(line.split()) == 2)
-            if all(states.get(node) == "idle" for node in NODES):
+            if self.idle():
                 return
             time.sleep(0.5)
+        shown = self.command("sinfo", "-h", "-N", "-o", "%N %t", check=False)
         raise RuntimeError(f"the nodes were not idle within {deadline_s:g} s: sinfo says "
                            f"{shown!r}; logs in {self.root / 'log'}")
+
+    def log_of(self, job_id: int) -> str:
+        """The lines of the controller's and the nodes' logs that name the job, in time order
+        (what a failed test shows of Slurm's side)."""
+        pattern = re.compile(rf"(JobId={job_id}\b|job {job_id}\b|\[{job_id}\.)")
+        lines = [line for path in sorted((self.root / "log").glob("slurm*.log"))
+                 for line in path.read_text(errors="replace").splitlines()
+                 if pattern.search(line)]
+        return "\n".join(sorted(lines))
 
     # ------------------------------------------------------------------------ jobs
     def command(self, *args: str, check: bool = True, timeout: float = 30.0) -> str:
@@ -236,7 +255,9 @@ class LocalSlurm:
     def wait(self, job_id: int, states: Iterable[str] = TERMINAL_STATES,
              deadline_s: float = 120.0, release: bool = False) -> dict[str, str]:
         """Waits until the job is in one of ``states``; returns its fields. ``release``: a
-        requeued job held back (``Reason=BeginTime``, about two minutes) starts at once.
+        requeued job held back (``Reason=BeginTime``, about two minutes) starts at once, once its
+        last session has left the nodes (a release before races with that session's end; the
+        tests that release run one job at a time).
 
         Raises:
             TimeoutError: not within ``deadline_s`` (with the job's last fields).
@@ -247,7 +268,7 @@ class LocalSlurm:
             if fields.get("JobState") in wanted:
                 return fields
             if release and fields.get("JobState") == "PENDING" and \
-                    fields.get("Reason") == "BeginTime":
+                    fields.get("Reason") == "BeginTime" and self.idle():
                 self.command("scontrol", "update", f"JobId={job_id}", "StartTime=now")
             time.sleep(1.0)
         raise TimeoutError(f"job {job_id} not in {sorted(wanted)} within {deadline_s:g} s: "
