@@ -11,11 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_docs import LINKED_PAGES, REPO
+from test_docs import _FENCE, LINKED_PAGES, REPO, code_blocks
 
 _BENCH = re.compile(r"\bpython (benchmarks/(\w+)\.py)([^`\n]*)")
 _SPAN = re.compile(r"`([^`]+)`")
-_FENCE = re.compile(r"^[ \t]*```(\w*)\n(.*?)^[ \t]*```", re.S | re.M)  # list items indent theirs
 HELPER = Path(__file__).with_name("parse_benchmark_args.py")
 
 
@@ -27,7 +26,7 @@ def doc_benchmark_commands() -> list[tuple[str, str, str, str]]:
     found = []
     for page in (p for p in LINKED_PAGES if p.suffix == ".md"):
         text, name = page.read_text(), page.relative_to(REPO).as_posix()
-        for _lang, body in _FENCE.findall(text):
+        for _lang, body in code_blocks(text):
             for line in body.replace("\\\n", " ").splitlines():
                 for match in _BENCH.finditer(line):
                     found.append((name, match.group(1), re.split(r"\s#", match.group(3))[0], ""))

@@ -24,6 +24,7 @@ import importlib
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,14 @@ LINKED_IDS = [p.relative_to(REPO).as_posix() for p in LINKED_PAGES]
 sys.path.insert(0, str(DOCS))
 import conf as site  # noqa: E402  (docs/conf.py: the site's API modules and generated pages)
 
-_FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+# a fenced block, at the margin or indented in a list item (group 1: the indent)
+_FENCE = re.compile(r"^([ \t]*)```(\w*)\n(.*?)^\1```", re.S | re.M)
+
+
+def code_blocks(text: str) -> list[tuple[str, str]]:
+    """``(language, body)`` of every fenced block of a page, the body dedented."""
+    return [(lang, textwrap.dedent(body)) for _indent, lang, body in _FENCE.findall(text)]
+
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 _HEADING = re.compile(r"^#{1,6} (.+?)\s*$", re.M)
 
@@ -224,7 +232,7 @@ WRITTEN_PAGES = PAGES
 
 @pytest.mark.parametrize("page", WRITTEN_PAGES, ids=[p.name for p in WRITTEN_PAGES])
 def test_python_blocks_compile(page):
-    for i, (lang, code) in enumerate(_FENCE.findall(page.read_text())):
+    for i, (lang, code) in enumerate(code_blocks(page.read_text())):
         if lang == "python" and ">>>" not in code:
             compile(code, f"{page.name}, python block {i}", "exec")
 
@@ -234,7 +242,7 @@ def test_python_blocks_compile(page):
 def test_gpu_layout_script_runs_on_the_cpu(tmp_path):
     text = (DOCS / "guide-gpus.md").read_text()
     marker = text.index("<!-- tests/docs/test_docs.py runs this block")
-    code = _FENCE.search(text, marker)[2]
+    code = textwrap.dedent(_FENCE.search(text, marker)[3])
     layout = 'LEARNER, COLLECT, EVAL = "cuda:0", "cuda:1", "cpu"'
     assert layout in code
     script = tmp_path / "layout.py"
@@ -307,7 +315,7 @@ def doc_train_commands() -> list[tuple[str, str, str]]:
     found = []
     pages = [p for p in LINKED_PAGES if p.suffix == ".md"]
     for page in pages:
-        for _lang, body in _FENCE.findall(page.read_text()):
+        for _lang, body in code_blocks(page.read_text()):
             for line in body.replace("\\\n", " ").splitlines():
                 match = _TRAIN.search(line)
                 if match:

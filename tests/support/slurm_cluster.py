@@ -187,10 +187,14 @@ class LocalSlurm:
             time.sleep(0.1)
         raise RuntimeError(f"{cmd[0]} wrote no live pid to {pid_file} within {deadline_s:g} s")
 
+    def node_states(self) -> dict[str, str]:
+        """Each node's state as ``sinfo`` gives it (``idle``, ``alloc``, ``comp``, ...)."""
+        shown = self.command("sinfo", "-h", "-N", "-o", "%N %t", check=False)
+        return dict(line.split() for line in shown.splitlines() if len(line.split()) == 2)
+
     def idle(self) -> bool:
         """Whether both nodes are idle: no job holds them, none is completing on them."""
-        shown = self.command("sinfo", "-h", "-N", "-o", "%N %t", check=False)
-        states = dict(line.split() for line in shown.splitlines() if len(line.split()) == 2)
+        states = self.node_states()
         return all(states.get(node) == "idle" for node in NODES)
 
     def wait_idle(self, deadline_s: float) -> None:
@@ -204,9 +208,8 @@ class LocalSlurm:
             if self.idle():
                 return
             time.sleep(0.5)
-        shown = self.command("sinfo", "-h", "-N", "-o", "%N %t", check=False)
         raise RuntimeError(f"the nodes were not idle within {deadline_s:g} s: sinfo says "
-                           f"{shown!r}; logs in {self.root / 'log'}")
+                           f"{self.node_states()}; logs in {self.root / 'log'}")
 
     def log_of(self, job_id: int) -> str:
         """The lines of the controller's and the nodes' logs that name the job, in time order
