@@ -66,9 +66,9 @@ def compute_limit(precision: str, reps: int) -> dict[str, float]:
     import torch
 
     from rlstruct import DictTensor
+    from rlstruct.blocks.nets import CNNActorCritic
     from rlstruct.devices import learner_autocast
     from rlstruct.envs.atari import make_atari_env
-    from rlstruct.learn.nets import CNNActorCritic
 
     torch.set_num_threads(1)
     n = HYPER["n_envs"]

@@ -47,7 +47,7 @@ from benchmarks._common import environment, pin_threads
 from rlstruct import DictTensor
 from rlstruct import keys as K
 from rlstruct.algos import ppo
-from rlstruct.learn.nets import CNNActorCritic, nature_cnn
+from rlstruct.blocks.nets import CNNActorCritic, nature_cnn
 from rlstruct.learners.group import LearnerGroup, free_port
 from rlstruct.parallel.context import worker_context
 

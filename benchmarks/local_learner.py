@@ -31,10 +31,10 @@ import torch  # noqa: E402
 
 from rlstruct import SerialBatcher  # noqa: E402
 from rlstruct.algos import ppo  # noqa: E402
+from rlstruct.blocks.distributions import space_spec  # noqa: E402
+from rlstruct.blocks.nets import head_actor_critic  # noqa: E402
+from rlstruct.blocks.optim import adam  # noqa: E402
 from rlstruct.envs import GymEnvInf  # noqa: E402
-from rlstruct.learn.distributions import space_spec  # noqa: E402
-from rlstruct.learn.nets import head_actor_critic  # noqa: E402
-from rlstruct.learn.optim import adam  # noqa: E402
 from rlstruct.learners.local import LocalLearner  # noqa: E402
 from rlstruct.learners.rank import algorithm_learn  # noqa: E402
 from rlstruct.runs.run import env_spaces  # noqa: E402

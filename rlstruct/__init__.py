@@ -8,10 +8,10 @@ The public surface (everything else is internal). The core::
                           Batcher, SerialBatcher, RestartPolicy, LearnerThread)
     from rlstruct.envs import VecEnv, GymEnv, GymEnvInf, DeviceEnv
     from rlstruct import functional as F     # returns, GAE, V-trace, the policy-loss terms
-    from rlstruct.learn.policy_terms import conjugate_gradient   # also F.conjugate_gradient
+    from rlstruct.blocks.policy_terms import conjugate_gradient   # also F.conjugate_gradient
     from rlstruct.errors import RLStructError, ShapeError, DeviceContractError, ...
     from rlstruct.devices import resolve_device
-    from rlstruct.learn.replay_buffer import ReplayBuffer
+    from rlstruct.blocks.replay_buffer import ReplayBuffer
 
 The experiment layer, which the algorithms of ``rlstruct/algos/`` are written with::
 
@@ -19,26 +19,27 @@ The experiment layer, which the algorithms of ``rlstruct/algos/`` are written wi
     from rlstruct.envs.registry import EnvModules, env_id_problems  # custom envs, id checks
     from rlstruct.runs.checkpoint import save_checkpoint, load_checkpoint  # safe checkpoint files
     from rlstruct.tools.evaluate import evaluate             # replay a saved policy greedily
-    from rlstruct.runs.layout import LayoutConfig, make_batcher   # device layouts
+    from rlstruct.batchers.make import make_batcher       # the batcher a layout calls for
+    from rlstruct.runs.layout import LayoutConfig          # device layouts
     from rlstruct.runs.evaluator import Evaluator          # evaluation in a worker process
     from rlstruct.runs.episodes import EpisodeTracker       # episode returns, keyed by env_id
     from rlstruct.runs.logger import RunLogger              # the run directory
     from rlstruct.runs.plotting import plot_runs            # returns.png, comparisons
     from rlstruct.runs.folder import read_run           # a run folder read back
-    from rlstruct.learn.nets import mlp                      # orthogonally initialised MLPs
-    from rlstruct.learn.distributions import make_head       # policy heads for any action space
-    from rlstruct.learn.normalization import RunningNorm     # observation statistics in the weights
-    from rlstruct.learn.optim import adam, gradient_step     # fused Adam; one meaning of clipping
-    from rlstruct.learn.sampling import CategoricalSampler, ActorAgent, PolicyAgent, greedy_info
+    from rlstruct.blocks.nets import mlp                      # orthogonally initialised MLPs
+    from rlstruct.blocks.distributions import make_head       # policy heads for any action space
+    from rlstruct.blocks.normalization import RunningNorm     # observation statistics
+    from rlstruct.blocks.optim import adam, gradient_step     # fused Adam; one meaning of clipping
+    from rlstruct.blocks.sampling import CategoricalSampler, ActorAgent, PolicyAgent, greedy_info
                                                        # seeded sampling, greedy evaluation
     from rlstruct.learners.group import LearnerGroup    # data-parallel learner ranks
     from rlstruct.learners.base import LearnerGroupBase   # what every learner group shares
     from rlstruct.learners.rank import RankContext      # what a rank's learn function gets
     from rlstruct.learners.staging import StagingRing           # shards staged onto rank devices
     from rlstruct.learners.torchrun import TorchrunLearnerGroup   # rank 0 under torchrun
-    from rlstruct.learners.ray import RayLearnerGroup   # learner ranks as Ray actors
+    from rlstruct.learners.ray_group import RayLearnerGroup   # learner ranks as Ray actors
 
-A trained policy, in one line (imported at first use, see :mod:`rlstruct.tools.policy`)::
+A trained policy, in one line (imported at first use, see :mod:`rlstruct.runs.policy`)::
 
     policy = rlstruct.load_policy("runs/ppo_CartPole-v1_...")   # action = policy.act(obs)
 
@@ -54,12 +55,12 @@ from typing import Any
 
 from rlstruct import keys
 from rlstruct.agent import Agent
+from rlstruct.agent_replay import replay_agent, replay_agent_stateless
 from rlstruct.batchers import Batcher, RestartPolicy, SerialBatcher
+from rlstruct.blocks import functional
 from rlstruct.checks import CheckDevice
 from rlstruct.dicttensor import DictTensor, masked_dicttensor, masked_tensor
-from rlstruct.learn import functional
 from rlstruct.learners.thread import LearnerThread
-from rlstruct.replay import replay_agent, replay_agent_stateless
 from rlstruct.temporal import TemporalDictTensor
 from rlstruct.trajectories import Trajectories
 
@@ -86,11 +87,11 @@ __all__ = [
 
 #: Names exported here but defined in a higher layer: imported at first use (PEP 562), so that
 #: ``import rlstruct`` imports only the core.
-_LAZY = {"load_policy": "rlstruct.tools.policy"}
+_LAZY = {"load_policy": "rlstruct.runs.policy"}
 
 
 def __getattr__(name: str) -> Any:
-    """``load_policy`` (:mod:`rlstruct.tools.policy`), imported at first use."""
+    """``load_policy`` (:mod:`rlstruct.runs.policy`), imported at first use."""
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value  # later lookups skip __getattr__

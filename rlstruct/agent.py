@@ -67,8 +67,8 @@ class Agent:
     ) -> tuple[DictTensor, DictTensor]:
         """The default replay step: calls the agent on step ``t`` of stored trajectories.
 
-        :func:`rlstruct.replay.replay_agent` calls it for ``t = 0 .. T-1``;
-        :func:`rlstruct.replay.replay_agent_stateless` calls it once with ``t = 0`` on the
+        :func:`rlstruct.agent_replay.replay_agent` calls it for ``t = 0 .. T-1``;
+        :func:`rlstruct.agent_replay.replay_agent_stateless` calls it once with ``t = 0`` on the
         ``B * T`` steps flattened into trajectories of one step. Override it (or pass another
         method name to the replay functions) to compute extra outputs during replay.
 

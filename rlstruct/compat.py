@@ -32,14 +32,14 @@ import inspect
 from typing import Any
 
 from rlstruct.agent import Agent
+from rlstruct.agent_replay import replay_agent as _replay_agent
+from rlstruct.agent_replay import replay_agent_stateless as _replay_agent_stateless
 from rlstruct.batchers import Batcher, SerialBatcher
 from rlstruct.checks import CheckDevice
 from rlstruct.devices import resolve_device
 from rlstruct.dicttensor import DictTensor, masked_dicttensor, masked_tensor
 from rlstruct.envs import DeviceEnv, GymEnv, GymEnvInf, VecEnv
 from rlstruct.errors import ConfigError
-from rlstruct.replay import replay_agent as _replay_agent
-from rlstruct.replay import replay_agent_stateless as _replay_agent_stateless
 from rlstruct.temporal import TemporalDictTensor
 from rlstruct.trajectories import Trajectories
 

@@ -52,7 +52,7 @@ ENV_STEP = "env_step"
 ACTION_KEY = "action"
 
 ENV_KEYS = (REWARD, TERMINATED, TRUNCATED, DONE, INITIAL_STATE, LAST_ACTION, ENV_STEP)
-# Leaf keys the agents of rlstruct.learn.sampling return besides the action.
+# Leaf keys the agents of rlstruct.blocks.sampling return besides the action.
 LOGP = "logp"
 VALUE = "value"
 SAMPLE = "sample"  # a policy head's unclipped sample (PolicyAgent), where the log-prob is taken

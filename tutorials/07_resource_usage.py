@@ -34,9 +34,10 @@ import torch
 from torch import nn
 
 from rlstruct import Agent, DictTensor
+from rlstruct.batchers.make import make_batcher
 from rlstruct.envs import GymEnvInf
-from rlstruct.runs.layout import make_batcher
-from rlstruct.tools.tune import candidate_grid, read_layout, tune, write_layout
+from rlstruct.runs.layout_file import read_layout, write_layout
+from rlstruct.tools.tune import candidate_grid, tune, tuned_layout
 
 
 class Policy(Agent):
@@ -83,7 +84,7 @@ def main() -> None:
 
     # 3. The pick as a layout file: LayoutConfig's fields, n_timesteps and the measurements.
     with tempfile.TemporaryDirectory() as tmp:
-        path = write_layout(Path(tmp) / "tune.json", result, env_id="CartPole-v1")
+        path = write_layout(Path(tmp) / "tune.json", tuned_layout(result, env_id="CartPole-v1"))
         data = json.loads(path.read_text())
         print("\ntune.json:", {k: v for k, v in data.items() if k != "tuned"})
 

@@ -15,8 +15,8 @@ diagonal Gaussian: a network gives the mean, a free parameter the log-std, and t
    steps through time for a recurrent one and returns the same outputs).
 
 The learning rule is PPO's clipped surrogate on GAE advantages, a few epochs per batch. Then the
-same policy is built from the library's pieces (``rlstruct.learn.distributions.make_head``,
-``rlstruct.learn.nets.HeadActorCritic``, ``rlstruct.learn.sampling.PolicyAgent``): what
+same policy is built from the library's pieces (``rlstruct.blocks.distributions.make_head``,
+``rlstruct.blocks.nets.HeadActorCritic``, ``rlstruct.blocks.sampling.PolicyAgent``): what
 ``rlstruct/algos/ppo.py``,
 ``rlstruct/algos/a2c.py`` and ``rlstruct/algos/trpo.py`` use for any action space.
 
@@ -33,10 +33,10 @@ from torch import nn
 
 from rlstruct import Agent, DictTensor, SerialBatcher, replay_agent, replay_agent_stateless
 from rlstruct import functional as F
+from rlstruct.blocks.distributions import make_head
+from rlstruct.blocks.nets import HeadActorCritic
+from rlstruct.blocks.sampling import PolicyAgent
 from rlstruct.envs import GymEnvInf
-from rlstruct.learn.distributions import make_head
-from rlstruct.learn.nets import HeadActorCritic
-from rlstruct.learn.sampling import PolicyAgent
 from rlstruct.runs.episodes import EpisodeTracker
 
 N_ENVS, T, ITERATIONS = 16, 64, 40  # 16 x 64 = 1024 steps per batch; 41k steps in all

@@ -4,10 +4,10 @@ One iteration:
 
 1. **Collect**: the training batcher steps ``B = n_processes * n_envs`` auto-reset envs
    (``GymEnvInf``) for ``T`` steps. The agent stores the env's ``action``, the policy head's
-   unclipped ``sample`` (``rlstruct.learn.distributions``: softmax for Discrete, a Gaussian rescaled
-   and clipped into a Box), the head ``params`` and ``value``; a recurrent agent carries ``h``
-   in its state, resets it where ``observation["initial_state"]`` is true, and the batcher
-   records the state at the segment start in ``info["agent_state/h"]``.
+   unclipped ``sample`` (``rlstruct.blocks.distributions``: softmax for Discrete, a Gaussian
+   rescaled and clipped into a Box), the head ``params`` and ``value``; a recurrent agent
+   carries ``h`` in its state, resets it where ``observation["initial_state"]`` is true, and the
+   batcher records the state at the segment start in ``info["agent_state/h"]``.
 2. **Replay** the agent on the learner device, with gradients: ``replay_agent`` for the GRU
    policy, from the stored ``agent_state/h`` (the memory of an episode begun in an earlier
    segment is restored exactly); ``replay_agent_stateless`` (one batched call) otherwise.
@@ -35,12 +35,12 @@ from torch import Tensor, nn
 from rlstruct import Agent, DictTensor, TemporalDictTensor, Trajectories, masked_dicttensor
 from rlstruct import functional as F
 from rlstruct import keys as K
+from rlstruct.agent_replay import replay_agent, replay_agent_stateless
+from rlstruct.blocks.distributions import ActionHead, make_head, space_from_spec, space_spec
+from rlstruct.blocks.nets import HeadActorCritic, linear
+from rlstruct.blocks.optim import Optimizer, adam, gradient_step
+from rlstruct.blocks.sampling import HeadSampler, greedy_info
 from rlstruct.envs import GymEnvInf
-from rlstruct.learn.distributions import ActionHead, make_head, space_from_spec, space_spec
-from rlstruct.learn.nets import HeadActorCritic, linear
-from rlstruct.learn.optim import Optimizer, adam, gradient_step
-from rlstruct.learn.sampling import HeadSampler, greedy_info
-from rlstruct.replay import replay_agent, replay_agent_stateless
 from rlstruct.runs.resolve import run_cli
 from rlstruct.runs.run import Run, RunConfig
 
@@ -67,7 +67,7 @@ class Config(RunConfig):
 # --------------------------------------------------------------------------------------- model
 class MLPActorCritic(HeadActorCritic):
     """Memoryless, separate actor and critic, the actor ending in the action space's policy head
-    (rlstruct/learn/nets.py): ``forward(frame, None) -> (params, value, None)``."""
+    (rlstruct/blocks/nets.py): ``forward(frame, None) -> (params, value, None)``."""
 
     def __init__(self, obs_dim: int, action_space: Space | dict, hidden: int) -> None:
         super().__init__(obs_dim, make_head(space_from_spec(action_space), hidden), hidden)

@@ -51,10 +51,10 @@ from rlstruct import Agent, DictTensor, LearnerThread, Trajectories, replay_agen
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.algos.presets import APPO_PRESETS
+from rlstruct.blocks.nets import CNNActorCritic, MLPActorCritic
+from rlstruct.blocks.optim import adam, gradient_step
+from rlstruct.blocks.sampling import ActorAgent, greedy_info
 from rlstruct.envs import GymEnvInf
-from rlstruct.learn.nets import CNNActorCritic, MLPActorCritic
-from rlstruct.learn.optim import adam, gradient_step
-from rlstruct.learn.sampling import ActorAgent, greedy_info
 from rlstruct.learners.thread import LatestWeights
 from rlstruct.runs.layout import LayoutConfig
 from rlstruct.runs.resolve import run_cli
@@ -113,7 +113,7 @@ class Config(RunConfig):
 
 
 # --------------------------------------------------------------------------------------- model
-ActorCritic = MLPActorCritic  # separate actor and critic MLPs (rlstruct/learn/nets.py)
+ActorCritic = MLPActorCritic  # separate actor and critic MLPs (rlstruct/blocks/nets.py)
 
 
 # --------------------------------------------------------------------------------------- agent

@@ -28,9 +28,9 @@ from torch import Tensor, nn
 from rlstruct import Agent, DictTensor, Trajectories, replay_agent_stateless
 from rlstruct import functional as F
 from rlstruct import keys as K
+from rlstruct.blocks.optim import Optimizer, adam, gradient_step
+from rlstruct.blocks.replay_buffer import ReplayBuffer, ReplayCheckpoint, replay_memory_problems
 from rlstruct.envs import GymEnvInf
-from rlstruct.learn.optim import Optimizer, adam, gradient_step
-from rlstruct.learn.replay_buffer import ReplayBuffer, ReplayCheckpoint, replay_memory_problems
 from rlstruct.runs.resolve import run_cli
 from rlstruct.runs.run import Run, RunConfig
 

@@ -35,10 +35,10 @@ from torch import Tensor
 from rlstruct import Agent, LearnerThread, Trajectories, replay_agent_stateless
 from rlstruct import functional as F
 from rlstruct import keys as K
+from rlstruct.blocks.nets import MLPActorCritic
+from rlstruct.blocks.optim import Optimizer, adam, gradient_step
+from rlstruct.blocks.sampling import ActorAgent, greedy_info
 from rlstruct.envs import GymEnvInf
-from rlstruct.learn.nets import MLPActorCritic
-from rlstruct.learn.optim import Optimizer, adam, gradient_step
-from rlstruct.learn.sampling import ActorAgent, greedy_info
 from rlstruct.learners.base import LearnerGroupBase
 from rlstruct.learners.thread import LatestWeights
 from rlstruct.runs.layout import LayoutConfig
@@ -81,7 +81,7 @@ class Config(RunConfig):
 
 
 # --------------------------------------------------------------------------------------- model
-ActorCritic = MLPActorCritic  # separate actor and critic MLPs (rlstruct/learn/nets.py)
+ActorCritic = MLPActorCritic  # separate actor and critic MLPs (rlstruct/blocks/nets.py)
 
 
 # --------------------------------------------------------------------------------------- agent

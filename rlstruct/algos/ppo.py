@@ -4,7 +4,7 @@ One iteration:
 
 1. **Collect**: the training batcher steps ``B = n_processes * n_envs`` auto-reset envs
    (``GymEnvInf``) for ``T`` steps. The policy head is picked from the action space
-   (``rlstruct.learn.distributions``: softmax for Discrete; a diagonal Gaussian for Box, rescaled
+   (``rlstruct.blocks.distributions``: softmax for Discrete; a diagonal Gaussian for Box, rescaled
    and clipped into the bounds); the agent stores the env's ``action``, the head's unclipped
    ``sample``, its log-probability ``logp`` and the critic's ``value`` at every step.
 2. **Advantages**, once per batch: the critic values the TRUE next observations
@@ -37,12 +37,12 @@ from rlstruct import Agent, DictTensor, Trajectories, replay_agent_stateless
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.algos.presets import PPO_PRESETS
+from rlstruct.blocks import normalization
+from rlstruct.blocks.distributions import space_spec
+from rlstruct.blocks.nets import CNNActorCritic, HeadActorCritic, head_actor_critic
+from rlstruct.blocks.optim import Optimizer, adam, gradient_step
+from rlstruct.blocks.sampling import PolicyAgent, greedy_info
 from rlstruct.envs import GymEnvInf
-from rlstruct.learn import normalization
-from rlstruct.learn.distributions import space_spec
-from rlstruct.learn.nets import CNNActorCritic, HeadActorCritic, head_actor_critic
-from rlstruct.learn.optim import Optimizer, adam, gradient_step
-from rlstruct.learn.sampling import PolicyAgent, greedy_info
 from rlstruct.runs.resolve import run_cli
 from rlstruct.runs.run import Run, RunConfig
 
@@ -104,7 +104,7 @@ def model_factory(run: Run, cfg: Config) -> partial[HeadActorCritic | CNNActorCr
 
 
 # --------------------------------------------------------------------------------------- agent
-# Memoryless (rlstruct/learn/sampling.py): stores the env's action, the head's unclipped sample,
+# Memoryless (rlstruct/blocks/sampling.py): stores the env's action, the head's unclipped sample,
 # its logp and the value; replayed on the learner it returns the head's params and the value.
 PPOAgent = PolicyAgent
 

@@ -28,10 +28,10 @@ from rlstruct import Agent, DictTensor, Trajectories, replay_agent_stateless
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.batchers import Batcher, SerialBatcher
+from rlstruct.blocks.nets import mlp
+from rlstruct.blocks.optim import adam, gradient_step
+from rlstruct.blocks.sampling import CategoricalSampler, greedy_info
 from rlstruct.envs import GymEnv
-from rlstruct.learn.nets import mlp
-from rlstruct.learn.optim import adam, gradient_step
-from rlstruct.learn.sampling import CategoricalSampler, greedy_info
 from rlstruct.runs.resolve import run_cli
 from rlstruct.runs.run import Run, RunConfig
 

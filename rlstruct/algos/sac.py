@@ -35,11 +35,11 @@ from rlstruct import Agent, DictTensor
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.algos.presets import SAC_PRESETS
+from rlstruct.blocks.distributions import make_head, space_from_spec, space_spec
+from rlstruct.blocks.optim import adam, gradient_step
+from rlstruct.blocks.replay_buffer import ReplayBuffer, ReplayCheckpoint, replay_memory_problems
+from rlstruct.blocks.sampling import HeadSampler, greedy_info
 from rlstruct.envs import GymEnvInf
-from rlstruct.learn.distributions import make_head, space_from_spec, space_spec
-from rlstruct.learn.optim import adam, gradient_step
-from rlstruct.learn.replay_buffer import ReplayBuffer, ReplayCheckpoint, replay_memory_problems
-from rlstruct.learn.sampling import HeadSampler, greedy_info
 from rlstruct.runs.layout import LayoutConfig
 from rlstruct.runs.resolve import run_cli
 from rlstruct.runs.run import Run, RunConfig

@@ -3,7 +3,7 @@
 One iteration:
 
 1. **Collect**: the training batcher steps ``B = n_processes * n_envs`` auto-reset envs for
-   ``T`` steps with the current policy ``pi_old`` (a head of :mod:`rlstruct.learn.distributions`,
+   ``T`` steps with the current policy ``pi_old`` (a head of :mod:`rlstruct.blocks.distributions`,
    picked from the action space); the agent stores the env's ``action`` and the head's unclipped
    ``sample``. With ``--normalize-obs`` the running observation statistics are updated from the
    batch first; they are buffers of the model, so they travel with the weights.
@@ -49,12 +49,12 @@ from rlstruct import Trajectories
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.algos.presets import TRPO_PRESETS
+from rlstruct.blocks.distributions import space_spec
+from rlstruct.blocks.nets import HeadActorCritic, head_actor_critic
+from rlstruct.blocks.optim import adam, gradient_step
+from rlstruct.blocks.sampling import PolicyAgent, greedy_info
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ShapeError
-from rlstruct.learn.distributions import space_spec
-from rlstruct.learn.nets import HeadActorCritic, head_actor_critic
-from rlstruct.learn.optim import adam, gradient_step
-from rlstruct.learn.sampling import PolicyAgent, greedy_info
 from rlstruct.learners.rank import RankContext
 from rlstruct.runs.resolve import run_cli
 from rlstruct.runs.run import Run, RunConfig
@@ -106,9 +106,9 @@ class Config(RunConfig):
 
 
 # ---------------------------------------------------------------------------- model and agent
-# HeadActorCritic (rlstruct/learn/nets.py): actor MLP ending in the policy head, critic MLP,
+# HeadActorCritic (rlstruct/blocks/nets.py): actor MLP ending in the policy head, critic MLP,
 # optional
-# RunningNorm; PolicyAgent (rlstruct/learn/sampling.py) stores action, sample, logp and value.
+# RunningNorm; PolicyAgent (rlstruct/blocks/sampling.py) stores action, sample, logp and value.
 def critic_adam(params: Iterable[Tensor], device: Any = None, *, lr: float,
                 n_critic: int) -> torch.optim.Optimizer:
     """Adam over the critic: the last ``n_critic`` of ``HeadActorCritic.parameters()`` (the

@@ -18,11 +18,11 @@ import torch
 from rlstruct.algos import a2c as _a2c
 from rlstruct.algos import impala as _impala
 from rlstruct.algos import ppo as _ppo
+from rlstruct.blocks.distributions import space_spec
+from rlstruct.blocks.nets import head_actor_critic
+from rlstruct.blocks.optim import adam, gradient_step
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
-from rlstruct.learn.distributions import space_spec
-from rlstruct.learn.nets import head_actor_critic
-from rlstruct.learn.optim import adam, gradient_step
 from rlstruct.learners.local import LocalLearner
 from rlstruct.learners.rank import algorithm_learn
 from rlstruct.runs.run import env_spaces

@@ -12,7 +12,7 @@
 so its observation is ``Box(0, 255, (frame_stack, screen_size, screen_size), uint8)``: the
 VecEnv's ``frame`` is ``(N, 4, 84, 84)`` uint8 by default, and a batcher stores it as uint8
 (``(B, T, 4, 84, 84)``, 28 224 bytes per observation). Nothing is scaled or cast to float on
-the way: a network divides by 255 itself (:class:`~rlstruct.learn.nets.CNNActorCritic` does).
+the way: a network divides by 255 itself (:class:`~rlstruct.blocks.nets.CNNActorCritic` does).
 
 Preprocessing (gymnasium's ``AtariPreprocessing``, after Machado et al. 2018): the base env
 runs at ``frameskip=1``; the wrapper repeats each action ``frame_skip`` times, summing the

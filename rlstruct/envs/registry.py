@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import math
 from collections.abc import Callable, Sequence
@@ -31,6 +32,7 @@ import gymnasium as gym
 from rlstruct.errors import ConfigError
 
 __all__ = [
+    "env_factory",
     "EnvModules", "env_dims", "env_id_problems", "env_module_problems", "env_shape", "env_spaces",
     "env_spec",
     "import_env_modules",
@@ -184,3 +186,14 @@ class EnvModules:
 
     def __repr__(self) -> str:
         return f"EnvModules({self.create_env!r}, {list(self.modules)})"
+
+
+def env_factory(env_id: str, backend: str = "gymnasium") -> Callable[..., gym.Env]:
+    """What makes one gymnasium env of a run's ``env_id`` as its ``env_backend`` trains on it:
+    the preprocessed Atari env for ``"atari"``, ``gym.make(env_id)`` otherwise (a ``"torch"``
+    run's env has the gymnasium spaces of its id). Keyword arguments (``render_mode``) go to it."""
+    if backend == "atari":
+        from rlstruct.envs.atari import make_atari_gym_env
+
+        return functools.partial(make_atari_gym_env, env_id)
+    return functools.partial(gym.make, env_id)

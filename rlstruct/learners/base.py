@@ -2,7 +2,7 @@
 ``submit``/``collect``, and how checkpoints see the group's model and optimizer.
 
 :class:`~rlstruct.learners.group.LearnerGroup` (ranks as processes of this node),
-:class:`~rlstruct.learners.ray.RayLearnerGroup` (ranks as Ray actors) and
+:class:`~rlstruct.learners.ray_group.RayLearnerGroup` (ranks as Ray actors) and
 :class:`~rlstruct.learners.torchrun.TorchrunLearnerGroup` (rank 0 of a torchrun world) derive
 from :class:`LearnerGroupBase`: each one starts its ranks and implements ``submit``,
 ``collect``, ``optimizer_state_dict``, ``close``, the weights after the last batch
@@ -20,8 +20,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from rlstruct.blocks.optim import Optimizer
 from rlstruct.errors import BatcherStateError, ConfigError
-from rlstruct.learn.optim import Optimizer
 from rlstruct.parallel.weights import WeightSpecs
 
 __all__ = ["LearnerGroupBase", "RankZeroOptimizer", "GroupPart", "under", "ModelFactory",
@@ -29,7 +29,7 @@ __all__ = ["LearnerGroupBase", "RankZeroOptimizer", "GroupPart", "under", "Model
 
 #: ``make_model()``: builds a rank's replica (after ``torch.manual_seed``).
 ModelFactory = Callable[[], nn.Module]
-#: ``make_optimizer(params, device=device)``, e.g. ``partial(rlstruct.learn.optim.adam, lr=1e-3)``.
+#: ``make_optimizer(params, device=device)``, e.g. ``partial(rlstruct.blocks.optim.adam, lr=1e-3)``.
 OptimizerFactory = Callable[..., Optimizer]
 #: ``learn(ctx, shard, **kwargs) -> Mapping[str, float] | None`` on each rank.
 LearnFn = Callable[..., Mapping[str, float] | None]

@@ -27,7 +27,7 @@ process Batcher's own weights ring, which ``update`` then commits without a copy
 
 The learn function runs on every rank as ``learn(ctx, shard, **kwargs)`` (``ctx``: a
 :class:`~rlstruct.learners.rank.RankContext`) and takes each gradient step with ``ctx.step``,
-which has :func:`~rlstruct.learn.optim.gradient_step`'s signature. Every rank must take the same
+which has :func:`~rlstruct.blocks.optim.gradient_step`'s signature. Every rank must take the same
 number of steps per batch. The factories and the learn function are sent with cloudpickle.
 
 One rank runs the same machinery and is bitwise equal to a single learner.
@@ -51,6 +51,7 @@ import cloudpickle
 import torch
 from torch import Tensor
 
+from rlstruct.batchers.process.processes import WORKER_PRELOAD
 from rlstruct.devices import resolve_device
 from rlstruct.dicttensor import DictTensor
 from rlstruct.errors import BatcherStateError, ConfigError, LearnerError, LearnerTimeoutError
@@ -81,7 +82,7 @@ class LearnerGroup(LearnerGroupBase):
     Args:
         make_model: builds the model (called once per rank, after ``torch.manual_seed(seed)``).
         make_optimizer: ``make_optimizer(model.parameters(), device=device)`` (e.g.
-            ``functools.partial(rlstruct.learn.optim.adam, lr=3e-4)``).
+            ``functools.partial(rlstruct.blocks.optim.adam, lr=3e-4)``).
         learn: ``learn(ctx, shard, **kwargs) -> Mapping[str, float] | None`` on each rank.
         init_state: the initial weights (e.g. the driver's ``model.state_dict()``): every rank
             loads them, and they fix the keys of :meth:`state_dict`.
@@ -370,7 +371,8 @@ class LearnerGroup(LearnerGroupBase):
 
     # ------------------------------------------------------------------ internals
     def _start(self, shards: list[dict[str, Tensor]]) -> None:
-        ctx = worker_context(start=True)  # the batchers' forkserver: torch is imported already
+        # the batchers' forkserver: torch is imported already
+        ctx = worker_context(start=True, preload=WORKER_PRELOAD)
         spec = replace(self._spec, optimizer_state=self._to_load)
         self._rings = [StagingRing(shard, self.n_slots) for shard in shards]
         for rank in range(self.n_learners):

@@ -11,7 +11,7 @@ so the one-rank path costs a function call (``benchmarks/learning.py`` measures 
 Example:
     >>> import torch
     >>> from functools import partial
-    >>> from rlstruct.learn.optim import adam, gradient_step
+    >>> from rlstruct.blocks.optim import adam, gradient_step
     >>> model = torch.nn.Linear(2, 1)
     >>> def learn(ctx, batch):
     ...     loss = ctx.model(batch).pow(2).mean()
@@ -48,10 +48,10 @@ class LocalLearner(LearnerGroupBase):
     Args:
         model: the algorithm's model, moved to ``device`` here; it learns in place (no copy).
         make_optimizer: ``make_optimizer(params, device=device)``: the one optimizer, built
-            here (e.g. ``partial(rlstruct.learn.optim.adam, lr=1e-3)``).
+            here (e.g. ``partial(rlstruct.blocks.optim.adam, lr=1e-3)``).
         learn: ``learn(ctx, batch, **kwargs) -> metrics`` (a
             :class:`~rlstruct.learners.rank.RankContext` of one rank: ``ctx.step`` is
-            :func:`~rlstruct.learn.optim.gradient_step`, the collectives return their inputs).
+            :func:`~rlstruct.blocks.optim.gradient_step`, the collectives return their inputs).
         device: the learner device; batches are moved to it.
 
     Raises:

@@ -45,8 +45,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from rlstruct.blocks.optim import Optimizer, gradient_step
 from rlstruct.devices import learner_autocast
-from rlstruct.learn.optim import Optimizer, gradient_step
 from rlstruct.learners.staging import DeviceStager, unpack
 
 __all__ = ["RankContext", "algorithm_learn"]
@@ -119,7 +119,7 @@ class RankContext:
     def step(
         self, optimizer: Optimizer, loss: Tensor, max_grad_norm: float
     ) -> Tensor | None:
-        """:func:`rlstruct.learn.optim.gradient_step` with the gradients averaged over the ranks:
+        """:func:`rlstruct.blocks.optim.gradient_step` with the gradients averaged over the ranks:
         ``zero_grad``, ``backward``, all-reduce mean, clip the global norm (0: no clipping),
         ``step``. Every rank must call it the same number of times per batch.
 
@@ -166,7 +166,7 @@ class RankContext:
         same with or without a group.
 
         Examples:
-            >>> from rlstruct.learn.optim import gradient_step
+            >>> from rlstruct.blocks.optim import gradient_step
             >>> ctx = RankContext.of(gradient_step)
             >>> x = torch.ones(2)
             >>> ctx.world_size, ctx.all_reduce_mean(x)[0] is x, ctx.all_gather_rows(x) is x

@@ -19,17 +19,16 @@ import multiprocessing.forkserver
 import os
 import signal
 import sys
+from collections.abc import Sequence
 
 import torch.multiprocessing as tmp
 
-__all__ = ["worker_context", "FORKSERVER_MAX_FDS", "PRELOAD"]
+__all__ = ["worker_context", "FORKSERVER_MAX_FDS"]
 
 #: The forkserver hands at most 256 descriptors to a new process (multiprocessing's limit);
 #: a buffer with more shared tensors starts its workers with ``spawn`` instead.
 FORKSERVER_MAX_FDS = 240
 
-#: Modules the forkserver imports once, so that workers forked from it start without importing.
-PRELOAD = ["rlstruct.parallel.context", "rlstruct.batchers.process.worker", "rlstruct.envs"]
 
 
 def _in_forkserver() -> bool:
@@ -49,17 +48,23 @@ if _in_forkserver():
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def worker_context(start: bool = False) -> multiprocessing.context.BaseContext:
-    """The multiprocessing context workers start from: a forkserver with torch and rlstruct
-    preloaded where the platform has one (Linux, macOS), ``spawn`` elsewhere.
+def worker_context(
+    start: bool = False, preload: Sequence[str] = ()
+) -> multiprocessing.context.BaseContext:
+    """The multiprocessing context workers start from: a forkserver with torch, this module and
+    ``preload`` imported where the platform has one (Linux, macOS), ``spawn`` elsewhere.
 
     Args:
         start: start the forkserver now if it is not running (it imports its preload list in
             the background while the caller goes on; the first worker start waits for it).
+        preload: the modules the workers run, imported once by the forkserver so that workers
+            forked from it start without importing them (the caller names them: this module
+            sits below every one of them). The list of the call that starts the forkserver is
+            the one it keeps.
     """
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = tmp.get_context("forkserver")
-        ctx.set_forkserver_preload(PRELOAD)
+        ctx.set_forkserver_preload([__name__, *preload])
         if start:
             multiprocessing.forkserver.ensure_running()
         return ctx

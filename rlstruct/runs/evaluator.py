@@ -27,12 +27,12 @@ import torch
 
 from rlstruct.agent import Agent
 from rlstruct.batchers import Batcher, SerialBatcher
+from rlstruct.batchers.make import checked_agent_factory
 from rlstruct.devices import is_accelerator, resolve_device
 from rlstruct.dicttensor import DeviceLike, DictTensor
 from rlstruct.envs import GymEnv
 from rlstruct.envs.registry import EnvModules, env_spec, import_env_modules
 from rlstruct.runs.episodes import EpisodeTracker
-from rlstruct.runs.layout import checked_agent_factory
 
 __all__ = ["Evaluator"]
 

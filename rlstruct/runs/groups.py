@@ -46,7 +46,7 @@ def learner_group(
         group = run._stack.enter_context(torchrun_group(
             run.algo, layout, make_model, make_optimizer, rank_learn, model, run.device))
     elif layout.learner_backend == "ray":  # ranks as Ray actors, placed by Ray
-        from rlstruct.learners.ray import RayLearnerGroup
+        from rlstruct.learners.ray_group import RayLearnerGroup
 
         group = run._stack.enter_context(RayLearnerGroup(
             make_model, make_optimizer, rank_learn, model.state_dict(),

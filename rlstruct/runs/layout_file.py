@@ -1,6 +1,6 @@
-"""Layout files read back: the tuner's pick as JSON
-(:func:`rlstruct.tools.tune.layout_file.write_layout`), read by :func:`read_layout` and applied
-to a run config by :func:`apply_layout` (``--layout``).
+"""Layout files: the tuner's pick as JSON, written by :func:`write_layout` (``rlstruct tune
+--out``), read by :func:`read_layout` and applied to a run config by :func:`apply_layout`
+(``--layout``).
 
 The file holds :class:`~rlstruct.runs.layout.LayoutConfig`'s fields plus ``n_timesteps`` (and the
 measurements under ``"tuned"``).
@@ -18,7 +18,8 @@ from typing import Any
 from rlstruct.errors import ConfigError
 from rlstruct.runs.layout import LayoutConfig
 
-__all__ = ["TUNED_FIELDS", "TunedLayout", "read_layout", "layout_from_json", "apply_layout"]
+__all__ = ["TUNED_FIELDS", "TunedLayout", "write_layout", "read_layout", "layout_from_json",
+           "apply_layout"]
 
 #: The layout fields the tuner chooses (the others of LayoutConfig are copied from a base).
 TUNED_FIELDS: tuple[str, ...] = ("batcher_device", "n_processes", "n_envs", "pipeline")
@@ -39,7 +40,7 @@ class TunedLayout:
     tuned: dict[str, Any] = field(default_factory=dict)
 
     def batcher_kwargs(self) -> dict[str, Any]:
-        """The layout keyword arguments of :func:`~rlstruct.runs.layout.make_batcher`
+        """The layout keyword arguments of :func:`~rlstruct.batchers.make.make_batcher`
         (``device``, ``n_processes``, ``n_timesteps``, ``pipeline``, ``check_devices``); the
         env's ``n_envs`` is ``layout.n_envs``."""
         return {"device": self.layout.batcher_device, "n_processes": self.layout.n_processes,
@@ -47,8 +48,28 @@ class TunedLayout:
                 "check_devices": self.layout.check_devices}
 
 
+def write_layout(path: str | os.PathLike, pick: TunedLayout) -> Path:
+    """Writes a layout file: ``pick.layout``'s fields, ``n_timesteps``, and ``"tuned"`` (the
+    measurements); :func:`read_layout` reads it back as the same :class:`TunedLayout`.
+
+    Args:
+        path: the file.
+        pick: the layout, ``T`` and the measurements
+            (:func:`rlstruct.tools.tune.searches.tuned_layout` makes one of a tuner's result).
+
+    Returns:
+        The path written.
+    """
+    data: dict[str, Any] = dataclasses.asdict(pick.layout)
+    data["n_timesteps"] = pick.n_timesteps
+    data["tuned"] = dict(pick.tuned)
+    path = Path(path)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
 def read_layout(path: str | os.PathLike) -> TunedLayout:
-    """Reads a file of :func:`~rlstruct.tools.tune.layout_file.write_layout` (or any JSON of
+    """Reads a file of :func:`write_layout` (or any JSON of
     LayoutConfig fields and an optional ``n_timesteps``; a missing field keeps LayoutConfig's
     default).
 
@@ -96,7 +117,7 @@ def apply_layout(cfg: Any, path: str | os.PathLike) -> Any:
 
     Args:
         cfg: a :class:`~rlstruct.runs.run.RunConfig` (anything with ``layout`` and ``n_timesteps``).
-        path: a file of :func:`~rlstruct.tools.tune.layout_file.write_layout`.
+        path: a file of :func:`write_layout`.
     """
     tuned = read_layout(path)
     cfg.layout = dataclasses.replace(

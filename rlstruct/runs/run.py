@@ -48,6 +48,7 @@ import torch
 
 from rlstruct.agent import Agent
 from rlstruct.batchers import Batcher, SerialBatcher
+from rlstruct.batchers.make import make_batcher
 from rlstruct.checks import CheckDevice
 from rlstruct.devices import resolve_device
 from rlstruct.dicttensor import DictTensor
@@ -62,7 +63,6 @@ from rlstruct.runs import checkpoint as ckpt
 from rlstruct.runs.config import RunConfig
 from rlstruct.runs.episodes import EpisodeTracker
 from rlstruct.runs.evaluator import Evaluator
-from rlstruct.runs.layout import make_batcher
 from rlstruct.runs.lock import FolderGuard
 from rlstruct.runs.logger import RunLogger, config_to_dict
 from rlstruct.runs.monitor import ResourceMonitor
@@ -90,7 +90,7 @@ class Run:
         obs_shape: the observation's shape (``(4, 84, 84)`` for Atari); ``obs_dim``: its
             flattened size.
         action_space: the single-env action space (``Discrete``, ``Box``...); pick the policy
-            head from it (:func:`rlstruct.learn.distributions.make_head`).
+            head from it (:func:`rlstruct.blocks.distributions.make_head`).
         logger: the :class:`~rlstruct.runs.logger.RunLogger`.
         frames: environment frames recorded so far; ``iteration``: :meth:`end_iteration` calls.
         stopped_by: ``None`` while the run goes on, then ``"target_return"``, ``"max_frames"``,
@@ -180,7 +180,7 @@ class Run:
         agent_info: DictTensor | None = None,
         pipelined: bool = True,
     ) -> Batcher | SerialBatcher:
-        """The training batcher of the layout (:func:`~rlstruct.runs.layout.make_batcher`):
+        """The training batcher of the layout (:func:`~rlstruct.batchers.make.make_batcher`):
         ``n_envs`` envs ``create_env(env=env_id, n_envs=...)`` per process, seeded with
         ``seed``; closed with the run.
 
@@ -283,7 +283,7 @@ class Run:
         ``model`` itself, on the learner device, in this process (``run.out_of_time`` reaches
         a ``learn`` that takes ``out_of_time``). ``--n-learners N`` (or ``--learner-devices``):
         a :class:`~rlstruct.learners.group.LearnerGroup` of N processes;
-        ``--learner-backend ray``: a :class:`~rlstruct.learners.ray.RayLearnerGroup`; under
+        ``--learner-backend ray``: a :class:`~rlstruct.learners.ray_group.RayLearnerGroup`; under
         torchrun, rank 0's :func:`~rlstruct.learners.torchrun.torchrun_group`. Closed with the
         run. Checkpoints hold the group's (rank 0's) model as ``model`` and its optimizer as
         ``optimizer``.

@@ -28,12 +28,12 @@ import gymnasium as gym
 
 from rlstruct.batchers import SerialBatcher
 from rlstruct.envs import GymEnv
-from rlstruct.envs.registry import env_spec, import_env_modules
+from rlstruct.envs.registry import env_factory, env_spec, import_env_modules
 from rlstruct.errors import ConfigError
 from rlstruct.runs.checkpoint import load_checkpoint, rebuild_agent
 from rlstruct.runs.episodes import EpisodeTracker
 
-__all__ = ["evaluate", "describe", "env_factory", "VIDEO_HINT"]
+__all__ = ["evaluate", "describe", "VIDEO_HINT"]
 
 #: What ``--video`` prints when gymnasium's RecordVideo cannot run here.
 VIDEO_HINT = ("--video needs moviepy, which gymnasium's RecordVideo uses to write the files "
@@ -124,17 +124,6 @@ def describe(returns: list[float], state: dict[str, Any], checkpoint: str) -> st
     return (f"{state.get('algo', '?')} {env}, {checkpoint}.pt at {state.get('frames', 0):,} "
             f"frames: {n} greedy episodes, return {mean:.2f} ± {std:.2f} "
             f"(min {min(returns):.2f}, max {max(returns):.2f})")
-
-
-def env_factory(env_id: str, backend: str = "gymnasium") -> Callable[..., gym.Env]:
-    """What makes one gymnasium env of a run's ``env_id`` as its ``env_backend`` trains on it:
-    the preprocessed Atari env for ``"atari"``, ``gym.make(env_id)`` otherwise (a ``"torch"``
-    run's env has the gymnasium spaces of its id). Keyword arguments (``render_mode``) go to it."""
-    if backend == "atari":
-        from rlstruct.envs.atari import make_atari_gym_env
-
-        return functools.partial(make_atari_gym_env, env_id)
-    return functools.partial(gym.make, env_id)
 
 
 def _render_problem(make: Callable[..., gym.Env]) -> str | None:

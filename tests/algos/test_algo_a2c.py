@@ -14,7 +14,7 @@ from support.trajectory_builders import collect, gae_by_loops, steps
 from rlstruct import DictTensor, Trajectories, replay_agent
 from rlstruct import keys as K
 from rlstruct.algos import a2c
-from rlstruct.learn.distributions import CategoricalHead
+from rlstruct.blocks.distributions import CategoricalHead
 from rlstruct.runs.layout import LayoutConfig
 
 

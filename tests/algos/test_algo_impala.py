@@ -17,9 +17,9 @@ from rlstruct import CheckDevice
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.algos import impala
+from rlstruct.blocks.optim import adam
+from rlstruct.blocks.sampling import ActorAgent
 from rlstruct.errors import ConfigError, DeviceContractError, LearnerError
-from rlstruct.learn.optim import adam
-from rlstruct.learn.sampling import ActorAgent
 from rlstruct.learners.local import LocalLearner
 from rlstruct.learners.rank import algorithm_learn
 from rlstruct.runs.layout import LayoutConfig

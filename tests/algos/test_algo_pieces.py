@@ -12,11 +12,11 @@ import torch
 from rlstruct import Agent, DictTensor, TemporalDictTensor, Trajectories, replay_agent_stateless
 from rlstruct import functional as F
 from rlstruct import keys as K
+from rlstruct.blocks.nets import MLPActorCritic
+from rlstruct.blocks.optim import adam
+from rlstruct.blocks.sampling import GREEDY, ActorAgent, CategoricalSampler, greedy_info
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError, ShapeError
-from rlstruct.learn.nets import MLPActorCritic
-from rlstruct.learn.optim import adam
-from rlstruct.learn.sampling import GREEDY, ActorAgent, CategoricalSampler, greedy_info
 from rlstruct.runs.layout import LayoutConfig
 from rlstruct.runs.run import Run, RunConfig
 

@@ -18,9 +18,9 @@ from support.trajectory_builders import collect, gae_by_loops, steps
 from rlstruct import DictTensor, Trajectories, replay_agent_stateless
 from rlstruct import keys as K
 from rlstruct.algos import ppo
+from rlstruct.blocks.distributions import make_head
+from rlstruct.blocks.nets import HeadActorCritic
 from rlstruct.errors import ConfigError, DeviceContractError
-from rlstruct.learn.distributions import make_head
-from rlstruct.learn.nets import HeadActorCritic
 from rlstruct.runs.layout import LayoutConfig
 
 

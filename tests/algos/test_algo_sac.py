@@ -17,10 +17,10 @@ from support.algo_runs import check_run_dir, run_algo
 from rlstruct import DictTensor
 from rlstruct.algos import sac
 from rlstruct.batchers import SerialBatcher
+from rlstruct.blocks.distributions import space_spec
+from rlstruct.blocks.replay_buffer import ReplayBuffer
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
-from rlstruct.learn.distributions import space_spec
-from rlstruct.learn.replay_buffer import ReplayBuffer
 from rlstruct.runs.layout import LayoutConfig
 from rlstruct.runs.resolve import resolve
 

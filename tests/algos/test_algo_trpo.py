@@ -15,11 +15,11 @@ from torch.nn.utils import parameters_to_vector
 
 from rlstruct import SerialBatcher
 from rlstruct.algos import trpo
+from rlstruct.blocks.distributions import make_head
+from rlstruct.blocks.nets import HeadActorCritic
+from rlstruct.blocks.sampling import PolicyAgent
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
-from rlstruct.learn.distributions import make_head
-from rlstruct.learn.nets import HeadActorCritic
-from rlstruct.learn.sampling import PolicyAgent
 from rlstruct.runs.layout import LayoutConfig
 from rlstruct.runs.resolve import resolve
 

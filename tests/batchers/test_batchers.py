@@ -16,11 +16,11 @@ from support.agents import DeterministicAgent, RecurrentAgent
 from support.batcher_helpers import GreedyMLPAgent, InfoAgent, counter_env
 
 from rlstruct import keys as K
+from rlstruct.agent_replay import replay_agent
 from rlstruct.batchers import Batcher, SerialBatcher
 from rlstruct.batchers.seeding import SEED_BLOCK, env_seed_bases
 from rlstruct.dicttensor import DictTensor
 from rlstruct.errors import BatcherStateError, ConfigError
-from rlstruct.replay import replay_agent
 
 # Test helpers live in tests/, which spawned workers cannot import: send them by value.
 

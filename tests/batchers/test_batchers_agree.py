@@ -17,8 +17,8 @@ from support.batcher_helpers import counter_env
 
 from rlstruct.batchers import Batcher, SerialBatcher
 from rlstruct.batchers.base import BatcherBase
+from rlstruct.batchers.make import make_batcher
 from rlstruct.errors import ConfigError
-from rlstruct.runs.layout import make_batcher
 
 cloudpickle.register_pickle_by_value(agents)
 cloudpickle.register_pickle_by_value(batcher_helpers)

@@ -250,10 +250,10 @@ def test_without_ray_the_import_error_says_how_to_install(monkeypatch):
         exec("from rlstruct.batchers import RayBatcher", {})
     # A fresh import of the backend module itself works (doctest collection, API docs) and its
     # constructor says the same.
-    names = ("rlstruct.parallel.ray", "rlstruct.batchers.ray.batcher")
+    names = ("rlstruct.parallel.ray_cluster", "rlstruct.batchers.ray.batcher")
     saved = {name: sys.modules.pop(name) for name in names}
     packages = (sys.modules["rlstruct.parallel"], sys.modules["rlstruct.batchers.ray"])
-    for package, name in zip(packages, ("ray", "batcher")):  # undone after the test
+    for package, name in zip(packages, ("ray_cluster", "batcher")):  # undone after the test
         monkeypatch.setattr(package, name, saved[f"{package.__name__}.{name}"])
     try:
         import rlstruct.batchers.ray.batcher as fresh
@@ -266,7 +266,7 @@ def test_without_ray_the_import_error_says_how_to_install(monkeypatch):
 
 
 def test_nothing_else_in_rlstruct_imports_ray():
-    backend = REPO / "rlstruct" / "parallel" / "ray.py"
+    backend = REPO / "rlstruct" / "parallel" / "ray_cluster.py"
     importers = []
     for path in sorted((REPO / "rlstruct").rglob("*.py")):
         if path == backend:

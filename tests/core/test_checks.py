@@ -16,10 +16,10 @@ from support.agents import (
 )
 
 from rlstruct.agent import Agent
+from rlstruct.agent_replay import replay_agent, replay_agent_stateless
 from rlstruct.checks import CheckDevice
 from rlstruct.dicttensor import DictTensor
 from rlstruct.errors import DeviceContractError
-from rlstruct.replay import replay_agent, replay_agent_stateless
 
 META = torch.device("meta")
 CPU = torch.device("cpu")

@@ -22,6 +22,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from rlstruct.blocks.functional import discounted_returns
 from rlstruct.compat import (
     DictTensor,
     GymEnv,
@@ -33,7 +34,6 @@ from rlstruct.compat import (
     replay_agent,
 )
 from rlstruct.errors import ConfigError
-from rlstruct.learn.functional import discounted_returns
 
 CONFIG: dict[str, Any] = {
     "env_name": "CartPole-v1",
@@ -306,7 +306,7 @@ class Reinforce:
         future[:, T - 1] = reward[:, T - 1]
         for t in range(T - 2, -1, -1):
             future[:, t] = reward[:, t] + self.config["discount_factor"] * future[:, t + 1]
-        # rlstruct.learn.functional computes the same returns in one call.
+        # rlstruct.blocks.functional computes the same returns in one call.
         assert torch.allclose(
             future,
             discounted_returns(

@@ -15,12 +15,12 @@ import torch
 from rlstruct import DictTensor, SerialBatcher
 from rlstruct import keys as K
 from rlstruct.algos import sac, trpo
+from rlstruct.blocks.distributions import space_spec
+from rlstruct.blocks.nets import head_actor_critic
+from rlstruct.blocks.optim import adam, gradient_step
+from rlstruct.blocks.sampling import PolicyAgent
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
-from rlstruct.learn.distributions import space_spec
-from rlstruct.learn.nets import head_actor_critic
-from rlstruct.learn.optim import adam, gradient_step
-from rlstruct.learn.sampling import PolicyAgent
 from rlstruct.learners.base import under
 from rlstruct.learners.group import LearnerGroup
 from rlstruct.learners.rank import RankContext, algorithm_learn

@@ -1,5 +1,5 @@
-"""rlstruct.learners.ray: learner ranks as Ray actors on the local loopback cluster (a head node
-with 2 CPUs and a ``learner`` resource), beside nothing else: two ranks on half the rows each
+"""rlstruct.learners.ray_group: learner ranks as Ray actors on the local loopback cluster (a head
+node with 2 CPUs and a ``learner`` resource), beside nothing else: two ranks on half the rows each
 equal one learner on the whole batch, and failures are named by rank. Skipped without Ray."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from rlstruct.errors import LearnerError
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install rlstruct[ray]")
 
-from rlstruct.learners.ray import RayLearnerGroup  # noqa: E402
+from rlstruct.learners.ray_group import RayLearnerGroup  # noqa: E402
 
 cloudpickle.register_pickle_by_value(learner_fns)
 pytestmark = pytest.mark.slow

@@ -31,7 +31,7 @@ PROBE = textwrap.dedent("""
     from rlstruct.algos import ppo
     from rlstruct import DictTensor
     from rlstruct.runs.layout import LayoutConfig
-    from rlstruct.learn.optim import adam
+    from rlstruct.blocks.optim import adam
     from rlstruct.runs.run import Run
 
     def probe(model, optimizer, batch, cfg, step):

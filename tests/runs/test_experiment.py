@@ -10,9 +10,10 @@ from support.agents import DeterministicAgent
 from support.batcher_helpers import counter_env
 
 from rlstruct.batchers import Batcher, SerialBatcher
+from rlstruct.batchers.make import make_batcher
 from rlstruct.checks import CheckDevice
 from rlstruct.errors import ConfigError, DeviceContractError
-from rlstruct.runs.layout import LayoutConfig, make_batcher
+from rlstruct.runs.layout import LayoutConfig
 
 
 def build(device, n_processes, **kw):

@@ -10,8 +10,9 @@ from support.agents import DeterministicAgent
 from support.batcher_helpers import counter_env
 
 from rlstruct.batchers import Batcher
+from rlstruct.batchers.make import make_batcher
 from rlstruct.errors import ConfigError
-from rlstruct.runs.layout import LayoutConfig, make_batcher
+from rlstruct.runs.layout import LayoutConfig
 
 cloudpickle.register_pickle_by_value(agents)
 cloudpickle.register_pickle_by_value(batcher_helpers)

@@ -118,7 +118,7 @@ def test_a_config_error_while_the_run_sets_up_exits_2_and_leaves_no_folder(tmp_p
 
 
 def test_a_ray_cluster_that_cannot_be_joined_is_one_message_that_says_what_to_do():
-    from rlstruct.parallel.ray import RaySession
+    from rlstruct.parallel.ray_cluster import RaySession
 
     class Unjoinable:
         @staticmethod

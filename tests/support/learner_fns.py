@@ -13,8 +13,8 @@ from torch import nn
 from rlstruct import DictTensor
 from rlstruct import keys as K
 from rlstruct.algos import ppo
-from rlstruct.learn.nets import head_actor_critic
-from rlstruct.learn.optim import gradient_step
+from rlstruct.blocks.nets import head_actor_critic
+from rlstruct.blocks.optim import gradient_step
 
 N_STEPS = 5
 

@@ -1,4 +1,4 @@
-"""rlstruct/tools/policy.py: ``rlstruct.load_policy(run_dir).act(obs)`` on the checkpoint of
+"""rlstruct/runs/policy.py: ``rlstruct.load_policy(run_dir).act(obs)`` on the checkpoint of
 every algorithm (tiny runs trained in this process with a SerialBatcher; the pipelined ones,
 learner groups in worker processes, slow), Atari frames, one observation and batches, greedy and
 sampled actions, devices, a recurrent policy's memory, and the typed errors."""
@@ -22,7 +22,7 @@ from rlstruct import DictTensor
 from rlstruct.agent import Agent
 from rlstruct.errors import CheckpointError, ConfigError, ShapeError, SpaceError
 from rlstruct.runs.layout import LayoutConfig
-from rlstruct.tools.policy import Policy, load_policy
+from rlstruct.runs.policy import Policy, load_policy
 
 #: name: (algorithm, env, frames, Config arguments); trained in this process, once per module.
 RUNS = {

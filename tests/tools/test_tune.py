@@ -10,8 +10,10 @@ import time
 import pytest
 import torch
 
+from rlstruct.batchers.make import make_batcher
 from rlstruct.errors import ConfigError
-from rlstruct.runs.layout import LayoutConfig, make_batcher
+from rlstruct.runs.layout import LayoutConfig
+from rlstruct.runs.layout_file import apply_layout, layout_from_json, read_layout, write_layout
 from rlstruct.runs.run import RunConfig
 from rlstruct.tools.tune import (
     AXES,
@@ -19,15 +21,12 @@ from rlstruct.tools.tune import (
     BatcherMeasure,
     Candidate,
     Measurement,
-    apply_layout,
     candidate_grid,
     grid_search,
-    layout_from_json,
     main,
-    read_layout,
     search,
     tune_algo,
-    write_layout,
+    tuned_layout,
 )
 from rlstruct.tools.tune.searches import paired_winner
 
@@ -199,7 +198,7 @@ def test_axes_cover_every_field_of_a_candidate():
 def test_layout_file_round_trip(tmp_path):
     result = search(GRID, FakeMeasure(), budget_s=20.0, probe_s=0.5)
     base = LayoutConfig(learner_device="cpu", eval_device="cpu", check_devices=True)
-    path = write_layout(tmp_path / "tune.json", result, base, algo="ppo")
+    path = write_layout(tmp_path / "tune.json", tuned_layout(result, base, algo="ppo"))
     data = json.loads(path.read_text())
     assert data["n_timesteps"] == result.best.n_timesteps
     assert data["tuned"]["algo"] == "ppo" and data["tuned"]["steps_per_s"] > 0
@@ -219,7 +218,7 @@ def test_layout_file_round_trip(tmp_path):
 def test_layout_file_feeds_make_batcher(tmp_path):
     from rlstruct.envs import GymEnvInf
 
-    path = write_layout(tmp_path / "tune.json", Candidate(1, 3, 5))
+    path = write_layout(tmp_path / "tune.json", tuned_layout(Candidate(1, 3, 5)))
     tuned = read_layout(path)
     with make_batcher(**tuned.batcher_kwargs(), create_agent=_agent, agent_args={},
                       create_env=GymEnvInf,

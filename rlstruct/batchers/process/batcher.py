@@ -29,7 +29,7 @@ import torch.multiprocessing as tmp
 from rlstruct.batchers.base import Phase, serialized
 from rlstruct.batchers.buffer import SlotBuffer, Specs
 from rlstruct.batchers.pool import WorkerPool, worker_error
-from rlstruct.batchers.process.processes import send_close, shutdown
+from rlstruct.batchers.process.processes import WORKER_PRELOAD, send_close, shutdown
 from rlstruct.batchers.process.worker import Command, Reply, WorkerSpec, worker_main
 from rlstruct.dicttensor import DeviceLike, DictTensor
 from rlstruct.errors import WorkerError
@@ -120,7 +120,7 @@ class Batcher(WorkerPool):
 
     def _before_probe(self) -> None:
         # The forkserver imports torch and rlstruct while the probe runs.
-        self._contexts.append(worker_context(start=True))
+        self._contexts.append(worker_context(start=True, preload=WORKER_PRELOAD))
 
     def _start(self, device: DeviceLike, step_specs: Specs, info_specs: Specs) -> None:
         ctx = self._contexts.pop()

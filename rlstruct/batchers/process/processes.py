@@ -16,7 +16,11 @@ from rlstruct.batchers.pool import CLOSE_GRACE_S
 from rlstruct.batchers.process.worker import Command
 from rlstruct.parallel import transport
 
-__all__ = ["send_close", "shutdown"]
+__all__ = ["WORKER_PRELOAD", "send_close", "shutdown"]
+
+#: What the forkserver imports once for the workers of a Batcher and the learner ranks
+#: (:func:`~rlstruct.parallel.context.worker_context`'s ``preload``).
+WORKER_PRELOAD = ("rlstruct.batchers.process.worker", "rlstruct.envs")
 
 def send_close(conns: list[Connection], skip: Sequence[int] = ()) -> None:
     """Asks every worker to leave; never waits more than a few milliseconds in all."""

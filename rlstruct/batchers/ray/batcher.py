@@ -11,7 +11,7 @@ Weights travel once per ``update`` through Ray's object store
 
 This module holds what needs Ray: the actor class and the driver, the transport of a
 :class:`~rlstruct.batchers.pool.WorkerPool` (start, call, wait, kill); the connection
-(:mod:`~rlstruct.parallel.ray`), wire format (:mod:`~rlstruct.batchers.ray.wire`) and
+(:mod:`~rlstruct.parallel.ray_cluster`), wire format (:mod:`~rlstruct.batchers.ray.wire`) and
 option checks (:mod:`~rlstruct.batchers.ray.options`) have modules of their own, given the Ray
 module by this one: nothing else in rlstruct imports Ray
 (``from rlstruct.batchers import RayBatcher`` imports it on demand). Without Ray installed the
@@ -41,8 +41,8 @@ from rlstruct.batchers.ray.updates import UpdateLog
 from rlstruct.batchers.ray.wire import from_wire, readonly_ok, to_wire
 from rlstruct.dicttensor import DeviceLike, DictTensor
 from rlstruct.errors import WorkerError
-from rlstruct.parallel.ray import SESSION as _SESSION
-from rlstruct.parallel.ray import ray, require_ray
+from rlstruct.parallel.ray_cluster import SESSION as _SESSION
+from rlstruct.parallel.ray_cluster import ray, require_ray
 from rlstruct.parallel.transport import to_cpu_bytes
 from rlstruct.trajectories import Trajectories
 
@@ -123,7 +123,7 @@ class RayBatcher(WorkerPool):
     The cluster: without ``address``, ``RAY_ADDRESS`` or a connection, the batcher starts a
     local, loopback-only cluster of ``max(cpu_count, P * num_cpus_per_actor)`` CPUs and shuts it
     down at ``close()`` (the last RayBatcher sharing it does); a running cluster is never shut
-    down, only this batcher's actors are killed (:mod:`~rlstruct.parallel.ray`).
+    down, only this batcher's actors are killed (:mod:`~rlstruct.parallel.ray_cluster`).
 
     Attributes:
         faults: every actor fault a restart absorbed, oldest first

@@ -43,8 +43,8 @@ One module per job: :mod:`rlstruct.tools.tune.candidates` (the layouts),
 :mod:`rlstruct.tools.tune.searches`
 (the searches over any measure), :mod:`rlstruct.tools.tune.measure` (real measurements,
 :func:`tune`),
-:mod:`rlstruct.tools.tune.layout_file` (JSON files) and :mod:`rlstruct.tools.tune.cli` (the
-command line).
+and :mod:`rlstruct.tools.tune.cli` (the command line); the layout files are
+:mod:`rlstruct.runs.layout_file`'s.
 The library imports no algorithm: an algorithm hands its factories over as an
 :class:`AlgoSetup`.
 """
@@ -52,14 +52,6 @@ The library imports no algorithm: an algorithm hands its factories over as an
 from rlstruct.tools.tune.candidates import AXES as AXES
 from rlstruct.tools.tune.candidates import Candidate, candidate_grid
 from rlstruct.tools.tune.cli import load_setup, main
-from rlstruct.tools.tune.layout_file import TUNED_FIELDS as TUNED_FIELDS
-from rlstruct.tools.tune.layout_file import (
-    TunedLayout,
-    apply_layout,
-    layout_from_json,
-    read_layout,
-    write_layout,
-)
 from rlstruct.tools.tune.measure import AlgoSetup, BatcherMeasure, tune, tune_algo
 from rlstruct.tools.tune.searches import OBJECTIVES as OBJECTIVES
 from rlstruct.tools.tune.searches import (
@@ -69,6 +61,7 @@ from rlstruct.tools.tune.searches import (
     grid_search,
     paired_winner,
     search,
+    tuned_layout,
 )
 from rlstruct.tools.tune.searches import default_probe_s as default_probe_s
 
@@ -77,7 +70,6 @@ __all__ = [
     "Measurement",
     "CandidateStats",
     "TuneResult",
-    "TunedLayout",
     "AlgoSetup",
     "BatcherMeasure",
     "candidate_grid",
@@ -86,10 +78,7 @@ __all__ = [
     "paired_winner",
     "tune",
     "tune_algo",
-    "write_layout",
-    "read_layout",
-    "layout_from_json",
-    "apply_layout",
+    "tuned_layout",
     "load_setup",
     "main",
 ]

@@ -9,8 +9,9 @@ from typing import Any
 
 import torch
 
+from rlstruct.batchers.make import default_processes
 from rlstruct.errors import ConfigError
-from rlstruct.runs.layout import LayoutConfig, default_processes
+from rlstruct.runs.layout import LayoutConfig
 
 __all__ = ["AXES", "Candidate", "candidate_grid"]
 

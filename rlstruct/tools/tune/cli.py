@@ -18,8 +18,9 @@ from typing import Annotated, Any, Literal
 import tyro
 
 from rlstruct.errors import ConfigError
-from rlstruct.tools.tune.layout_file import write_layout
+from rlstruct.runs.layout_file import write_layout
 from rlstruct.tools.tune.measure import AlgoSetup, tune_algo
+from rlstruct.tools.tune.searches import tuned_layout
 
 __all__ = ["TuneCommand", "load_setup", "main", "run"]
 
@@ -189,8 +190,8 @@ def run(args: TuneCommand) -> int:
         return 1
     learner = ("fake" if args.learn_s else "none") if not args.learner or args.learn_s or \
         setup.learn is None else "algorithm"
-    written = write_layout(args.out, result, algo=setup.name or args.algo,
-                           env_id=setup.env_id or args.env_id, learner=learner,
-                           learn_s=args.learn_s)
+    written = write_layout(args.out, tuned_layout(
+        result, algo=setup.name or args.algo, env_id=setup.env_id or args.env_id,
+        learner=learner, learn_s=args.learn_s))
     print(f"best: {result.best.label} -> {written} (use it with --layout {written})")
     return 0

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 
 from rlstruct.agent import Agent
+from rlstruct.batchers.make import make_batcher
 from rlstruct.dicttensor import DictTensor
 from rlstruct.envs.base import VecEnv
 from rlstruct.errors import ConfigError
-from rlstruct.runs.layout import make_batcher
 from rlstruct.runs.monitor import ResourceMonitor
 from rlstruct.tools.tune.candidates import Candidate, candidate_grid
 from rlstruct.tools.tune.searches import Measurement, Objective, TuneResult, search
@@ -42,7 +42,7 @@ def _torch_threads(n: int) -> Iterator[None]:
 
 class BatcherMeasure:
     """Measures a candidate for real: builds its batcher with
-    :func:`~rlstruct.runs.layout.make_batcher`, collects, closes it (``with``).
+    :func:`~rlstruct.batchers.make.make_batcher`, collects, closes it (``with``).
 
     Args:
         create_agent: ``create_agent(**agent_args) -> Agent`` (on the CPU).
@@ -205,7 +205,7 @@ def tune(
             :func:`~rlstruct.tools.tune.searches.search`).
 
     Returns:
-        The :class:`TuneResult`; ``write_layout(path, result)`` saves the pick.
+        The :class:`TuneResult`; ``write_layout(path, tuned_layout(result))`` saves the pick.
     """
     if candidates is None:
         candidates = candidate_grid(processes, n_envs_options, n_timesteps_options, pipelines,

@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rlstruct.errors import ConfigError
+from rlstruct.runs.layout import LayoutConfig
+from rlstruct.runs.layout_file import TunedLayout
 from rlstruct.tools.tune.candidates import AXES, Candidate
 
-__all__ = ["OBJECTIVES", "Measurement", "CandidateStats", "TuneResult", "MeasureFn",
+__all__ = ["tuned_layout", "OBJECTIVES", "Measurement", "CandidateStats", "TuneResult", "MeasureFn",
            "search", "grid_search", "default_probe_s", "paired_winner"]
 
 Objective = Literal["steps_per_s", "steps_per_cpu_s"]
@@ -136,7 +138,7 @@ class TuneResult:
         return "\n".join(lines)
 
     def summary(self) -> dict[str, Any]:
-        """What :func:`write_layout` stores under ``"tuned"``: objective, budget and figures."""
+        """What :func:`tuned_layout` stores under ``"tuned"``: objective, budget and figures."""
         best = self.stats[self.best]
         return {
             "objective": self.objective,
@@ -395,3 +397,23 @@ def _check(candidates: Sequence[Candidate], objective: str) -> list[Candidate]:
         raise ConfigError("no candidate layouts to measure")
     return unique
 
+
+def tuned_layout(result: TuneResult | Candidate, base: LayoutConfig | None = None,
+                 **extra: Any) -> TunedLayout:
+    """The pick of a search as a layout file's content
+    (:func:`rlstruct.runs.layout_file.write_layout` writes it).
+
+    Args:
+        result: a TuneResult (its ``best`` and figures) or a Candidate.
+        base: the fields the tuner does not choose (devices of the learner and evaluation,
+            check_devices); default ``LayoutConfig()``.
+        **extra: more entries under ``"tuned"`` (e.g. ``algo``, ``env_id``).
+
+    Returns:
+        The layout, ``T`` and, under ``tuned``, the candidate's label, the result's summary and
+        ``extra``.
+    """
+    candidate = result.best if isinstance(result, TuneResult) else result
+    figures = result.summary() if isinstance(result, TuneResult) else {}
+    return TunedLayout(candidate.layout(base), candidate.n_timesteps,
+                       {"label": candidate.label, **figures, **extra})

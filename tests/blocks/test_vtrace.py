@@ -1,4 +1,4 @@
-"""Tests of rlstruct.learn.functional.vtrace: known answers, python reference, GAE(1) identity,
+"""Tests of rlstruct.blocks.functional.vtrace: known answers, python reference, GAE(1) identity,
 errors."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
+from rlstruct.blocks.functional import VTrace, gae, valid_mask, vtrace
 from rlstruct.errors import ConfigError, ShapeError
-from rlstruct.learn.functional import VTrace, gae, valid_mask, vtrace
 
 GARBAGE = 1e9
 INF = float("inf")

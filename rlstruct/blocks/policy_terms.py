@@ -3,7 +3,7 @@ conjugate-gradient solve of TRPO's natural gradient.
 
 The first two work on logits ``(*batch, A)`` of any batch shape, on any device, with gradients
 flowing into the logits; :func:`conjugate_gradient` works on flat parameter vectors ``(D,)``.
-All three are re-exported by :mod:`rlstruct.learn.functional` (``F.categorical_entropy``...).
+All three are re-exported by :mod:`rlstruct.blocks.functional` (``F.categorical_entropy``...).
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ class CategoricalHead(ActionHead):
     """``softmax(logits)`` over ``Discrete(n, start)``: params are the logits ``(n, A)``.
 
     Samples are int64 indices ``(n,)`` drawn with ``torch.multinomial`` (the draws of
-    :class:`rlstruct.learn.sampling.CategoricalSampler` for the same generator); the env receives
+    :class:`rlstruct.blocks.sampling.CategoricalSampler` for the same generator); the env receives
     ``start + index``.
 
     Args:

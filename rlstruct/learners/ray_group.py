@@ -42,13 +42,13 @@ from rlstruct.learners.staging import pack, split_rows, unpack
 __all__ = ["RayLearnerGroup"]
 
 def _ray() -> Any:
-    """The ``ray`` module (:mod:`rlstruct.parallel.ray`, the one module of rlstruct that imports
-    it).
+    """The ``ray`` module (:mod:`rlstruct.parallel.ray_cluster`, the one module of rlstruct that
+    imports it).
 
     Raises:
         ImportError: Ray is not installed.
     """
-    from rlstruct.parallel.ray import require_ray
+    from rlstruct.parallel.ray_cluster import require_ray
 
     return require_ray("RayLearnerGroup")
 
@@ -163,7 +163,7 @@ class RayLearnerGroup(LearnerGroupBase):
                 problems.append(f"{name} must be a finite number >= 0, got {value!r}")
         self._setup("RayLearnerGroup", problems, make_model, make_optimizer, learn, init_state,
                     timeout, start_timeout, bucket_mb)
-        from rlstruct.parallel.ray import SESSION
+        from rlstruct.parallel.ray_cluster import SESSION
 
         self._session = SESSION
         self._owns_ray = self._session.acquire(address, max(1, math.ceil(n_learners * num_cpus)))

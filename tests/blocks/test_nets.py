@@ -1,4 +1,4 @@
-"""rlstruct/learn/nets.py: HeadActorCritic's two initialisations (``init="orthogonal"``, the
+"""rlstruct/blocks/nets.py: HeadActorCritic's two initialisations (``init="orthogonal"``, the
 default, and ``init="torch"``, rl-zoo's ``ortho_init=False`` that PPO's MuJoCo preset uses)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from gymnasium import spaces
 from torch import nn
 
 from rlstruct.algos import ppo
-from rlstruct.learn.distributions import space_spec
-from rlstruct.learn.nets import head_actor_critic
+from rlstruct.blocks.distributions import space_spec
+from rlstruct.blocks.nets import head_actor_critic
 
 BOX = space_spec(spaces.Box(-1.0, 1.0, (3,), np.float32))
 

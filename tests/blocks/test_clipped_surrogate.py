@@ -1,5 +1,5 @@
-"""Tests of rlstruct.learn.functional.clipped_surrogate (APPO's and PPO's objective): known answers,
-a python reference written from the case analysis of the paper, the gradient, errors."""
+"""Tests of rlstruct.blocks.functional.clipped_surrogate (APPO's and PPO's objective): known
+answers, a python reference written from the case analysis of the paper, the gradient, errors."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
+from rlstruct.blocks.functional import clipped_surrogate
 from rlstruct.errors import ConfigError, ShapeError
-from rlstruct.learn.functional import clipped_surrogate
 
 # The `device` fixture (cpu, plus cuda when available) comes from tests/conftest.py.
 

@@ -1,4 +1,4 @@
-"""Policy heads (rlstruct.learn.distributions): torch.distributions agree, the tanh correction is
+"""Policy heads (rlstruct.blocks.distributions): torch.distributions agree, the tanh correction is
 the
 Jacobian's, greedy actions are deterministic, env actions stay inside the Box."""
 
@@ -12,14 +12,14 @@ from gymnasium import spaces
 from torch import distributions as D
 
 from rlstruct import DictTensor
-from rlstruct.envs import GymEnv
-from rlstruct.errors import ConfigError, SpaceError
-from rlstruct.learn.distributions import (
+from rlstruct.blocks.distributions import (
     CategoricalHead,
     GaussianHead,
     TanhGaussianHead,
     make_head,
 )
+from rlstruct.envs import GymEnv
+from rlstruct.errors import ConfigError, SpaceError
 
 BOX = spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32))
 
@@ -259,8 +259,8 @@ def test_heads_act_on_the_gpu_inside_the_box(squash):
 
 
 def test_policy_agent_on_a_categorical_head_draws_what_actor_agent_draws():
-    from rlstruct.learn.nets import HeadActorCritic
-    from rlstruct.learn.sampling import ActorAgent, PolicyAgent
+    from rlstruct.blocks.nets import HeadActorCritic
+    from rlstruct.blocks.sampling import ActorAgent, PolicyAgent
 
     torch.manual_seed(0)
     model = HeadActorCritic(3, make_head(spaces.Discrete(4), 8), 8)
@@ -275,9 +275,9 @@ def test_policy_agent_on_a_categorical_head_draws_what_actor_agent_draws():
 
 
 def test_policy_agent_on_a_box_is_seeded_greedy_on_request_and_replays_its_params():
-    from rlstruct.learn.nets import HeadActorCritic
-    from rlstruct.learn.sampling import PolicyAgent, greedy_info
-    from rlstruct.replay import replay_agent_stateless
+    from rlstruct.agent_replay import replay_agent_stateless
+    from rlstruct.blocks.nets import HeadActorCritic
+    from rlstruct.blocks.sampling import PolicyAgent, greedy_info
 
     torch.manual_seed(0)
     model = HeadActorCritic(3, make_head(BOX, 8), 8, normalize_obs=True)

@@ -27,8 +27,8 @@ import torch
 from gymnasium.spaces import Space
 from torch import Tensor, nn
 
-from rlstruct.learn.distributions import ActionHead, CategoricalHead, make_head, space_from_spec
-from rlstruct.learn.normalization import RunningNorm
+from rlstruct.blocks.distributions import ActionHead, CategoricalHead, make_head, space_from_spec
+from rlstruct.blocks.normalization import RunningNorm
 
 __all__ = [
     "linear", "mlp", "MLPActorCritic", "HeadActorCritic", "head_actor_critic", "conv", "nature_cnn",
@@ -89,7 +89,7 @@ class MLPActorCritic(nn.Module):
 
 class HeadActorCritic(nn.Module):
     """Separate actor and critic MLPs for any action space, the actor ending in a policy head
-    (:mod:`rlstruct.learn.distributions`): ``forward(frame) -> (params (n, P), value (n,))`` and
+    (:mod:`rlstruct.blocks.distributions`): ``forward(frame) -> (params (n, P), value (n,))`` and
     ``value(frame) -> (n,)``, the interface of :class:`MLPActorCritic` with the head's params in
     place of the logits (for a categorical head they ARE the logits).
 
@@ -115,7 +115,7 @@ class HeadActorCritic(nn.Module):
     Examples:
         >>> import numpy as np
         >>> from gymnasium import spaces
-        >>> from rlstruct.learn.distributions import make_head
+        >>> from rlstruct.blocks.distributions import make_head
         >>> space = spaces.Box(-2.0, 2.0, (1,), np.float32)
         >>> model = HeadActorCritic(3, make_head(space, 64), 64, normalize_obs=True)
         >>> params, value = model(torch.zeros(5, 3))
@@ -173,12 +173,12 @@ def head_actor_critic(
     init: str = "orthogonal",
 ) -> HeadActorCritic:
     """A :class:`HeadActorCritic` built from plain values only (``action_space`` is
-    :func:`~rlstruct.learn.distributions.space_spec` of the env's action space), so a checkpoint can
-    record the call and ``rlstruct evaluate`` can repeat it.
+    :func:`~rlstruct.blocks.distributions.space_spec` of the env's action space), so a checkpoint
+    can record the call and ``rlstruct evaluate`` can repeat it.
 
     Examples:
         >>> from gymnasium import spaces
-        >>> from rlstruct.learn.distributions import space_spec
+        >>> from rlstruct.blocks.distributions import space_spec
         >>> model = head_actor_critic(4, space_spec(spaces.Discrete(2)), 64)
         >>> model(torch.zeros(3, 4))[0].shape
         torch.Size([3, 2])

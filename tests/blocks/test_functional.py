@@ -1,12 +1,12 @@
-"""Tests of rlstruct.learn.functional: known answers, python reference loops, identities, errors."""
+"""Tests of rlstruct.blocks.functional: known answers, python reference loops, identities,
+errors."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from rlstruct.errors import ConfigError, ShapeError
-from rlstruct.learn.functional import (
+from rlstruct.blocks.functional import (
     discounted_returns,
     gae,
     masked_mean,
@@ -14,6 +14,7 @@ from rlstruct.learn.functional import (
     td_targets,
     valid_mask,
 )
+from rlstruct.errors import ConfigError, ShapeError
 
 GARBAGE = 1e9
 
@@ -510,7 +511,7 @@ def test_errors_masked_mean():
 
 
 def test_conjugate_gradient_solves_a_known_spd_system():
-    from rlstruct.learn.functional import conjugate_gradient
+    from rlstruct.blocks.functional import conjugate_gradient
 
     g = torch.Generator().manual_seed(0)
     m = torch.randn(12, 12, generator=g, dtype=torch.float64)

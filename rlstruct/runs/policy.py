@@ -46,9 +46,10 @@ from torch import Tensor
 from rlstruct import keys as K
 from rlstruct.agent import Agent
 from rlstruct.batchers.rows import broadcast_rows
+from rlstruct.blocks.sampling import GREEDY
 from rlstruct.devices import resolve_device
 from rlstruct.dicttensor import DictTensor
-from rlstruct.envs.registry import import_env_modules
+from rlstruct.envs.registry import env_factory, import_env_modules
 from rlstruct.envs.spaces import (
     MISSING,
     ActionSpec,
@@ -58,10 +59,8 @@ from rlstruct.envs.spaces import (
     torch_dtype,
 )
 from rlstruct.errors import CheckpointError, ConfigError, ShapeError, SpaceError
-from rlstruct.learn.sampling import GREEDY
 from rlstruct.runs.checkpoint import load_checkpoint, rebuild_agent
 from rlstruct.runs.folder import is_run_dir
-from rlstruct.tools.evaluate import env_factory
 
 __all__ = ["Policy", "load_policy"]
 

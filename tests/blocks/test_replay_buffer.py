@@ -16,6 +16,8 @@ import pytest
 import torch
 
 from rlstruct import DictTensor, TemporalDictTensor, Trajectories
+from rlstruct.blocks.functional import td_targets
+from rlstruct.blocks.replay_buffer import ReplayBuffer
 from rlstruct.errors import (
     ConfigError,
     DeviceContractError,
@@ -23,8 +25,6 @@ from rlstruct.errors import (
     RLStructError,
     ShapeError,
 )
-from rlstruct.learn.functional import td_targets
-from rlstruct.learn.replay_buffer import ReplayBuffer
 
 SENTINEL = -1e9
 FRAME_PAD = 255

@@ -5,7 +5,7 @@ samples with a generator of its own must therefore create that generator lazily,
 of its first logits. :class:`CategoricalSampler` does exactly that, and takes the argmax on the
 rows that ``agent_info["greedy"]`` marks (how evaluation asks for the greedy policy:
 :func:`greedy_info`). The log-probability and entropy that losses need are in
-:mod:`rlstruct.learn.functional` (``categorical_log_prob``, ``categorical_entropy``).
+:mod:`rlstruct.blocks.functional` (``categorical_log_prob``, ``categorical_entropy``).
 
 Example:
     >>> import torch
@@ -30,9 +30,9 @@ from torch import Tensor
 
 from rlstruct import keys as K
 from rlstruct.agent import Agent
+from rlstruct.blocks.distributions import ActionHead
+from rlstruct.blocks.functional import categorical_log_prob
 from rlstruct.dicttensor import DictTensor
-from rlstruct.learn.distributions import ActionHead
-from rlstruct.learn.functional import categorical_log_prob
 from rlstruct.trajectories import Trajectories
 
 __all__ = [
@@ -145,7 +145,7 @@ class ActorAgent(_ModelAgent):
     ``replay_next_value`` the gradient-free ``next_value``, V of the TRUE next observations.
 
     Args:
-        model: the actor-critic (``rlstruct.learn.nets.MLPActorCritic``, ``CNNActorCritic``...).
+        model: the actor-critic (``rlstruct.blocks.nets.MLPActorCritic``, ``CNNActorCritic``...).
         store_value: also return ``value`` when acting (PPO stores it; IMPALA recomputes it).
         replay_next_value: :meth:`call_replay` also returns ``next_value`` (the replayed
             trajectories must hold ``_observation/frame``).
@@ -161,7 +161,7 @@ class ActorAgent(_ModelAgent):
 
 
 class HeadSampler(CategoricalSampler):
-    """Samples from a policy head (:mod:`rlstruct.learn.distributions`) with its own seeded
+    """Samples from a policy head (:mod:`rlstruct.blocks.distributions`) with its own seeded
     generator,
     created like :class:`CategoricalSampler`'s on the device of the params; rows with
     ``agent_info["greedy"]`` play the head's greedy action. For a categorical head the draws
@@ -178,7 +178,7 @@ class HeadSampler(CategoricalSampler):
 
 class PolicyAgent(_ModelAgent):
     """A memoryless actor over ``model(frame) -> (params (n, P), value (n,))`` whose
-    ``model.head`` is a policy head (:class:`rlstruct.learn.nets.HeadActorCritic`): any action
+    ``model.head`` is a policy head (:class:`rlstruct.blocks.nets.HeadActorCritic`): any action
     space.
 
     Returns ``action`` (what the env receives: rescaled and clipped into a Box), ``sample`` (the
@@ -190,7 +190,8 @@ class PolicyAgent(_ModelAgent):
     ``value``: a loss rebuilds the distribution with ``model.head``.
 
     Args:
-        model: the actor-critic; ``model.head`` an :class:`rlstruct.learn.distributions.ActionHead`.
+        model: the actor-critic; ``model.head`` an
+            :class:`rlstruct.blocks.distributions.ActionHead`.
         store_value: also return ``value`` when acting.
         replay_next_value: :meth:`call_replay` also returns ``next_value`` (the replayed
             trajectories must hold ``_observation/frame``).

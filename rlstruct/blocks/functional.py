@@ -11,7 +11,7 @@ in the middle of a row ends the episode (an auto-reset env starts a new one at `
 recursion stops there; the last valid step of a row that is not done is a segment cut and
 bootstraps from ``next_value``. All functions are vectorised over B and run on any device/dtype.
 The policy terms (``categorical_log_prob``, ``categorical_entropy``, and ``conjugate_gradient``,
-TRPO's natural-gradient solve) live in :mod:`rlstruct.learn.policy_terms` and are re-exported here.
+TRPO's natural-gradient solve) live in :mod:`rlstruct.blocks.policy_terms` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from rlstruct.errors import ConfigError, ShapeError
-from rlstruct.learn.policy_terms import (
+from rlstruct.blocks.policy_terms import (
     categorical_entropy,
     categorical_log_prob,
     conjugate_gradient,
 )
+from rlstruct.errors import ConfigError, ShapeError
 
 __all__ = [
     "VTrace",

@@ -1,4 +1,4 @@
-"""Tests of rlstruct.replay: replay reproduces acquisition, carries state, keeps gradients."""
+"""Tests of rlstruct.agent_replay: replay reproduces acquisition, carries state, keeps gradients."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from support.agents import DeterministicAgent, MLPAgent, RecurrentAgent, collect
 
 from rlstruct import keys as K
 from rlstruct.agent import Agent
+from rlstruct.agent_replay import replay_agent, replay_agent_stateless
 from rlstruct.dicttensor import DictTensor
 from rlstruct.errors import DeviceContractError, ShapeError
-from rlstruct.replay import replay_agent, replay_agent_stateless
 from rlstruct.temporal import TemporalDictTensor
 from rlstruct.trajectories import Trajectories
 

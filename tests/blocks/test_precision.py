@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from rlstruct.algos import ppo
+from rlstruct.blocks.nets import CNNActorCritic
 from rlstruct.devices import bf16_native, learner_autocast
 from rlstruct.errors import ConfigError
-from rlstruct.learn.nets import CNNActorCritic
 from rlstruct.learners.rank import RankContext, algorithm_learn
 
 
@@ -54,8 +54,8 @@ def test_a_bf16_ppo_learn_moves_the_cnn_policy_as_much_as_fp32():
     cache it was 7x fp32's, the trunk stepping 16 times along one stale gradient)."""
     from rlstruct import DictTensor, TemporalDictTensor, Trajectories
     from rlstruct import keys as K
-    from rlstruct.learn.optim import adam
-    from rlstruct.learn.sampling import PolicyAgent
+    from rlstruct.blocks.optim import adam
+    from rlstruct.blocks.sampling import PolicyAgent
 
     torch.manual_seed(0)
     model, b, t = CNNActorCritic(6), 4, 64

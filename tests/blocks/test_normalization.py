@@ -1,4 +1,4 @@
-"""RunningNorm (rlstruct.learn.normalization): numpy's mean and variance over the stream, the
+"""RunningNorm (rlstruct.blocks.normalization): numpy's mean and variance over the stream, the
 statistics in the state_dict (so batcher.update and checkpoints carry them)."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from rlstruct.blocks.distributions import make_head
+from rlstruct.blocks.nets import HeadActorCritic
+from rlstruct.blocks.normalization import RunningNorm
 from rlstruct.errors import ConfigError, ShapeError
-from rlstruct.learn.distributions import make_head
-from rlstruct.learn.nets import HeadActorCritic
-from rlstruct.learn.normalization import RunningNorm
 
 
 def test_statistics_equal_numpys_over_the_stream():
@@ -71,7 +71,7 @@ def test_the_statistics_travel_with_the_weights():
 
 
 def test_scale_rewards_divides_by_the_std_of_running_discounted_returns():
-    from rlstruct.learn.normalization import scale_rewards
+    from rlstruct.blocks.normalization import scale_rewards
 
     gamma = 0.9
     reward = torch.tensor([[1.0, 2.0, 3.0, 4.0], [0.5, -1.0, 2.0, 0.0]])

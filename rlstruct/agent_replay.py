@@ -6,7 +6,7 @@
 - :func:`replay_agent_stateless` makes ONE batched call over all ``B * T`` steps: the fast path
   for memoryless agents. It also takes transitions directly: a DictTensor ``(N, *feat)`` of
   trajectory keys, such as ``TemporalDictTensor.to_transitions()`` or a
-  :class:`~rlstruct.learn.replay_buffer.ReplayBuffer` sample, and returns a DictTensor ``(N,
+  :class:`~rlstruct.blocks.replay_buffer.ReplayBuffer` sample, and returns a DictTensor ``(N,
   *feat)``.
 
 Both run on the trajectories' device, keep the autograd graph (no ``torch.no_grad``) and return a
