@@ -4,7 +4,7 @@ the summary of a row's runs, the targets' verdicts and the printed table.
 
 No process is started here and nothing heavier than the standard library is imported, so the
 verdicts can be tested on hand-built run records
-(tests/benchmarks/test_benchmarks_learning_targets.py).
+(tests/benchmarks/test_learning_targets.py).
 """
 
 from __future__ import annotations

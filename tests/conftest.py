@@ -3,6 +3,7 @@ one registration that sends test code to worker processes and Ray actors by valu
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
 
 import cloudpickle
@@ -11,6 +12,8 @@ import pytest
 import torch
 from support import agents, batcher_helpers, fault_envs
 from support.processes import children
+
+TESTS = Path(__file__).resolve().parent
 
 #: Helper modules whose agents, envs and factories workers receive: they are pickled by value,
 #: since a worker process or a Ray actor cannot import ``tests/``.
@@ -66,11 +69,37 @@ def no_leftover_processes():
     pytest.fail(f"the test left processes behind (now killed): {described}", pytrace=False)
 
 
+#: Test modules whose tests share one expensive fixture (a cluster, trained runs): under
+#: pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``) each group runs in one worker, so
+#: the fixture is made once and two clusters never compete for the same ports and cores.
+XDIST_GROUPS = {
+    "batchers/test_ray.py": "ray",
+    "learners/test_learner_ray.py": "ray",
+    "tools/test_policy.py": "trained-policies",
+    "slurm/": "slurm",
+}
+
+
+def xdist_group(path: Path) -> str | None:
+    """The ``XDIST_GROUPS`` group of the test file at ``path``, if any."""
+    relative = path.resolve().relative_to(TESTS).as_posix()
+    for prefix, group in XDIST_GROUPS.items():
+        if relative == prefix or (prefix.endswith("/") and relative.startswith(prefix)):
+            return group
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Sends every collected test module by value (agents and envs defined in a test reach the
-    workers), and skips the ``gpu`` tests without CUDA."""
+    workers), groups the tests that share a cluster (``XDIST_GROUPS``), and skips the ``gpu``
+    tests without CUDA."""
     for module in {getattr(item, "module", None) for item in items} - {None}:
         send_by_value(module)
+    for item in items:
+        path = Path(str(item.fspath))
+        group = xdist_group(path) if TESTS in path.resolve().parents else None
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
