@@ -1,5 +1,8 @@
 """Tutorial 01 — DictTensor and TemporalDictTensor, the containers that carry every batch.
 
+The runnable companion of one page, which explains it and links here:
+[Concepts](../docs/concepts.md#the-containers-and-their-invariants).
+
 Run: python tutorials/01_dicttensor.py   (finishes in well under a second on a CPU)
 """
 

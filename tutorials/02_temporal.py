@@ -5,6 +5,9 @@ carries its own valid length and the steps after it are padding. This tutorial b
 by hand and shows every way to read it: masks, slices in time, one step, the last step, the flat
 list of transitions, concatenation and sampling.
 
+The runnable companion of one page, which explains it and links here:
+[Concepts](../docs/concepts.md#the-containers-and-their-invariants).
+
 Run: python tutorials/02_temporal.py   (finishes in about a second on a CPU)
 """
 

@@ -6,6 +6,9 @@ to the action: next observation, reward, flags) and obs_next (what the agent see
 is episodic (an env whose episode ended stops running); GymEnvInf resets envs itself and runs
 all N forever. This tutorial steps both by hand, then writes, registers and steps its own env.
 
+The runnable companion of one page, which explains it and links here:
+[Concepts](../docs/concepts.md#environments).
+
 Run: python tutorials/03_environments.py   (finishes in about two seconds on a CPU)
 """
 

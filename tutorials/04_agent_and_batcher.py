@@ -11,6 +11,9 @@ and what you get depends on the env and on T: whole episodes, chunks of episodes
 segments. The last part starts two worker processes, polls them without blocking, changes the
 exploration of each row and pushes new weights.
 
+The runnable companion of one page, which explains it and links here:
+[Concepts](../docs/concepts.md#batchers-and-their-three-modes).
+
 Run: python tutorials/04_agent_and_batcher.py   (about 6 seconds on a CPU, worker start-up included)
 """
 

@@ -5,6 +5,9 @@ WITH gradients to get the log-probabilities of the actions taken, weight them by
 returns, step the optimiser, push the new weights to the batcher. The batcher, the replay, the
 returns and the masking of padded steps come from rlstruct; what is left is the algorithm.
 
+The runnable companion of one page, which explains it and links here:
+[Concepts](../docs/concepts.md#replay-and-losses).
+
 Run: python tutorials/05_reinforce_from_scratch.py   (a few seconds on a CPU)
 """
 

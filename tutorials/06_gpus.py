@@ -11,6 +11,9 @@ Finally, CheckDevice catches an agent that breaks the device contract.
 This script runs anywhere: without CUDA every "GPU" role falls back to the CPU (it says so), and
 the wrong device in the CheckDevice example is the `meta` device.
 
+The runnable companion of one page, which explains it and links here:
+[GPUs and device layouts](../docs/guide-gpus.md).
+
 Run: python tutorials/06_gpus.py   (a few seconds on a CPU)
 """
 

@@ -22,6 +22,9 @@ and on each batcher's start-up), then builds the chosen batcher from the file. N
 on the machine and its load; with `objective="steps_per_cpu_s"` the tuner prefers layouts that
 waste no core (a shared machine).
 
+The runnable companion of one page, which explains it and links here:
+[Resources: tuning the layout](../docs/guide-resources.md#tuning-the-layout).
+
 Run: python tutorials/07_resource_usage.py   (5.4 s on a quiet 2-core machine: it measured 5 of
 the 12 layouts in 2.3 s of its 8-second budget)
 """

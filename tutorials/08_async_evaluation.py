@@ -7,6 +7,9 @@ and start the next evaluation. Training never waits; the evaluation always runs 
 weights it can. The training loop is tutorial 05's REINFORCE; evaluation is greedy, which the
 same agent does when agent_info says so.
 
+The runnable companion of one page, which explains it and links here:
+[Algorithms: what a run does](../docs/algorithms.md#what-a-run-does).
+
 Run: python tutorials/08_async_evaluation.py   (about 7 seconds on a CPU, worker start-up included)
 """
 

@@ -18,6 +18,9 @@ When to choose which:
   corrects the lag with V-trace; PPO's clipping tolerates one update of lag. The data still
   depend only on the seeds and the sequence of calls, so runs stay reproducible.
 
+The runnable companion of one page, which explains it and links here:
+[Performance](../docs/guide-performance.md).
+
 Run: python tutorials/09_pipelined_collection.py   (about 10 seconds on 2 cores)
 """
 

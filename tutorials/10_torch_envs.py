@@ -8,6 +8,9 @@ is ~30 tensor ops, whatever N, on the CPU or on the GPU where the agent already 
 This tutorial steps a torch CartPole by hand, checks it against gymnasium's, shows the seeding
 rule, collects with a SerialBatcher, and writes a new env in a dozen lines.
 
+The runnable companion of one page, which explains it and links here:
+[Torch-native envs](../docs/guide-torch-envs.md).
+
 Run: python tutorials/10_torch_envs.py   (about five seconds on a CPU)
 """
 
@@ -81,8 +84,10 @@ print(f"\ngymnasium vs torch CartPole: {n_steps} steps, largest observation gap 
 # whatever the number of workers.
 eight = CartPole(n_envs=8, seed=3)
 alone = CartPole(n_envs=1, seed=8)
-print("env 5 of seed 3 == env 0 of seed 8:",
-      torch.equal(eight.reset()[0]["frame"][5], alone.reset()[0]["frame"][0]))
+for episode in ("first", "second"):  # every reset draws the next initial state of the stream
+    same = torch.equal(eight.reset()[0]["frame"][5], alone.reset()[0]["frame"][0])
+    assert same, "env 5 of seed 3 must play the episodes of env 0 of seed 8"
+    print(f"{episode} episode: env 5 of seed 3 == env 0 of seed 8: {same}")
 
 
 # --- 4. In a batcher ----------------------------------------------------------------------------

@@ -20,6 +20,9 @@ same policy is built from the library's pieces (``rlstruct.blocks.distributions.
 ``rlstruct/algos/ppo.py``,
 ``rlstruct/algos/a2c.py`` and ``rlstruct/algos/trpo.py`` use for any action space.
 
+The runnable companion of one page, which explains it and links here:
+[Algorithms: continuous actions](../docs/algorithms.md#continuous-actions).
+
 Run: python tutorials/11_gaussian_policy.py   (about 15 seconds on a CPU)
 """
 

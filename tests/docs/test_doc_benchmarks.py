@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_docs import _FENCE, LINKED_PAGES, REPO, code_blocks
+from test_docs import _FENCE, CITES_COMMIT, LINKED_PAGES, REPO, code_blocks
 
 _BENCH = re.compile(r"\bpython (benchmarks/(\w+)\.py)([^`\n]*)")
 _SPAN = re.compile(r"`([^`]+)`")
@@ -54,7 +54,7 @@ def test_the_benchmark_commands_of_the_docs_name_scripts_that_exist():
     assert len(commands) >= 30, len(commands)  # the extraction finds the docs' commands
     for page, script, args, after in commands:
         if not (REPO / script).is_file():
-            assert re.match(r"\W*(?:(?:of|at)\s+)?commit\s+[0-9a-f]{7}", after), (
+            assert CITES_COMMIT.match(after), (
                 f"{page}: `python {script}{args}`: there is no {script}, and the page cites "
                 f"no commit after it")
 

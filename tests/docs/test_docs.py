@@ -10,10 +10,15 @@
   path that leaves the repository (``../shared/...``) or a Markdown file that the repository does
   not hold (notes kept elsewhere, such as a ``STYLE.md``);
 - every ``>>>`` example of docs/*.md runs (the docstrings' own run with ``pytest
-  --doctest-modules rlstruct``), every other Python block of the written pages compiles, and the
-  GPU layout script of guide-gpus.md runs on the CPU;
+  --doctest-modules rlstruct``), and every other Python block of the written pages compiles (the
+  scripts the guides explain are tutorials, which tests/docs/test_tutorials.py runs);
 - the key schema table of concepts.md is the table of rlstruct/keys.py;
-- every test the written pages name (coverage tables) is defined under tests/.
+- every test the written pages name (coverage tables) is defined under tests/;
+- every module path the pages and tutorials write exists: each dotted ``rlstruct.x.y`` is a
+  module or an attribute of one (imports of their Python included), each ``rlstruct/x.py``,
+  ``benchmarks/x.py``, ``tests/...`` path or folder a file or folder of the repository, unless
+  the page cites the commit a removed one is from right behind it (``of commit e9b5192``);
+- every tutorial names the one page it is the runnable companion of, and that page links it.
 """
 
 from __future__ import annotations
@@ -237,22 +242,6 @@ def test_python_blocks_compile(page):
             compile(code, f"{page.name}, python block {i}", "exec")
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_gpu_layout_script_runs_on_the_cpu(tmp_path):
-    text = (DOCS / "guide-gpus.md").read_text()
-    marker = text.index("<!-- tests/docs/test_docs.py runs this block")
-    code = textwrap.dedent(_FENCE.search(text, marker)[3])
-    layout = 'LEARNER, COLLECT, EVAL = "cuda:0", "cuda:1", "cpu"'
-    assert layout in code
-    script = tmp_path / "layout.py"
-    script.write_text(code.replace(layout, 'LEARNER, COLLECT, EVAL = "cpu", "cpu", "cpu"'))
-    done = subprocess.run(
-        [sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=100
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-
-
 def _schema_rows(text: str) -> set[tuple[str, str, str]]:
     rows = set()
     for line in text.splitlines():
@@ -360,3 +349,176 @@ def test_the_train_commands_of_the_docs_parse_as_written(capsys):
     assert len(checked) >= 15, checked  # the extraction finds the docs' commands
     assert {algo for _, algo in checked} >= {"ppo", "dqn", "impala"}
     assert sum("--preset" in flags for _, _, flags in doc_train_commands()) >= 5
+
+
+# ------------------------------------------------------------------ the module paths the docs write
+#: After a reference to something removed: the commit it was removed after (``of commit c33506d``,
+#: ``at commit e9b5192``). A page may name a removed script or module only with such a citation.
+CITES_COMMIT = re.compile(r"\W*(?:(?:of|at|after)\s+)?commit\s+[0-9a-f]{7}")
+#: Pages whose module paths are checked: the written pages and the tutorials (prose and code).
+PATH_PAGES = [*LINKED_PAGES, *sorted(REPO.glob("tutorials/[0-9][0-9]_*.py"))]
+PATH_IDS = [p.relative_to(REPO).as_posix() for p in PATH_PAGES]
+#: Placeholders the pages write in a dotted path (``python -m rlstruct.algos.ALGO``).
+PLACEHOLDERS = {"ALGO", "NAME"}
+#: Optional extras: a module that imports one of them is checked by its source when it is absent.
+EXTRAS = {"ray", "ale_py", "envpool", "mujoco"}
+
+_DOTTED = re.compile(r"(?<![\w./-])rlstruct(?:\.\w+)+")
+_PACKAGES = "batchers|blocks|envs|learners|parallel|runs|tools|algos"
+_FILE = re.compile(rf"(?<![\w./-])(?:\.\./)*((?:rlstruct|benchmarks|tutorials|tests|examples"
+                   rf"|{_PACKAGES})/[\w./-]*?(?:\.py|/))(?![\w-])")
+
+
+def _module_file(parts: list[str]) -> Path | None:
+    """The source file of the module ``parts`` (``["rlstruct", "runs", "run"]``), or None."""
+    base = REPO.joinpath(*parts)
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _defined_names(path: Path) -> set[str]:
+    """The names a module's source defines or imports at its top level (and ``__all__``)."""
+    names = set(_module_all(path) or ())
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def dotted_problem(dotted: str) -> str | None:
+    """What is wrong with ``rlstruct.x.y`` (a module, or an attribute of one), or None. The
+    module is the longest prefix with a source file; the rest are attributes of it, read after
+    importing it, or, when its import needs an optional extra that is not installed, from its
+    source (the first attribute only)."""
+    parts = dotted.rstrip(".").split(".")
+    if PLACEHOLDERS & set(parts):
+        return None
+    n = max(i for i in range(1, len(parts) + 1) if _module_file(parts[:i]) or i == 1)
+    module_file = _module_file(parts[:n])
+    if module_file is None:
+        return "no such module"
+    attributes = parts[n:]
+    if not attributes:
+        return None
+    try:
+        obj = importlib.import_module(".".join(parts[:n]))
+    except ModuleNotFoundError as err:
+        if (err.name or "").split(".")[0] not in EXTRAS:
+            raise
+        found = attributes[0] in _defined_names(module_file)
+        return None if found else f"{'.'.join(parts[:n])} defines no {attributes[0]}"
+    for i, name in enumerate(attributes):
+        if not hasattr(obj, name):
+            return f"{'.'.join(parts[:n + i])} has no attribute {name}"
+        obj = getattr(obj, name)
+    return None
+
+
+def _python_imports(page: Path) -> list[str]:
+    """``rlstruct.x.name`` for every ``from rlstruct.x import name`` (and ``import rlstruct.x``)
+    of the page's Python: its python blocks (``>>>`` prompts removed), or a tutorial's code."""
+    if page.suffix == ".py":
+        sources = [page.read_text()]
+    else:
+        sources = [re.sub(r"^(?:>>>|\.\.\.) ?", "", body, flags=re.M)
+                   for lang, body in code_blocks(page.read_text()) if lang == "python"]
+    found = []
+    for source in sources:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:  # a doctest's output lines; the compile test covers the rest
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("rlstruct"):
+                found += [f"{node.module}.{a.name}" for a in node.names if a.name != "*"]
+            elif isinstance(node, ast.Import):
+                found += [a.name for a in node.names if a.name.startswith("rlstruct.")]
+    return found
+
+
+def cites_commit(text: str, end: int) -> bool:
+    """A commit is cited right behind ``text[:end]``, or behind the inline code span it ends
+    in (``python benchmarks/x.py [--flag]` of commit c33506d``)."""
+    if CITES_COMMIT.match(text, end):
+        return True
+    span_end = re.compile(r"[^`]*`").match(text, end)
+    return bool(span_end) and bool(CITES_COMMIT.match(text, span_end.end()))
+
+
+def module_path_problems(page: Path) -> list[str]:
+    """Every ``rlstruct.x.y`` and every ``rlstruct/...py`` (``benchmarks/``, ``tutorials/``,
+    ``tests/``, a package's ``runs/x.py`` under rlstruct/, a folder ``x/``) that ``page``
+    writes, in prose, inline code, links or code, and that does not exist, unless the page
+    cites the commit it was removed after right behind it."""
+    text = page.read_text()
+    problems = []
+    for match in _DOTTED.finditer(text):
+        problem = dotted_problem(match[0])
+        if problem and not cites_commit(text, match.end()):
+            problems.append(f"{match[0]}: {problem}")
+    for dotted in _python_imports(page):
+        problem = dotted_problem(dotted)
+        if problem:
+            problems.append(f"{dotted} (imported): {problem}")
+    for match in _FILE.finditer(text):
+        path = match[1]
+        if (REPO / path).exists() or (REPO / "rlstruct" / path).exists():
+            continue
+        if path.startswith(("runs/", "tests/")) and not path.endswith(".py"):
+            continue  # a run folder (runs/ppo_CartPole-v1_<time>/), a tmp path of a test
+        if not cites_commit(text, match.end()):
+            problems.append(f"{path}: no such file or folder")
+    return problems
+
+
+def test_the_module_path_check_finds_what_does_not_exist(tmp_path):
+    """The check below can fail: wrong names fail, real and cited ones pass."""
+    page = tmp_path / "page.md"
+    page.write_text(
+        "`rlstruct.learn.optim` and `rlstruct.runs.run.Runn`, [x](rlstruct/tools/policy.py),\n"
+        "`rlstruct/runs/nothing.py`, `batchers/multiprocess.py`, `rlstruct/nowhere/`.\n"
+        "```python\nfrom rlstruct.tools.tune import write_layout\n```\n"
+        "Fine: `rlstruct.runs.run.Run.publish`, `rlstruct.blocks.optim.adam`, `runs/run.py`,\n"
+        "`rlstruct/envs/torch/`, `rlstruct.load_policy`, `rlstruct/learn/optim.py` of commit\n"
+        "e9b5192, `python -m rlstruct.algos.ALGO`, `runs/ppo_CartPole-v1_<time>/`.\n"
+        "```python\n>>> from rlstruct.blocks.functional import discounted_returns\n```\n")
+    problems = module_path_problems(page)
+    assert [p.split(":")[0] for p in problems] == [
+        "rlstruct.learn.optim", "rlstruct.runs.run.Runn", "rlstruct.tools.tune.write_layout "
+        "(imported)", "rlstruct/tools/policy.py", "rlstruct/runs/nothing.py",
+        "batchers/multiprocess.py", "rlstruct/nowhere/"], problems
+    assert "has no attribute learn" in problems[0] and "has no attribute Runn" in problems[1]
+
+
+@pytest.mark.parametrize("page", PATH_PAGES, ids=PATH_IDS)
+def test_every_module_path_the_docs_write_exists(page):
+    problems = module_path_problems(page)
+    assert not problems, (f"{page.relative_to(REPO)} names modules, attributes or files that do "
+                          f"not exist (cite the commit a removed one is from): {problems}")
+
+
+TUTORIALS = sorted(REPO.glob("tutorials/[0-9][0-9]_*.py"))
+_COMPANION = re.compile(r"The runnable companion of one page, which explains it and links here:"
+                        r"\s*\[[^\]]+\]\(\.\./docs/([\w-]+\.md)(#[\w-]+)?\)")
+
+
+@pytest.mark.parametrize("tutorial", TUTORIALS, ids=[p.stem for p in TUTORIALS])
+def test_every_tutorial_is_the_companion_of_a_page_that_links_it(tutorial):
+    """A tutorial's docstring names the page it accompanies (the page explains, the tutorial
+    runs), the anchor is a heading of that page, and the page links the tutorial."""
+    doc = ast.get_docstring(ast.parse(tutorial.read_text())) or ""
+    found = _COMPANION.search(doc)
+    assert found, f"{tutorial.name}: its docstring names no page it is the companion of"
+    page = DOCS / found[1]
+    assert page.is_file(), f"{tutorial.name}: no page docs/{found[1]}"
+    if found[2]:
+        assert found[2][1:] in _anchors(page), f"{tutorial.name}: {page.name} has no {found[2]}"
+    links = [t.partition("#")[0] for t in _LINK.findall(_without_code(page.read_text()))]
+    assert f"../tutorials/{tutorial.name}" in links, f"{page.name} does not link {tutorial.name}"
