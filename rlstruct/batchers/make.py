@@ -127,7 +127,7 @@ def make_batcher(
         env_info=env_info,
     )
     n_processes = n_processes or default_processes()
-    problems = BatcherBase._validate_pipeline(pipeline)
+    problems = BatcherBase.validate_pipeline(pipeline)
     if problems:
         raise ConfigError("; ".join(problems))
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:

@@ -340,7 +340,7 @@ class EnvPoolEnv(VecEnv):
         for name, x in zip(self._info_keys, self._info_arrays(info, perm, self._n)):
             out[_INFO + name] = torch.from_numpy(x)
         self._running = ids.copy()
-        return DictTensor._trusted(out, self._n, _CPU), torch.from_numpy(ids.copy())
+        return DictTensor.trusted(out, self._n, _CPU), torch.from_numpy(ids.copy())
 
     def step(self, action: DictTensor) -> StepResult:
         """Steps the running envs (all ``N`` with ``auto_reset``), resetting those that end when
@@ -404,13 +404,13 @@ class EnvPoolEnv(VecEnv):
         t1[K.ENV_STEP] = torch.from_numpy(t)
         for name, x in zip(self._info_keys, infos):
             t1[_INFO + name] = torch.from_numpy(x)
-        obs_t1 = DictTensor._trusted(t1, n, _CPU)
+        obs_t1 = DictTensor.trusted(t1, n, _CPU)
         was = torch.from_numpy(run.copy())
         if not done.any():
-            return (obs_t1, was), (DictTensor._trusted(dict(t1), n, _CPU), was.clone())
+            return (obs_t1, was), (DictTensor.trusted(dict(t1), n, _CPU), was.clone())
         if self.auto_reset:
             nxt = self._reset_rows(t1, done, pool_done)
-            return (obs_t1, was), (DictTensor._trusted(nxt, n, _CPU), was.clone())
+            return (obs_t1, was), (DictTensor.trusted(nxt, n, _CPU), was.clone())
         keep = ~done
         still = run[keep]
         self._running = still

@@ -493,7 +493,7 @@ class GymEnv(_GymVecEnv):
         keep = ~arrays[K.DONE]
         if keep.all():
             still = run
-            obs_next = DictTensor._trusted(dict(obs_t1._tensors), n, _CPU)
+            obs_next = DictTensor.trusted(dict(obs_t1.tensors), n, _CPU)
         else:
             still = run[keep]
             obs_next = obs_t1.index(torch.from_numpy(keep))
@@ -553,7 +553,7 @@ class GymEnvInf(_GymVecEnv):
             nxt = self._next_obs(t1, ended)
             nxt_dt = _dicttensor(nxt, n)
         else:
-            nxt_dt = DictTensor._trusted(dict(t1_dt._tensors), n, _CPU)
+            nxt_dt = DictTensor.trusted(dict(t1_dt.tensors), n, _CPU)
         # Fresh index tensors: a caller may modify them in place.
         return (t1_dt, torch.from_numpy(run.copy())), (nxt_dt, torch.from_numpy(run.copy()))
 
@@ -591,4 +591,4 @@ class GymEnvInf(_GymVecEnv):
 
 def _dicttensor(arrays: dict[str, np.ndarray], n: int) -> DictTensor:
     """A CPU DictTensor over fresh numpy arrays of ``n`` rows (shared memory, no copy)."""
-    return DictTensor._trusted({k: torch.from_numpy(x) for k, x in arrays.items()}, n, _CPU)
+    return DictTensor.trusted({k: torch.from_numpy(x) for k, x in arrays.items()}, n, _CPU)

@@ -95,7 +95,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 def _rows(tensors: dict[str, torch.Tensor], spec: WorkerSpec) -> DictTensor:
     sl = slice(spec.offset, spec.offset + spec.n_envs)
-    return DictTensor._trusted(
+    return DictTensor.trusted(
         {k: v[sl].clone() for k, v in tensors.items()}, spec.n_envs, torch.device("cpu")
     )
 
