@@ -127,8 +127,31 @@ class _GymVecEnv(VecEnv):
         self._env_info_keys = None if env_info_keys is None else tuple(env_info_keys)
         self._info_keys = tuple(info_keys)
 
-        # Staging arrays, allocated once, written by index. ``_step_*`` get the answers of the
-        # step (row j = j-th running env), ``_reset_*`` the reset observations (row k = env k).
+        self._allocate_staging(n)
+        self._frame_only = len(self._leaves) == 1 and self._leaves[0].path == ()
+        self._arange = np.arange(n)
+        # The float observation leaves checked for NaN and infinities at every step and reset
+        # (check_obs; check_finite implies it), as (index in self._leaves, key).
+        self._obs_checked = [
+            (i, lf.key) for i, lf in enumerate(self._leaves) if lf.dtype.kind == "f"
+        ] if (self._check_obs or self._check_finite) else []
+
+        self._t = np.zeros(n, np.int64)  # env_step of each env
+        self._check = AnswerChecker(
+            self._leaves[0] if self._frame_only else None, self._offset, self._t,
+            self._check_finite,
+        )
+        self._options: list[dict[str, Any] | None] = [None] * n
+        self._unseeded = [True] * n
+        # What each reset calls: the whole chain the first time (gymnasium's checks and
+        # OrderEnforcing see it), then what ``step`` calls (see rlstruct.envs.unwrap.stepper).
+        self._resetters: list[gym.Env] = list(self._envs)
+        self._running: np.ndarray | None = None  # local env indices; None before reset
+
+    def _allocate_staging(self, n: int) -> None:
+        """Allocates the staging arrays of ``n`` envs, once, written by index: ``_step_*`` get
+        the answers of the step (row j = j-th running env), ``_reset_*`` the reset observations
+        (row k = env k)."""
         act = self._act
         self._step_leaves = [np.zeros((n, *lf.shape), lf.dtype) for lf in self._leaves]
         self._reset_leaves = [np.zeros((n, *lf.shape), lf.dtype) for lf in self._leaves]
@@ -150,25 +173,6 @@ class _GymVecEnv(VecEnv):
         )
         for name, a in zip(self._info_keys, self._reset_info):
             self._reset_buf[_INFO + name] = a
-        self._frame_only = len(self._leaves) == 1 and self._leaves[0].path == ()
-        self._arange = np.arange(n)
-        # The float observation leaves checked for NaN and infinities at every step and reset
-        # (check_obs; check_finite implies it), as (index in self._leaves, key).
-        self._obs_checked = [
-            (i, lf.key) for i, lf in enumerate(self._leaves) if lf.dtype.kind == "f"
-        ] if (self._check_obs or self._check_finite) else []
-
-        self._t = np.zeros(n, np.int64)  # env_step of each env
-        self._check = AnswerChecker(
-            self._leaves[0] if self._frame_only else None, self._offset, self._t,
-            self._check_finite,
-        )
-        self._options: list[dict[str, Any] | None] = [None] * n
-        self._unseeded = [True] * n
-        # What each reset calls: the whole chain the first time (gymnasium's checks and
-        # OrderEnforcing see it), then what ``step`` calls (see rlstruct.envs.unwrap.stepper).
-        self._resetters: list[gym.Env] = list(self._envs)
-        self._running: np.ndarray | None = None  # local env indices; None before reset
 
     def _setup_spaces(self, seed: int) -> None:
         env0 = self._envs[0]
