@@ -245,7 +245,7 @@ class _GymVecEnv(VecEnv):
         for e in self._envs:
             try:
                 e.close()
-            except Exception as exc:  # close them all, then report
+            except Exception as exc:  # noqa: BLE001 - close them all, then re-raise the first
                 first = first or exc
         if first is not None:
             raise first

@@ -493,7 +493,7 @@ def rank_main(
                        "allreduce_ms": ctx.allreduce_ms, "n_allreduce": float(ctx.n_allreduce)}
             send(("done", rank, index, metrics, timings))
             index = None
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - sent to the driver, which raises it
         exitcode = 1
         text = "".join(traceback.format_exception(exc))
         collective = ctx is not None and ctx.in_collective

@@ -7,6 +7,9 @@
   ``super()``, or when the module itself defines that name (a class, a function, or an attribute
   it assigns), or when it is a well-known private API that has no public form
   (:data:`ALLOWED_PRIVATE`, each with its reason).
+- No silent ``contextlib.suppress(Exception)`` (or ``BaseException``): ruff's ``BLE`` rule does
+  not see it, so its line must say why swallowing is right there, in a comment (or the class
+  is narrowed to what can actually happen).
 
 Each check is a plain function of a source text, so the tests below also run it on small bad
 snippets to show it can fail.
@@ -39,8 +42,19 @@ ALLOWED_PRIVATE: dict[str, str] = {
 
 #: TEMPORARY, to be emptied when the restructuring of rlstruct/runs/ lands: the offences of
 #: rlstruct/runs/ known today (``(check, path, detail)``; the detail of a private access is the
-#: attribute's name, that of a long module its path). Nothing outside rlstruct/runs/ belongs here.
-RUNS_PENDING: frozenset[tuple[str, str, str]] = frozenset()
+#: attribute's name, that of a long module its path, that of a silent suppress "suppress").
+#: Nothing outside rlstruct/runs/ belongs here.
+RUNS_PENDING: frozenset[tuple[str, str, str]] = frozenset({
+    ("module", "rlstruct/runs/run.py", "rlstruct/runs/run.py"),
+    ("module", "rlstruct/runs/logger.py", "rlstruct/runs/logger.py"),
+    *(("private", "rlstruct/runs/groups.py", attr)
+      for attr in ("_stack", "_training_batcher", "_groups", "_stands_for")),
+    *(("private", "rlstruct/runs/outcome.py", attr)
+      for attr in ("_solved_at", "_checkpointed", "_training_batcher", "_after_signal", "_cause",
+                   "_checkpoint_error")),
+    ("suppress", "rlstruct/runs/monitor.py", "suppress"),
+    ("suppress", "rlstruct/runs/signals.py", "suppress"),
+})
 
 
 def _rel(path: Path) -> str:
@@ -115,11 +129,30 @@ def private_accesses(source: str) -> list[tuple[int, str]]:
     return sorted(out)
 
 
+_BROAD = ("Exception", "BaseException")
+
+
+def silent_suppressions(source: str) -> list[int]:
+    """Lines of ``source`` where ``suppress(Exception)`` or ``suppress(BaseException)`` (of
+    ``contextlib``) opens without a comment on its line saying why."""
+    lines = source.splitlines()
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and node.args and (
+                (isinstance(node.func, ast.Attribute) and node.func.attr == "suppress")
+                or (isinstance(node.func, ast.Name) and node.func.id == "suppress"))):
+            continue
+        broad = any(isinstance(a, ast.Name) and a.id in _BROAD for a in node.args)
+        if broad and "#" not in lines[node.end_lineno - 1].split(")", 1)[-1]:
+            out.append(node.lineno)
+    return sorted(out)
+
+
 # ------------------------------------------------------------------------------------ the tree
 def offences() -> dict[str, list[tuple[str, str, str, str]]]:
     """``{check: [(check, path, detail, where)]}`` over rlstruct/, ``where`` as ``path:line``."""
     found: dict[str, list[tuple[str, str, str, str]]] = {
-        "function": [], "module": [], "private": []}
+        "function": [], "module": [], "private": [], "suppress": []}
     for path, source in sources().items():
         for line, name, length in long_functions(source):
             found["function"].append(
@@ -129,6 +162,8 @@ def offences() -> dict[str, list[tuple[str, str, str, str]]]:
             found["module"].append(("module", path, path, f"{path} is {lines} lines"))
         for line, attr in private_accesses(source):
             found["private"].append(("private", path, attr, f"{path}:{line} .{attr}"))
+        for line in silent_suppressions(source):
+            found["suppress"].append(("suppress", path, "suppress", f"{path}:{line}"))
     return found
 
 
@@ -154,6 +189,12 @@ def test_no_module_reaches_into_another_modules_private_names():
     bad = _unexpected("private")
     assert not bad, ("private attributes used outside their module (make them public, with a "
                      "docstring):\n" + "\n".join(bad))
+
+
+def test_no_broad_suppress_is_silent():
+    bad = _unexpected("suppress")
+    assert not bad, ("contextlib.suppress(Exception) without a comment saying why swallowing is "
+                     "right there (or narrow it):\n" + "\n".join(bad))
 
 
 def test_runs_pending_is_only_runs_and_not_stale():
@@ -195,3 +236,19 @@ def test_private_accesses_flags_another_modules_private_names():
     )
     assert private_accesses(source) == [(12, "_cause"), (12, "_stack")]
     assert private_accesses("def g(x):\n    return x.public\n") == []
+
+
+def test_silent_suppressions_flags_a_broad_suppress_without_a_reason():
+    source = (
+        "import contextlib\n"
+        "from contextlib import suppress\n"
+        "with contextlib.suppress(Exception):\n"
+        "    pass\n"
+        "with contextlib.suppress(Exception):  # a dead pipe: the caller escalates\n"
+        "    pass\n"
+        "with suppress(OSError, BaseException):\n"
+        "    pass\n"
+        "with contextlib.suppress(OSError):\n"
+        "    pass\n"
+    )
+    assert silent_suppressions(source) == [3, 7]

@@ -105,7 +105,7 @@ class BatcherMeasure:
         t0 = time.perf_counter()
         try:
             return self._measure(candidate, seconds, t0)
-        except Exception as err:  # a failing layout (memory, device) loses, the search goes on
+        except Exception as err:  # noqa: BLE001 - a failing layout loses, the search goes on
             return Measurement(candidate, 0, 0.0, math.nan, math.nan,
                                time.perf_counter() - t0, f"{type(err).__name__}: {err}")
 
