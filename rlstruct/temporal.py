@@ -118,9 +118,7 @@ class TemporalDictTensor(_NamedTensors):
             The TemporalDictTensor.
         """
         out = cls.__new__(cls)
-        out._dt = dt
-        out._lengths = lengths
-        out._T = n_timesteps
+        out._dt, out._lengths, out._T = dt, lengths, n_timesteps
         return out
 
     # ------------------------------------------------------------------ mapping protocol
