@@ -466,16 +466,16 @@ def test_a_worker_report_survives_an_exception_that_cannot_describe_itself(monke
 
     from rlstruct.batchers.core import error_payload
 
-    class Mute(Exception):
+    class MuteError(Exception):
         def __str__(self) -> str:
             raise RuntimeError("no words")
 
     try:
-        raise Mute()
-    except Mute as exc:
+        raise MuteError()
+    except MuteError as exc:
         report = error_payload(exc, worker=3, rollout=None)
-        assert report["type"] == "Mute" and report["worker"] == 3
-        assert report["message"] == "<Mute.__str__ raised RuntimeError>"
+        assert report["type"] == "MuteError" and report["worker"] == 3
+        assert report["message"] == "<MuteError.__str__ raised RuntimeError>"
 
         def broken(*args, **kwargs):
             raise MemoryError
@@ -484,4 +484,4 @@ def test_a_worker_report_survives_an_exception_that_cannot_describe_itself(monke
         text = error_payload(exc, worker=3, rollout=None)["traceback"]
     assert text.startswith("Traceback (most recent call last):\n")
     assert "test_a_worker_report_survives" in text
-    assert text.endswith("Mute: <Mute.__str__ raised RuntimeError>\n")
+    assert text.endswith("MuteError: <MuteError.__str__ raised RuntimeError>\n")
