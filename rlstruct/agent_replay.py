@@ -96,7 +96,7 @@ def replay_agent(
         out, state = _check_result(fn(trajectories, t, state), method, b, f"t={t}")
         outputs.append(out)
     if not outputs:
-        return TemporalDictTensor._trusted(DictTensor(batch_size=b), steps.lengths, n_t)
+        return TemporalDictTensor.trusted(DictTensor(batch_size=b), steps.lengths, n_t)
     return _as_temporal(DictTensor.stack(outputs, dim=1), steps, method)
 
 
@@ -149,19 +149,19 @@ def replay_agent_stateless(
     steps = trajectories.trajectories
     b, n_t = steps.n_elems(), steps.n_timesteps()
     if b * n_t == 0:
-        return TemporalDictTensor._trusted(DictTensor(batch_size=b), steps.lengths, n_t)
+        return TemporalDictTensor.trusted(DictTensor(batch_size=b), steps.lengths, n_t)
     n = b * n_t
     device = steps.device()
     # Views, no copy for contiguous tensors; lengths from the mask needs no host sync.
-    flat_steps = TemporalDictTensor._trusted(
-        DictTensor._trusted(
+    flat_steps = TemporalDictTensor.trusted(
+        DictTensor.trusted(
             {k: v.reshape((n, 1) + v.shape[2:]) for k, v in steps.items()}, n, device
         ),
         steps.mask().reshape(n).long(),
         1,
     )
     info = trajectories.info
-    flat_info = DictTensor._trusted(
+    flat_info = DictTensor.trusted(
         {
             k: v.unsqueeze(1).expand((b, n_t) + v.shape[1:]).reshape((n,) + v.shape[1:])
             for k, v in info.items()
@@ -172,7 +172,7 @@ def replay_agent_stateless(
     )
     flat = Trajectories(flat_info, flat_steps)
     out, _ = _check_result(fn(flat, 0, DictTensor(batch_size=n)), method, n, "B*T rows")
-    out = DictTensor._trusted(
+    out = DictTensor.trusted(
         {k: v.reshape((b, n_t) + v.shape[1:]) for k, v in out.items()}, b, out.device()
     )
     return _as_temporal(out, steps, method)
@@ -182,8 +182,8 @@ def _replay_transitions(fn: ReplayMethod, transitions: DictTensor, method: str) 
     n, device = transitions.n_elems(), transitions.device()
     if n == 0 or device is None:
         return DictTensor(batch_size=n)
-    one_step = TemporalDictTensor._trusted(
-        DictTensor._trusted({k: v.unsqueeze(1) for k, v in transitions.items()}, n, device),
+    one_step = TemporalDictTensor.trusted(
+        DictTensor.trusted({k: v.unsqueeze(1) for k, v in transitions.items()}, n, device),
         torch.ones(n, dtype=torch.long, device=device),
         1,
     )
@@ -239,7 +239,7 @@ def _as_temporal(
 ) -> TemporalDictTensor:
     _check_device(out, steps.device(), method)
     # Shapes and device are checked: skip the lengths re-check (a host sync on a GPU).
-    return TemporalDictTensor._trusted(out, steps.lengths, steps.n_timesteps())
+    return TemporalDictTensor.trusted(out, steps.lengths, steps.n_timesteps())
 
 
 def _check_device(out: DictTensor, expected: torch.device | None, method: str) -> None:

@@ -144,15 +144,34 @@ class DictTensor(_NamedTensors):
                 self.set(key, value)
 
     @classmethod
-    def _trusted(
+    def trusted(
         cls, tensors: dict[str, Tensor], batch_size: int | None, device: torch.device | None
     ) -> DictTensor:
-        """Builds a DictTensor from tensors known to satisfy the invariant (internal)."""
+        """A DictTensor over ``tensors`` as they are, without a check or a copy.
+
+        For fast paths that build tensors known to satisfy the invariant (each ``(B, *feat)``
+        with ``B == batch_size``, all on ``device``); nothing is checked, so a caller that
+        breaks it gets a DictTensor that fails later, far from the cause.
+
+        Args:
+            tensors: the ``{key: (B, *feat) tensor}`` dict; it is held, not copied.
+            batch_size: ``B`` (None only for an empty DictTensor without one).
+            device: the device every tensor lives on (None for an empty DictTensor).
+
+        Returns:
+            The DictTensor.
+        """
         out = cls.__new__(cls)
         out._tensors = tensors
         out._batch_size = batch_size
         out._device = device
         return out
+
+    @property
+    def tensors(self) -> dict[str, Tensor]:
+        """The ``{key: (B, *feat) tensor}`` dict itself, not a copy, for read-only fast paths
+        (change it through :meth:`set` and :meth:`unset`, which check)."""
+        return self._tensors
 
     # ------------------------------------------------------------------ mapping protocol
     def __getitem__(self, key: str) -> Tensor:
@@ -263,8 +282,19 @@ class DictTensor(_NamedTensors):
         return "\n".join(lines) + ")" if len(lines) > 1 else lines[0] + ", empty)"
 
     # ------------------------------------------------------------------ new DictTensors
-    def _map(self, fn: Callable[[Tensor], Tensor], batch_size: int | None) -> DictTensor:
-        return DictTensor._trusted(
+    def map_tensors(self, fn: Callable[[Tensor], Tensor], batch_size: int | None) -> DictTensor:
+        """A DictTensor of ``fn`` applied to each tensor, trusted (no check) to have batch size
+        ``batch_size`` and to stay on this device; :meth:`apply` is the checked form.
+
+        Args:
+            fn: maps a ``(B, *feat)`` tensor to a ``(batch_size, *feat')`` one on the same
+                device.
+            batch_size: the batch size of the results.
+
+        Returns:
+            The new DictTensor (see :meth:`trusted`).
+        """
+        return DictTensor.trusted(
             {k: fn(v) for k, v in self._tensors.items()}, batch_size, self._device
         )
 
@@ -283,15 +313,15 @@ class DictTensor(_NamedTensors):
                     f"no key {k!r} in DictTensor; keys are {sorted(self._tensors)}"
                 )
             out[k] = self._tensors[k].clone() if clone else self._tensors[k]
-        return DictTensor._trusted(out, self._batch_size, self._device)
+        return DictTensor.trusted(out, self._batch_size, self._device)
 
     def clone(self) -> DictTensor:
         """A deep copy (new storage for every tensor)."""
-        return self._map(Tensor.clone, self._batch_size)
+        return self.map_tensors(Tensor.clone, self._batch_size)
 
     def detach(self) -> DictTensor:
         """The same tensors, detached from the autograd graph."""
-        return self._map(Tensor.detach, self._batch_size)
+        return self.map_tensors(Tensor.detach, self._batch_size)
 
     def apply(self, fn: Callable[[Tensor], Tensor]) -> DictTensor:
         """``fn`` applied to every tensor; the result is checked like a new DictTensor.
@@ -301,7 +331,7 @@ class DictTensor(_NamedTensors):
             12.0
         """
         if not self._tensors:
-            return DictTensor._trusted({}, self._batch_size, self._device)
+            return DictTensor.trusted({}, self._batch_size, self._device)
         return DictTensor({k: fn(v) for k, v in self._tensors.items()})
 
     def to(self, device: DeviceLike, non_blocking: bool = False) -> DictTensor:
@@ -314,9 +344,9 @@ class DictTensor(_NamedTensors):
         device = _as_device(device)
         if self._device is None or _same_device(self._device, device):
             if self._device is None and not self._tensors:
-                return DictTensor._trusted({}, self._batch_size, device)
+                return DictTensor.trusted({}, self._batch_size, device)
             return self
-        out = self._map(lambda t: t.to(device, non_blocking=non_blocking), self._batch_size)
+        out = self.map_tensors(lambda t: t.to(device, non_blocking=non_blocking), self._batch_size)
         if self._tensors:
             out._device = next(iter(out._tensors.values())).device
         else:
@@ -325,7 +355,7 @@ class DictTensor(_NamedTensors):
 
     def pin_memory(self) -> DictTensor:
         """Copies into page-locked memory (for fast, asynchronous host-to-GPU copies)."""
-        return self._map(Tensor.pin_memory, self._batch_size)
+        return self.map_tensors(Tensor.pin_memory, self._batch_size)
 
     def share_memory_(self) -> DictTensor:
         """Moves every tensor to shared memory in place (for worker processes); returns self."""
@@ -347,7 +377,7 @@ class DictTensor(_NamedTensors):
             b = a + 1
         start, stop, _ = slice(a, b).indices(n)
         size = max(0, stop - start)
-        return self._map(lambda t: t[start:stop], size)
+        return self.map_tensors(lambda t: t[start:stop], size)
 
     def index(self, idx: Index) -> DictTensor:
         """Rows selected by ``idx`` (LongTensor, list of ints, int, or bool mask of shape (B,)).
@@ -366,15 +396,15 @@ class DictTensor(_NamedTensors):
             size = len(range(start, stop, step))
         elif ridx.dtype == torch.bool:
             if not self._tensors:
-                return DictTensor._trusted({}, int(ridx.sum()), self._device)
-            out = self._map(lambda t: t[ridx], None)
+                return DictTensor.trusted({}, int(ridx.sum()), self._device)
+            out = self.map_tensors(lambda t: t[ridx], None)
             out._batch_size = next(iter(out._tensors.values())).shape[0]
             return out
         else:
             size = ridx.shape[0]
             if n == 0 and size > 0:
                 raise IndexError(f"cannot index {size} rows of an empty batch")
-        return self._map(lambda t: t[ridx], size)
+        return self.map_tensors(lambda t: t[ridx], size)
 
     def unfold(self) -> list[DictTensor]:
         """One DictTensor per row (each with B=1)."""
@@ -382,7 +412,7 @@ class DictTensor(_NamedTensors):
 
     def prepend_key(self, prefix: str) -> DictTensor:
         """A DictTensor whose keys are ``prefix + key`` (same tensors)."""
-        return DictTensor._trusted(
+        return DictTensor.trusted(
             {prefix + k: v for k, v in self._tensors.items()}, self._batch_size, self._device
         )
 
@@ -395,7 +425,7 @@ class DictTensor(_NamedTensors):
             ['x']
         """
         n = len(prefix)
-        return DictTensor._trusted(
+        return DictTensor.trusted(
             {k[n:]: v for k, v in self._tensors.items() if k.startswith(prefix)},
             self._batch_size,
             self._device,
@@ -479,7 +509,7 @@ class DictTensor(_NamedTensors):
                     f"expected {sorted(keys)} like item 0"
                 )
         if not keys:
-            return DictTensor._trusted({}, sum(d.n_elems() for d in dts), first._device)
+            return DictTensor.trusted({}, sum(d.n_elems() for d in dts), first._device)
         for i, d in enumerate(dts[1:], 1):
             if not _same_device(d._device, first._device):
                 raise DeviceContractError(
@@ -497,7 +527,7 @@ class DictTensor(_NamedTensors):
         # The invariant holds by construction: one device (checked above), and torch.cat gave
         # every key the same number of rows; re-checking each key would cost ~1 µs per key.
         b = next(iter(out.values())).shape[0]
-        return DictTensor._trusted(out, b, first._device)
+        return DictTensor.trusted(out, b, first._device)
 
     @staticmethod
     def stack(dts: Sequence[DictTensor], dim: int = 0) -> DictTensor:
@@ -581,4 +611,4 @@ def masked_dicttensor(d0: DictTensor, d1: DictTensor, mask: Tensor) -> DictTenso
                 f"masked_dicttensor: key {k!r} has shapes {tuple(v.shape)} and {tuple(w.shape)}"
             )
         out[k] = torch.where(_row_mask(mask, v, f"masked_dicttensor key {k!r}"), w, v)
-    return DictTensor._trusted(out, d0._batch_size, d0._device)
+    return DictTensor.trusted(out, d0._batch_size, d0._device)

@@ -105,11 +105,20 @@ class TemporalDictTensor(_NamedTensors):
         return lengths
 
     @classmethod
-    def _trusted(cls, dt: DictTensor, lengths: Tensor, n_timesteps: int) -> TemporalDictTensor:
+    def trusted(cls, dt: DictTensor, lengths: Tensor, n_timesteps: int) -> TemporalDictTensor:
+        """A TemporalDictTensor over ``dt`` as it is, without a check or a copy (for fast paths
+        whose tensors are known to be ``(B, T, *feat)``; see :meth:`DictTensor.trusted`).
+
+        Args:
+            dt: the DictTensor of ``(B, T, *feat)`` tensors, with ``T == n_timesteps``.
+            lengths: ``(B,)`` int64 lengths in ``[0, T]``, on ``dt``'s device.
+            n_timesteps: ``T``.
+
+        Returns:
+            The TemporalDictTensor.
+        """
         out = cls.__new__(cls)
-        out._dt = dt
-        out._lengths = lengths
-        out._T = n_timesteps
+        out._dt, out._lengths, out._T = dt, lengths, n_timesteps
         return out
 
     # ------------------------------------------------------------------ mapping protocol
@@ -186,11 +195,11 @@ class TemporalDictTensor(_NamedTensors):
     def get(self, keys: str | Iterable[str], clone: bool = False) -> TemporalDictTensor:
         """The TDT restricted to ``keys`` (same lengths)."""
         lengths = self._lengths.clone() if clone else self._lengths
-        return TemporalDictTensor._trusted(self._dt.get(keys, clone), lengths, self._T)
+        return TemporalDictTensor.trusted(self._dt.get(keys, clone), lengths, self._T)
 
     def clone(self) -> TemporalDictTensor:
         """A deep copy."""
-        return TemporalDictTensor._trusted(self._dt.clone(), self._lengths.clone(), self._T)
+        return TemporalDictTensor.trusted(self._dt.clone(), self._lengths.clone(), self._T)
 
     def slice(self, a: int, b: int | None = None) -> TemporalDictTensor:
         """Rows ``a`` to ``b`` (excluded); ``slice(a)`` keeps row ``a`` as B=1."""
@@ -200,13 +209,13 @@ class TemporalDictTensor(_NamedTensors):
             a = a % n
             b = a + 1
         start, stop, _ = slice(a, b).indices(n)
-        return TemporalDictTensor._trusted(dt, self._lengths[start:stop], self._T)
+        return TemporalDictTensor.trusted(dt, self._lengths[start:stop], self._T)
 
     def index(self, idx: Index) -> TemporalDictTensor:
         """Rows selected by ``idx`` (LongTensor, ints or bool mask (B,)), lengths included."""
         ridx = _row_index(idx, self.n_elems(), self.device())
         dt = self._dt.index(ridx)
-        return TemporalDictTensor._trusted(dt, self._lengths[ridx], self._T)
+        return TemporalDictTensor.trusted(dt, self._lengths[ridx], self._T)
 
     def unfold(self) -> list[TemporalDictTensor]:
         """One TDT per row, each shortened to its own length."""
@@ -220,11 +229,11 @@ class TemporalDictTensor(_NamedTensors):
         if new_b == b:
             return self
         pad = {k: v.new_zeros((new_b - b,) + tuple(v.shape[1:])) for k, v in self._dt.items()}
-        dt = DictTensor._trusted(
+        dt = DictTensor.trusted(
             {k: torch.cat([v, pad[k]]) for k, v in self._dt.items()}, new_b, self.device()
         )
         lengths = torch.cat([self._lengths, self._lengths.new_zeros(new_b - b)])
-        return TemporalDictTensor._trusted(dt, lengths, self._T)
+        return TemporalDictTensor.trusted(dt, lengths, self._T)
 
     # ------------------------------------------------------------------ time
     def shorten(self) -> TemporalDictTensor:
@@ -241,9 +250,9 @@ class TemporalDictTensor(_NamedTensors):
         """
         if not 0 <= a <= b <= self._T:
             raise IndexError(f"temporal_slice({a}, {b}) needs 0 <= a <= b <= T={self._T}")
-        dt = self._dt._map(lambda t: t[:, a:b], self.n_elems())
+        dt = self._dt.map_tensors(lambda t: t[:, a:b], self.n_elems())
         lengths = (self._lengths - a).clamp(0, b - a)
-        return TemporalDictTensor._trusted(dt, lengths, b - a)
+        return TemporalDictTensor.trusted(dt, lengths, b - a)
 
     def _check_t(self, t: int) -> int:
         if not -self._T <= t < self._T:
@@ -253,7 +262,7 @@ class TemporalDictTensor(_NamedTensors):
     def temporal_index(self, t: int) -> DictTensor:
         """Step ``t`` of every row as a DictTensor ``(B, *feat)`` (padding rows included)."""
         t = self._check_t(t)
-        return self._dt._map(lambda v: v[:, t], self.n_elems())
+        return self._dt.map_tensors(lambda v: v[:, t], self.n_elems())
 
     def masked_temporal_index(self, t: int) -> tuple[DictTensor, Tensor]:
         """Step ``t`` of every row and a ``(B,)`` bool mask (on the tensors' device) of the rows
@@ -269,7 +278,7 @@ class TemporalDictTensor(_NamedTensors):
         if b and ((t < 0).any() or (t >= self._T).any()):
             raise IndexError(f"temporal_multi_index: steps must lie in [0, {self._T})")
         rows = torch.arange(b, device=t.device)
-        return self._dt._map(lambda v: v[rows, t], b)
+        return self._dt.map_tensors(lambda v: v[rows, t], b)
 
     def last(self) -> DictTensor:
         """Each row's last valid step (``lengths[b] - 1``) as a DictTensor ``(B, *feat)``.
@@ -286,10 +295,10 @@ class TemporalDictTensor(_NamedTensors):
         """The valid steps only, flattened row by row: a DictTensor of ``sum(lengths)`` rows."""
         b, t = self.n_elems(), self._T
         if self.full():
-            return self._dt._map(lambda v: v.reshape((b * t,) + tuple(v.shape[2:])), b * t)
+            return self._dt.map_tensors(lambda v: v.reshape((b * t,) + tuple(v.shape[2:])), b * t)
         flat = torch.nonzero(self.mask().reshape(-1)).squeeze(1)
         n = flat.shape[0]
-        return self._dt._map(lambda v: v.reshape((b * t,) + tuple(v.shape[2:]))[flat], n)
+        return self._dt.map_tensors(lambda v: v.reshape((b * t,) + tuple(v.shape[2:]))[flat], n)
 
     # ------------------------------------------------------------------ whole
     def apply(self, fn: Callable[[Tensor], Tensor]) -> TemporalDictTensor:
@@ -299,11 +308,11 @@ class TemporalDictTensor(_NamedTensors):
 
     def detach(self) -> TemporalDictTensor:
         """The tensors detached from the autograd graph."""
-        return TemporalDictTensor._trusted(self._dt.detach(), self._lengths, self._T)
+        return TemporalDictTensor.trusted(self._dt.detach(), self._lengths, self._T)
 
     def pin_memory(self) -> TemporalDictTensor:
         """Page-locked copies (tensors and lengths)."""
-        return TemporalDictTensor._trusted(
+        return TemporalDictTensor.trusted(
             self._dt.pin_memory(), self._lengths.pin_memory(), self._T
         )
 
@@ -313,7 +322,7 @@ class TemporalDictTensor(_NamedTensors):
         dt = self._dt.to(device, non_blocking=non_blocking)
         if dt is self._dt and _same_device(self._lengths.device, device):
             return self
-        return TemporalDictTensor._trusted(
+        return TemporalDictTensor.trusted(
             dt, self._lengths.to(device, non_blocking=non_blocking), self._T
         )
 
@@ -365,8 +374,8 @@ class TemporalDictTensor(_NamedTensors):
         for d in tdts:
             if d._T < t_max:
                 pad = d._T
-                d = TemporalDictTensor._trusted(
-                    d._dt._map(
+                d = TemporalDictTensor.trusted(
+                    d._dt.map_tensors(
                         lambda v, pad=pad: torch.cat(
                             [v, v.new_zeros((v.shape[0], t_max - pad) + tuple(v.shape[2:]))], 1
                         ),
@@ -380,4 +389,4 @@ class TemporalDictTensor(_NamedTensors):
         lengths = torch.cat([d._lengths for d in padded])
         if dt.empty():
             return TemporalDictTensor(lengths=lengths, n_timesteps=t_max)
-        return TemporalDictTensor._trusted(dt, lengths, t_max)
+        return TemporalDictTensor.trusted(dt, lengths, t_max)

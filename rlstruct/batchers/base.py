@@ -123,9 +123,16 @@ class BatcherBase:
         return problems
 
     @staticmethod
-    def _validate_pipeline(pipeline: Any) -> list[str]:
+    def validate_pipeline(pipeline: Any) -> list[str]:
         """The problems of a ``pipeline`` argument (the one check of every batcher that takes
-        one, and of ``make_batcher``)."""
+        one, and of ``make_batcher``).
+
+        Args:
+            pipeline: the value given (1: synchronous, K >= 2: K segment slots).
+
+        Returns:
+            One message if it is not an int >= 1 (a bool is not), else ``[]``.
+        """
         if isinstance(pipeline, bool) or not isinstance(pipeline, int) or pipeline < 1:
             return [
                 f"pipeline must be an int >= 1 (1: synchronous, K >= 2: K segment slots), "

@@ -118,7 +118,7 @@ class SlotBuffer:
                 "(the keys seen at the first step must stay the same)"
             )
         for leaf, _key, _buf, shape, dtype in plan:
-            v = values._tensors[leaf]
+            v = values.tensors[leaf]
             if v.dtype != dtype or v.shape[1:] != shape or v.shape[0] != n:
                 raise ShapeError(
                     f"{where}: {prefix}{leaf} is {tuple(v.shape)} {v.dtype}, expected "
@@ -153,7 +153,7 @@ class SlotBuffer:
         sources: list[Tensor] = []
         try:
             for (count, get), values in zip(self._getters, groups):
-                tensors = values._tensors
+                tensors = values.tensors
                 if len(tensors) != count:
                     raise KeyError
                 if count == 1:  # itemgetter of one key returns the tensor, not a tuple
@@ -251,8 +251,8 @@ class SlotBuffer:
             # The buffer may be rewritten once the caller lets the workers go on.
             torch.cuda.current_stream(target).synchronize()
             return Trajectories(
-                DictTensor._trusted(info, n, target),
-                TemporalDictTensor._trusted(DictTensor._trusted(steps, n, target), sel, t_max),
+                DictTensor.trusted(info, n, target),
+                TemporalDictTensor.trusted(DictTensor.trusted(steps, n, target), sel, t_max),
             )
         if rows is None:
             rows = torch.nonzero(lengths > 0).squeeze(1)
@@ -265,11 +265,11 @@ class SlotBuffer:
         device = lengths.device
         if target != device:
             batch = Trajectories(
-                DictTensor._trusted(info, n, device),
-                TemporalDictTensor._trusted(DictTensor._trusted(steps, n, device), sel, t_max),
+                DictTensor.trusted(info, n, device),
+                TemporalDictTensor.trusted(DictTensor.trusted(steps, n, device), sel, t_max),
             )
             return batch.to(target)
         return Trajectories(
-            DictTensor._trusted(info, n, device),
-            TemporalDictTensor._trusted(DictTensor._trusted(steps, n, device), sel, t_max),
+            DictTensor.trusted(info, n, device),
+            TemporalDictTensor.trusted(DictTensor.trusted(steps, n, device), sel, t_max),
         )

@@ -69,14 +69,14 @@ def _describe(exc: BaseException) -> str:
     """``str(exc)``, or a stand-in when the exception cannot even describe itself."""
     try:
         return str(exc)
-    except BaseException as e:  # a broken __str__ must not kill the report
+    except BaseException as e:  # noqa: BLE001 - a broken __str__ must not kill the report
         return f"<{type(exc).__name__}.__str__ raised {type(e).__name__}>"
 
 
 def _format_traceback(exc: BaseException) -> str:
     try:
         return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - an exception that breaks formatting: frames only
         frames = "".join(traceback.format_tb(exc.__traceback__))
         head = "Traceback (most recent call last):\n"
         return f"{head}{frames}{type(exc).__name__}: {_describe(exc)}\n"
@@ -198,7 +198,7 @@ class WorkerCore:
     def close(self) -> None:
         """Closes the env and the agent (never raises)."""
         for obj in (self.env, self.agent):
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # close never raises: the failure is reported
                 if obj is not None:
                     obj.close()
         self.env = self.agent = self.rollout = None

@@ -42,7 +42,6 @@ def default_processes() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-
 class _Checked:
     """Picklable factory: builds the agent and wraps it in CheckDevice."""
 
@@ -127,24 +126,9 @@ def make_batcher(
         env_info=env_info,
     )
     n_processes = n_processes or default_processes()
-    problems = BatcherBase._validate_pipeline(pipeline)
-    if problems:
-        raise ConfigError("; ".join(problems))
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise ConfigError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
-    restart = RestartPolicy(max_restarts=max_restarts) if max_restarts else None
+    restart = _restart_policy(pipeline, max_restarts)
     if backend == "ray":
-        from rlstruct.batchers import RayBatcher
-
-        actor = dict(ray_actor or {})
-        resources = actor.pop("resources", None)
-        return RayBatcher(
-            **common, n_processes=n_processes, address=ray_address, restart=restart,
-            pipeline=pipeline,
-            num_cpus_per_actor=actor.pop("num_cpus_per_actor", 1),
-            num_gpus_per_actor=actor.pop("num_gpus_per_actor", 0),
-            actor_options={"resources": dict(resources), **actor} if resources else actor or None,
-        )  # fmt: skip
+        return _ray_batcher(common, n_processes, pipeline, restart, ray_address, ray_actor)
     if backend != "local":
         raise ConfigError(f"backend must be 'local' or 'ray', got {backend!r}")
     if is_accelerator(device) and pipeline > 1:
@@ -155,3 +139,37 @@ def make_batcher(
     if is_accelerator(device) or (n_processes == 1 and pipeline == 1):
         return SerialBatcher(**common, device=device)
     return Batcher(**common, n_processes=n_processes, pipeline=pipeline, restart=restart)
+
+
+def _restart_policy(pipeline: int, max_restarts: int) -> RestartPolicy | None:
+    """Checks ``pipeline`` and ``max_restarts``; the restart policy they call for (None: fail
+    fast)."""
+    problems = BatcherBase.validate_pipeline(pipeline)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ConfigError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+    return RestartPolicy(max_restarts=max_restarts) if max_restarts else None
+
+
+def _ray_batcher(
+    common: dict[str, Any],
+    n_processes: int,
+    pipeline: int,
+    restart: RestartPolicy | None,
+    ray_address: str | None,
+    ray_actor: Mapping[str, Any] | None,
+) -> RayBatcher:
+    """The RayBatcher of :func:`make_batcher` (``backend="ray"``), its actors' options split
+    out of ``ray_actor``."""
+    from rlstruct.batchers import RayBatcher
+
+    actor = dict(ray_actor or {})
+    resources = actor.pop("resources", None)
+    return RayBatcher(
+        **common, n_processes=n_processes, address=ray_address, restart=restart,
+        pipeline=pipeline,
+        num_cpus_per_actor=actor.pop("num_cpus_per_actor", 1),
+        num_gpus_per_actor=actor.pop("num_gpus_per_actor", 0),
+        actor_options={"resources": dict(resources), **actor} if resources else actor or None,
+    )  # fmt: skip

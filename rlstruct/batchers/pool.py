@@ -141,7 +141,7 @@ class WorkerPool(BatcherBase):
         found += self._validate_workers(
             n_processes, seeds, agent_seeds, n_threads, restart, timeout, start_timeout
         )
-        found += self._validate_pipeline(pipeline)
+        found += self.validate_pipeline(pipeline)
         found += own
         named = {"agent_args": agent_args, "env_args": env_args}
         for name, value in {**named, "agent_info": agent_info, "env_info": env_info}.items():

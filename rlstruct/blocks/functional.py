@@ -487,19 +487,33 @@ def vtrace(
         tensor([[1.0312, 0.5625, 0.7500]])
     """
     gamma = _check_unit("gamma", gamma)
-    rho_bar = _check_bar("rho_bar", rho_bar)
-    c_bar = _check_bar("c_bar", c_bar)
+    rho_bar, c_bar = _check_bar("rho_bar", rho_bar), _check_bar("c_bar", c_bar)
     term, valid, cont = _prepare(reward, terminated, truncated, lengths)
-    _check_like("value", value, reward)
-    _check_like("next_value", next_value, reward)
-    _check_like("log_rho", log_rho, reward)
+    r, v, nv, lr = _detached_floats(reward, value=value, next_value=next_value, log_rho=log_rho)
+    return _vtrace_scan(r, v, nv, lr, term, valid, cont, gamma, rho_bar, c_bar)
+
+
+def _detached_floats(reward: Tensor, **others: Tensor) -> tuple[Tensor, ...]:
+    """``reward`` and ``others`` (each checked to be shaped like it), detached and cast to
+    their promoted floating dtype (the default float dtype if none is floating)."""
+    for name, x in others.items():
+        _check_like(name, x, reward)
     dtype = reward.dtype
-    for x in (value, next_value, log_rho):
+    for x in others.values():
         dtype = torch.promote_types(dtype, x.dtype)
     if not dtype.is_floating_point:
         dtype = torch.get_default_dtype()
-    r, v, nv, lr = (x.detach().to(dtype) for x in (reward, value, next_value, log_rho))
-    zero = torch.zeros((), dtype=dtype, device=r.device)
+    return tuple(x.detach().to(dtype) for x in (reward, *others.values()))
+
+
+def _vtrace_scan(
+    r: Tensor, v: Tensor, nv: Tensor, lr: Tensor, term: Tensor, valid: Tensor, cont: Tensor,
+    gamma: float, rho_bar: float, c_bar: float,
+) -> VTrace:
+    """The V-trace recursion of :func:`vtrace` on checked (B, T) floats: rewards, values, next
+    values and log ratios, with the termination, valid and continuation masks of
+    :func:`_prepare`."""
+    zero = torch.zeros((), dtype=r.dtype, device=r.device)
     ratio = torch.exp(lr)  # garbage in padding is masked below, never multiplied into a result
     rho = torch.where(valid, ratio.clamp(max=rho_bar), zero)
     boot = torch.where(term, zero, nv)

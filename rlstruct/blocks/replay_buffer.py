@@ -353,7 +353,7 @@ class ReplayBuffer:
             self._size, (n,), generator=self._get_generator(), device=self._device
         )
         out = {k: v[idx] for k, v in self._storage.items()}
-        return DictTensor._trusted(out, n, self._device)
+        return DictTensor.trusted(out, n, self._device)
 
     def transitions(self) -> DictTensor:
         """Every stored transition, oldest first: a DictTensor ``(len(self), *feat)`` (a copy).
@@ -367,7 +367,7 @@ class ReplayBuffer:
         out = {
             k: torch.cat([v[start : self._size], v[:start]]) for k, v in self._storage.items()
         }
-        return DictTensor._trusted(out, self._size, self._device)
+        return DictTensor.trusted(out, self._size, self._device)
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:

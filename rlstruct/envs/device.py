@@ -98,7 +98,7 @@ class DeviceEnv(VecEnv):
             k: up_t1[k] if t1.get(k) is v else v.to(dev, non_blocking=nb)
             for k, v in obs_next.items()
         }
-        up_next = DictTensor._trusted(nxt, obs_next.batch_size, up_t1.device())
+        up_next = DictTensor.trusted(nxt, obs_next.batch_size, up_t1.device())
         return (up_t1, up_was), (up_next, running.to(dev, non_blocking=nb))
 
     def set_env_id_offset(self, offset: int) -> None:

@@ -132,6 +132,44 @@ def import_envpool() -> ModuleType:
         raise ImportError(f"{INSTALL_HINT} ({type(e).__name__}: {e})") from e
 
 
+
+def _check_arguments(
+    n_envs: int, seed: int, env_id_offset: int, info_keys: Sequence[str],
+    envpool_kwargs: dict[str, Any],
+) -> None:
+    """The checks of :class:`EnvPoolEnv`'s arguments that need no envpool."""
+    _check_int("n_envs", n_envs, 1)
+    _check_int("seed", seed, 0)
+    _check_int("env_id_offset", env_id_offset, 0)
+    if isinstance(info_keys, str):
+        raise ConfigError(f"info_keys must be a sequence of names, got the str {info_keys!r}")
+    if seed + n_envs - 1 > _INT32_MAX:
+        raise ConfigError(
+            f"seed={seed} with n_envs={n_envs}: envpool seeds env k with seed + k, which must "
+            f"fit an int32 (<= {_INT32_MAX})"
+        )
+    for key, ours in _OWN_KWARGS.items():
+        if key in envpool_kwargs:
+            what = f"pass it as {ours}=" if ours else "EnvPoolEnv sets it itself"
+            if key == "batch_size":
+                what = (
+                    "EnvPoolEnv runs envpool in synchronous mode (batch_size = n_envs); "
+                    "envpool's asynchronous mode does not fit a VecEnv"
+                )
+            raise ConfigError(f"envpool keyword {key}={envpool_kwargs[key]!r}: {what}")
+
+
+def _check_task_id(envpool: Any, env: str) -> None:
+    """Raises a ConfigError, with the nearest ids, if ``env`` is no envpool task id."""
+    if not isinstance(env, str) or env not in envpool.list_all_envs():
+        close = difflib.get_close_matches(str(env), envpool.list_all_envs(), n=3)
+        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise ConfigError(
+            f"{env!r} is not an envpool task id (envpool.list_all_envs() lists them; Atari "
+            f"ids have no 'ALE/' prefix, e.g. 'Pong-v5'){hint}"
+        )
+
+
 class EnvPoolEnv(VecEnv):
     """``N`` envs of one envpool task, stepped by envpool in one call per step (see module doc).
 
@@ -183,60 +221,14 @@ class EnvPoolEnv(VecEnv):
         check_obs: bool = True,
         **envpool_kwargs: Any,
     ) -> None:
-        _check_int("n_envs", n_envs, 1)
-        _check_int("seed", seed, 0)
-        _check_int("env_id_offset", env_id_offset, 0)
-        if isinstance(info_keys, str):
-            raise ConfigError(f"info_keys must be a sequence of names, got the str {info_keys!r}")
-        if seed + n_envs - 1 > _INT32_MAX:
-            raise ConfigError(
-                f"seed={seed} with n_envs={n_envs}: envpool seeds env k with seed + k, which must "
-                f"fit an int32 (<= {_INT32_MAX})"
-            )
-        for key, ours in _OWN_KWARGS.items():
-            if key in envpool_kwargs:
-                what = f"pass it as {ours}=" if ours else "EnvPoolEnv sets it itself"
-                if key == "batch_size":
-                    what = (
-                        "EnvPoolEnv runs envpool in synchronous mode (batch_size = n_envs); "
-                        "envpool's asynchronous mode does not fit a VecEnv"
-                    )
-                raise ConfigError(f"envpool keyword {key}={envpool_kwargs[key]!r}: {what}")
+        _check_arguments(n_envs, seed, env_id_offset, info_keys, envpool_kwargs)
         envpool = import_envpool()
-        if not isinstance(env, str) or env not in envpool.list_all_envs():
-            close = difflib.get_close_matches(str(env), envpool.list_all_envs(), n=3)
-            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-            raise ConfigError(
-                f"{env!r} is not an envpool task id (envpool.list_all_envs() lists them; Atari "
-                f"ids have no 'ALE/' prefix, e.g. 'Pong-v5'){hint}"
-            )
+        _check_task_id(envpool, env)
         kwargs = dict(envpool_kwargs)
         if kwargs.get("max_episode_steps") is not None:
             _check_int("max_episode_steps", kwargs["max_episode_steps"], 1)
         n = int(n_envs)
-        with warnings.catch_warnings():
-            # gymnasium warns that envpool's float64 Box bounds are cast to float32.
-            warnings.filterwarnings("ignore", message=".*precision lowered")
-            try:
-                spec = envpool.make_spec(env, num_envs=n, **kwargs)
-            except Exception as e:
-                raise ConfigError(f"envpool refused the keywords {sorted(kwargs)}: {e}") from e
-            limit = int(getattr(spec.config, "max_episode_steps", 0) or 0)
-            own_limit = limit > 0 and not getattr(spec.config, "episodic_life", False)
-            if own_limit:
-                # envpool truncates one step later than we do: never before this class.
-                kwargs["max_episode_steps"] = limit + 1
-            self._pool: Any = envpool.make(
-                env, env_type="gymnasium", num_envs=n, batch_size=n, seed=int(seed), **kwargs
-            )
-            try:
-                self.observation_space: gym.Space = self._pool.observation_space
-                self.action_space: gym.Space = self._pool.action_space
-                self._leaves: list[Leaf] = observation_leaves(self.observation_space)
-                self._act = ActionSpec(self.action_space)
-            except BaseException:
-                self._pool.close()
-                raise
+        limit, own_limit = self._open_pool(envpool, env, n, int(seed), kwargs)
         self.action_space.seed(int(seed))
         self.env_id = env
         self.max_episode_steps: int | None = limit or None
@@ -263,6 +255,36 @@ class EnvPoolEnv(VecEnv):
             K.LAST_ACTION: np.repeat(self._act.default[None], n, axis=0),
             K.ENV_STEP: np.zeros(n, np.int64),
         }
+
+    def _open_pool(
+        self, envpool: Any, env: str, n: int, seed: int, kwargs: dict[str, Any]
+    ) -> tuple[int, bool]:
+        """Makes the envpool of ``n`` envs and reads its spaces; ``(limit, own_limit)``: the
+        task's ``max_episode_steps`` (0: none) and whether this class enforces it."""
+        with warnings.catch_warnings():
+            # gymnasium warns that envpool's float64 Box bounds are cast to float32.
+            warnings.filterwarnings("ignore", message=".*precision lowered")
+            try:
+                spec = envpool.make_spec(env, num_envs=n, **kwargs)
+            except Exception as e:
+                raise ConfigError(f"envpool refused the keywords {sorted(kwargs)}: {e}") from e
+            limit = int(getattr(spec.config, "max_episode_steps", 0) or 0)
+            own_limit = limit > 0 and not getattr(spec.config, "episodic_life", False)
+            if own_limit:
+                # envpool truncates one step later than we do: never before this class.
+                kwargs["max_episode_steps"] = limit + 1
+            self._pool: Any = envpool.make(
+                env, env_type="gymnasium", num_envs=n, batch_size=n, seed=seed, **kwargs
+            )
+            try:
+                self.observation_space: gym.Space = self._pool.observation_space
+                self.action_space: gym.Space = self._pool.action_space
+                self._leaves: list[Leaf] = observation_leaves(self.observation_space)
+                self._act = ActionSpec(self.action_space)
+            except BaseException:
+                self._pool.close()
+                raise
+        return limit, own_limit
 
     # ------------------------------------------------------------------ public API
     def n_envs(self) -> int:
@@ -340,7 +362,7 @@ class EnvPoolEnv(VecEnv):
         for name, x in zip(self._info_keys, self._info_arrays(info, perm, self._n)):
             out[_INFO + name] = torch.from_numpy(x)
         self._running = ids.copy()
-        return DictTensor._trusted(out, self._n, _CPU), torch.from_numpy(ids.copy())
+        return DictTensor.trusted(out, self._n, _CPU), torch.from_numpy(ids.copy())
 
     def step(self, action: DictTensor) -> StepResult:
         """Steps the running envs (all ``N`` with ``auto_reset``), resetting those that end when
@@ -404,13 +426,13 @@ class EnvPoolEnv(VecEnv):
         t1[K.ENV_STEP] = torch.from_numpy(t)
         for name, x in zip(self._info_keys, infos):
             t1[_INFO + name] = torch.from_numpy(x)
-        obs_t1 = DictTensor._trusted(t1, n, _CPU)
+        obs_t1 = DictTensor.trusted(t1, n, _CPU)
         was = torch.from_numpy(run.copy())
         if not done.any():
-            return (obs_t1, was), (DictTensor._trusted(dict(t1), n, _CPU), was.clone())
+            return (obs_t1, was), (DictTensor.trusted(dict(t1), n, _CPU), was.clone())
         if self.auto_reset:
             nxt = self._reset_rows(t1, done, pool_done)
-            return (obs_t1, was), (DictTensor._trusted(nxt, n, _CPU), was.clone())
+            return (obs_t1, was), (DictTensor.trusted(nxt, n, _CPU), was.clone())
         keep = ~done
         still = run[keep]
         self._running = still

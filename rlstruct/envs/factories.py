@@ -244,7 +244,7 @@ def _close_once(envs: Sequence[gym.Env]) -> None:
         if base in closed:
             continue
         closed.add(base)
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # the construction error is the one to report
             e.close()
 
 

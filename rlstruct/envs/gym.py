@@ -127,8 +127,31 @@ class _GymVecEnv(VecEnv):
         self._env_info_keys = None if env_info_keys is None else tuple(env_info_keys)
         self._info_keys = tuple(info_keys)
 
-        # Staging arrays, allocated once, written by index. ``_step_*`` get the answers of the
-        # step (row j = j-th running env), ``_reset_*`` the reset observations (row k = env k).
+        self._allocate_staging(n)
+        self._frame_only = len(self._leaves) == 1 and self._leaves[0].path == ()
+        self._arange = np.arange(n)
+        # The float observation leaves checked for NaN and infinities at every step and reset
+        # (check_obs; check_finite implies it), as (index in self._leaves, key).
+        self._obs_checked = [
+            (i, lf.key) for i, lf in enumerate(self._leaves) if lf.dtype.kind == "f"
+        ] if (self._check_obs or self._check_finite) else []
+
+        self._t = np.zeros(n, np.int64)  # env_step of each env
+        self._check = AnswerChecker(
+            self._leaves[0] if self._frame_only else None, self._offset, self._t,
+            self._check_finite,
+        )
+        self._options: list[dict[str, Any] | None] = [None] * n
+        self._unseeded = [True] * n
+        # What each reset calls: the whole chain the first time (gymnasium's checks and
+        # OrderEnforcing see it), then what ``step`` calls (see rlstruct.envs.unwrap.stepper).
+        self._resetters: list[gym.Env] = list(self._envs)
+        self._running: np.ndarray | None = None  # local env indices; None before reset
+
+    def _allocate_staging(self, n: int) -> None:
+        """Allocates the staging arrays of ``n`` envs, once, written by index: ``_step_*`` get
+        the answers of the step (row j = j-th running env), ``_reset_*`` the reset observations
+        (row k = env k)."""
         act = self._act
         self._step_leaves = [np.zeros((n, *lf.shape), lf.dtype) for lf in self._leaves]
         self._reset_leaves = [np.zeros((n, *lf.shape), lf.dtype) for lf in self._leaves]
@@ -150,25 +173,6 @@ class _GymVecEnv(VecEnv):
         )
         for name, a in zip(self._info_keys, self._reset_info):
             self._reset_buf[_INFO + name] = a
-        self._frame_only = len(self._leaves) == 1 and self._leaves[0].path == ()
-        self._arange = np.arange(n)
-        # The float observation leaves checked for NaN and infinities at every step and reset
-        # (check_obs; check_finite implies it), as (index in self._leaves, key).
-        self._obs_checked = [
-            (i, lf.key) for i, lf in enumerate(self._leaves) if lf.dtype.kind == "f"
-        ] if (self._check_obs or self._check_finite) else []
-
-        self._t = np.zeros(n, np.int64)  # env_step of each env
-        self._check = AnswerChecker(
-            self._leaves[0] if self._frame_only else None, self._offset, self._t,
-            self._check_finite,
-        )
-        self._options: list[dict[str, Any] | None] = [None] * n
-        self._unseeded = [True] * n
-        # What each reset calls: the whole chain the first time (gymnasium's checks and
-        # OrderEnforcing see it), then what ``step`` calls (see rlstruct.envs.unwrap.stepper).
-        self._resetters: list[gym.Env] = list(self._envs)
-        self._running: np.ndarray | None = None  # local env indices; None before reset
 
     def _setup_spaces(self, seed: int) -> None:
         env0 = self._envs[0]
@@ -241,7 +245,7 @@ class _GymVecEnv(VecEnv):
         for e in self._envs:
             try:
                 e.close()
-            except Exception as exc:  # close them all, then report
+            except Exception as exc:  # noqa: BLE001 - close them all, then re-raise the first
                 first = first or exc
         if first is not None:
             raise first
@@ -493,7 +497,7 @@ class GymEnv(_GymVecEnv):
         keep = ~arrays[K.DONE]
         if keep.all():
             still = run
-            obs_next = DictTensor._trusted(dict(obs_t1._tensors), n, _CPU)
+            obs_next = DictTensor.trusted(dict(obs_t1.tensors), n, _CPU)
         else:
             still = run[keep]
             obs_next = obs_t1.index(torch.from_numpy(keep))
@@ -553,7 +557,7 @@ class GymEnvInf(_GymVecEnv):
             nxt = self._next_obs(t1, ended)
             nxt_dt = _dicttensor(nxt, n)
         else:
-            nxt_dt = DictTensor._trusted(dict(t1_dt._tensors), n, _CPU)
+            nxt_dt = DictTensor.trusted(dict(t1_dt.tensors), n, _CPU)
         # Fresh index tensors: a caller may modify them in place.
         return (t1_dt, torch.from_numpy(run.copy())), (nxt_dt, torch.from_numpy(run.copy()))
 
@@ -591,4 +595,4 @@ class GymEnvInf(_GymVecEnv):
 
 def _dicttensor(arrays: dict[str, np.ndarray], n: int) -> DictTensor:
     """A CPU DictTensor over fresh numpy arrays of ``n`` rows (shared memory, no copy)."""
-    return DictTensor._trusted({k: torch.from_numpy(x) for k, x in arrays.items()}, n, _CPU)
+    return DictTensor.trusted({k: torch.from_numpy(x) for k, x in arrays.items()}, n, _CPU)

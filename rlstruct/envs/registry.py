@@ -59,7 +59,7 @@ def env_module_problems(modules: Sequence[str]) -> list[str]:
     for name in modules:
         try:
             importlib.import_module(name)
-        except Exception as err:  # a module's own error is reported, not raised
+        except Exception as err:  # noqa: BLE001 - a module's own error is reported, not raised
             problems.append(f"env_module {name!r} cannot be imported: {type(err).__name__}: "
                             f"{err} (is its folder on PYTHONPATH?)")
     return problems

@@ -287,7 +287,7 @@ class AnswerChecker:
         """
         try:
             r = np.asarray(rew)
-        except Exception:  # ragged (an array among scalars), or a value numpy cannot take
+        except Exception:  # noqa: BLE001 - ragged, or a value numpy cannot take: the walk names it
             r = None
         if r is None or r.dtype.kind not in _REAL_KINDS or r.shape != (run.shape[0],):
             r = self._walk_rewards(rew, run)
@@ -321,7 +321,7 @@ class AnswerChecker:
                 continue
             try:
                 a = np.asarray(v)
-            except Exception:
+            except Exception:  # noqa: BLE001 - not an array: the checks below name the reward
                 a = None
             if a is not None and a.shape == () and a.dtype.kind in _REAL_KINDS:
                 out[j] = a  # a 0-d array (numpy's, or a CPU tensor's)

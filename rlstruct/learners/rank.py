@@ -388,6 +388,53 @@ def _loader(conn: Any, send: Callable[[tuple], None], stager: DeviceStager, rank
                 return
 
 
+def _start_rank(
+    rank: int, spec: RankSpec, status: Tensor, published: list[dict[str, Tensor]]
+) -> tuple[RankContext, Callable[..., Any]]:
+    """Sets rank ``rank``'s process up: signals left to the driver, threads, device, the process
+    group, then the model (with the driver's initial weights) and its optimizer; the rank's
+    context and its learn function."""
+    # The driver owns shutdown: a signal to the process group must not break the batch
+    # the driver collects before its final checkpoint.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    torch.set_num_threads(spec.n_threads)
+    device = torch.device(spec.devices[rank])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    world = len(spec.devices)
+    dist.init_process_group(
+        spec.backend, init_method=spec.init_method, rank=rank, world_size=world,
+        timeout=timedelta(seconds=spec.pg_timeout),
+    )
+    make_model, make_optimizer, learn = cloudpickle.loads(spec.factories)
+    torch.manual_seed(spec.seed)
+    model = make_model().to(device)
+    model.load_state_dict(published[0])  # the initial weights, written by the driver
+    optimizer = make_optimizer(model.parameters(), device=device)
+    if spec.optimizer_state is not None:
+        optimizer.load_state_dict(_load_bytes(spec.optimizer_state))
+    return RankContext(rank, world, device, model, optimizer, status, spec.bucket_bytes), learn
+
+
+def _answer_control(
+    msg: tuple, rank: int, model: nn.Module, optimizer: Any,
+    published: list[dict[str, Tensor]], send: Callable[[tuple], None],
+) -> None:
+    """Answers the driver's ``optimizer_state`` request (the rank's optimizer state, saved) or
+    ``load`` (a resume: every rank loads the same weights and optimizer state)."""
+    if msg[0] == "optimizer_state":
+        buffer = io.BytesIO()
+        torch.save(optimizer.state_dict(), buffer)
+        send(("optimizer_state", rank, buffer.getvalue()))
+        return
+    if msg[1] is not None:
+        model.load_state_dict(published[msg[1]])
+    if msg[2] is not None:
+        optimizer.load_state_dict(_load_bytes(msg[2]))
+    send(("state_loaded", rank))
+
+
 def rank_main(
     rank: int, spec: RankSpec, conn: Any, slots: list[dict[str, Tensor]], status: Tensor,
     published: list[dict[str, Tensor]],
@@ -404,27 +451,8 @@ def rank_main(
             conn.send(msg)
 
     try:
-        # The driver owns shutdown: a signal to the process group must not break the batch
-        # the driver collects before its final checkpoint.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        torch.set_num_threads(spec.n_threads)
-        device = torch.device(spec.devices[rank])
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        world = len(spec.devices)
-        dist.init_process_group(
-            spec.backend, init_method=spec.init_method, rank=rank, world_size=world,
-            timeout=timedelta(seconds=spec.pg_timeout),
-        )
-        make_model, make_optimizer, learn = cloudpickle.loads(spec.factories)
-        torch.manual_seed(spec.seed)
-        model = make_model().to(device)
-        model.load_state_dict(published[0])  # the initial weights, written by the driver
-        optimizer = make_optimizer(model.parameters(), device=device)
-        if spec.optimizer_state is not None:
-            optimizer.load_state_dict(_load_bytes(spec.optimizer_state))
-        ctx = RankContext(rank, world, device, model, optimizer, status, spec.bucket_bytes)
+        ctx, learn = _start_rank(rank, spec, status, published)
+        device, model, optimizer = ctx.device, ctx.model, ctx.optimizer
         stager = DeviceStager(device)
         local: queue.Queue = queue.Queue(maxsize=1)  # one staged shard ahead of learn
         threading.Thread(target=_loader, args=(conn, send, stager, rank, slots, local),
@@ -436,20 +464,11 @@ def rank_main(
             wait_ms = (time.perf_counter() - t0) * 1e3
             if msg[0] == "stop":
                 break
-            if msg[0] == "optimizer_state":
-                buffer = io.BytesIO()
-                torch.save(optimizer.state_dict(), buffer)
-                send(("optimizer_state", rank, buffer.getvalue()))
+            if msg[0] in ("optimizer_state", "load"):
+                _answer_control(msg, rank, model, optimizer, published, send)
                 continue
             if msg[0] == "ring":  # the batcher's weights ring (LearnerGroup.publish_to)
                 ring = msg[1]
-                continue
-            if msg[0] == "load":  # a resume: every rank loads the same state
-                if msg[1] is not None:
-                    model.load_state_dict(published[msg[1]])
-                if msg[2] is not None:
-                    optimizer.load_state_dict(_load_bytes(msg[2]))
-                send(("state_loaded", rank))
                 continue
             _, index, kind, tensors, event, kwargs, ring_slot = msg
             del msg
@@ -474,7 +493,7 @@ def rank_main(
                        "allreduce_ms": ctx.allreduce_ms, "n_allreduce": float(ctx.n_allreduce)}
             send(("done", rank, index, metrics, timings))
             index = None
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - sent to the driver, which raises it
         exitcode = 1
         text = "".join(traceback.format_exception(exc))
         collective = ctx is not None and ctx.in_collective

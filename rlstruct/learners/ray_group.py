@@ -261,10 +261,10 @@ class RayLearnerGroup(LearnerGroupBase):
             return
         self._closed = True
         refs = [a.leave.remote() for a in self._actors]
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # ranks that cannot leave are killed next
             ray.wait(refs, num_returns=len(refs), timeout=max(0.0, timeout - 1.0))
         for a in self._actors:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # an actor that is dead already
                 ray.kill(a, no_restart=True)
         if self._owns_ray:
             self._session.release()

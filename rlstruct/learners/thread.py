@@ -123,7 +123,7 @@ def _learner_loop(shared: _Shared, learn: LearnFn) -> None:
                     f"learn must return a Mapping[str, float] or None, got {type(out).__name__}"
                 )
             metrics = {} if out is None else {str(k): float(v) for k, v in out.items()}
-        except BaseException as exc:  # everything goes to the owner, SystemExit included
+        except BaseException as exc:  # noqa: BLE001 - to the owner, which raises it (SystemExit too)
             batch = None  # the traceback keeps this frame: don't let it hold the batch too
             with shared.lock:
                 shared.error, shared.error_batch = exc, index

@@ -246,16 +246,16 @@ def serve_rank(device_type: str = "cpu", timeout: float = 1800.0) -> None:
             dist.scatter(buffer, None, src=0, group=data)
             answer = replica.step(index, kind, _from_bytes(buffer, specs), kwargs)
             dist.gather_object(answer, None, dst=0, group=data)
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - told to rank 0 and printed; the rank exits 1
         code = 1
         if store is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # rank 0's store gone: the traceback is printed
                 store.set(f"error/{rank}", "".join(traceback.format_exception(exc)))
         traceback.print_exc()
     finally:
         stop.set()
         if dist.is_initialized():
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # a broken group: the exit code says why
                 dist.destroy_process_group()
     raise SystemExit(code)
 
@@ -275,7 +275,7 @@ def _heartbeat(store: Any, rank: int, stop: threading.Event) -> None:
     while not stop.wait(_BEAT_S):
         try:
             store.add(f"beat/{rank}", 1)
-        except Exception:
+        except Exception:  # noqa: BLE001 - the store is gone: this rank is an orphan, it leaves
             if not stop.wait(_ORPHAN_GRACE_S):
                 os._exit(1)
             return
@@ -413,10 +413,10 @@ class TorchrunLearnerGroup(LearnerGroupBase):
             return
         self._closed = True
         if not self._failed:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # ranks gone: torchrun's agent stops them
                 dist.broadcast_object_list([("stop",)], src=0, group=self._control)
         if dist.is_initialized():
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # close is idempotent and never raises
                 dist.destroy_process_group()
 
     def _collective(self, fn: Callable[[], Any], what: str, batch: int | None) -> Any:
@@ -435,7 +435,7 @@ class TorchrunLearnerGroup(LearnerGroupBase):
         described (its traceback's last line, or its pid and host and that its heartbeat
         stopped: a signal such as SIGKILL, or the OOM killer); None while every rank beats."""
         ranks = range(1, self.n_learners)
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # a store that is gone: the beats below tell
             for r in ranks:
                 if self._store.check([f"error/{r}"]):
                     self._failed = True
@@ -459,7 +459,7 @@ class TorchrunLearnerGroup(LearnerGroupBase):
         suffix = (f" (batch {batch})" if batch is not None else "") + \
             ". The group is unusable: the run ends"
         for r in ranks:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # diagnosis only: the next rank, or the beats
                 if self._store.check([f"error/{r}"]):
                     text = self._store.get(f"error/{r}").decode()
                     last = text.strip().splitlines()[-1] if text.strip() else "?"
@@ -486,7 +486,7 @@ class TorchrunLearnerGroup(LearnerGroupBase):
         try:
             return "pid " + self._store.get(f"pid/{rank}").decode() if self._store.check(
                 [f"pid/{rank}"]) else "pid unknown"
-        except Exception:
+        except Exception:  # noqa: BLE001 - diagnosis of a dying group: the store may be gone
             return "pid unknown"
 
     def _beats(self, ranks: range) -> dict[int, int]:
@@ -494,7 +494,7 @@ class TorchrunLearnerGroup(LearnerGroupBase):
         for r in ranks:
             try:
                 out[r] = self._store.add(f"beat/{r}", 0)
-            except Exception:
+            except Exception:  # noqa: BLE001 - diagnosis of a dying group: -1, no beat known
                 out[r] = -1
         return out
 
@@ -502,7 +502,7 @@ class TorchrunLearnerGroup(LearnerGroupBase):
         try:
             return self._store.get(f"phase/{rank}").decode() if self._store.check(
                 [f"phase/{rank}"]) else "not started"
-        except Exception:
+        except Exception:  # noqa: BLE001 - diagnosis of a dying group: the store may be gone
             return "unknown"
 
 

@@ -175,7 +175,7 @@ class RaySession:
             try:
                 with keep_signal_handlers():
                     self.ray.init(address=address)
-            except Exception as err:  # connection refused, bad token, version mismatch...
+            except Exception as err:  # noqa: BLE001 - refused, bad token, version...: a ConfigError
                 raise ConfigError(connect_advice(address, err)) from None
         self.users, self.local = 1, address == "local"
         return True
@@ -210,7 +210,7 @@ class RaySession:
             return
         self.users -= 1
         if self.users == 0 and self.ray.is_initialized():
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # a cluster gone already: nothing to shut down
                 self.ray.shutdown()
 
     def kill(self, actors: list[Any], grace: float) -> None:
@@ -223,20 +223,20 @@ class RaySession:
         refs = []
         if grace > 0:
             for actor in actors:
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(Exception):  # a dead actor: killed below anyway
                     refs.append(actor.close.remote())
         if refs:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # actors that do not close are killed next
                 ray.wait(refs, num_returns=len(refs), timeout=grace)
         for actor in actors:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # an actor that is dead already
                 ray.kill(actor, no_restart=True)
         actors.clear()
 
     def finalize(self, actors: list[Any], owns: bool) -> None:
         """Run by ``close`` or when a batcher is garbage collected: kills what is left of its
         actors, releases the connection it owned."""
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # a finalizer must not raise (garbage collection)
             self.kill(actors, grace=0.0)
         if owns:
             self.release()

@@ -148,7 +148,7 @@ def run_on_slurm(sessions: Sequence[tuple[list[str], Path, str]], out: Path, cor
         executor.update_parameters(job_name=name)
         try:
             jobs.append(executor.submit(SlurmSession([*cmd, "--resume", "auto"], folder, env)))
-        except Exception as err:  # sbatch refused it: name the session, keep the others
+        except Exception as err:  # noqa: BLE001 - sbatch refused it: name it, keep the others
             if isinstance(err, (FileNotFoundError,)):
                 raise ConfigError(f"sweep --launcher slurm: {err}") from None
             jobs.append(err)
@@ -170,7 +170,7 @@ def run_on_slurm(sessions: Sequence[tuple[list[str], Path, str]], out: Path, cor
         else:
             try:
                 results.append((int(job.result()), ""))
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - the session failed: its row says why
                 results.append((None, f"Slurm job {job.job_id}: {type(err).__name__}: "
                                       f"{str(err)[-300:]}"))
     return results

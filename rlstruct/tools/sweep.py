@@ -34,20 +34,16 @@ deadline, and the whole group is killed on timeout, on Ctrl-C and on any error o
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import dataclasses
 import importlib.util
 import json
-import math
 import os
 import re
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn
 
@@ -55,8 +51,15 @@ import tyro
 
 from rlstruct.devices import session_device
 from rlstruct.errors import ConfigError
-from rlstruct.runs.folder import is_run_dir, read_run
 from rlstruct.runs.plotting import MA_WINDOW, trial_figure
+from rlstruct.tools.sessions import (
+    Job,
+    SessionResult,
+    find_run_dir,
+    finish,
+    run_sessions,
+    session_outcome,
+)
 
 __all__ = [
     "SessionResult", "SUMMARY_COLUMNS", "SweepCommand", "sweep", "main", "override_flags",
@@ -64,8 +67,6 @@ __all__ = [
 ]
 
 PROG = "rlstruct sweep"
-_TRAIN_COLUMN = re.compile(r"^train_return_mean\d+$")
-_BOX = "│─╭╮╰╯┃━┏┓┗┛|"
 
 #: The columns of ``summary.csv``, in order.
 SUMMARY_COLUMNS = (
@@ -73,60 +74,6 @@ SUMMARY_COLUMNS = (
     "frames_to_solve", "time_to_solve", "frames", "wall_time", "final_train_return",
     "eval_return", "run_dir", "error",
 )
-
-
-@dataclass
-class SessionResult:
-    """One session's outcome: a row of ``summary.csv``.
-
-    Attributes:
-        trial, session, seed: the indices and the seed.
-        device: the learner device given (``"default"`` when no device flag was passed).
-        overrides: the trial's overrides, as JSON.
-        returncode: the process exit status (negative: killed by that signal; None: not run).
-        status: how the run ended, from its ``summary.json``: ``solved``, ``budget``,
-            ``failed``, ``interrupted`` (or ``ended``); "" when it wrote none.
-        solved: ``status == "solved"``: the run's stop test fired on the target return (the
-            evaluation did not veto it).
-        frames_to_solve, time_to_solve: frames and seconds when it was solved (summary.json).
-        frames, wall_time: at the end of the run (summary.json).
-        final_train_return: the summary's ``train_return_mean<N>``; ``eval_return``: its last
-            finished evaluation (nan: none).
-        run_dir: the session's run folder ("" when none was made).
-        error: "" for a good session, else why it failed and its last stderr lines.
-    """
-
-    trial: int
-    session: int
-    seed: int
-    device: str
-    overrides: str = "{}"
-    returncode: int | None = None
-    status: str = ""
-    solved: bool = False
-    frames_to_solve: float = math.nan
-    time_to_solve: float = math.nan
-    frames: float = math.nan
-    wall_time: float = math.nan
-    final_train_return: float = math.nan
-    eval_return: float = math.nan
-    run_dir: str = ""
-    error: str = ""
-
-    @property
-    def ok(self) -> bool:
-        """True when the session exited with status 0."""
-        return self.returncode == 0 and not self.error
-
-
-@dataclass
-class _Job:
-    result: SessionResult
-    cmd: list[str]
-    folder: Path
-    proc: subprocess.Popen[bytes] | None = None
-    started: float = 0.0
-    files: list[Any] = field(default_factory=list)
 
 
 def override_flags(overrides: Mapping[str, Any]) -> list[str]:
@@ -209,88 +156,65 @@ def sweep(
     """
     seeds = [int(s) for s in seeds]
     trial_list = [dict(t) for t in trials] if trials else [{}]
-    out = Path(out) if out is not None else Path("sweeps") / (
-        f"{algo}_{time.strftime('%Y%m%d-%H%M%S')}")
-    if module is None and not _module_exists(f"rlstruct.algos.{algo}"):
-        raise ConfigError(f"sweep: no algorithm {algo!r} (no module rlstruct.algos.{algo}; "
-                          "rlstruct train --help lists them)")
-    module = module or f"rlstruct.algos.{algo}"
+    out = Path(out) if out is not None else _default_folder(algo)
+    module = _algo_module(algo, module)
     rotate = gpus if launcher == "local" else 0  # slurm: each job gets its own GPUs
     _check_arguments(seeds, rotate, cores_per_session, max_parallel, ma_window,
                      [out / f"trial{t}" / f"session{s}" for t in range(len(trial_list))
                       for s in range(len(seeds))])
-    cuda_offset = int(os.environ.get("CUDA_OFFSET", "0") or 0) if cuda_offset is None \
-        else cuda_offset
+    cuda_offset = int(os.environ.get("CUDA_OFFSET") or 0) if cuda_offset is None else cuda_offset
     max_parallel = max_parallel or max(1, _usable_cores() // cores_per_session)  # None: cores
     out.mkdir(parents=True, exist_ok=True)
+    jobs = _session_jobs([python or sys.executable, "-m", module, *algo_args], trial_list, seeds,
+                         out, rotate, cuda_offset)
+    _write_json(out / "sweep.json", {
+        "algo": algo, "module": module, "seeds": seeds, "trials": trial_list,
+        "algo_args": list(algo_args), "max_parallel": max_parallel, "gpus": gpus,
+        "cuda_offset": cuda_offset, "timeout": timeout})
+    if launcher == "slurm":  # one Slurm job per session (rlstruct/tools/slurm_sweep.py)
+        _on_slurm(jobs, out, cores_per_session, gpus, slurm_time, slurm_partition, timeout, quiet)
+        return _write_outputs(out, jobs, len(trial_list), quiet, ma_window)
+    try:
+        run_sessions(jobs, max_parallel, timeout, poll_s, quiet)
+    except BaseException:
+        _write_outputs(out, jobs, len(trial_list), quiet=True)
+        raise
+    return _write_outputs(out, jobs, len(trial_list), quiet, ma_window)
 
-    jobs: list[_Job] = []
-    for t, overrides in enumerate(trial_list):
+
+def _session_jobs(prefix: list[str], trials: list[dict[str, Any]], seeds: list[int], out: Path,
+                  gpus: int, cuda_offset: int) -> list[Job]:
+    """One job per (trial, seed), ordered by trial then session: its command (``prefix``, the
+    trial's overrides, the seed, one thread, its folder as ``--runs-dir`` and, with ``gpus``,
+    its learner device) and its result, not run yet."""
+    jobs: list[Job] = []
+    for t, overrides in enumerate(trials):
         flags = override_flags(overrides)
         for s, seed in enumerate(seeds):
             folder = out / f"trial{t}" / f"session{s}"
-            device = session_device(t, s, len(seeds), gpus, cuda_offset) if rotate else None
-            cmd = [python or sys.executable, "-m", module, *algo_args, *flags, "--seed", str(seed),
-                   "--n-threads", "1", "--runs-dir", str(folder)]
+            device = session_device(t, s, len(seeds), gpus, cuda_offset) if gpus else None
+            cmd = [*prefix, *flags, "--seed", str(seed), "--n-threads", "1", "--runs-dir",
+                   str(folder)]
             if device is not None:
                 cmd += ["--learner-device", str(device)]
             result = SessionResult(t, s, seed, str(device) if device else "default",
                                    json.dumps(overrides, sort_keys=True))
-            jobs.append(_Job(result, cmd, folder))
-    (out / "sweep.json").write_text(json.dumps({
-        "algo": algo, "module": module, "seeds": seeds, "trials": trial_list,
-        "algo_args": list(algo_args), "max_parallel": max_parallel, "gpus": gpus,
-        "cuda_offset": cuda_offset, "timeout": timeout,
-    }, indent=2) + "\n")
+            jobs.append(Job(result, cmd, folder))
+    return jobs
 
-    if launcher == "slurm":  # one Slurm job per session (rlstruct/tools/slurm_sweep.py)
-        from rlstruct.tools.slurm_sweep import run_on_slurm
 
-        for job, (code, error) in zip(jobs, run_on_slurm(
-                [(j.cmd, j.folder, f"t{j.result.trial}s{j.result.session}") for j in jobs],
-                out, cores_per_session, gpus, slurm_time, slurm_partition, timeout, quiet)):
-            job.result.error, job.result.device = f"{error}; " if error else "", f"slurm {gpus}"
-            _finish(job, -1 if code is None else code)
-        return _write_outputs(out, jobs, len(trial_list), quiet, ma_window)
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    pending, running = list(jobs), []
-    try:
-        while pending or running:
-            while pending and len(running) < max_parallel:
-                job = pending.pop(0)
-                _start(job, env)
-                running.append(job)
-                if not quiet:
-                    print(f"sweep: started trial {job.result.trial} session "
-                          f"{job.result.session} (seed {job.result.seed}, "
-                          f"{job.result.device})", flush=True)
-            for job in list(running):
-                code = job.proc.poll() if job.proc is not None else -1
-                if code is None and timeout is not None and (
-                        time.monotonic() - job.started > timeout):
-                    _kill(job)
-                    job.result.error = f"timed out after {timeout:g} s; "
-                    code = job.proc.returncode if job.proc is not None else -1
-                if code is None:
-                    continue
-                running.remove(job)
-                _finish(job, code)
-                if not quiet:
-                    status = "ok" if job.result.ok else f"FAILED: {job.result.error[:200]}"
-                    print(f"sweep: trial {job.result.trial} session {job.result.session} "
-                          f"{status}", flush=True)
-            if running:
-                time.sleep(poll_s)
-    except BaseException:
-        for job in running:
-            _kill(job)
-            _finish(job, job.proc.returncode if job.proc is not None else -1)
-            job.result.error = "sweep interrupted; " + job.result.error
-        for job in pending:
-            job.result.error = "not run: sweep interrupted"
-        _write_outputs(out, jobs, len(trial_list), quiet=True)
-        raise
-    return _write_outputs(out, jobs, len(trial_list), quiet, ma_window)
+def _on_slurm(jobs: list[Job], out: Path, cores_per_session: int, gpus: int,
+                  slurm_time: int, slurm_partition: str | None, timeout: float | None,
+                  quiet: bool) -> None:
+    """Runs each session as a Slurm job (:func:`~rlstruct.tools.slurm_sweep.run_on_slurm`) and
+    fills in its result."""
+    from rlstruct.tools.slurm_sweep import run_on_slurm
+
+    for job, (code, error) in zip(jobs, run_on_slurm(
+            [(j.cmd, j.folder, f"t{j.result.trial}s{j.result.session}") for j in jobs],
+            out, cores_per_session, gpus, slurm_time, slurm_partition, timeout, quiet)):
+        job.result.error, job.result.device = f"{error}; " if error else "", f"slurm {gpus}"
+        finish(job, -1 if code is None else code)
 
 
 def _check_arguments(seeds: list[int], gpus: int, cores_per_session: int,
@@ -327,6 +251,24 @@ def _check_arguments(seeds: list[int], gpus: int, cores_per_session: int,
         raise ConfigError("sweep: " + "; ".join(problems))
 
 
+def _algo_module(algo: str, module: str | None) -> str:
+    """The module a sweep's sessions run: ``module``, else ``rlstruct.algos.<algo>``, which must
+    exist (a ConfigError otherwise)."""
+    if module is None and not _module_exists(f"rlstruct.algos.{algo}"):
+        raise ConfigError(f"sweep: no algorithm {algo!r} (no module rlstruct.algos.{algo}; "
+                          "rlstruct train --help lists them)")
+    return module or f"rlstruct.algos.{algo}"
+
+
+def _default_folder(algo: str) -> Path:
+    """``sweeps/<algo>_<YYYYmmdd-HHMMSS>``."""
+    return Path("sweeps") / f"{algo}_{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
 def _module_exists(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
@@ -342,135 +284,7 @@ def _usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _start(job: _Job, env: dict[str, str]) -> None:
-    job.folder.mkdir(parents=True, exist_ok=True)
-    stdout = open(job.folder / "stdout.log", "wb")  # noqa: SIM115
-    stderr = open(job.folder / "stderr.log", "wb")  # noqa: SIM115
-    job.files = [stdout, stderr]
-    job.started = time.monotonic()
-    try:
-        job.proc = subprocess.Popen(job.cmd, stdout=stdout, stderr=stderr,
-                                    stdin=subprocess.DEVNULL, env=env,
-                                    start_new_session=True)
-    except OSError as err:
-        job.result.error = f"could not start: {err}"
-
-
-def _kill(job: _Job, grace: float = 5.0) -> None:
-    """SIGTERM the session's process group, then SIGKILL it after ``grace`` seconds."""
-    proc = job.proc
-    if proc is None:
-        return
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-        if proc.poll() is not None:
-            break
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(wait)
-    # The leader is gone; its workers (same group) must go too.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
-def _finish(job: _Job, code: int) -> None:
-    for f in job.files:
-        f.close()
-    job.files = []
-    if job.proc is not None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(job.proc.pid, signal.SIGKILL)  # stray workers of an exited leader
-    result = job.result
-    result.returncode = code
-    try:
-        run_dir = find_run_dir(job.folder)
-    except FileNotFoundError as err:
-        run_dir, result.error = None, result.error + f"{err}; "
-    if run_dir is not None:
-        result.run_dir = str(run_dir)
-        for key, value in session_outcome(run_dir).items():
-            setattr(result, key, value)
-    if code != 0:
-        tail = _tail(_read_text(job.folder / "stderr.log"))
-        result.error += f"exit status {code}" + (f": {tail}" if tail else "")
-    elif not result.status:
-        result.error += ("exited with status 0 but wrote no summary.json"
-                         + (f" in {run_dir}" if run_dir is not None else " (no run folder)"))
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
-
-
-def _tail(text: str, lines: int = 5) -> str:
-    """The last ``lines`` non-empty lines of ``text``, box-drawing borders (tyro's error
-    panels) stripped, joined with `` | ``."""
-    kept = [line.strip(" \t" + _BOX) for line in text.splitlines()]
-    return " | ".join([line for line in kept if line][-lines:])
-
-
-def find_run_dir(folder: str | Path) -> Path | None:
-    """The one run directory in a session's folder (its ``--runs-dir``); None when the session
-    made none (it failed before its run started).
-
-    Raises:
-        FileNotFoundError: more than one run directory: the folder is not one session's.
-    """
-    folder = Path(folder)
-    runs = sorted(p for p in folder.iterdir() if p.is_dir() and is_run_dir(p)) \
-        if folder.is_dir() else []
-    if len(runs) > 1:
-        raise FileNotFoundError(f"{folder} holds {len(runs)} run directories, not one "
-                                f"({', '.join(p.name for p in runs)})")
-    return runs[0] if runs else None
-
-
-# ------------------------------------------------------------------------------ outcomes
-def session_outcome(run_dir: str | Path) -> dict[str, Any]:
-    """A run's outcome as its ``summary.json`` says, the run's own verdict (its stop test, with
-    the evaluation's veto) rather than a recomputation from ``progress.csv``.
-
-    Args:
-        run_dir: the run folder.
-
-    Returns:
-        ``{"status", "solved", "frames_to_solve", "time_to_solve", "frames", "wall_time",
-        "final_train_return", "eval_return"}``: ``status`` is ``""`` and the numbers nan when
-        there is no ``summary.json`` (a run still going, or killed before it could write one);
-        ``solved`` is ``status == "solved"``.
-
-    Example:
-        >>> import json, tempfile, pathlib
-        >>> run = pathlib.Path(tempfile.mkdtemp())
-        >>> _ = (run / "summary.json").write_text(json.dumps({"status": "budget",
-        ...     "frames": 3000, "wall_time": 5.0, "train_return_mean20": 480.0}))
-        >>> out = session_outcome(run)
-        >>> out["status"], out["solved"], out["frames"], out["final_train_return"]
-        ('budget', False, 3000.0, 480.0)
-    """
-    summary = read_run(run_dir).summary
-    status = str(summary.get("status") or "")
-    column = next((key for key in summary if _TRAIN_COLUMN.match(key)), "train_return")
-    return {"status": status, "solved": status == "solved",
-            "frames_to_solve": _number(summary.get("frames_to_solve")),
-            "time_to_solve": _number(summary.get("time_to_solve")),
-            "frames": _number(summary.get("frames")),
-            "wall_time": _number(summary.get("wall_time")),
-            "final_train_return": _number(summary.get(column)),
-            "eval_return": _number(summary.get("eval_return"))}
-
-
-def _number(value: Any) -> float:
-    """A summary entry as a float; nan for None, a missing entry or anything not a number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return math.nan
-    return float(value)
-
-
-def _write_outputs(out: Path, jobs: list[_Job], n_trials: int, quiet: bool,
+def _write_outputs(out: Path, jobs: list[Job], n_trials: int, quiet: bool,
                    ma_window: int = MA_WINDOW) -> list[SessionResult]:
     results = [job.result for job in jobs]
     with open(out / "summary.csv", "w", newline="") as f:

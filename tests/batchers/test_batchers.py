@@ -457,3 +457,31 @@ class InfoAgentNeedsEpsilon(InfoAgent):
     def __call__(self, state, observation, agent_info):
         agent_info["epsilon"]  # reading it is the point
         return super().__call__(state, observation, agent_info)
+
+
+def test_a_worker_report_survives_an_exception_that_cannot_describe_itself(monkeypatch):
+    # The two handlers of rlstruct.batchers.core that swallow: a broken __str__ (_describe),
+    # and a traceback that cannot be formatted (_format_traceback); the report still goes out.
+    import traceback
+
+    from rlstruct.batchers.core import error_payload
+
+    class MuteError(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no words")
+
+    try:
+        raise MuteError()
+    except MuteError as exc:
+        report = error_payload(exc, worker=3, rollout=None)
+        assert report["type"] == "MuteError" and report["worker"] == 3
+        assert report["message"] == "<MuteError.__str__ raised RuntimeError>"
+
+        def broken(*args, **kwargs):
+            raise MemoryError
+
+        monkeypatch.setattr(traceback, "format_exception", broken)
+        text = error_payload(exc, worker=3, rollout=None)["traceback"]
+    assert text.startswith("Traceback (most recent call last):\n")
+    assert "test_a_worker_report_survives" in text
+    assert text.endswith("MuteError: <MuteError.__str__ raised RuntimeError>\n")

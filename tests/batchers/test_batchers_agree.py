@@ -70,9 +70,9 @@ def test_get_on_a_device_returns_the_same_batch_there():
 def test_pipeline_is_an_attribute_of_every_batcher_and_one_check_refuses_bad_values():
     with SerialBatcher(3, DeterministicAgent, {"n_actions": 3}, counter_env, ENV_ARGS) as s:
         assert s.pipeline == 1
-    assert BatcherBase._validate_pipeline(2) == []
+    assert BatcherBase.validate_pipeline(2) == []
     for bad in (0, -1, True, 1.5, "2"):
-        (problem,) = BatcherBase._validate_pipeline(bad)
+        (problem,) = BatcherBase.validate_pipeline(bad)
         assert f"got {bad!r}" in problem
 
 

@@ -41,7 +41,7 @@ def hammer(batcher, base: float, errors: list[BaseException]) -> None:
     try:
         for i in range(N_UPDATES):
             batcher.update(weights(base + i))
-    except BaseException as e:  # handed to the main thread, which re-raises it
+    except BaseException as e:  # noqa: BLE001 - handed to the main thread, which re-raises it
         errors.append(e)
 
 

@@ -705,3 +705,14 @@ def test_check_finite(where: str) -> None:
     unchecked.step(act(0, 0))
     (obs_t1, _), _ = unchecked.step(act(0, 0))
     assert not torch.isfinite(obs_t1[where]).all()
+
+
+def test_an_env_module_that_raises_on_import_is_reported_not_raised(tmp_path, monkeypatch):
+    # rlstruct.envs.registry.env_module_problems swallows a module's own error into a message.
+    from rlstruct.envs.registry import env_module_problems
+
+    (tmp_path / "broken_env_module_xyz.py").write_text("raise RuntimeError('boom at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (problem,) = env_module_problems(["broken_env_module_xyz"])
+    assert "'broken_env_module_xyz' cannot be imported: RuntimeError: boom at import" in problem
+    assert env_module_problems(["json"]) == []

@@ -95,7 +95,7 @@ def test_put_blocks_while_full_then_proceeds_or_times_out():
             try:
                 learner.put(2, timeout=30.0)
                 done.set()
-            except BaseException as exc:  # shown by the assertion below
+            except BaseException as exc:  # noqa: BLE001 - shown by the assertion below
                 failures.append(exc)
 
         thread = threading.Thread(target=producer)

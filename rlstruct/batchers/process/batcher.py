@@ -178,7 +178,7 @@ class Batcher(WorkerPool):
         """CLOSE to the healthy workers (they close their envs), SIGTERM to the ``hung`` ones."""
         send_close(self._conns, skip=hung)
         for w in hung:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # gone already: shutdown escalates anyway
                 self._procs[w].terminate()
 
     def _busy(self) -> list[int]:

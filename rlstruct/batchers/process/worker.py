@@ -95,7 +95,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 def _rows(tensors: dict[str, torch.Tensor], spec: WorkerSpec) -> DictTensor:
     sl = slice(spec.offset, spec.offset + spec.n_envs)
-    return DictTensor._trusted(
+    return DictTensor.trusted(
         {k: v[sl].clone() for k, v in tensors.items()}, spec.n_envs, torch.device("cpu")
     )
 
@@ -113,7 +113,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         conn.send((Reply.READY, None))
     except _Terminate:
         _exit(core, conn)
-    except BaseException as e:
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it
         _send_quietly(conn, (Reply.ERROR, error_payload(e, spec.index, None)))
         _exit(core, conn)
 
@@ -132,8 +132,8 @@ def _serve(spec: WorkerSpec, conn: Connection, core: WorkerCore) -> None:
             command, arg = conn.recv()
         except _Terminate:
             raise
-        except Exception:
-            break  # the parent is gone (EOF), or a message cut by a timed-out send
+        except Exception:  # noqa: BLE001 - the parent is gone (EOF), or a message cut by a
+            break  # timed-out send: nobody to report to, the worker leaves
         if command is Command.CLOSE:
             break
         if failed:
@@ -167,7 +167,7 @@ def _serve(spec: WorkerSpec, conn: Connection, core: WorkerCore) -> None:
             break
         except _Terminate:
             raise
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it
             failed = True
             if not _send_quietly(conn, (Reply.ERROR, core.error_payload(e))):
                 break
@@ -178,10 +178,10 @@ def _exit(core: WorkerCore, conn: Connection) -> NoReturn:
     takes about a second and would make every ``close()`` wait for it."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut close() short
     core.close()
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # leaving anyway: a dead pipe changes nothing
         conn.close()
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # a closed or broken stream: nothing to flush to
             stream.flush()
     os._exit(0)
 
@@ -190,5 +190,5 @@ def _send_quietly(conn: Connection, message: Any) -> bool:
     try:
         conn.send(message)
         return True
-    except Exception:
-        return False
+    except Exception:  # noqa: BLE001 - a dead pipe (or an unpicklable report): the caller
+        return False  # sees False and leaves; the parent reports the worker as dead

@@ -76,7 +76,7 @@ class ActorBody:
             self.buffer, self.core = buffer, WorkerCore(spec, buffer, 0)
             self.core.build()
             return "ok", self._where()
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - answered to the batcher, which raises it
             return self._error(e)
 
     def _apply(self, ops: Sequence[Op]) -> None:
@@ -107,7 +107,7 @@ class ActorBody:
         try:
             self._apply(ops)
             return "ok", self.core.reset(agent_info, env_info)  # type: ignore[union-attr]
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - answered to the batcher, which raises it
             return self._error(e)
 
     def execute(self, ops: Sequence[Op], version: int, agent_info: DictTensor | None) -> Reply:
@@ -127,7 +127,7 @@ class ActorBody:
                 "steps": {k: to_wire(v[:t]) for k, v in buffer.steps.items()},
                 "info": {k: to_wire(v) for k, v in buffer.info.items()},
             }
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - answered to the batcher, which raises it
             return self._error(e)
 
     def close(self) -> None:

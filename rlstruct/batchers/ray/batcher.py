@@ -240,14 +240,14 @@ class RayBatcher(WorkerPool):
     def _stop_hung(self, hung: Sequence[int]) -> None:
         """Kills the ``hung`` actors now (``close`` does the rest)."""
         for w in hung:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # a dead actor: the timeout is the error
                 ray.kill(self._actors[w], no_restart=True)
 
     def _timeout_hint(self, what: str) -> str:
         if what not in ("start", "restart"):
             return super()._timeout_hint(what)
         free: Any = "unknown"
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # only a hint: "unknown" when Ray cannot say
             free = {k: v for k, v in ray.available_resources().items() if "memory" not in k}
         return (
             f"an actor Ray cannot place? each asks {self._num_cpus} CPU and {self._num_gpus} "
@@ -396,7 +396,7 @@ class RayBatcher(WorkerPool):
 
     # ------------------------------------------------------------------ restarts
     def _stop_worker(self, w: int) -> None:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # a dead actor is what a restart replaces
             ray.kill(self._actors[w], no_restart=True)
         self._outstanding.pop(w, None)
         self._queued[w].clear()

@@ -334,7 +334,7 @@ class TorchVecEnv(VecEnv):
             K.LAST_ACTION: self._act.default.expand(n, *self._act.shape).clone(),
             K.ENV_STEP: torch.zeros(n, dtype=torch.long, device=dev),
         }
-        return DictTensor._trusted(obs, n, dev), self._arange.clone()
+        return DictTensor.trusted(obs, n, dev), self._arange.clone()
 
     def _draw(self, rows: Tensor) -> Tensor:
         """The next initial states ``(len(rows), d)`` of envs ``rows`` (advances their streams)."""
@@ -444,8 +444,8 @@ class TorchVecEnv(VecEnv):
                         raise self._frame_error(obs_t1[K.FRAME], run, t)
                     raise self._frame_error(frame, run, obs_next[K.ENV_STEP], reset=True)
             # Fresh index tensors: a caller may modify them in place.
-            return (DictTensor._trusted(obs_t1, n, dev), run.clone()), (
-                DictTensor._trusted(obs_next, n, dev),
+            return (DictTensor.trusted(obs_t1, n, dev), run.clone()), (
+                DictTensor.trusted(obs_next, n, dev),
                 run.clone(),
             )
         if check and not bool(torch.isfinite(obs_t1[K.FRAME]).all()):
@@ -458,9 +458,9 @@ class TorchVecEnv(VecEnv):
         else:
             self._state[run] = nxt
             self._t[run] = t
-        t1 = DictTensor._trusted(obs_t1, n, dev)
+        t1 = DictTensor.trusted(obs_t1, n, dev)
         if not bool(done.any()):
-            return (t1, run.clone()), (DictTensor._trusted(dict(obs_t1), n, dev), run.clone())
+            return (t1, run.clone()), (DictTensor.trusted(dict(obs_t1), n, dev), run.clone())
         keep = ~done
         still = run[keep]
         self._running = still

@@ -105,7 +105,7 @@ class BatcherMeasure:
         t0 = time.perf_counter()
         try:
             return self._measure(candidate, seconds, t0)
-        except Exception as err:  # a failing layout (memory, device) loses, the search goes on
+        except Exception as err:  # noqa: BLE001 - a failing layout loses, the search goes on
             return Measurement(candidate, 0, 0.0, math.nan, math.nan,
                                time.perf_counter() - t0, f"{type(err).__name__}: {err}")
 
@@ -207,12 +207,8 @@ def tune(
     Returns:
         The :class:`TuneResult`; ``write_layout(path, tuned_layout(result))`` saves the pick.
     """
-    if candidates is None:
-        candidates = candidate_grid(processes, n_envs_options, n_timesteps_options, pipelines,
-                                    devices, batch_size)
-    elif batch_size is not None:
-        candidates = [c for c in candidates
-                      if c.n_processes * c.n_envs * c.n_timesteps == batch_size]
+    candidates = _tune_candidates(candidates, processes, n_envs_options, n_timesteps_options,
+                                  pipelines, devices, batch_size)
     measure = BatcherMeasure(create_agent, agent_args, create_env, env_args, seed=seed,
                              learn_s=learn_s, weights=weights, agent_info=agent_info,
                              learn=learn)
@@ -221,16 +217,37 @@ def tune(
         if any(c.n_processes > 1 for c in candidates):
             measure.warm_up()
         if verbose:
-            learner = "the algorithm's learner" if learn is not None else (
-                f"fake learner {learn_s} s per batch")
-            batch = f", batch {batch_size} steps" if batch_size is not None else ""
-            print(f"tuning {len(candidates)} candidate layouts in {budget_s:.0f} s "
-                  f"(objective {objective}, {learner}{batch})")
+            _announce(len(candidates), budget_s, objective, learn is not None, learn_s,
+                      batch_size)
         result = search(candidates, measure, budget_s=budget_s, objective=objective,
                         probe_s=probe_s, n_rounds=n_rounds, log=log)
     if verbose:
         print(result.table())
     return result
+
+
+def _tune_candidates(
+    candidates: Sequence[Candidate] | None, processes: Sequence[int] | None,
+    n_envs_options: Sequence[int], n_timesteps_options: Sequence[int], pipelines: Sequence[int],
+    devices: Sequence[str] | None, batch_size: int | None,
+) -> Sequence[Candidate]:
+    """The layouts :func:`tune` measures: ``candidates``, else the :func:`candidate_grid` of the
+    options; given candidates keep only those of ``batch_size`` steps when it is given."""
+    if candidates is None:
+        return candidate_grid(processes, n_envs_options, n_timesteps_options, pipelines,
+                              devices, batch_size)
+    if batch_size is not None:
+        return [c for c in candidates if c.n_processes * c.n_envs * c.n_timesteps == batch_size]
+    return candidates
+
+
+def _announce(n: int, budget_s: float, objective: str, real_learner: bool, learn_s: float,
+              batch_size: int | None) -> None:
+    """Prints the line that opens a verbose :func:`tune`."""
+    learner = "the algorithm's learner" if real_learner else f"fake learner {learn_s} s per batch"
+    batch = f", batch {batch_size} steps" if batch_size is not None else ""
+    print(f"tuning {n} candidate layouts in {budget_s:.0f} s "
+          f"(objective {objective}, {learner}{batch})")
 
 
 @dataclass

@@ -329,6 +329,17 @@ def search(
     if not book.run(current, probe_s):
         raise ConfigError(f"budget_s={budget_s} leaves no time for one measurement of "
                           f"{probe_s:.2f} s (+ about {overhead_guess_s} s of start-up)")
+    _sweep_axes(book, current, candidates, objective, probe_s, n_finalists, n_rounds)
+    finalists, rounds = _finals(book, objective, probe_s, n_finalists, n_rounds)
+    best = paired_winner([r for r in rounds if len(r) == len(finalists)], objective) or \
+        _choose(book.stats, objective, finalists or None)
+    return TuneResult(best, book.stats, objective, budget_s, book.spent, len(candidates))
+
+
+def _sweep_axes(book: _Book, current: Candidate, candidates: Sequence[Candidate],
+                objective: str, probe_s: float, n_finalists: int, n_rounds: int) -> None:
+    """Step 2 of :func:`search`: sweeps of the axes from ``current`` (measured), moving to the
+    best neighbour, until a sweep moves no more or the budget left is the finals' share."""
     moved, out_of_budget = True, False
     while moved and not out_of_budget:
         moved = False
@@ -346,6 +357,12 @@ def search(
                 current, moved = best, True
             if out_of_budget:
                 break
+
+
+def _finals(book: _Book, objective: str, probe_s: float, n_finalists: int,
+            n_rounds: int) -> tuple[list[Candidate], list[dict[Candidate, Measurement]]]:
+    """Step 3 of :func:`search`: the ``n_finalists`` best measured without error, and their
+    interleaved rounds (the last one incomplete if the budget ran out)."""
     finalists = [s.candidate for s in sorted(book.stats.values(),
                                              key=lambda s: -s.score(objective))
                  if s.error is None][:n_finalists]
@@ -359,9 +376,7 @@ def search(
                 rounds[-1][c] = book.stats[c].measurements[-1]
             if len(rounds[-1]) < len(finalists):
                 break
-    best = paired_winner([r for r in rounds if len(r) == len(finalists)], objective) or \
-        _choose(book.stats, objective, finalists or None)
-    return TuneResult(best, book.stats, objective, budget_s, book.spent, len(candidates))
+    return finalists, rounds
 
 
 def grid_search(
