@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
 def _version(module: str) -> str | None:
     try:
         return __import__(module).__version__
-    except Exception:
+    except Exception:  # noqa: BLE001 - any failure to import reads as 'not installed' in the table
         return None
 
 

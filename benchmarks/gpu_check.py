@@ -154,7 +154,7 @@ def main() -> int:
         t = time.perf_counter()
         try:
             results[step] = fn(dev, quick)
-        except Exception as exc:  # a failed step is reported; the next one runs
+        except Exception as exc:  # noqa: BLE001 - a failed step is reported; the next one runs
             results[step] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[-1500:]}
         results[step]["seconds"] = round(time.perf_counter() - t, 1)
         log = results[step].pop("log", None)

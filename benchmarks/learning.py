@@ -236,7 +236,7 @@ def runner(argv: list[str]) -> int:
             steps = task.frames if task.frames is not None else a.max_steps
             res = run_sb3(a.algo, a.seed, a.budget, steps, a.threads, task)
         res["status"] = "ok"
-    except BaseException as e:  # reported in the row, never fatal to the benchmark
+    except BaseException as e:  # noqa: BLE001 - reported in the row, never fatal to the benchmark
         res = {"status": "error", "error": f"{type(e).__name__}: {e}",
                "traceback": traceback.format_exc()[-3000:]}
     Path(a.result).write_text(json.dumps(res, default=str))

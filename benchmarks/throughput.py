@@ -459,7 +459,7 @@ def runner_main(keys: list[str], cfg: dict) -> int:
             reply({"ok": True, "key": key, "construct_s": construct_s, "warmup_batches": n,
                    "info": getattr(setup, "info", {}),
                    "torch_threads": torch.get_num_threads()})
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the row's error goes back to the parent
             reply(_error(e, key=key))
     meter = _common.TreeMeter()
     for line in sys.stdin:
@@ -474,12 +474,12 @@ def runner_main(keys: list[str], cfg: dict) -> int:
                 reply({"ok": True, "pss_bytes": meter.pss_bytes()})
             elif cmd["cmd"] == "startup":
                 reply({"ok": True, **setup.startup()})
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the row's error goes back to the parent
             reply(_error(e, key=cmd.get("key")))
     for setup in setups.values():
         try:
             setup.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - printed; closing the other setups goes on
             traceback.print_exc()
     reply({"ok": True})
     return 0

@@ -24,6 +24,7 @@ from gymnasium import spaces
 from rlstruct import Agent, DictTensor, SerialBatcher
 from rlstruct.envs import GymEnvInf
 from rlstruct.envs.torch import CartPole, TorchVecEnv
+from rlstruct.errors import ActionError
 
 torch.set_num_threads(1)
 
@@ -173,5 +174,5 @@ for _ in range(300):
 print(f"\nReach x 256, 300 steps: {ends} episodes ended, {terminated} on the target")
 try:
     reach.step(DictTensor({"action": torch.full((256,), 3)}))
-except Exception as e:  # checked for every row at once, before any env moves
+except ActionError as e:  # checked for every row at once, before any env moves
     print(f"{type(e).__name__}: {str(e)[:70]}...")
