@@ -71,12 +71,13 @@ def no_leftover_processes():
 
 #: Test modules whose tests share one expensive fixture (a cluster, trained runs): under
 #: pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``) each group runs in one worker, so
-#: the fixture is made once and two clusters never compete for the same ports and cores.
+#: the fixture is made once and two clusters never compete for the same ports and cores. The
+#: longest group comes first.
 XDIST_GROUPS = {
+    "slurm/": "slurm",
     "batchers/test_ray.py": "ray",
     "learners/test_learner_ray.py": "ray",
     "tools/test_policy.py": "trained-policies",
-    "slurm/": "slurm",
 }
 
 
@@ -95,11 +96,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     tests without CUDA."""
     for module in {getattr(item, "module", None) for item in items} - {None}:
         send_by_value(module)
+    groups = {}
     for item in items:
         path = Path(str(item.fspath))
-        group = xdist_group(path) if TESTS in path.resolve().parents else None
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+        groups[item.nodeid] = xdist_group(path) if TESTS in path.resolve().parents else None
+        if groups[item.nodeid] is not None:
+            item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+    # The groups first, longest first (the order of XDIST_GROUPS): xdist hands out work in this
+    # order, so one worker starts the slurm tier while the other takes everything else.
+    rank = {group: k for k, group in enumerate(reversed(list(dict.fromkeys(
+        XDIST_GROUPS.values()))))}
+    items.sort(key=lambda item: -rank.get(groups[item.nodeid], -1))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
