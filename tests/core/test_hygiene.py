@@ -66,7 +66,6 @@ LONG_MODULES_PENDING: dict[str, int] = {
     "rlstruct/batchers/ray/batcher.py": 538,
     "rlstruct/blocks/functional.py": 570,
     "rlstruct/blocks/replay_buffer.py": 506,
-    "rlstruct/dicttensor.py": 614,
     "rlstruct/envs/envpool.py": 615,
     "rlstruct/envs/gym.py": 598,
     "rlstruct/envs/torch/base.py": 558,
