@@ -64,7 +64,6 @@ RUNS_PENDING: frozenset[tuple[str, str, str]] = frozenset({
 LONG_MODULES_PENDING: dict[str, int] = {
     "rlstruct/batchers/process/batcher.py": 502,
     "rlstruct/batchers/ray/batcher.py": 538,
-    "rlstruct/blocks/functional.py": 570,
     "rlstruct/blocks/replay_buffer.py": 506,
     "rlstruct/envs/envpool.py": 615,
     "rlstruct/envs/gym.py": 598,
