@@ -66,7 +66,6 @@ LONG_MODULES_PENDING: dict[str, int] = {
     "rlstruct/batchers/ray/batcher.py": 538,
     "rlstruct/learners/group.py": 530,
     "rlstruct/learners/rank.py": 522,
-    "rlstruct/learners/thread.py": 507,
     "rlstruct/learners/torchrun.py": 520,
 }
 
