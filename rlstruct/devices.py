@@ -24,8 +24,11 @@ from rlstruct.errors import ConfigError
 
 __all__ = [
     "resolve_device", "is_accelerator", "available_devices", "session_device", "bf16_native",
-    "learner_autocast",
+    "learner_autocast", "DeviceLike", "as_device", "same_device",
 ]
+
+#: What a device argument accepts: a ``torch.device``, its name (``"cuda:0"``) or a CUDA index.
+DeviceLike = str | torch.device | int
 
 # Device types that hold no real memory to compute on, or that are the host.
 _NOT_ACCELERATORS = frozenset({"cpu", "meta"})
@@ -191,3 +194,30 @@ def learner_autocast(device: str | torch.device,
 
 def _names() -> str:
     return ", ".join(str(d) for d in available_devices())
+
+
+def as_device(device: DeviceLike | None) -> torch.device | None:
+    """``device`` as a ``torch.device`` (``None`` stays ``None``).
+
+    Examples:
+        >>> as_device("cpu"), as_device(None)
+        (device(type='cpu'), None)
+    """
+    if device is None or isinstance(device, torch.device):
+        return device
+    return torch.device(device)
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether ``a`` and ``b`` name the same device, a device given without an index matching
+    any index of its type (``cuda`` and ``cuda:0``: tensors always carry an index).
+
+    Examples:
+        >>> same_device(torch.device("cuda"), torch.device("cuda:1"))
+        True
+        >>> same_device(torch.device("cpu"), torch.device("cuda:0"))
+        False
+    """
+    if a == b:
+        return True
+    return a.type == b.type and (a.index is None or b.index is None)

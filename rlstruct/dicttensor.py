@@ -16,64 +16,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 import torch
 from torch import Tensor
 
+from rlstruct.devices import DeviceLike, as_device, same_device
 from rlstruct.errors import DeviceContractError, KeyMismatchError, ShapeError
+from rlstruct.rows import Index, masked_tensor, masked_tensors, row_index
+from rlstruct.stacking import cat_tensors, stack_tensors
+
+# The older private names, which the other containers import from here.
+_as_device, _same_device, _row_index = as_device, same_device, row_index
 
 __all__ = ["DictTensor", "masked_tensor", "masked_dicttensor", "Index"]
-
-#: What ``index`` accepts: an int, a sequence of ints, a LongTensor of rows or a bool mask (B,).
-Index = int | Sequence[int] | Tensor
-
-DeviceLike = str | torch.device | int
-
-
-def _as_device(device: DeviceLike | None) -> torch.device | None:
-    if device is None or isinstance(device, torch.device):
-        return device
-    return torch.device(device)
-
-
-def _same_device(a: torch.device, b: torch.device) -> bool:
-    # "cuda" and "cuda:0" name the same device once a tensor lives there; tensors always carry
-    # an index, so a device given without one matches any index of its type.
-    if a == b:
-        return True
-    return a.type == b.type and (a.index is None or b.index is None)
-
-
-def _row_index(idx: Index, n: int, device: torch.device | None) -> Tensor | slice:
-    """Normalise a row index so that indexing keeps the batch dimension."""
-    if isinstance(idx, bool):
-        raise TypeError("index() takes an int, a sequence of ints or a tensor, not a bool")
-    if isinstance(idx, int):
-        if not -n <= idx < n:
-            raise IndexError(f"row {idx} is out of range for a batch of {n} rows")
-        idx = idx % n
-        return slice(idx, idx + 1)
-    if isinstance(idx, slice):
-        return idx
-    if not isinstance(idx, Tensor):
-        # Keep the sequence's own dtype: [True, False] is a mask and [1.5] an error, not rows
-        # 1, 0 and 1 as a cast to long would make them; only [] needs a dtype.
-        idx = torch.as_tensor(idx)
-        if idx.numel() == 0:
-            idx = idx.long()
-    if idx.dtype == torch.uint8:
-        # torch reads a uint8 index as a (deprecated) mask, which would break the batch size.
-        raise TypeError(
-            "row index has dtype torch.uint8, which is ambiguous; use .bool() for a row mask "
-            "or .long() for row numbers"
-        )
-    if idx.dtype == torch.bool:
-        if idx.shape != (n,):
-            raise ShapeError(f"boolean row mask has shape {tuple(idx.shape)}, expected ({n},)")
-    elif idx.dtype.is_floating_point or idx.dim() != 1:
-        raise ShapeError(
-            f"row index must be a 1-D integer or bool tensor, got shape {tuple(idx.shape)} "
-            f"and dtype {idx.dtype}"
-        )
-    if device is not None and idx.device != device and idx.device.type != "cpu":
-        idx = idx.to(device)
-    return idx
 
 
 class _NamedTensors:
@@ -138,7 +89,7 @@ class DictTensor(_NamedTensors):
     ) -> None:
         self._tensors: dict[str, Tensor] = {}
         self._batch_size: int | None = batch_size
-        self._device: torch.device | None = _as_device(device)
+        self._device: torch.device | None = as_device(device)
         if tensors:
             for key, value in tensors.items():
                 self.set(key, value)
@@ -223,7 +174,7 @@ class DictTensor(_NamedTensors):
                 f"(shape {tuple(value.shape)})"
             )
         device = value.device
-        if self._device is not None and not _same_device(device, self._device):
+        if self._device is not None and not same_device(device, self._device):
             raise DeviceContractError(
                 f"key {key!r} is on {device}, expected {self._device} like the other tensors",
                 key=key,
@@ -341,8 +292,8 @@ class DictTensor(_NamedTensors):
             device: the target device.
             non_blocking: forwarded to ``Tensor.to`` (asynchronous copies from pinned memory).
         """
-        device = _as_device(device)
-        if self._device is None or _same_device(self._device, device):
+        device = as_device(device)
+        if self._device is None or same_device(self._device, device):
             if self._device is None and not self._tensors:
                 return DictTensor.trusted({}, self._batch_size, device)
             return self
@@ -390,7 +341,7 @@ class DictTensor(_NamedTensors):
             TypeError: a bool or a uint8 tensor (ambiguous: use ``.bool()`` or ``.long()``).
         """
         n = self.n_elems()
-        ridx = _row_index(idx, n, self._device)
+        ridx = row_index(idx, n, self._device)
         if isinstance(ridx, slice):
             start, stop, step = ridx.indices(n)
             size = len(range(start, stop, step))
@@ -462,8 +413,8 @@ class DictTensor(_NamedTensors):
         missing = self._tensors.keys() - src._tensors.keys()
         if missing:
             raise KeyMismatchError(f"copy_: source lacks keys {sorted(missing)}")
-        s = _row_index(src_idx, src.n_elems(), src._device)
-        d = _row_index(dst_idx, self.n_elems(), self._device)
+        s = row_index(src_idx, src.n_elems(), src._device)
+        d = row_index(dst_idx, self.n_elems(), self._device)
         for k, v in self._tensors.items():
             v[d] = src._tensors[k][s]
 
@@ -498,36 +449,12 @@ class DictTensor(_NamedTensors):
             ValueError: ``dts`` is empty.
             KeyMismatchError: the key sets differ (the message names the keys).
         """
-        if not dts:
-            raise ValueError("DictTensor.cat needs at least one DictTensor")
-        first = dts[0]
-        keys = first._tensors.keys()
-        for i, d in enumerate(dts[1:], 1):
-            if d._tensors.keys() != keys:
-                raise KeyMismatchError(
-                    f"DictTensor.cat: item {i} has keys {sorted(d._tensors)}, "
-                    f"expected {sorted(keys)} like item 0"
-                )
-        if not keys:
-            return DictTensor.trusted({}, sum(d.n_elems() for d in dts), first._device)
-        for i, d in enumerate(dts[1:], 1):
-            if not _same_device(d._device, first._device):
-                raise DeviceContractError(
-                    f"DictTensor.cat: item {i} is on {d._device}, expected {first._device} "
-                    "like item 0",
-                    expected=first._device,
-                    actual=d._device,
-                )
-        out = {}
-        for k in keys:
-            try:
-                out[k] = torch.cat([d._tensors[k] for d in dts])
-            except RuntimeError as e:
-                raise ShapeError(f"DictTensor.cat: cannot concatenate key {k!r}: {e}") from e
-        # The invariant holds by construction: one device (checked above), and torch.cat gave
-        # every key the same number of rows; re-checking each key would cost ~1 µs per key.
-        b = next(iter(out.values())).shape[0]
-        return DictTensor.trusted(out, b, first._device)
+        out = cat_tensors([d._tensors for d in dts], [d._device for d in dts])
+        if not out:
+            return DictTensor.trusted({}, sum(d.n_elems() for d in dts), dts[0]._device)
+        # The invariant holds by construction: one device (checked), and torch.cat gave every
+        # key the same number of rows; re-checking each key would cost ~1 µs per key.
+        return DictTensor.trusted(out, next(iter(out.values())).shape[0], dts[0]._device)
 
     @staticmethod
     def stack(dts: Sequence[DictTensor], dim: int = 0) -> DictTensor:
@@ -538,77 +465,12 @@ class DictTensor(_NamedTensors):
             ValueError: ``dts`` is empty or ``dim`` is not 0 or 1.
             KeyMismatchError: the key sets differ.
         """
-        if not dts:
-            raise ValueError("DictTensor.stack needs at least one DictTensor")
-        if dim not in (0, 1):
-            raise ValueError(f"DictTensor.stack: dim must be 0 or 1, got {dim}")
-        keys = dts[0]._tensors.keys()
-        for i, d in enumerate(dts[1:], 1):
-            if d._tensors.keys() != keys:
-                raise KeyMismatchError(
-                    f"DictTensor.stack: item {i} has keys {sorted(d._tensors)}, "
-                    f"expected {sorted(keys)} like item 0"
-                )
-        if keys:
-            for i, d in enumerate(dts[1:], 1):
-                if not _same_device(d._device, dts[0]._device):
-                    raise DeviceContractError(
-                        f"DictTensor.stack: item {i} is on {d._device}, expected "
-                        f"{dts[0]._device} like item 0",
-                        expected=dts[0]._device,
-                        actual=d._device,
-                    )
-        out = {}
-        for k in keys:
-            try:
-                out[k] = torch.stack([d._tensors[k] for d in dts], dim=dim)
-            except RuntimeError as e:
-                raise ShapeError(f"DictTensor.stack: cannot stack key {k!r}: {e}") from e
+        out = stack_tensors([d._tensors for d in dts], [d._device for d in dts], dim)
         b = len(dts) if dim == 0 else dts[0]._batch_size
         return DictTensor(out, batch_size=b)
 
 
-def _row_mask(mask: Tensor, like: Tensor, name: str) -> Tensor:
-    if mask.dim() != 1 or mask.shape[0] != like.shape[0]:
-        raise ShapeError(
-            f"{name}: mask has shape {tuple(mask.shape)}, expected ({like.shape[0]},) "
-            "(one flag per row)"
-        )
-    mask = mask.to(device=like.device, dtype=torch.bool)
-    return mask.view((-1,) + (1,) * (like.dim() - 1))
-
-
-def masked_tensor(t0: Tensor, t1: Tensor, mask: Tensor) -> Tensor:
-    """Row-wise choice: row b of the result is ``t1[b]`` where ``mask[b]`` else ``t0[b]``.
-
-    Exact for every dtype (no detour through float) and for tensors of any rank.
-
-    Args:
-        t0: tensor ``(B, *feat)`` taken where the mask is false.
-        t1: tensor ``(B, *feat)`` taken where the mask is true.
-        mask: ``(B,)`` bool (or 0/1) tensor.
-
-    Examples:
-        >>> masked_tensor(torch.zeros(3, 2), torch.ones(3, 2), torch.tensor([0, 1, 0]))[:, 0]
-        tensor([0., 1., 0.])
-    """
-    if t0.shape != t1.shape:
-        raise ShapeError(f"masked_tensor: shapes differ: {tuple(t0.shape)} vs {tuple(t1.shape)}")
-    return torch.where(_row_mask(mask, t0, "masked_tensor"), t1, t0)
-
-
 def masked_dicttensor(d0: DictTensor, d1: DictTensor, mask: Tensor) -> DictTensor:
     """Row-wise choice between two DictTensors with the same keys (see :func:`masked_tensor`)."""
-    if d0._tensors.keys() != d1._tensors.keys():
-        raise KeyMismatchError(
-            f"masked_dicttensor: keys differ: {sorted(d0._tensors)} vs {sorted(d1._tensors)}"
-        )
-    out = {}
-    for k, v in d0.items():
-        w = d1[k]
-        if v.shape != w.shape:
-            raise ShapeError(
-                f"masked_dicttensor: key {k!r} has shapes {tuple(v.shape)} and {tuple(w.shape)}"
-            )
-        out[k] = torch.where(_row_mask(mask, v, f"masked_dicttensor key {k!r}"), w, v)
+    out = masked_tensors(d0._tensors, d1._tensors, mask)
     return DictTensor.trusted(out, d0._batch_size, d0._device)

@@ -66,11 +66,8 @@ envpool keyword): each worker then keeps to one core.
 
 from __future__ import annotations
 
-import difflib
-import importlib
 import warnings
 from collections.abc import Mapping, Sequence
-from types import ModuleType
 from typing import Any
 
 import gymnasium as gym
@@ -81,14 +78,10 @@ from torch import Tensor
 from rlstruct import keys as K
 from rlstruct.dicttensor import DictTensor
 from rlstruct.envs.base import StepResult, VecEnv
-from rlstruct.envs.spaces import (
-    MISSING,
-    ActionSpec,
-    Leaf,
-    leaf_value,
-    observation_leaves,
-    torch_dtype,
-)
+from rlstruct.envs.envpool_args import INSTALL_HINT as INSTALL_HINT
+from rlstruct.envs.envpool_args import check_arguments, check_int, check_task_id, import_envpool
+from rlstruct.envs.envpool_arrays import env_order, info_arrays, leaf_arrays, take
+from rlstruct.envs.spaces import ActionSpec, Leaf, observation_leaves, torch_dtype
 from rlstruct.envs.step_checks import check_observations, check_step
 from rlstruct.errors import (
     BatcherStateError,
@@ -96,78 +89,12 @@ from rlstruct.errors import (
     KeyMismatchError,
     ObservationError,
     RLStructError,
-    ShapeError,
-    SpaceError,
 )
 
 __all__ = ["EnvPoolEnv", "import_envpool"]
 
 _CPU = torch.device("cpu")
 _INFO = "info/"
-_INT32_MAX = 2**31 - 1
-#: envpool.make arguments that EnvPoolEnv sets itself.
-_OWN_KWARGS = {
-    "num_envs": "n_envs",
-    "seed": "seed",
-    "env_seed": "seed",
-    "env_type": None,
-    "batch_size": None,
-}
-INSTALL_HINT = (
-    "EnvPoolEnv needs envpool: pip install rlstruct[envpool] (envpool publishes binary wheels "
-    "only: Linux x86_64 among others, CPython 3.11 included)"
-)
-
-
-def import_envpool() -> ModuleType:
-    """Imports envpool, or raises an ``ImportError`` that says how to install it.
-
-    Raises:
-        ImportError: envpool is not installed or does not import (its message is kept as the
-            cause).
-    """
-    try:
-        return importlib.import_module("envpool")
-    except ImportError as e:
-        raise ImportError(f"{INSTALL_HINT} ({type(e).__name__}: {e})") from e
-
-
-
-def _check_arguments(
-    n_envs: int, seed: int, env_id_offset: int, info_keys: Sequence[str],
-    envpool_kwargs: dict[str, Any],
-) -> None:
-    """The checks of :class:`EnvPoolEnv`'s arguments that need no envpool."""
-    _check_int("n_envs", n_envs, 1)
-    _check_int("seed", seed, 0)
-    _check_int("env_id_offset", env_id_offset, 0)
-    if isinstance(info_keys, str):
-        raise ConfigError(f"info_keys must be a sequence of names, got the str {info_keys!r}")
-    if seed + n_envs - 1 > _INT32_MAX:
-        raise ConfigError(
-            f"seed={seed} with n_envs={n_envs}: envpool seeds env k with seed + k, which must "
-            f"fit an int32 (<= {_INT32_MAX})"
-        )
-    for key, ours in _OWN_KWARGS.items():
-        if key in envpool_kwargs:
-            what = f"pass it as {ours}=" if ours else "EnvPoolEnv sets it itself"
-            if key == "batch_size":
-                what = (
-                    "EnvPoolEnv runs envpool in synchronous mode (batch_size = n_envs); "
-                    "envpool's asynchronous mode does not fit a VecEnv"
-                )
-            raise ConfigError(f"envpool keyword {key}={envpool_kwargs[key]!r}: {what}")
-
-
-def _check_task_id(envpool: Any, env: str) -> None:
-    """Raises a ConfigError, with the nearest ids, if ``env`` is no envpool task id."""
-    if not isinstance(env, str) or env not in envpool.list_all_envs():
-        close = difflib.get_close_matches(str(env), envpool.list_all_envs(), n=3)
-        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise ConfigError(
-            f"{env!r} is not an envpool task id (envpool.list_all_envs() lists them; Atari "
-            f"ids have no 'ALE/' prefix, e.g. 'Pong-v5'){hint}"
-        )
 
 
 class EnvPoolEnv(VecEnv):
@@ -221,12 +148,12 @@ class EnvPoolEnv(VecEnv):
         check_obs: bool = True,
         **envpool_kwargs: Any,
     ) -> None:
-        _check_arguments(n_envs, seed, env_id_offset, info_keys, envpool_kwargs)
+        check_arguments(n_envs, seed, env_id_offset, info_keys, envpool_kwargs)
         envpool = import_envpool()
-        _check_task_id(envpool, env)
+        check_task_id(envpool, env)
         kwargs = dict(envpool_kwargs)
         if kwargs.get("max_episode_steps") is not None:
-            _check_int("max_episode_steps", kwargs["max_episode_steps"], 1)
+            check_int("max_episode_steps", kwargs["max_episode_steps"], 1)
         n = int(n_envs)
         limit, own_limit = self._open_pool(envpool, env, n, int(seed), kwargs)
         self.action_space.seed(int(seed))
@@ -352,14 +279,14 @@ class EnvPoolEnv(VecEnv):
         except BaseException as e:
             _note(e, f"raised by envpool's reset() of {self.env_id}; call reset() to go on")
             raise
-        perm = self._perm(info, ids)
+        perm = env_order(info, ids, self._n)
         self._t[:] = 0
-        leaves = self._leaf_arrays(obs, perm)
+        leaves = leaf_arrays(obs, self._leaves, perm)
         if self._obs_checked:
             check_observations(leaves, self._obs_checked, ids, self._offset, self._t, True)
         out = {lf.key: torch.from_numpy(x) for lf, x in zip(self._leaves, leaves)}
         out.update({key: torch.from_numpy(a.copy()) for key, a in self._reset_const.items()})
-        for name, x in zip(self._info_keys, self._info_arrays(info, perm, self._n)):
+        for name, x in zip(self._info_keys, info_arrays(info, self._info_keys, perm, self._n)):
             out[_INFO + name] = torch.from_numpy(x)
         self._running = ids.copy()
         return DictTensor.trusted(out, self._n, _CPU), torch.from_numpy(ids.copy())
@@ -393,12 +320,12 @@ class EnvPoolEnv(VecEnv):
         full = n == self._n
         try:
             obs, rew, term, trunc, info = self._pool.step(a, None if full else run.astype(np.int32))
-            perm = self._perm(info, run)
-            leaves = self._leaf_arrays(obs, perm)
-            infos = self._info_arrays(info, perm, n)
-            reward = _take(np.asarray(rew), perm).astype(np.float32)
-            terminated = _take(np.array(term, dtype=bool), perm)
-            truncated = _take(np.array(trunc, dtype=bool), perm)
+            perm = env_order(info, run, self._n)
+            leaves = leaf_arrays(obs, self._leaves, perm)
+            infos = info_arrays(info, self._info_keys, perm, n)
+            reward = take(np.asarray(rew), perm).astype(np.float32)
+            terminated = take(np.array(term, dtype=bool), perm)
+            truncated = take(np.array(trunc, dtype=bool), perm)
         except BaseException as e:
             self._running = None
             if not isinstance(e, RLStructError):
@@ -477,11 +404,11 @@ class EnvPoolEnv(VecEnv):
                 if ids.shape[0] == 0:
                     continue
                 obs, info = call(ids)
-                perm = self._perm(info, ids)
-                leaves = self._leaf_arrays(obs, perm)
+                perm = env_order(info, ids, self._n)
+                leaves = leaf_arrays(obs, self._leaves, perm)
                 if self._obs_checked:
                     check_observations(leaves, self._obs_checked, ids, self._offset, self._t, True)
-                arrays = leaves + self._info_arrays(info, perm, len(ids))
+                arrays = leaves + info_arrays(info, self._info_keys, perm, len(ids))
                 keys = [lf.key for lf in self._leaves] + [_INFO + k for k in self._info_keys]
                 for key, x in zip(keys, arrays):
                     if key not in fresh:
@@ -522,7 +449,7 @@ class EnvPoolEnv(VecEnv):
         Raises:
             ConfigError: ``offset`` is not an int >= 0.
         """
-        _check_int("env_id_offset", offset, 0)
+        check_int("env_id_offset", offset, 0)
         self._offset = int(offset)
 
     def _begin_step(self, action: DictTensor) -> tuple[np.ndarray, np.ndarray]:
@@ -530,84 +457,9 @@ class EnvPoolEnv(VecEnv):
         self._check_open()
         return check_step(self, self._running, action, self._act, self._offset)
 
-    def _perm(self, info: Mapping[str, Any], ids: np.ndarray) -> np.ndarray | None:
-        """The row permutation that puts envpool's rows in the order of ``ids`` (None: they are
-        already; synchronous envpool keeps the order, this is a guard)."""
-        got = info.get("env_id") if isinstance(info, Mapping) else None
-        if got is None:
-            return None
-        got = np.asarray(got)
-        if got.shape == ids.shape and np.array_equal(got, ids):
-            return None
-        if sorted(got.tolist()) != sorted(ids.tolist()):
-            raise BatcherStateError(
-                f"envpool answered for envs {got.tolist()}, expected {ids.tolist()}; call "
-                "reset() to go on"
-            )
-        where = np.empty(self._n, np.int64)
-        where[got] = np.arange(got.shape[0])
-        return where[ids]
-
-    def _leaf_arrays(self, obs: Any, perm: np.ndarray | None) -> list[np.ndarray]:
-        """One array per observation leaf, rows in env order, exactly in the leaf's dtype."""
-        out = []
-        for lf in self._leaves:
-            v = leaf_value(obs, lf)
-            if v is MISSING:
-                raise KeyMismatchError(
-                    f"envpool's observation has no {lf.key!r} (path {list(lf.path)}), which "
-                    "its observation space promises"
-                )
-            x = np.asarray(v)
-            if lf.scalar_int and x.dtype != lf.dtype and x.dtype.kind in "iu":
-                # A Discrete leaf is int64 (as for GymEnv, which takes any Python or numpy
-                # int there); envpool gives some as int32 (MiniGrid's direction): exact.
-                x = x.astype(lf.dtype)
-            if x.dtype != lf.dtype:
-                raise SpaceError(
-                    f"envpool returned {lf.key!r} as {x.dtype}, but its observation space says "
-                    f"{lf.dtype} (rlstruct never casts silently)"
-                )
-            if x.shape[1:] != lf.shape:
-                raise ShapeError(
-                    f"envpool returned {lf.key!r} of shape {x.shape}, expected "
-                    f"(n, *{lf.shape}) from its observation space"
-                )
-            # One copy (or the permutation's gather): what we return never shares memory with
-            # anything envpool may write later, whatever its buffer management.
-            out.append(x.copy() if perm is None else x[perm])
-        return out
-
-    def _info_arrays(
-        self, info: Mapping[str, Any], perm: np.ndarray | None, n: int
-    ) -> list[np.ndarray]:
-        out = []
-        for name in self._info_keys:
-            v = info.get(name) if isinstance(info, Mapping) else None
-            if v is None:
-                out.append(np.zeros(n, np.float32))
-                continue
-            x = np.asarray(v)
-            if x.shape != (n,) or x.dtype.kind not in "biuf":
-                raise ConfigError(
-                    f"envpool's info[{name!r}] has shape {x.shape} and dtype {x.dtype}; "
-                    "info_keys must name per-env numeric scalars"
-                )
-            out.append(_take(x, perm).astype(np.float32))
-        return out
-
     def _check_open(self) -> None:
         if self._closed:
             raise BatcherStateError(f"{type(self).__name__} is closed")
-
-
-def _take(x: np.ndarray, perm: np.ndarray | None) -> np.ndarray:
-    return x if perm is None else x[perm]
-
-
-def _check_int(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ConfigError(f"{name} must be an int >= {low}, got {value!r}")
 
 
 def _note(e: BaseException, text: str) -> None:

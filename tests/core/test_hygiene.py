@@ -64,15 +64,8 @@ RUNS_PENDING: frozenset[tuple[str, str, str]] = frozenset({
 LONG_MODULES_PENDING: dict[str, int] = {
     "rlstruct/batchers/process/batcher.py": 502,
     "rlstruct/batchers/ray/batcher.py": 538,
-    "rlstruct/blocks/functional.py": 570,
-    "rlstruct/blocks/replay_buffer.py": 506,
-    "rlstruct/dicttensor.py": 614,
-    "rlstruct/envs/envpool.py": 615,
-    "rlstruct/envs/gym.py": 598,
-    "rlstruct/envs/torch/base.py": 558,
     "rlstruct/learners/group.py": 530,
     "rlstruct/learners/rank.py": 522,
-    "rlstruct/learners/thread.py": 507,
     "rlstruct/learners/torchrun.py": 520,
 }
 

@@ -34,23 +34,9 @@ Episode ends: ``terminated`` is the env's own rule; ``truncated`` is gymnasium's
 true at the step where ``env_step`` reaches ``max_episode_steps`` (the gymnasium spec's value by
 default), whether or not the env also terminated. ``done`` is their OR.
 
-Random initial states (the reproducibility rule): env ``k`` of an env built with ``seed=s`` draws
-its initial states from its OWN counter-based stream, SplitMix64 seeded with ``mix64(s + k)``
-(``mix64`` is SplitMix64's output function). Reset number ``c`` of env ``k`` (``c = 0`` for its
-first reset, counted over ``reset()`` calls and auto-resets alike) takes the outputs
-``c * D + 1, ..., c * D + D`` of that stream, where ``D`` is the env's ``n_draws`` and output
-``i`` is ``mix64(mix64(s + k) + i * 0x9E3779B97F4A7C15 mod 2**64)``; each output becomes a
-uniform ``u`` in ``[0, 1)`` from its top ``m`` bits (``m`` = 24 for float32 states, 53 for
-float64: the significand's width), and the initial state is ``low + (high - low) * u`` per
-component, like gymnasium's ``np_random.uniform``. The streams are computed with int64 tensor
-arithmetic on the env's device: nothing is drawn from torch's global or device generators (a
-batcher's agent sampling from them does not shift the envs, and vice versa), the same seed
-gives the same initial states on the CPU and on a GPU, and the initial states of env ``k``
-depend only on ``s + k`` and on how many times env ``k`` was reset, never on ``N``, on the
-other envs, or on how envs are split among batcher workers. So ``CartPole(n_envs=8, seed=0)``
-env 5 and ``CartPole(n_envs=1, seed=5)`` env 0 play the same episodes under the same actions.
-(A single device generator drawing for all ``N`` envs at once would break this: the draws of
-env ``k`` would depend on which other envs reset at the same step.)
+Random initial states: env ``k`` of an env built with ``seed=s`` draws them from its OWN
+counter-based stream (SplitMix64 seeded with ``mix64(s + k)``), on the env's device, never from
+torch's generators: the exact rule, and why, is in :mod:`rlstruct.envs.torch.streams`.
 
 Checks: ``step`` checks the action's key, row count (:class:`ShapeError`), device
 (:class:`DeviceContractError`), per-env shape and dtype (:class:`ActionError`) from metadata
@@ -71,23 +57,26 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 import gymnasium as gym
-import numpy as np
 import torch
 from torch import Tensor
 
 from rlstruct import keys as K
-from rlstruct.dicttensor import DictTensor, _same_device
+from rlstruct.dicttensor import DictTensor
 from rlstruct.envs.base import StepResult, VecEnv
 from rlstruct.envs.step_checks import check_running, observation_error
 from rlstruct.envs.torch.actions import TorchActions, torch_dtype_of
+from rlstruct.envs.torch.arguments import (
+    check_int,
+    check_state,
+    default_options,
+    parse_options,
+    usable_device,
+)
 from rlstruct.envs.torch.streams import mix64, splitmix64_uniform, stream_step
 from rlstruct.errors import (
     BatcherStateError,
     ConfigError,
-    DeviceContractError,
-    KeyMismatchError,
     ObservationError,
-    ShapeError,
 )
 
 __all__ = ["TorchVecEnv", "splitmix64_uniform", "mix64"]
@@ -120,8 +109,8 @@ class TorchVecEnv(VecEnv):
 
     Args:
         n_envs: ``N``.
-        seed: env ``k`` draws its initial states from the stream of ``seed + k`` (see the module
-            doc for the exact rule).
+        seed: env ``k`` draws its initial states from the stream of ``seed + k`` (see
+            :mod:`rlstruct.envs.torch.streams` for the exact rule).
         device: where the state, the observations and the running indices live; actions must
             be given there.
         dtype: the floating dtype of the state and of the dynamics (observations keep the
@@ -165,22 +154,15 @@ class TorchVecEnv(VecEnv):
         env_id_offset: int = 0,
         check_obs: bool = True,
     ) -> None:
-        _check_int("n_envs", n_envs, 1)
-        _check_int("seed", seed, 0)
-        _check_int("env_id_offset", env_id_offset, 0)
+        check_int("n_envs", n_envs, 1)
+        check_int("seed", seed, 0)
+        check_int("env_id_offset", env_id_offset, 0)
         if max_episode_steps is None:
             max_episode_steps = self.default_max_episode_steps
-        _check_int("max_episode_steps", max_episode_steps, 1)
+        check_int("max_episode_steps", max_episode_steps, 1)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ConfigError(f"dtype must be a floating torch.dtype, got {dtype!r}")
-        try:
-            dev = torch.device(device)
-            probe = torch.zeros(1, device=dev)
-        except (RuntimeError, TypeError, ValueError, AssertionError) as e:  # no CUDA: Assertion
-            raise ConfigError(f"device {device!r} is not usable: {e}") from e
-        if dev.type == "meta":
-            raise ConfigError("device 'meta' holds no values: a TorchVecEnv cannot run there")
-        self._device = probe.device  # with its index ("cuda" -> "cuda:0")
+        self._device = usable_device(device)
         self._dtype = dtype
         self._n = int(n_envs)
         self._seed = int(seed)
@@ -256,25 +238,7 @@ class TorchVecEnv(VecEnv):
 
     @state.setter
     def state(self, value: Tensor) -> None:
-        if not isinstance(value, Tensor):
-            raise TypeError(f"state must be a torch.Tensor, got {type(value).__name__}")
-        if tuple(value.shape) != tuple(self._state.shape):
-            raise ShapeError(
-                f"state has shape {tuple(value.shape)}, expected {tuple(self._state.shape)} "
-                "(n_envs, state_size)"
-            )
-        if not _same_device(value.device, self._device):
-            raise DeviceContractError(
-                f"state is on {value.device}, expected {self._device} (the env's device)",
-                argument="state",
-                expected=self._device,
-                actual=value.device,
-            )
-        if value.dtype != self._dtype:
-            raise TypeError(
-                f"state has dtype {value.dtype}, expected {self._dtype} (the env's dtype); "
-                f"pass value.to({self._dtype}) (no silent cast)"
-            )
+        check_state(value, self._state)
         self._state.copy_(value)
 
     def n_envs(self) -> int:
@@ -352,37 +316,13 @@ class TorchVecEnv(VecEnv):
         return self.initial_state(u, self._options)
 
     def _default_options(self) -> dict[str, Tensor]:
-        return {
-            name: torch.full((self._n,), float(v), dtype=self._dtype, device=self._device)
-            for name, v in self.reset_options.items()
-        }
+        return default_options(self.reset_options, self._n, self._dtype, self._device)
 
     def _parse_options(self, env_info: DictTensor | None) -> dict[str, Tensor]:
-        options = self._default_options()
-        if env_info is None:
-            return options
-        if not isinstance(env_info, DictTensor):
-            raise TypeError(f"env_info must be a DictTensor or None, got {type(env_info).__name__}")
-        if env_info.empty():
-            return options
-        if env_info.n_elems() != self._n:
-            raise ShapeError(
-                f"env_info has {env_info.n_elems()} rows, expected {self._n} (one per env)"
-            )
-        unknown = sorted(set(env_info.keys()) - set(options))
-        if unknown:
-            raise KeyMismatchError(
-                f"env_info has keys {unknown} that {type(self).__name__} does not take; its "
-                f"reset options are {sorted(options)}"
-            )
-        for name, v in env_info.items():
-            if v.dim() != 1 or v.dtype.is_complex or v.dtype == torch.bool:
-                raise ShapeError(
-                    f"env_info[{name!r}] is {tuple(v.shape)} {v.dtype}, expected ({self._n},) "
-                    "real numbers (one value per env)"
-                )
-            options[name] = v.to(self._device, self._dtype)
-        self.check_options(options)
+        options = parse_options(env_info, self._default_options(), self._n, self._device,
+                                self._dtype, type(self).__name__)
+        if env_info is not None and not env_info.empty():
+            self.check_options(options)
         return options
 
     # ------------------------------------------------------------------ step
@@ -525,7 +465,7 @@ class TorchVecEnv(VecEnv):
         Raises:
             ConfigError: ``offset`` is not an int >= 0.
         """
-        _check_int("env_id_offset", offset, 0)
+        check_int("env_id_offset", offset, 0)
         self._offset = int(offset)
 
     def _begin_step(self) -> Tensor:
@@ -550,9 +490,3 @@ class TorchVecEnv(VecEnv):
             f"dtype={self._dtype}, max_episode_steps={self.max_episode_steps}, "
             f"auto_reset={self.auto_reset})"
         )
-
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
-

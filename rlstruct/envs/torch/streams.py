@@ -1,11 +1,29 @@
 """SplitMix64 over int64 tensors: the counter-based random streams of the torch-native envs.
 
 Each env of a :class:`~rlstruct.envs.torch.TorchVecEnv` draws its initial states from its own
-stream (the rule is in :mod:`rlstruct.envs.torch.base`). SplitMix64 (Steele, Lea and Flood 2014)
+stream (the rule below). SplitMix64 (Steele, Lea and Flood 2014)
 is a counter plus a mixing function, so a stream is one int64 per env, any number of them are
 advanced at once with tensor arithmetic, and the numbers are the same on every device. torch has
 no uint64 arithmetic: the uint64 bits live in int64 tensors (products wrap mod 2**64, and right
 shifts are made logical by masking).
+
+Random initial states (the reproducibility rule): env ``k`` of an env built with ``seed=s`` draws
+its initial states from its OWN counter-based stream, SplitMix64 seeded with ``mix64(s + k)``
+(``mix64`` is SplitMix64's output function). Reset number ``c`` of env ``k`` (``c = 0`` for its
+first reset, counted over ``reset()`` calls and auto-resets alike) takes the outputs
+``c * D + 1, ..., c * D + D`` of that stream, where ``D`` is the env's ``n_draws`` and output
+``i`` is ``mix64(mix64(s + k) + i * 0x9E3779B97F4A7C15 mod 2**64)``; each output becomes a
+uniform ``u`` in ``[0, 1)`` from its top ``m`` bits (``m`` = 24 for float32 states, 53 for
+float64: the significand's width), and the initial state is ``low + (high - low) * u`` per
+component, like gymnasium's ``np_random.uniform``. The streams are computed with int64 tensor
+arithmetic on the env's device: nothing is drawn from torch's global or device generators (a
+batcher's agent sampling from them does not shift the envs, and vice versa), the same seed
+gives the same initial states on the CPU and on a GPU, and the initial states of env ``k``
+depend only on ``s + k`` and on how many times env ``k`` was reset, never on ``N``, on the
+other envs, or on how envs are split among batcher workers. So ``CartPole(n_envs=8, seed=0)``
+env 5 and ``CartPole(n_envs=1, seed=5)`` env 0 play the same episodes under the same actions.
+(A single device generator drawing for all ``N`` envs at once would break this: the draws of
+env ``k`` would depend on which other envs reset at the same step.)
 """
 
 from __future__ import annotations
