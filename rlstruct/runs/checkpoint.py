@@ -90,7 +90,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"no checkpoint at {path}")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as err:  # torch raises several kinds for a damaged file
+    except Exception as err:  # noqa: BLE001 - torch raises several kinds; a CheckpointError
         # Never pass on torch's advice to load with weights_only=False: rlstruct does not
         # unpickle arbitrary objects, and a file that needs it is not one of its checkpoints.
         lines = [line.strip() for line in str(err).splitlines() if line.strip()

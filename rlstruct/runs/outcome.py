@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["STATUS", "RunRecord", "run_summary", "describe"]
+from rlstruct.runs.logger import RunLogger
+
+__all__ = ["STATUS", "RunRecord", "run_summary", "write_summary", "describe"]
 
 #: ``summary["status"]`` for each ``stopped_by``; an exception other than Ctrl-C is ``failed``.
 STATUS = {"target_return": "solved", "max_frames": "budget", "time_budget": "budget",
@@ -105,6 +109,15 @@ def run_summary(run: RunRecord, finish: bool, exc: BaseException | None) -> dict
     if run.checkpoint_error is not None:
         summary["checkpoint_error"] = run.checkpoint_error
     return summary
+
+
+def write_summary(logger: RunLogger, summary: Mapping[str, Any]) -> None:
+    """Writes ``summary.json`` with ``logger``; a failed write (a full disk) is a warning, which
+    never hides the run's own outcome."""
+    try:
+        logger.write_summary(summary)
+    except OSError as err:  # e.g. a full disk: never hide the run's own outcome
+        warnings.warn(f"could not write {logger.folder.summary_file}: {err}", stacklevel=3)
 
 
 def describe(algo: str, s: dict[str, Any], column: str) -> str:

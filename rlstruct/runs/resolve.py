@@ -94,6 +94,14 @@ class Resolved(Generic[C]):
     env_modules: tuple[str, ...]
 
     @property
+    def launch(self) -> dict[str, Any]:
+        """How the run is launched, and its learner ranks (config.json, summary.json)."""
+        if self.world_size > 1:
+            return {"launcher": "torchrun", "world_size": self.world_size}
+        return {"launcher": "rlstruct", "world_size": self.cfg.layout.n_learners,
+                "learner_backend": self.cfg.layout.learner_backend}
+
+    @property
     def learner_device(self) -> torch.device:
         """The learner's device."""
         return self.devices["learner_device"]
@@ -298,7 +306,7 @@ def _env_problems(
         return None, problems
     try:
         shape, space = env_spaces(cfg.env_id, cfg.env_backend)
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - an env that cannot be made is a listed problem
         return None, [f"env_id {cfg.env_id!r} cannot be made: {type(err).__name__}: {err}"]
     kinds = {"Discrete": gym.spaces.Discrete, "Box": gym.spaces.Box}
     if any(isinstance(space, kinds[k]) for k in cfg.action_spaces):

@@ -23,9 +23,6 @@ A training loop with it (see ``rlstruct/algos/`` for eight complete ones)::
             run.publish(batcher, group.state_dict())  # the weights, then the next segment
             run.end_iteration(group.state_dict(), **stats)  # evaluation, row, checkpoint
     summary = run.summary
-
-The stop test and every output read ONE training return: the mean of the last
-``target_window`` finished episodes (``train_return_mean<N>`` in progress.csv and the summary).
 """
 
 from __future__ import annotations
@@ -34,9 +31,7 @@ import contextlib
 import math
 import sys
 import time
-import warnings
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -62,7 +57,7 @@ from rlstruct.runs.lock import FolderGuard
 from rlstruct.runs.logger import RunLogger
 from rlstruct.runs.loop import RunLoop
 from rlstruct.runs.monitor import ResourceMonitor
-from rlstruct.runs.outcome import RunRecord, describe, run_summary
+from rlstruct.runs.outcome import RunRecord, describe, run_summary, write_summary
 from rlstruct.runs.resolve import Resolved, resolve
 from rlstruct.runs.signals import StopSignals, Terminated, final_checkpoint, lost_rank
 from rlstruct.runs.training_env import training_env
@@ -88,10 +83,9 @@ class Run(RunLoop):
         resolved: the :class:`~rlstruct.runs.resolve.Resolved` the run started from.
         cfg: the resolved config (saved whole in ``config.json`` and in every checkpoint).
         device: the learner device. ``world_size``: torchrun's (1: not under torchrun).
-        obs_shape: the observation's shape (``(4, 84, 84)`` for Atari); ``obs_dim``: its
-            flattened size.
-        action_space: the single-env action space (``Discrete``, ``Box``...); pick the policy
-            head from it (:func:`rlstruct.blocks.distributions.make_head`).
+        obs_shape: the observation's shape (``(4, 84, 84)`` for Atari); ``obs_dim``: its size.
+        action_space: the single-env action space (``Discrete``, ``Box``...), for the policy
+            head (:func:`rlstruct.blocks.distributions.make_head`).
         logger: the :class:`~rlstruct.runs.logger.RunLogger` (``logger.folder``: every path).
         batcher: the training batcher (None before :meth:`training_batcher`).
         frames, iteration, stopped_by, solved_at, eval_return, evaluation: the loop's
@@ -126,12 +120,8 @@ class Run(RunLoop):
         self.batcher: Batcher | SerialBatcher | None = None
         self._groups: list[Any] = []  # a stop collects their batch in flight first
         self._stack = contextlib.ExitStack()
-        self.launch: dict[str, Any] = (
-            {"launcher": "torchrun", "world_size": self.world_size} if self.world_size > 1 else
-            {"launcher": "rlstruct", "world_size": cfg.layout.n_learners,
-             "learner_backend": cfg.layout.learner_backend})
-        # One session per folder; a run that fails before its first iteration leaves the
-        # folder as it was (rlstruct/runs/lock.py).
+        self.launch: dict[str, Any] = self.resolved.launch
+        # One session per folder; a failure before the first iteration leaves it as it was.
         self._guard = FolderGuard(cfg.resume)
         try:
             self.logger = RunLogger(
@@ -147,9 +137,9 @@ class Run(RunLoop):
         self._stack.callback(self.monitor.close)
         # What checkpoints/latest.pt holds: its frames and iteration (summary.json).
         self._checkpointed = {"frames": self.frames, "iteration": self.iteration} if r else None
-        self._cause: str | None = None  # a failure found after a signal (a torchrun rank died)
-        self._checkpoint_error: str | None = None
-        self._after_signal: str | None = None  # an error that followed the stop signal
+        # After a stop signal: a torchrun rank's death that caused it, a failed final
+        # checkpoint, an error that followed it (summary.json says each).
+        self._cause = self._checkpoint_error = self._after_signal = None
         self.signals = StopSignals(self.logger.checkpoints.remove_partial,
                                    torchrun=self.world_size > 1)
 
@@ -159,15 +149,11 @@ class Run(RunLoop):
         create_env: Callable[..., VecEnv], n_timesteps: int, agent_info: DictTensor | None = None,
         pipelined: bool = True,
     ) -> Batcher | SerialBatcher:
-        """The training batcher of the layout (:func:`~rlstruct.batchers.make.make_batcher`,
-        on the resolved batcher device): ``n_envs`` envs
-        (:func:`~rlstruct.runs.training_env.training_env`) per process, seeded with ``seed``;
-        closed with the run.
-
-        Args:
-            pipelined: the algorithm's loop works with a pipelined batcher (``--pipeline``);
-                False refuses ``layout.pipeline > 1`` (e.g. episodic collection, or an
-                ``agent_info`` that changes every segment).
+        """The training batcher of the layout (:func:`~rlstruct.batchers.make.make_batcher` on
+        the resolved batcher device, the envs of :func:`~rlstruct.runs.training_env.training_env`,
+        seeded with ``seed``); closed with the run. ``pipelined``: the algorithm's loop works
+        with a pipelined batcher (False: episodic collection, or an ``agent_info`` that changes
+        every segment).
 
         Raises:
             ConfigError: ``layout.pipeline > 1`` for an algorithm that does not support it.
@@ -227,12 +213,10 @@ class Run(RunLoop):
         make_agent: Callable[[torch.nn.Module], Agent] | None = None,
         per_rank: tuple[str, ...] = (), stacked: bool = False, policy: str = "",
     ) -> LearnerGroupBase:
-        """The learner group the algorithm learns with: its ranks run the algorithm's
-        ``learn(agent, optimizer, batch, cfg, step)`` on their rows of each batch
-        (:func:`~rlstruct.learners.rank.algorithm_learn`), starting from ``model``'s weights;
-        which group each layout gets, and the arguments, are
-        :func:`rlstruct.runs.groups.learner_group`'s. Closed with the run; checkpoints hold the
-        group's (rank 0's) model as ``model`` and its optimizer as ``optimizer``."""
+        """The learner group the algorithm learns with, closed with the run: its ranks run
+        ``learn(agent, optimizer, batch, cfg, step)`` on their rows of each batch, starting from
+        ``model``'s weights (each layout's group and the arguments:
+        :func:`rlstruct.runs.groups.learner_group`)."""
         return learner_group(self, make_model, model, make_optimizer, learn, make_agent,
                              per_rank, stacked, policy)
 
@@ -245,7 +229,7 @@ class Run(RunLoop):
         self.contents.stand_for("model", stands_for)
         self.checkpoint_state(**objects)
 
-    def enter(self, context: AbstractContextManager[T]) -> T:
+    def enter(self, context: contextlib.AbstractContextManager[T]) -> T:
         """Enters ``context`` (a batcher, a learner group) and closes it with the run."""
         return self._stack.enter_context(context)
 
@@ -262,10 +246,9 @@ class Run(RunLoop):
         self.contents.add(**objects)
 
     def resume_state(self, **objects: Any) -> None:
-        """States that only a resume needs, too large to copy into ``best.pt`` (a replay
-        buffer): each is saved to ``checkpoints/<name>.pt`` with every checkpoint and loaded on
-        ``--resume`` (:func:`~rlstruct.runs.checkpoint.load_resume_files`: a run checkpointed
-        without one resumes with the object as built, and says so on stderr).
+        """States that only a resume needs, too large for ``best.pt`` (a replay buffer): saved to
+        ``checkpoints/<name>.pt`` with every checkpoint and loaded on ``--resume``
+        (:func:`~rlstruct.runs.checkpoint.load_resume_files`).
 
         Raises:
             CheckpointError: the saved state does not load into the object.
@@ -274,10 +257,9 @@ class Run(RunLoop):
 
     def checkpoint(self) -> None:
         """Saves ``checkpoints/latest.pt`` (and ``best.pt`` by the train return): the
-        :meth:`checkpoint_state` objects' states, ``algo``, the whole ``config``, ``frames``,
-        ``iteration``, ``episodes``, ``resumes``, ``wall_time``, ``eval_return``,
-        ``solved_at``, ``best_score``, the ``rng`` states, the ``constructors`` of the models
-        built by :meth:`model` and the evaluation ``agent`` (class, arguments, agent_info).
+        :attr:`contents`, ``algo``, the whole ``config``, ``frames``, ``iteration``,
+        ``episodes``, ``resumes``, ``wall_time``, ``eval_return``, ``solved_at``,
+        ``best_score`` and the ``rng`` states.
 
         Raises:
             CheckpointError: the write failed (e.g. a full disk; the last good one is kept).
@@ -311,23 +293,16 @@ class Run(RunLoop):
     def __enter__(self) -> Run:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Writes the last progress row and checkpoint (also on Ctrl-C and SIGTERM; no
-        checkpoint where they stopped it before its first iteration ended), closes the
-        batchers, the evaluator and the logger (which plots), then sets and prints
-        :attr:`summary` and writes it to ``summary.json``. Any other exception still leaves a
-        ``summary.json`` with status ``failed`` and the error, unless the run failed before its
-        first iteration (:class:`~rlstruct.runs.lock.FolderGuard`).
-
-        A run stopped by a signal (:mod:`rlstruct.runs.signals`) first collects a batch its
-        learner group still learns on, so the checkpoint's frames are the summary's; it then
-        raises :class:`~rlstruct.runs.signals.Terminated`, also when the stop waited for the
-        loop body and the loop ended on its own."""
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        """Writes the last progress row and checkpoint (also on Ctrl-C and SIGTERM; none where
+        they stopped it before its first iteration ended), closes the batchers, the evaluator
+        and the logger (which plots), then sets, prints and writes :attr:`summary`
+        (``summary.json``; status ``failed`` and the error after any other exception, unless the
+        run failed before its first iteration: :class:`~rlstruct.runs.lock.FolderGuard`). A run
+        stopped by a signal first collects the batch its learner group learns on, so the
+        checkpoint's frames are the summary's, then raises
+        :class:`~rlstruct.runs.signals.Terminated` (:mod:`rlstruct.runs.signals`)."""
         end = self.signals.ending(exc, self.stopped_by)
         self._after_signal = end.after_signal
         try:
@@ -339,10 +314,8 @@ class Run(RunLoop):
                 if self.logger.n_rows == 0 or self.logger.frames != self.frames:
                     self.logger.log(self.frames, iteration=self.iteration, eval_return=math.nan,
                                     **self.monitor.sample(self.frames))
-                # A stop before the first iteration may come before the algorithm registered
-                # all its state (the learner comes after the batchers): no checkpoint then,
-                # which ``--resume auto`` reads as a run to start afresh (a resumed one keeps
-                # its own).
+                # A stop before the first iteration may come before the algorithm registered all
+                # its state: no checkpoint then (--resume auto starts such a run afresh).
                 if self.iteration > self._resumed_at or self.stopped_by != "interrupted":
                     self._checkpoint_error = final_checkpoint(self.checkpoint, self._groups,
                                                               end.by_signal or end.raised)
@@ -368,11 +341,7 @@ class Run(RunLoop):
         summary = run_summary(self.outcome_record(), finish, exc)
         if finish:
             self.summary = summary
-        try:
-            self.logger.write_summary(summary)
-        except OSError as err:  # e.g. a full disk: never hide the run's own outcome
-            warnings.warn(f"could not write {self.logger.folder.summary_file}: {err}",
-                          stacklevel=2)
+        write_summary(self.logger, summary)
 
 
 def code_dir(cfg: RunConfig) -> Path | None:

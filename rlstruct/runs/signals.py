@@ -260,7 +260,7 @@ def final_checkpoint(checkpoint: Callable[[], None], groups: Iterable[Any],
     try:
         settle_groups(groups, STOP_GRACE_S)
         checkpoint()
-    except Exception as err:  # noqa: BLE001 - returned, printed and written to summary.json
+    except Exception as err:  # noqa: BLE001 - returned, printed, in summary.json
         text = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
         print(f"rlstruct: the final checkpoint failed ({text}); checkpoints/latest.pt keeps the "
               "last one written (summary.json: checkpoint)", file=sys.stderr, flush=True)
