@@ -230,29 +230,31 @@ def rebuild_agent(
     return import_object(spec["class"]), args, agent_info
 
 
-def save_resume_files(folder: Path, objects: Mapping[str, Any], iteration: int) -> None:
-    """Saves each object's state to ``folder/<name>.pt``, tagged with ``iteration``: the states
-    only a resume needs (:meth:`~rlstruct.runs.run.Run.resume_state`). Written before
-    ``latest.pt``, so a file of a newer iteration than ``latest.pt`` is a write cut short.
+def save_resume_files(folder: RunFolder, objects: Mapping[str, Any], iteration: int) -> None:
+    """Saves each object's state to the run folder's ``checkpoints/<name>.pt``, tagged with
+    ``iteration``: the states only a resume needs (:meth:`~rlstruct.runs.run.Run.resume_state`).
+    Written before ``latest.pt``, so a file of a newer iteration than ``latest.pt`` is a write
+    cut short.
 
     Raises:
         CheckpointError: a write failed (the previous file is kept).
     """
     for name, obj in objects.items():
         state = {"iteration": iteration, "state": _own_storage(obj.state_dict())}
-        save_checkpoint(state, folder / f"{name}.pt")
+        save_checkpoint(state, folder.checkpoint(name))
 
 
-def load_resume_files(folder: Path, objects: Mapping[str, Any], iteration: int | None) -> None:
-    """Loads ``folder/<name>.pt`` into each object when it was saved at ``iteration`` (that of
-    ``latest.pt``); an absent file or another iteration leaves the object as built (an
-    empty replay buffer) and says so on stderr.
+def load_resume_files(folder: RunFolder, objects: Mapping[str, Any],
+                      iteration: int | None) -> None:
+    """Loads the run folder's ``checkpoints/<name>.pt`` into each object when it was saved at
+    ``iteration`` (that of ``latest.pt``); an absent file or another iteration leaves the object
+    as built (an empty replay buffer) and says so on stderr.
 
     Raises:
         CheckpointError: the file is damaged, or its state does not load into the object.
     """
     for name, obj in objects.items():
-        path = folder / f"{name}.pt"
+        path = folder.checkpoint(name)
         saved = load_checkpoint(path) if path.is_file() else {}
         if saved.get("iteration") != iteration:
             found = f"is of iteration {saved.get('iteration')}" if saved else "is absent"
@@ -329,7 +331,7 @@ class CheckpointWriter:
         """
         self.folder.make_checkpoints()
         if resume_files:
-            save_resume_files(self.folder.checkpoints, resume_files, iteration)
+            save_resume_files(self.folder, resume_files, iteration)
         latest = self.folder.checkpoint("latest")
         save_checkpoint(state, latest)
         if score is None:

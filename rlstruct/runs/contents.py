@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from rlstruct.dicttensor import DictTensor
 from rlstruct.runs import checkpoint as ckpt
+from rlstruct.runs.folder import RunFolder
 
 __all__ = ["CheckpointContents"]
 
@@ -67,8 +67,9 @@ class CheckpointContents:
         if self._resumed:
             ckpt.load_states(self._resumed, objects, self._source)
 
-    def add_resume_files(self, folder: Path, **objects: Any) -> None:
-        """Registers ``name -> object`` saved to ``folder/<name>.pt``; on a resume, loads them
+    def add_resume_files(self, folder: RunFolder, **objects: Any) -> None:
+        """Registers ``name -> object`` saved to ``checkpoints/<name>.pt`` of the run folder; on
+        a resume, loads them
         (:func:`~rlstruct.runs.checkpoint.load_resume_files`).
 
         Raises:

@@ -253,7 +253,7 @@ class Run(RunLoop):
         Raises:
             CheckpointError: the saved state does not load into the object.
         """
-        self.contents.add_resume_files(self.logger.folder.checkpoints, **objects)
+        self.contents.add_resume_files(self.logger.folder, **objects)
 
     def checkpoint(self) -> None:
         """Saves ``checkpoints/latest.pt`` (and ``best.pt`` by the train return): the
