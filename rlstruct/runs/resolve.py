@@ -93,6 +93,14 @@ class Resolved(Generic[C]):
     checkpoint: dict[str, Any] | None
     env_modules: tuple[str, ...]
 
+    def __getattr__(self, name: str) -> Any:
+        """A config field read on the Resolved is the resolved config's (``resolved.lr`` is
+        ``resolved.cfg.lr``), so that a loop written for a config (``def main(cfg)``, then
+        ``Run(name, cfg)`` and ``cfg.lr``) runs on what :func:`run_cli` hands it."""
+        if name.startswith("__") or "cfg" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["cfg"], name)
+
     @property
     def launch(self) -> dict[str, Any]:
         """How the run is launched, and its learner ranks (config.json, summary.json)."""

@@ -60,6 +60,10 @@ def test_resolve_leaves_its_argument_unchanged_with_resume_auto_and_a_layout_fil
     assert resolved.learner_device == resolved.batcher_device == torch.device("cpu")
     assert resolved.world_size == 1 and resolved.algo == "ppo"
     assert resolve(resolved) is resolved
+    assert resolved.n_timesteps == resolved.cfg.n_timesteps == 16 and resolved.layout.n_envs == 4
+    assert copy.deepcopy(resolved).cfg == resolved.cfg  # a config field reads through
+    with pytest.raises(AttributeError):
+        resolved.no_such_field  # noqa: B018
     with pytest.raises(dataclasses.FrozenInstanceError):
         resolved.world_size = 2  # type: ignore[misc]
 
@@ -148,3 +152,13 @@ def test_run_takes_a_resolved_config_as_it_is(tmp_path, monkeypatch):
         summary = ppo.main(resolved)
     assert all(not seen for seen in calls.values()), calls  # nothing resolved again
     assert summary["frames"] >= 64 and isinstance(resolved, Resolved)
+
+
+def test_a_main_written_for_a_config_reads_its_fields_on_what_run_cli_hands_it(tmp_path):
+    def main(cfg: Any) -> tuple[Any, ...]:  # a user's loop: ``Run(name, cfg)``, then ``cfg.lr``
+        return type(cfg), cfg.n_timesteps, cfg.layout.n_envs, cfg.cfg.runs_dir
+
+    kind, n_timesteps, n_envs, runs_dir = run_cli(
+        main, ppo.Config, args=["--n-timesteps", "8", "--n-envs", "3", "--runs-dir",
+                                str(tmp_path)], prog="test")
+    assert (kind, n_timesteps, n_envs, runs_dir) == (Resolved, 8, 3, str(tmp_path))
