@@ -99,12 +99,11 @@ class Run(RunLoop):
     """
 
     def __init__(self, algo: str, cfg: RunConfig | Resolved[Any]) -> None:
-        self.start = time.monotonic()
+        self.algo, self.start = algo, time.monotonic()
         self.resolved = resolve(cfg, algo)  # every problem of the config, before anything starts
         if self.resolved.rank > 0:  # torchrun: ranks > 0 only learn (rlstruct/learners/torchrun.py)
             serve_rank(self.resolved.learner_device.type)  # exits the process
-        self.algo, self.cfg = algo, self.resolved.cfg
-        cfg = self.cfg
+        cfg = self.cfg = self.resolved.cfg
         torch.set_num_threads(cfg.n_threads)
         torch.manual_seed(cfg.seed)
         self.device, self.world_size = self.resolved.learner_device, self.resolved.world_size
