@@ -41,7 +41,7 @@ from rlstruct.blocks.nets import HeadActorCritic, linear
 from rlstruct.blocks.optim import Optimizer, adam, gradient_step
 from rlstruct.blocks.sampling import HeadSampler, greedy_info
 from rlstruct.envs import GymEnvInf
-from rlstruct.runs.resolve import run_cli
+from rlstruct.runs.resolve import Resolved, run_cli
 from rlstruct.runs.run import Run, RunConfig
 
 
@@ -222,9 +222,10 @@ def learn(agent: A2CAgent, optimizer: Optimizer, traj: Trajectories, cfg: Config
 
 
 # --------------------------------------------------------------------------------------- main
-def main(cfg: Config) -> dict[str, Any]:
+def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("a2c", cfg) as run:
+        cfg = run.cfg  # resolved: the layout file applied, --resume auto picked
         net = GRUActorCritic if cfg.recurrent else MLPActorCritic
         make_model = partial(net, run.obs_dim, space_spec(run.action_space), cfg.hidden)
         model = run.model(make_model)  # on the CPU: the batchers copy it

@@ -57,7 +57,7 @@ from rlstruct.blocks.sampling import ActorAgent, greedy_info
 from rlstruct.envs import GymEnvInf
 from rlstruct.learners.thread import LatestWeights
 from rlstruct.runs.layout import LayoutConfig
-from rlstruct.runs.resolve import run_cli
+from rlstruct.runs.resolve import Resolved, run_cli
 from rlstruct.runs.run import Run, RunConfig
 
 
@@ -202,9 +202,10 @@ class Learner:
 
 
 # --------------------------------------------------------------------------------------- main
-def main(cfg: Config) -> dict[str, Any]:
+def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("appo", cfg) as run:
+        cfg = run.cfg  # resolved: the layout file applied, --resume auto picked
         model = (run.model(CNNActorCritic, run.n_actions, in_channels=run.obs_shape[0])
                  if cfg.model == "cnn" else run.model(ActorCritic, run.obs_dim, run.n_actions,
                                                       cfg.hidden))  # on the CPU

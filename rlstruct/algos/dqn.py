@@ -31,7 +31,7 @@ from rlstruct import keys as K
 from rlstruct.blocks.optim import Optimizer, adam, gradient_step
 from rlstruct.blocks.replay_buffer import ReplayBuffer, ReplayCheckpoint, replay_memory_problems
 from rlstruct.envs import GymEnvInf
-from rlstruct.runs.resolve import run_cli
+from rlstruct.runs.resolve import Resolved, run_cli
 from rlstruct.runs.run import Run, RunConfig
 
 STORED_KEYS = (K.OBS_FRAME, K.STORED_ACTION, K.NEXT_FRAME, K.NEXT_REWARD, K.NEXT_TERMINATED,
@@ -213,16 +213,16 @@ def learn(
 
 
 # --------------------------------------------------------------------------------------- main
-def main(cfg: Config) -> dict[str, Any]:
+def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("dqn", cfg) as run:
+        cfg = run.cfg  # resolved: the layout file applied, --resume auto picked
         model = run.model(QNetwork, run.obs_dim, run.n_actions, cfg.hidden, cfg.dueling)
         explore = DictTensor({"epsilon": torch.ones(1)})  # the schedule sets it per row
         batcher = run.training_batcher(QAgent, {"model": model}, GymEnvInf, cfg.n_timesteps,
                                        agent_info=explore, pipelined=False)
         run.evaluator(QAgent, {"model": model}, agent_info=DictTensor({"epsilon": torch.zeros(1)}))
-        agent = run.learner(QAgent(model))
-        target = copy.deepcopy(model).requires_grad_(False)
+        agent, target = run.learner(QAgent(model)), copy.deepcopy(model).requires_grad_(False)
         optimizer = adam(model.parameters(), cfg.lr, run.device)
         buffer = ReplayBuffer(cfg.buffer_size, device=run.device, keys=STORED_KEYS)
         run.checkpoint_state(model=model, target=target, optimizer=optimizer)

@@ -42,7 +42,7 @@ from rlstruct.envs import GymEnvInf
 from rlstruct.learners.base import LearnerGroupBase
 from rlstruct.learners.thread import LatestWeights
 from rlstruct.runs.layout import LayoutConfig
-from rlstruct.runs.resolve import run_cli
+from rlstruct.runs.resolve import Resolved, run_cli
 from rlstruct.runs.run import Run, RunConfig
 
 
@@ -148,9 +148,10 @@ class Learner:
 
 
 # --------------------------------------------------------------------------------------- main
-def main(cfg: Config) -> dict[str, Any]:
+def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("impala", cfg) as run:
+        cfg = run.cfg  # resolved: the layout file applied, --resume auto picked
         make_model = partial(ActorCritic, run.obs_dim, run.n_actions, cfg.hidden)
         model = run.model(make_model)  # on the CPU: the batchers copy it
         batcher = run.training_batcher(BehaviourAgent, {"model": model}, GymEnvInf,

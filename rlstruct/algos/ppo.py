@@ -43,7 +43,7 @@ from rlstruct.blocks.nets import CNNActorCritic, HeadActorCritic, head_actor_cri
 from rlstruct.blocks.optim import Optimizer, adam, gradient_step
 from rlstruct.blocks.sampling import PolicyAgent, greedy_info
 from rlstruct.envs import GymEnvInf
-from rlstruct.runs.resolve import run_cli
+from rlstruct.runs.resolve import Resolved, run_cli
 from rlstruct.runs.run import Run, RunConfig
 
 
@@ -224,9 +224,10 @@ def learn(
 
 
 # --------------------------------------------------------------------------------------- main
-def main(cfg: Config) -> dict[str, Any]:
+def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("ppo", cfg) as run:
+        cfg = run.cfg  # resolved: the layout file applied, --resume auto picked
         make_model = model_factory(run, cfg)  # picklable: the learner ranks build theirs
         model = run.model(make_model)  # on the CPU: the batchers copy it
         batcher = run.training_batcher(PPOAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
@@ -239,8 +240,7 @@ def main(cfg: Config) -> dict[str, Any]:
             # (--n-learners N: each rank on 1/N of the rows, gradients averaged).
             lr = cfg.lr * max(0.0, 1 - run.frames / cfg.max_frames) if cfg.anneal_lr else cfg.lr
             stats = group.learn(traj, lr=lr)
-            weights = group.state_dict()
-            # 4. Publish the weights; the workers collect the next segment meanwhile.
+            weights = group.state_dict()  # 4. published; the workers collect the next segment
             run.publish(batcher, weights)
             run.end_iteration(weights, lr=lr, **stats)
     return run.summary

@@ -32,7 +32,7 @@ from rlstruct.blocks.nets import mlp
 from rlstruct.blocks.optim import adam, gradient_step
 from rlstruct.blocks.sampling import CategoricalSampler, greedy_info
 from rlstruct.envs import GymEnv
-from rlstruct.runs.resolve import run_cli
+from rlstruct.runs.resolve import Resolved, run_cli
 from rlstruct.runs.run import Run, RunConfig
 
 
@@ -179,9 +179,10 @@ def play_episodes(batcher: Batcher | SerialBatcher, run: Run) -> Trajectories:
         batcher.execute()
 
 
-def main(cfg: Config) -> dict[str, Any]:
+def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("reinforce", cfg) as run:
+        cfg = run.cfg  # resolved: the layout file applied, --resume auto picked
         model = run.model(actor_critic, run.obs_dim, run.n_actions, cfg.hidden)  # CPU
         n_timesteps = cfg.n_timesteps or gym.spec(cfg.env_id).max_episode_steps or 1000
         batcher = run.training_batcher(PolicyAgent, {"model": model}, GymEnv, n_timesteps,

@@ -41,7 +41,7 @@ from rlstruct.blocks.replay_buffer import ReplayBuffer, ReplayCheckpoint, replay
 from rlstruct.blocks.sampling import HeadSampler, greedy_info
 from rlstruct.envs import GymEnvInf
 from rlstruct.runs.layout import LayoutConfig
-from rlstruct.runs.resolve import run_cli
+from rlstruct.runs.resolve import Resolved, run_cli
 from rlstruct.runs.run import Run, RunConfig
 
 SQUASHED = "squashed"  # the agent's tanh(u): the critics read actions in (-1, 1)
@@ -212,9 +212,10 @@ def learn(nets: nn.ModuleDict, optimizer: torch.optim.Optimizer, sample: DictTen
 
 
 # --------------------------------------------------------------------------------------- main
-def main(cfg: Config) -> dict[str, Any]:
+def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("sac", cfg) as run:
+        cfg = run.cfg  # resolved: the layout file applied, --resume auto picked
         spec = space_spec(run.action_space)
         actor = run.model(Actor, run.obs_dim, spec, cfg.hidden)  # on the CPU: the batchers copy it
         batcher = run.training_batcher(SACAgent, {"model": actor}, GymEnvInf, cfg.n_timesteps)
@@ -225,8 +226,7 @@ def main(cfg: Config) -> dict[str, Any]:
         run.resume_state(**{"buffer": buffer} if cfg.checkpoint_buffer else {})  # --resume
         group = run.learner_group(make_nets, nets, partial(adam, lr=cfg.lr), learn,  # fused Adam
                                   stacked=True, policy="actor.")  # --n-learners N: N ranks
-        n_updates, owed, stats, n = 0, 0.0, {}, 0
-        weights = partial(group.state_dict, "actor.")
+        weights, n_updates, owed, stats, n = partial(group.state_dict, "actor."), 0, 0.0, {}, 0
         # 1. Store each segment and start the next one (the workers collect it meanwhile).
         for traj in run.segments(batcher):
             buffer.add(traj)

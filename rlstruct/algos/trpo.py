@@ -56,7 +56,7 @@ from rlstruct.blocks.sampling import PolicyAgent, greedy_info
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ShapeError
 from rlstruct.learners.rank import RankContext
-from rlstruct.runs.resolve import run_cli
+from rlstruct.runs.resolve import Resolved, run_cli
 from rlstruct.runs.run import Run, RunConfig
 
 
@@ -219,9 +219,10 @@ def learn(model: HeadActorCritic, optimizer: torch.optim.Optimizer, traj: Trajec
 
 
 # --------------------------------------------------------------------------------------- main
-def main(cfg: Config) -> dict[str, Any]:
+def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("trpo", cfg) as run:
+        cfg = run.cfg  # resolved: the layout file applied, --resume auto picked
         make_model = partial(head_actor_critic, run.obs_dim, space_spec(run.action_space),
                              cfg.hidden, cfg.log_std_init, cfg.normalize_obs)  # ranks' too
         model = run.model(make_model)  # on the CPU: the batchers copy it

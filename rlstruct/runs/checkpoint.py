@@ -13,6 +13,9 @@
 - :func:`agent_spec` records the evaluation agent in a checkpoint; :func:`rebuild_agent` gives
   it back, its models rebuilt and loaded (what ``rlstruct evaluate`` and
   :func:`rlstruct.load_policy` play).
+- :class:`CheckpointWriter` writes a run folder's ``checkpoints/``: ``latest.pt``, ``best.pt``
+  by a score, and the resume files; :func:`load_states` loads a resumed checkpoint's states
+  into a run's objects.
 
 Example:
     >>> import tempfile, torch
@@ -29,6 +32,7 @@ from __future__ import annotations
 import errno
 import importlib
 import io
+import math
 import os
 import random
 import sys
@@ -41,11 +45,12 @@ import torch
 
 from rlstruct.dicttensor import DictTensor
 from rlstruct.errors import CheckpointError
+from rlstruct.runs.folder import RunFolder
 
 __all__ = [
     "save_checkpoint", "copy_checkpoint", "load_checkpoint", "rng_state", "set_rng_state",
     "object_path", "import_object", "build_model", "agent_spec", "rebuild_agent",
-    "save_resume_files", "load_resume_files",
+    "save_resume_files", "load_resume_files", "load_states", "CheckpointWriter",
 ]
 
 
@@ -85,7 +90,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"no checkpoint at {path}")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as err:  # torch raises several kinds for a damaged file
+    except Exception as err:  # noqa: BLE001 - torch raises several kinds; a CheckpointError
         # Never pass on torch's advice to load with weights_only=False: rlstruct does not
         # unpickle arbitrary objects, and a file that needs it is not one of its checkpoints.
         lines = [line.strip() for line in str(err).splitlines() if line.strip()
@@ -225,29 +230,31 @@ def rebuild_agent(
     return import_object(spec["class"]), args, agent_info
 
 
-def save_resume_files(folder: Path, objects: Mapping[str, Any], iteration: int) -> None:
-    """Saves each object's state to ``folder/<name>.pt``, tagged with ``iteration``: the states
-    only a resume needs (:meth:`~rlstruct.runs.run.Run.resume_state`). Written before
-    ``latest.pt``, so a file of a newer iteration than ``latest.pt`` is a write cut short.
+def save_resume_files(folder: RunFolder, objects: Mapping[str, Any], iteration: int) -> None:
+    """Saves each object's state to the run folder's ``checkpoints/<name>.pt``, tagged with
+    ``iteration``: the states only a resume needs (:meth:`~rlstruct.runs.run.Run.resume_state`).
+    Written before ``latest.pt``, so a file of a newer iteration than ``latest.pt`` is a write
+    cut short.
 
     Raises:
         CheckpointError: a write failed (the previous file is kept).
     """
     for name, obj in objects.items():
         state = {"iteration": iteration, "state": _own_storage(obj.state_dict())}
-        save_checkpoint(state, folder / f"{name}.pt")
+        save_checkpoint(state, folder.checkpoint(name))
 
 
-def load_resume_files(folder: Path, objects: Mapping[str, Any], iteration: int | None) -> None:
-    """Loads ``folder/<name>.pt`` into each object when it was saved at ``iteration`` (that of
-    ``latest.pt``); an absent file or another iteration leaves the object as built (an
-    empty replay buffer) and says so on stderr.
+def load_resume_files(folder: RunFolder, objects: Mapping[str, Any],
+                      iteration: int | None) -> None:
+    """Loads the run folder's ``checkpoints/<name>.pt`` into each object when it was saved at
+    ``iteration`` (that of ``latest.pt``); an absent file or another iteration leaves the object
+    as built (an empty replay buffer) and says so on stderr.
 
     Raises:
         CheckpointError: the file is damaged, or its state does not load into the object.
     """
     for name, obj in objects.items():
-        path = folder / f"{name}.pt"
+        path = folder.checkpoint(name)
         saved = load_checkpoint(path) if path.is_file() else {}
         if saved.get("iteration") != iteration:
             found = f"is of iteration {saved.get('iteration')}" if saved else "is absent"
@@ -259,6 +266,86 @@ def load_resume_files(folder: Path, objects: Mapping[str, Any], iteration: int |
         except (ValueError, RuntimeError, KeyError) as err:  # ShapeError, KeyMismatchError too
             raise CheckpointError(f"resume: the state in {path} does not fit this run's "
                                   f"{type(obj).__name__}: {err}") from err
+
+
+def load_states(state: Mapping[str, Any], objects: Mapping[str, Any], source: Any) -> None:
+    """Loads ``state[name]`` into each object (``obj.load_state_dict``), then the RNG states
+    (``state["rng"]``): a resumed run's model, optimizer and generators.
+
+    Args:
+        state: the checkpoint being resumed.
+        objects: ``name -> object`` (what the run's checkpoints hold).
+        source: the run folder resumed (for messages).
+
+    Raises:
+        CheckpointError: ``state`` holds no state for one of them, or a state that does not
+            load into it.
+    """
+    for name, obj in objects.items():
+        if name not in state:
+            raise CheckpointError(f"resume: {source} has no state for {name!r} "
+                                  f"(it holds {sorted(state)})")
+        try:
+            obj.load_state_dict(state[name])
+        except (ValueError, RuntimeError, KeyError) as err:  # torch's words for "not this"
+            raise CheckpointError(
+                f"resume: the state of {name!r} in {source} does not fit this run's "
+                f"{type(obj).__name__} (a checkpoint of another model or optimizer layout, "
+                f"or of an earlier rlstruct version): {err}") from err
+    set_rng_state(state["rng"])
+
+
+class CheckpointWriter:
+    """Writes the checkpoints of a run folder: ``checkpoints/latest.pt``, ``best.pt`` when the
+    score is the best so far, and the resume files (``checkpoints/<name>.pt``).
+
+    Every write goes through a temporary file and an atomic rename (:func:`save_checkpoint`),
+    so an interrupt or a full disk never leaves a truncated checkpoint nor a ``.tmp``.
+
+    Args:
+        folder: the run folder.
+        best_score: the best score so far (a resumed run's), or None.
+
+    Attributes:
+        best_score: the best checkpoint score so far (``None`` before the first).
+    """
+
+    def __init__(self, folder: RunFolder, best_score: float | None = None) -> None:
+        self.folder, self.best_score = folder, best_score
+
+    def save(self, state: Mapping[str, Any], score: float | None = None,
+             resume_files: Mapping[str, Any] | None = None, iteration: int = 0) -> None:
+        """Saves ``state`` to ``latest.pt``, and to ``best.pt`` when ``score`` is best (a
+        ``None`` or nan score never counts as best, a tie is no improvement).
+
+        Args:
+            state: the checkpoint.
+            score: its score (the training return).
+            resume_files: ``name -> object`` whose states only a resume needs, saved first
+                (:func:`save_resume_files`, tagged with ``iteration``).
+            iteration: the iteration of the checkpoint.
+
+        Raises:
+            CheckpointError: a write failed (the file and the cause are named; the previous
+                checkpoint is kept).
+        """
+        self.folder.make_checkpoints()
+        if resume_files:
+            save_resume_files(self.folder, resume_files, iteration)
+        latest = self.folder.checkpoint("latest")
+        save_checkpoint(state, latest)
+        if score is None:
+            return
+        score = float(score)
+        if math.isnan(score) or (self.best_score is not None and score <= self.best_score):
+            return
+        copy_checkpoint(latest, self.folder.checkpoint("best"))
+        self.best_score = score
+
+    def remove_partial(self) -> None:
+        """Removes half-written checkpoints (``*.tmp``): before a process ends at once."""
+        for tmp in self.folder.checkpoints.glob("*.tmp"):
+            tmp.unlink(missing_ok=True)
 
 
 def _own_storage(state: Any) -> Any:

@@ -11,16 +11,19 @@ consumes it is :mod:`rlstruct.runs.run` (which re-exports it).
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import tyro
 
+from rlstruct.runs.json_safe import json_safe
 from rlstruct.runs.layout import LayoutConfig
 from rlstruct.runs.presets import Preset, build_preset
 
-__all__ = ["RunConfig", "RESUMABLE"]
+__all__ = ["RunConfig", "RESUMABLE", "config_to_dict"]
 
 C = TypeVar("C", bound="RunConfig")
 
@@ -160,3 +163,34 @@ class RunConfig:
         :func:`~rlstruct.runs.resolve.resolve`; an algorithm's config may add its own (a replay
         buffer that cannot fit)."""
         return []
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """Turn a config (a dataclass, nested ones included, a mapping or ``None``) into a JSON-safe
+    dict: what ``config.json`` and the checkpoints record
+    (:func:`~rlstruct.runs.json_safe.json_safe` of each field).
+
+    Tuples become lists; paths, devices, dtypes and types become strings; enums their value;
+    non-finite floats the strings ``"nan"``, ``"inf"``, ``"-inf"``; tensors and numpy values
+    plain numbers or lists; anything else its ``repr``.
+
+    Example:
+        >>> from dataclasses import dataclass, field
+        >>> @dataclass
+        ... class Layout:
+        ...     device: str = "cpu"
+        >>> @dataclass
+        ... class Config:
+        ...     hidden: tuple[int, ...] = (64, 64)
+        ...     layout: Layout = field(default_factory=Layout)
+        >>> config_to_dict(Config())
+        {'hidden': [64, 64], 'layout': {'device': 'cpu'}}
+
+    Raises:
+        TypeError: ``cfg`` is none of the accepted kinds.
+    """
+    if cfg is None:
+        return {}
+    if (dataclasses.is_dataclass(cfg) and not isinstance(cfg, type)) or isinstance(cfg, Mapping):
+        return json_safe(cfg)
+    raise TypeError(f"config_to_dict needs a dataclass instance or a mapping, got {type(cfg)}")

@@ -1,10 +1,18 @@
-"""Reading a run folder back: the one reader that plotting and sweeps share.
+"""A run folder: every path of a run, defined once, and the one reader that plotting and
+sweeps share.
 
-A run folder is what :class:`~rlstruct.runs.logger.RunLogger` writes: ``config.json``,
-``progress.csv``, ``episodes.csv`` and, once the run has ended, ``summary.json`` (whose
-``status`` says how it ended: ``failed``, ``interrupted``, ``solved`` or ``budget``). Any of
-them may be missing (a run that failed at start-up, a run still going, a folder written before
-``summary.json`` existed); the reader then gives empty rows, ``{}`` and ``status`` None.
+:class:`RunFolder` names each file of a run (``config.json``, ``progress.csv``,
+``episodes.csv``, ``checkpoints/`` with ``latest.pt``, ``best.pt`` and the resume files such as
+``buffer.pt``, ``summary.json``, the plots); the writers (:class:`~rlstruct.runs.logger.RunLogger`,
+:class:`~rlstruct.runs.checkpoint.CheckpointWriter`) and the readers (``--resume``,
+``rlstruct evaluate``, :func:`rlstruct.load_policy`) take their paths from it.
+:meth:`RunFolder.create` makes a fresh run folder and :meth:`RunFolder.make_checkpoints` its
+``checkpoints/`` folder, each once.
+
+Read back (:func:`read_run`), ``summary.json``'s ``status`` says how the run ended (``failed``,
+``interrupted``, ``solved`` or ``budget``). Any file may be missing (a run that failed at
+start-up, a run still going, a folder written before ``summary.json`` existed); the reader then
+gives empty rows, ``{}`` and ``status`` None.
 
 Example:
     >>> import tempfile, pathlib
@@ -18,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import csv
+import datetime
 import json
 import math
 import re
@@ -26,9 +35,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunFolder", "read_run", "read_rows", "to_float", "is_run_dir", "find_runs"]
+__all__ = ["RunFolder", "read_run", "read_rows", "to_float", "is_run_dir", "find_runs",
+           "CHECKPOINTS", "CHECKPOINT_NAMES", "RUN_FILES"]
 
 _TRAIN_COLUMN = re.compile(r"^train_return_mean\d+$")
+
+#: The folder of a run's checkpoints, inside the run folder.
+CHECKPOINTS = "checkpoints"
+#: The checkpoints a run writes: the last one, and the one of the best training return.
+CHECKPOINT_NAMES = ("latest", "best")
 
 
 def read_rows(path: str | Path) -> list[dict[str, str]]:
@@ -58,12 +73,13 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 @dataclass
 class RunFolder:
-    """One run folder, read back.
+    """One run folder: its paths (for writers and readers alike) and, read back by
+    :func:`read_run`, its contents.
 
     Attributes:
         path: the folder.
-        progress: the rows of ``progress.csv`` (``[]`` when missing).
-        config: the ``"config"`` entry of ``config.json`` (``{}`` when missing).
+        progress: the rows of ``progress.csv`` (``[]`` when missing or not read).
+        config: the ``"config"`` entry of ``config.json`` (``{}`` when missing or not read).
         summary: ``summary.json`` (``{}`` while the run goes on, or in older folders).
     """
 
@@ -71,11 +87,80 @@ class RunFolder:
     progress: list[dict[str, str]] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
+    _made_checkpoints: bool = field(default=False, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.path)
+
+    @classmethod
+    def create(cls, root: str | Path, stem: str, started: datetime.datetime) -> RunFolder:
+        """Makes a fresh run folder ``<root>/<stem>_<YYYYmmdd-HHMMSS>[-n]`` (``root`` too).
+
+        Raises:
+            FileExistsError: no free name (10,000 runs started in the same second).
+        """
+        root = Path(root)
+        root.mkdir(parents=True, exist_ok=True)
+        base = f"{stem}_{started.strftime('%Y%m%d-%H%M%S')}"
+        for n in range(10_000):
+            path = root / (base if n == 0 else f"{base}-{n}")
+            try:
+                path.mkdir()  # atomic: two runs started in the same second get distinct dirs
+            except FileExistsError:
+                continue
+            return cls(path)
+        raise FileExistsError(f"no free run directory name for {root / base}")
 
     @property
     def name(self) -> str:
         """The folder's name."""
         return self.path.name
+
+    @property
+    def config_file(self) -> Path:
+        """``config.json``: the config, versions, argv, git commit, resumes."""
+        return self.path / "config.json"
+
+    @property
+    def progress_file(self) -> Path:
+        """``progress.csv``: one row per iteration."""
+        return self.path / "progress.csv"
+
+    @property
+    def episodes_file(self) -> Path:
+        """``episodes.csv``: one row per finished episode."""
+        return self.path / "episodes.csv"
+
+    @property
+    def summary_file(self) -> Path:
+        """``summary.json``: the outcome."""
+        return self.path / "summary.json"
+
+    @property
+    def returns_plot(self) -> Path:
+        """``returns.png``: the training and evaluation returns."""
+        return self.path / "returns.png"
+
+    @property
+    def resources_plot(self) -> Path:
+        """``resources.png``: cores, memory and GPU use per iteration."""
+        return self.path / "resources.png"
+
+    @property
+    def checkpoints(self) -> Path:
+        """``checkpoints/``: the checkpoints and the resume files."""
+        return self.path / CHECKPOINTS
+
+    def checkpoint(self, name: str = "latest") -> Path:
+        """``checkpoints/<name>.pt``: ``latest``, ``best`` or a resume file (``buffer``)."""
+        return self.checkpoints / f"{name}.pt"
+
+    def make_checkpoints(self) -> Path:
+        """Creates ``checkpoints/`` (once per object) and returns it."""
+        if not self._made_checkpoints:
+            self.checkpoints.mkdir(exist_ok=True)
+            self._made_checkpoints = True
+        return self.checkpoints
 
     @property
     def status(self) -> str | None:
@@ -98,7 +183,7 @@ class RunFolder:
     def episode_points(self) -> list[tuple[float, float]]:
         """``(frames_at_record, return)`` of every finished episode (``episodes.csv``)."""
         points = [(to_float(r.get("frames_at_record")), to_float(r.get("return")))
-                  for r in read_rows(self.path / "episodes.csv")]
+                  for r in read_rows(self.episodes_file)]
         return [(f, v) for f, v in points if not (math.isnan(f) or math.isnan(v))]
 
 
@@ -106,11 +191,12 @@ def read_run(path: str | Path) -> RunFolder:
     """Reads ``progress.csv``, ``config.json``'s config and ``summary.json`` of a run folder
     (each may be missing; ``episodes.csv`` is read on demand by
     :meth:`RunFolder.episode_points`)."""
-    path = Path(path)
-    config = _read_json(path / "config.json").get("config", {})
-    return RunFolder(path, read_rows(path / "progress.csv"),
-                     config if isinstance(config, dict) else {},
-                     _read_json(path / "summary.json"))
+    folder = RunFolder(Path(path))
+    config = _read_json(folder.config_file).get("config", {})
+    folder.progress = read_rows(folder.progress_file)
+    folder.config = config if isinstance(config, dict) else {}
+    folder.summary = _read_json(folder.summary_file)
+    return folder
 
 
 #: The files of which any one makes a folder a run folder.

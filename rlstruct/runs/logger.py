@@ -9,7 +9,9 @@
                       steps_per_s, ``train_return_mean<N>`` (the mean return of the last ``N``
                       finished episodes, ``N = window``), then the given metrics
 ``episodes.csv``      one row per finished episode: frames_at_record, return, length
-``checkpoints/``      ``latest.pt`` and ``best.pt`` (best score so far)
+``checkpoints/``      ``latest.pt`` and ``best.pt`` (best score so far), written by the
+                      :class:`~rlstruct.runs.checkpoint.CheckpointWriter` of
+                      :attr:`RunLogger.checkpoints`
 ``summary.json``      the outcome, written by :meth:`RunLogger.write_summary` (``Run`` writes
                       it on every exit, ``status`` ``failed`` included)
 ``returns.png``       written by :meth:`RunLogger.close` (needs matplotlib; see
@@ -23,8 +25,9 @@ rows where an evaluation finished), never repeated from an earlier row.
 
 Every row is flushed as it is written, so an interrupted run keeps everything it logged; used as a
 context manager the logger also closes (and plots) on ``KeyboardInterrupt``. Progress shows on
-stderr: a line rewritten in place on a terminal, a plain line every ``progress_interval``
-seconds otherwise (log files, ``nohup``, CI).
+stderr (:class:`~rlstruct.runs.progress.ProgressLine`): a line rewritten in place on a terminal,
+a plain line every ``progress_interval`` seconds otherwise (log files, ``nohup``, CI). Every
+path is the :class:`~rlstruct.runs.folder.RunFolder`'s.
 
 Example:
     >>> import tempfile
@@ -39,9 +42,7 @@ Example:
 from __future__ import annotations
 
 import csv
-import dataclasses
 import datetime
-import enum
 import json
 import math
 import os
@@ -55,16 +56,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-import numpy as np
 import torch
 
 from rlstruct.errors import ConfigError, ShapeError
-from rlstruct.runs.checkpoint import copy_checkpoint, save_checkpoint
+from rlstruct.runs.checkpoint import CheckpointWriter
+from rlstruct.runs.folder import RunFolder
+from rlstruct.runs.json_safe import json_safe
+from rlstruct.runs.progress import ProgressLine
 
-__all__ = ["RunLogger", "config_to_dict", "git_commit"]
+__all__ = ["RunLogger", "git_commit", "safe_name"]
 
 _EPISODE_FIELDS = ("frames_at_record", "return", "length")
-_TTY_INTERVAL_S = 0.25  # at most ~4 progress-line updates per second on a terminal
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
@@ -96,9 +98,11 @@ class RunLogger:
             recorded in ``config.json`` (a resume records its own in its ``resumes`` entry).
 
     Attributes:
-        dir: the run directory (created at construction).
+        folder: the :class:`~rlstruct.runs.folder.RunFolder` (created at construction);
+            ``dir``: its path.
+        checkpoints: the :class:`~rlstruct.runs.checkpoint.CheckpointWriter` of its
+            ``checkpoints/`` (:meth:`checkpoint` writes through it).
         train_column: ``"train_return_mean<window>"``.
-        best_score: the best checkpoint score so far (``None`` before the first).
         frames: the frame count of the last :meth:`log` call.
     """
 
@@ -123,9 +127,8 @@ class RunLogger:
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
-        self.algo, self.env, self.window, self.total_frames = algo, env, window, total_frames
+        self.algo, self.env, self.window = algo, env, window
         self.train_column = f"train_return_mean{window}"
-        self.best_score = best_score
         self._launch = launch
         self.frames = 0
         self._returns: list[float] = []
@@ -139,28 +142,16 @@ class RunLogger:
         self._progress_file: IO[str] | None = None
         self._progress_csv: csv.DictWriter | None = None
         if resume_dir is not None:
-            self.dir = Path(resume_dir)
+            self.folder = RunFolder(Path(resume_dir))
             meta = self._resume(int(resume_frames), started)
             self._start -= resume_wall_time
         else:
-            self.dir = _make_run_dir(Path(root), f"{_sanitise(algo)}_{_sanitise(env)}", started)
-            meta = {
-                "algo": algo,
-                "env": env,
-                "start_time": started.isoformat(timespec="seconds"),
-                "python": platform.python_version(),
-                "torch": torch.__version__,
-                "git_commit": git_commit(code_dir if code_dir is not None else _PACKAGE_DIR),
-                "argv": list(sys.argv),
-                **({"launch": dict(launch)} if launch else {}),
-                "config": config_to_dict(config),
-            }
-            (self.dir / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
-            with open(self.dir / "episodes.csv", "w", newline="") as f:
-                csv.writer(f).writerow(_EPISODE_FIELDS)
-        self._episodes_file: IO[str] = open(self.dir / "episodes.csv", "a", newline="")  # noqa: SIM115
+            self.folder = RunFolder.create(root, f"{safe_name(algo)}_{safe_name(env)}", started)
+            meta = self._new_meta(config, started, code_dir)
+        self.dir = self.folder.path
+        self.checkpoints = CheckpointWriter(self.folder, best_score)
+        self._episodes_file: IO[str] = open(self.folder.episodes_file, "a", newline="")  # noqa: SIM115
         self._episodes_csv = csv.writer(self._episodes_file)
-
         self._tb: Any = None
         if tensorboard:
             try:
@@ -170,13 +161,31 @@ class RunLogger:
             else:
                 self._tb = SummaryWriter(log_dir=str(self.dir))
                 self._tb.add_text("config", f"```\n{json.dumps(meta, indent=2)}\n```")
+        self._progress = (ProgressLine(f"{algo} {env}", self.train_column, total_frames,
+                                       progress_interval) if progress else None)
 
-        stream = sys.stderr
-        self._stream: IO[str] | None = stream if progress else None
-        self._tty = _isatty(stream)
-        self._interval = _TTY_INTERVAL_S if self._tty else progress_interval
-        self._line_len = 0
-        self._last_render = time.monotonic() if not self._tty else -math.inf
+    def _new_meta(self, config: Any, started: datetime.datetime,
+                  code_dir: str | Path | None) -> dict[str, Any]:
+        """Writes a fresh folder's ``config.json`` and the header of ``episodes.csv``."""
+        config_dict = {} if config is None else json_safe(config)
+        if not isinstance(config_dict, dict):
+            raise TypeError(f"RunLogger needs a config that is a dataclass instance, a mapping "
+                            f"or None, got {type(config)}")
+        meta = {
+            "algo": self.algo,
+            "env": self.env,
+            "start_time": started.isoformat(timespec="seconds"),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "git_commit": git_commit(code_dir if code_dir is not None else _PACKAGE_DIR),
+            "argv": list(sys.argv),
+            **({"launch": dict(self._launch)} if self._launch else {}),
+            "config": config_dict,
+        }
+        self.folder.config_file.write_text(json.dumps(meta, indent=2) + "\n")
+        with open(self.folder.episodes_file, "w", newline="") as f:
+            csv.writer(f).writerow(_EPISODE_FIELDS)
+        return meta
 
     # ------------------------------------------------------------------ recording
 
@@ -189,6 +198,16 @@ class RunLogger:
     def n_rows(self) -> int:
         """How many ``progress.csv`` rows were written."""
         return len(self._rows)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    @property
+    def best_score(self) -> float | None:
+        """The best checkpoint score so far (``None`` before the first)."""
+        return self.checkpoints.best_score
 
     def record_episodes(
         self,
@@ -270,41 +289,27 @@ class RunLogger:
             for name, value in row.items():
                 if name != "frames" and isinstance(value, (int, float)) and not math.isnan(value):
                     self._tb.add_scalar(name, value, global_step=frames)
-        if self._stream is not None and now - self._last_render >= self._interval:
-            self._render(row, now)
+        if self._progress is not None:
+            self._progress.show(row, self._last_eval, now)
         return row
 
     def checkpoint(self, state: dict[str, Any], score: float | None = None) -> None:
-        """Save ``state`` to ``checkpoints/latest.pt``, and to ``best.pt`` when ``score`` is best.
-
-        Writes go through a temporary file and an atomic rename
-        (:func:`~rlstruct.runs.checkpoint.save_checkpoint`), so an interrupt or a full disk never
-        leaves a truncated checkpoint nor a ``.tmp``. A ``None`` or nan score never counts as
-        best.
+        """Save ``state`` to ``checkpoints/latest.pt``, and to ``best.pt`` when ``score`` is best
+        (:meth:`CheckpointWriter.save <rlstruct.runs.checkpoint.CheckpointWriter.save>`).
 
         Raises:
             CheckpointError: a write failed (the file and the cause are named; the previous
                 checkpoint is kept).
         """
         self._check_open("checkpoint")
-        folder = self.dir / "checkpoints"
-        folder.mkdir(exist_ok=True)
-        latest = folder / "latest.pt"
-        save_checkpoint(state, latest)
-        if score is None:
-            return
-        score = float(score)
-        if math.isnan(score) or (self.best_score is not None and score <= self.best_score):
-            return
-        copy_checkpoint(latest, folder / "best.pt")
-        self.best_score = score
+        self.checkpoints.save(state, score)
 
     def write_summary(self, summary: Mapping[str, Any]) -> Path:
         """Writes ``summary.json`` (atomically); returns its path."""
-        path = self.dir / "summary.json"
-        tmp = self.dir / "summary.json.tmp"
+        path = self.folder.summary_file
+        tmp = path.with_name(path.name + ".tmp")
         # NaN and infinities are JSON null (no evaluation ran, no return yet), not strings.
-        tmp.write_text(json.dumps(_jsonable(dict(summary), nonfinite=None), indent=2) + "\n")
+        tmp.write_text(json.dumps(json_safe(dict(summary), nonfinite=None), indent=2) + "\n")
         os.replace(tmp, path)
         return path
 
@@ -316,11 +321,8 @@ class RunLogger:
             return
         self._closed = True
         try:
-            if self._stream is not None and self._tty and self._rows:
-                self._render(self._rows[-1], time.monotonic())
-            if self._stream is not None and self._line_len:
-                self._stream.write("\n")
-                self._stream.flush()
+            if self._progress is not None:
+                self._progress.close(self._rows[-1] if self._rows else None, self._last_eval)
         finally:
             self._episodes_file.close()
             if self._progress_file is not None:
@@ -357,7 +359,8 @@ class RunLogger:
         """Writes every row under the current header (atomically), then appends from there."""
         if self._progress_file is not None:
             self._progress_file.close()
-        path, tmp = self.dir / "progress.csv", self.dir / "progress.csv.tmp"
+        path = self.folder.progress_file
+        tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=self._header, restval="nan")
             writer.writeheader()
@@ -369,26 +372,27 @@ class RunLogger:
         )
 
     def _resume(self, frames: int, started: datetime.datetime) -> dict[str, Any]:
-        """Takes up the run directory ``self.dir`` at ``frames`` (see ``resume_dir``)."""
+        """Takes up the run folder ``self.folder`` at ``frames`` (see ``resume_dir``)."""
+        folder = self.folder
         try:
-            meta = json.loads((self.dir / "config.json").read_text())
-            with open(self.dir / "episodes.csv", newline="") as f:
+            meta = json.loads(folder.config_file.read_text())
+            with open(folder.episodes_file, newline="") as f:
                 episodes = [r for r in csv.DictReader(f) if int(r["frames_at_record"]) <= frames]
             progress: list[dict[str, Any]] = []
-            if (self.dir / "progress.csv").is_file():
-                with open(self.dir / "progress.csv", newline="") as f:
+            if folder.progress_file.is_file():
+                with open(folder.progress_file, newline="") as f:
                     reader = csv.DictReader(f)
                     progress = [{k: _number(v) for k, v in r.items()} for r in reader
                                 if int(r["frames"]) <= frames]
                     self._header = list(reader.fieldnames or [])
         except (OSError, ValueError, KeyError) as err:
-            raise ConfigError(f"cannot resume {self.dir}: {type(err).__name__}: {err}") from err
-        tmp = self.dir / "episodes.csv.tmp"
+            raise ConfigError(f"cannot resume {folder.path}: {type(err).__name__}: {err}") from err
+        tmp = folder.episodes_file.with_name(folder.episodes_file.name + ".tmp")
         with open(tmp, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=_EPISODE_FIELDS)
             writer.writeheader()
             writer.writerows(episodes)
-        os.replace(tmp, self.dir / "episodes.csv")
+        os.replace(tmp, folder.episodes_file)
         self._returns = [float(r["return"]) for r in episodes]
         if progress:
             self._rows = progress
@@ -398,83 +402,26 @@ class RunLogger:
             "time": started.isoformat(timespec="seconds"), "frames": frames,
             "argv": list(sys.argv), **({"launch": dict(self._launch)} if self._launch else {}),
         })
-        (self.dir / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
+        folder.config_file.write_text(json.dumps(meta, indent=2) + "\n")
         return meta
-
-    def _render(self, row: dict[str, Any], now: float) -> None:
-        assert self._stream is not None
-        frames = row["frames"]
-        parts = [f"{self.algo} {self.env}", f"{frames:,}"]
-        if self.total_frames:
-            parts[-1] += f"/{self.total_frames:,} frames ({100 * frames / self.total_frames:.0f}%)"
-        else:
-            parts[-1] += " frames"
-        parts.append(f"{row['wall_time']:.0f} s")
-        parts.append(f"{row['steps_per_s']:,.0f} steps/s")
-        parts.append(f"{self.train_column} {row[self.train_column]:.2f}")
-        if not math.isnan(self._last_eval):
-            parts.append(f"last eval {self._last_eval:.2f}")
-        if "cores_busy" in row and not math.isnan(row["cores_busy"]):
-            parts.append(f"{row['cores_busy']:.1f} cores")
-        line = " | ".join(parts)
-        if self._tty:  # rewrite in place; blank out the rest of a longer previous line
-            pad = max(0, self._line_len - len(line))
-            self._stream.write("\r" + line + " " * pad)
-            self._line_len = len(line)
-        else:
-            self._stream.write(line + "\n")
-        self._stream.flush()
-        self._last_render = now
 
     def _plot(self) -> None:
         from rlstruct.runs.plotting import plot_runs
 
         try:
-            plot_runs([self.dir], self.dir / "returns.png")
+            plot_runs([self.dir], self.folder.returns_plot)
             if "cores_busy" in self._header:
                 from rlstruct.runs.monitor import resources_figure
 
-                resources_figure(self.dir / "progress.csv", self.dir / "resources.png")
+                resources_figure(self.folder.progress_file, self.folder.resources_plot)
         except ImportError:
             warnings.warn(
                 "matplotlib is not installed: skipping returns.png "
                 "(pip install 'rlstruct[plot]', then: rlstruct plot RUN_DIR)",
                 stacklevel=3,
             )
-        except Exception as err:  # never let a plot hide the run's own outcome
-            warnings.warn(f"could not write {self.dir / 'returns.png'}: {err!r}", stacklevel=3)
-
-
-def config_to_dict(cfg: Any) -> dict[str, Any]:
-    """Turn a config (a dataclass, nested ones included, a mapping or ``None``) into a JSON-safe
-    dict: what ``config.json`` records.
-
-    Tuples become lists; paths, devices, dtypes and types become strings; enums their value;
-    non-finite floats the strings ``"nan"``, ``"inf"``, ``"-inf"``; tensors and numpy values
-    plain numbers or lists; anything else its ``repr``.
-
-    Example:
-        >>> from dataclasses import dataclass, field
-        >>> @dataclass
-        ... class Layout:
-        ...     device: str = "cpu"
-        >>> @dataclass
-        ... class Config:
-        ...     hidden: tuple[int, ...] = (64, 64)
-        ...     layout: Layout = field(default_factory=Layout)
-        >>> config_to_dict(Config())
-        {'hidden': [64, 64], 'layout': {'device': 'cpu'}}
-
-    Raises:
-        TypeError: ``cfg`` is none of the accepted kinds.
-    """
-    if cfg is None:
-        return {}
-    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
-        return {f.name: _jsonable(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
-    if isinstance(cfg, Mapping):
-        return {str(k): _jsonable(v) for k, v in cfg.items()}
-    raise TypeError(f"config_to_dict needs a dataclass instance or a mapping, got {type(cfg)}")
+        except Exception as err:  # noqa: BLE001 - a plot never hides the run's own outcome
+            warnings.warn(f"could not write {self.folder.returns_plot}: {err!r}", stacklevel=3)
 
 
 def git_commit(path: str | Path, timeout: float = 5.0) -> str:
@@ -509,55 +456,10 @@ def git_commit(path: str | Path, timeout: float = 5.0) -> str:
     return commit + "-dirty" if status.returncode == 0 and status.stdout.strip() else commit
 
 
-def _jsonable(value: Any, nonfinite: Any = str) -> Any:
-    """``value`` in JSON's types; a non-finite float becomes ``nonfinite(value)`` (a callable)
-    or the ``nonfinite`` value itself."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return value
-        return nonfinite(value) if callable(nonfinite) else nonfinite
-    if isinstance(value, enum.Enum):
-        return _jsonable(value.value, nonfinite)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return config_to_dict(value)
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v, nonfinite) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v, nonfinite) for v in value]
-    if isinstance(value, (set, frozenset)):
-        return [_jsonable(v, nonfinite) for v in sorted(value, key=repr)]
-    if isinstance(value, torch.Tensor):
-        return _jsonable(value.detach().cpu().tolist(), nonfinite)
-    if isinstance(value, (np.generic, np.ndarray)):
-        return _jsonable(value.tolist(), nonfinite)
-    if isinstance(value, (Path, torch.device, torch.dtype)):
-        return str(value)
-    if isinstance(value, type) or callable(value):
-        module = getattr(value, "__module__", None)
-        name = getattr(value, "__qualname__", None)
-        if name is not None:
-            return f"{module}.{name}" if module else name
-    return repr(value)
-
-
-def _sanitise(name: str) -> str:
-    """A file-name-safe version of ``name`` (``ALE/Pong-v5`` -> ``ALE-Pong-v5``)."""
+def safe_name(name: str) -> str:
+    """A file-name-safe version of ``name`` (``ALE/Pong-v5`` -> ``ALE-Pong-v5``), for the run
+    folder's name."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "run"
-
-
-def _make_run_dir(root: Path, stem: str, started: datetime.datetime) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    base = f"{stem}_{started.strftime('%Y%m%d-%H%M%S')}"
-    for n in range(10_000):
-        path = root / (base if n == 0 else f"{base}-{n}")
-        try:
-            path.mkdir()  # atomic: two runs started in the same second get distinct dirs
-        except FileExistsError:
-            continue
-        return path
-    raise FileExistsError(f"no free run directory name for {root / base}")
 
 
 def _number(text: str) -> Any:
@@ -590,10 +492,3 @@ def _scalar(name: str, value: Any) -> int | float:
         return float(value)
     except (TypeError, ValueError):
         raise ValueError(f"log: metric {name!r} must be a number, got {value!r}") from None
-
-
-def _isatty(stream: Any) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):  # closed or replaced streams
-        return False

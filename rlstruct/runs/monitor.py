@@ -294,7 +294,7 @@ class ResourceMonitor:
             try:
                 out[f"gpu{k}_util"] = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
                 out[f"gpu{k}_mem_mb"] = nvml.nvmlDeviceGetMemoryInfo(handle).used / _MIB
-            except Exception:  # a GPU fallen off the bus: nan, the run goes on
+            except Exception:  # noqa: BLE001 - a GPU fallen off the bus: nan, the run goes on
                 out[f"gpu{k}_util"] = out[f"gpu{k}_mem_mb"] = math.nan
         return out
 
@@ -314,7 +314,7 @@ def _start_nvml(required: bool) -> tuple[ModuleType | None, list[tuple[int, Any]
         count = pynvml.nvmlDeviceGetCount()
         indices = _visible_indices(count)
         gpus = [(k, pynvml.nvmlDeviceGetHandleByIndex(i)) for k, i in enumerate(indices)]
-    except Exception as err:
+    except Exception as err:  # NVMLError: no GPU columns, unless they are required
         with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
         if required:

@@ -60,7 +60,7 @@ from rlstruct.envs.spaces import (
 )
 from rlstruct.errors import CheckpointError, ConfigError, ShapeError, SpaceError
 from rlstruct.runs.checkpoint import load_checkpoint, rebuild_agent
-from rlstruct.runs.folder import is_run_dir
+from rlstruct.runs.folder import RunFolder, is_run_dir
 
 __all__ = ["Policy", "load_policy"]
 
@@ -91,12 +91,12 @@ def load_policy(
     if checkpoint not in ("latest", "best"):
         raise ConfigError(f"checkpoint must be 'latest' or 'best', got {checkpoint!r}")
     run_dir = Path(run_dir)
-    folder = run_dir / "checkpoints"
+    folder = RunFolder(run_dir).checkpoints
     if not run_dir.is_dir() or not (is_run_dir(run_dir) or folder.is_dir()):
         raise CheckpointError(
             f"{run_dir} is not a run folder (no config.json, progress.csv nor checkpoints/ in "
             "it); pass the folder that training printed after 'outputs in'")
-    path = folder / f"{checkpoint}.pt"
+    path = RunFolder(run_dir).checkpoint(checkpoint)
     if not path.is_file():
         saved = sorted(p.name for p in folder.glob("*.pt")) if folder.is_dir() else []
         raise CheckpointError(
@@ -182,6 +182,12 @@ class Policy:
         trained = f", {frames:,} frames" if frames is not None else ""
         return (f"Policy({algo}{trained}, {type(self.agent).__name__} on {self.device}, "
                 f"observations {self.observation_space}, actions {self.action_space})")
+
+    @property
+    def memory(self) -> DictTensor | None:
+        """A recurrent policy's memory of the episodes it acts in (None before the first
+        :meth:`act` and after :meth:`reset`)."""
+        return self._state
 
     def reset(self) -> None:
         """Forgets a recurrent policy's memory: the next :meth:`act` starts fresh episodes."""

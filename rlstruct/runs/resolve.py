@@ -1,18 +1,22 @@
-"""The one step that reads the world for a run config: :func:`resolve`.
+"""The one step that reads the world for a run config: :func:`resolve`, which returns a
+:class:`Resolved`.
 
 Building a :class:`~rlstruct.runs.config.RunConfig` reads no file, imports nothing and reads no
 environment variable: it is plain data, and :meth:`~rlstruct.runs.config.RunConfig.problems`
-checks only its own values. :func:`resolve`, run once before anything starts (``Run`` calls it,
-the command line calls it through :func:`parse`), does everything that looks outside:
+checks only its own values. :func:`resolve`, run once per start-up before anything starts
+(``Run`` calls it for a plain config, the command line through :func:`parse`, and hands the
+:class:`Resolved` on), does everything that looks outside, each step once:
 
-- applies the ``--layout`` file of ``rlstruct tune``;
+- applies the ``--layout`` file of ``rlstruct tune`` (to a copy: the config given is left as
+  it was);
 - imports the env modules and looks the env id up (with close matches), then makes one env to
   read its spaces and checks the action space against what the algorithm takes;
 - reads torchrun's variables (``WORLD_SIZE``) for the learner-rank checks, and whether the
   learner ranks can split the batch;
-- checks that every device named exists on this machine;
-- picks the run to resume for ``--resume auto`` (:func:`newest_checkpointed_run`), and checks
-  the run to resume: its checkpoint, its algorithm and the config its checkpoint records.
+- resolves every device named (one :func:`~rlstruct.devices.resolve_device` per device spec)
+  and checks the pipeline against the batcher device (:func:`pipeline_problems`);
+- picks the run to resume for ``--resume auto`` (:func:`newest_checkpointed_run`), loads the
+  checkpoint of the run to resume and checks its algorithm and the config it records.
 
 Every problem is listed in one :class:`~rlstruct.errors.ConfigError`, before any folder, process
 or thread exists; on the command line that is one message and exit code 2. A run stopped by a
@@ -23,42 +27,102 @@ Ctrl-C.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import gymnasium as gym
 import torch
 
-from rlstruct.devices import resolve_device
+from rlstruct.devices import is_accelerator, resolve_device
 from rlstruct.envs.registry import env_id_problems, env_module_problems, env_spaces
 from rlstruct.errors import CheckpointError, ConfigError
-from rlstruct.learners.torchrun import torchrun_world
+from rlstruct.learners.torchrun import torchrun_rank, torchrun_world
 from rlstruct.runs.checkpoint import load_checkpoint, object_path
-from rlstruct.runs.config import RESUMABLE, RunConfig
+from rlstruct.runs.config import RESUMABLE, RunConfig, config_to_dict
+from rlstruct.runs.folder import CHECKPOINTS, RunFolder
+from rlstruct.runs.layout import LayoutConfig
 from rlstruct.runs.layout_file import apply_layout
-from rlstruct.runs.logger import config_to_dict
 from rlstruct.runs.presets import command_line_config
 from rlstruct.runs.signals import exit_code
 
-__all__ = ["resolve", "parse", "run_cli", "is_resolved", "algo_name", "newest_checkpointed_run",
-           "RESUME_AUTO"]
+__all__ = ["Resolved", "resolve", "parse", "run_cli", "algo_name", "newest_checkpointed_run",
+           "pipeline_problems", "RESUME_AUTO", "DEVICE_FIELDS"]
 
 C = TypeVar("C", bound=RunConfig)
-
-_RESOLVED = "_rlstruct_resolved"
 
 #: The value of ``--resume`` that continues the newest checkpointed run of ``--runs-dir``, or
 #: starts a fresh run when there is none.
 RESUME_AUTO = "auto"
 
+#: The layout's device fields, each resolved once (:attr:`Resolved.devices`).
+DEVICE_FIELDS = ("learner_device", "batcher_device", "eval_device")
 
-def is_resolved(cfg: RunConfig) -> bool:
-    """Whether ``cfg`` came out of :func:`resolve`."""
-    return bool(getattr(cfg, _RESOLVED, False))
+
+@dataclass(frozen=True)
+class Resolved(Generic[C]):
+    """A config checked against the world, with what the checks found: what a run starts from
+    (:class:`~rlstruct.runs.run.Run` takes it, and resolves a plain config into one).
+
+    Attributes:
+        cfg: the resolved copy of the config: its layout file applied, ``--resume auto``
+            replaced by the run it picked (or None: a fresh run).
+        algo: the algorithm's name, as the run records it.
+        obs_shape: the env's observation shape, as the training envs produce it.
+        action_space: the single env's action space.
+        devices: ``{"learner_device", "batcher_device", "eval_device"} -> torch.device``.
+        learner_devices: the resolved ``layout.learner_devices`` (empty: none named).
+        world_size: torchrun's ``WORLD_SIZE`` (1: not under torchrun); ``rank``: this
+            process's ``RANK`` (0: the driver; a rank above 0 only learns).
+        checkpoint: the loaded ``checkpoints/latest.pt`` of the run to resume, or None.
+        env_modules: the modules that register the env (``cfg.env_module``), imported.
+    """
+
+    cfg: C
+    algo: str
+    obs_shape: tuple[int, ...]
+    action_space: gym.Space
+    devices: dict[str, torch.device]
+    learner_devices: tuple[torch.device, ...]
+    world_size: int
+    rank: int
+    checkpoint: dict[str, Any] | None
+    env_modules: tuple[str, ...]
+
+    def __getattr__(self, name: str) -> Any:
+        """A config field read on the Resolved is the resolved config's (``resolved.lr`` is
+        ``resolved.cfg.lr``), so that a loop written for a config (``def main(cfg)``, then
+        ``Run(name, cfg)`` and ``cfg.lr``) runs on what :func:`run_cli` hands it."""
+        if name.startswith("__") or "cfg" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["cfg"], name)
+
+    @property
+    def launch(self) -> dict[str, Any]:
+        """How the run is launched, and its learner ranks (config.json, summary.json)."""
+        if self.world_size > 1:
+            return {"launcher": "torchrun", "world_size": self.world_size}
+        return {"launcher": "rlstruct", "world_size": self.cfg.layout.n_learners,
+                "learner_backend": self.cfg.layout.learner_backend}
+
+    @property
+    def learner_device(self) -> torch.device:
+        """The learner's device."""
+        return self.devices["learner_device"]
+
+    @property
+    def batcher_device(self) -> torch.device:
+        """The training batcher's device."""
+        return self.devices["batcher_device"]
+
+    @property
+    def eval_device(self) -> torch.device:
+        """The evaluation's device."""
+        return self.devices["eval_device"]
 
 
 def algo_name(cfg: RunConfig | type[RunConfig]) -> str:
@@ -68,10 +132,9 @@ def algo_name(cfg: RunConfig | type[RunConfig]) -> str:
     return module.rsplit(".", 1)[-1] if module.startswith("rlstruct.algos.") else module
 
 
-def resolve(cfg: C, algo: str | None = None) -> C:
-    """Checks ``cfg`` against the world, applies its layout file (in place: the algorithm's
-    own reference sees the same config as the run) and returns it (see the module notes). A
-    resolved config is not resolved again.
+def resolve(cfg: C | Resolved[C], algo: str | None = None) -> Resolved[C]:
+    """Checks ``cfg`` against the world and returns what it found (see the module notes);
+    ``cfg`` itself is left unchanged. A :class:`Resolved` is returned as it is.
 
     Args:
         cfg: the config.
@@ -81,37 +144,46 @@ def resolve(cfg: C, algo: str | None = None) -> C:
     Raises:
         ConfigError: listing every problem at once.
     """
-    if is_resolved(cfg):
+    if isinstance(cfg, Resolved):
         return cfg
+    algo = algo or algo_name(cfg)
+    cfg = copy.deepcopy(cfg)
     problems: list[str] = []
     if cfg.layout_file is not None:
         try:
-            cfg = apply_layout(cfg, cfg.layout_file)
+            apply_layout(cfg, cfg.layout_file)
         except ConfigError as err:
             problems.append(str(err))
     problems += cfg.problems()
-    problems += _learner_rank_problems(cfg) + _device_problems(cfg)
-    module_problems = env_module_problems(cfg.env_module)
-    problems += module_problems
-    if not module_problems:
-        id_problems = env_id_problems(cfg.env_id, cfg.env_backend)
-        problems += id_problems
-        if not id_problems:
-            problems += _space_problems(cfg)
+    world, rank = torchrun_world(), 0
+    if world > 1:
+        try:
+            rank = torchrun_rank()
+        except ConfigError as err:  # WORLD_SIZE without torchrun's other variables
+            problems.append(str(err))
+    devices, learner_devices, found = _resolve_devices(cfg.layout)
+    problems += _learner_rank_problems(cfg, world) + found
+    if "batcher_device" in devices:
+        problems += pipeline_problems(cfg.layout, devices["batcher_device"])
+    spaces, found = _env_problems(cfg)
+    problems += found
     if cfg.resume == RESUME_AUTO:
-        found = newest_checkpointed_run(cfg.runs_dir)
-        cfg.resume = None if found is None else str(found)
+        picked = newest_checkpointed_run(cfg.runs_dir)
+        cfg.resume = None if picked is None else str(picked)
+    checkpoint = None
     if cfg.resume is not None:
-        problems += _resume_problems(cfg, algo or algo_name(cfg))
+        checkpoint, found = _resume_problems(cfg, algo)
+        problems += found
     if problems:
         raise ConfigError(f"{len(problems)} problem(s) in the config:\n- "
                           + "\n- ".join(problems))
-    setattr(cfg, _RESOLVED, True)
-    return cfg
+    assert spaces is not None
+    return Resolved(cfg, algo, spaces[0], spaces[1], devices, learner_devices, world, rank,
+                    checkpoint, tuple(cfg.env_module))
 
 
 def parse(config_class: type[C], args: Sequence[str] | None = None,
-          prog: str | None = None) -> C:
+          prog: str | None = None) -> Resolved[C]:
     """The command line of an algorithm: :func:`~rlstruct.runs.presets.command_line_config`
     (tyro, with ``--preset NAME``'s values as the defaults), then :func:`resolve`. A problem of
     the config prints one message and exits with code 2, before anything starts.
@@ -120,17 +192,21 @@ def parse(config_class: type[C], args: Sequence[str] | None = None,
         config_class: the algorithm's ``Config``.
         args: the arguments (default: ``sys.argv[1:]``).
         prog: the program's name in messages and ``--help``.
+
+    Returns:
+        The resolved config (its ``cfg`` is the config the command line gave, resolved).
     """
     with _exit_2_on_config_error(config_class, prog):
         return resolve(command_line_config(config_class, args, prog))
 
 
-def run_cli(main: Callable[[C], Any], config_class: type[C], args: Sequence[str] | None = None,
-            prog: str | None = None) -> Any:
-    """An algorithm's command line: :func:`parse`, then ``main(cfg)``. A ConfigError raised
-    while the run sets up (a Ray cluster that cannot be joined, a layout the algorithm cannot
-    run) is one message and exit code 2 as well; the run leaves no folder behind
-    (:class:`~rlstruct.runs.lock.FolderGuard`).
+def run_cli(main: Callable[[Resolved[C]], Any], config_class: type[C],
+            args: Sequence[str] | None = None, prog: str | None = None) -> Any:
+    """An algorithm's command line: :func:`parse`, then ``main(resolved)`` (an algorithm's
+    ``main`` hands it to :class:`~rlstruct.runs.run.Run`, which takes a :class:`Resolved` as
+    it takes a config). A ConfigError raised while the run sets up (a Ray cluster that cannot
+    be joined, a layout the algorithm cannot run) is one message and exit code 2 as well; the
+    run leaves no folder behind (:class:`~rlstruct.runs.lock.FolderGuard`).
 
     A run stopped by SIGTERM or Ctrl-C (:class:`~rlstruct.runs.signals.Terminated`: it wrote
     its final checkpoint and summary) is one line on stderr and exit code 0 after SIGTERM, 130
@@ -141,9 +217,9 @@ def run_cli(main: Callable[[C], Any], config_class: type[C], args: Sequence[str]
     """
     name = prog or "rlstruct train " + algo_name(config_class)
     try:
-        cfg = parse(config_class, args, prog)
+        resolved = parse(config_class, args, prog)
         with _exit_2_on_config_error(config_class, prog):
-            return main(cfg)
+            return main(resolved)
     except KeyboardInterrupt as stop:  # Terminated (SIGTERM, Ctrl-C) or a bare Ctrl-C
         code = exit_code(stop)
         what = str(stop) or "signal SIGINT"
@@ -163,8 +239,8 @@ def _exit_2_on_config_error(config_class: type[RunConfig], prog: str | None) -> 
         raise SystemExit(2) from None
 
 
-def _learner_rank_problems(cfg: RunConfig) -> list[str]:
-    layout, world = cfg.layout, torchrun_world()
+def _learner_rank_problems(cfg: RunConfig, world: int) -> list[str]:
+    layout = cfg.layout
     asked = [flag for flag, on in (
         (f"n_learners={layout.n_learners}", layout.n_learners > 1),
         ("learner_devices", bool(layout.learner_devices)),
@@ -183,12 +259,16 @@ def _learner_rank_problems(cfg: RunConfig) -> list[str]:
     return []
 
 
-def _device_problems(cfg: RunConfig) -> list[str]:
-    """Every device the layout names exists here (``resolve_device`` says what is available)."""
-    layout = cfg.layout
-    named = [(name, getattr(layout, name)) for name in
-             ("learner_device", "batcher_device", "eval_device")]
+def _resolve_devices(
+    layout: LayoutConfig,
+) -> tuple[dict[str, torch.device], tuple[torch.device, ...], list[str]]:
+    """Every device the layout names, each spec resolved once (``resolve_device`` says what is
+    available): ``(devices by field, learner_devices, problems)``."""
+    named = [(name, getattr(layout, name)) for name in DEVICE_FIELDS]
     named += [("learner_devices", d) for d in (layout.learner_devices or "").split(",") if d]
+    found: dict[str, torch.device | ConfigError] = {}
+    devices: dict[str, torch.device] = {}
+    ranks: list[torch.device] = []
     problems = []
     for name, value in named:
         try:
@@ -196,25 +276,53 @@ def _device_problems(cfg: RunConfig) -> list[str]:
                 torch.device(value)
         except (RuntimeError, TypeError):
             continue  # not a device at all: LayoutConfig.problems says so
-        try:
-            resolve_device(value)
-        except ConfigError as err:  # a device this machine lacks
-            problems.append(f"{name}: {err}")
-    return problems
+        if value not in found:
+            try:
+                found[value] = resolve_device(value)
+            except ConfigError as err:  # a device this machine lacks
+                found[value] = err
+        device = found[value]
+        if isinstance(device, ConfigError):
+            problems.append(f"{name}: {device}")
+        elif name == "learner_devices":
+            ranks.append(device)
+        else:
+            devices[name] = device
+    return devices, tuple(ranks), problems
 
 
-def _space_problems(cfg: RunConfig) -> list[str]:
-    """The env's action space against the algorithm's ``action_spaces``."""
+def pipeline_problems(layout: LayoutConfig, batcher_device: torch.device) -> list[str]:
+    """The run's pipeline check: ``layout.pipeline`` above 1 needs worker processes, which a
+    batcher on an accelerator (one process) does not have. (``pipeline >= 1`` is
+    :meth:`LayoutConfig.problems`'s; an algorithm that collects synchronously refuses a
+    pipeline in :meth:`Run.training_batcher <rlstruct.runs.run.Run.training_batcher>`.)"""
+    if layout.pipeline > 1 and is_accelerator(batcher_device):
+        return [f"pipeline={layout.pipeline} needs worker processes: use the CPU batcher (the "
+                f"device batcher on {batcher_device} collects in the learner's process)"]
+    return []
+
+
+def _env_problems(
+    cfg: RunConfig,
+) -> tuple[tuple[tuple[int, ...], gym.Space] | None, list[str]]:
+    """The env modules, the env id, then one env made for its spaces: ``(spaces, problems)``."""
+    problems = env_module_problems(cfg.env_module)
+    if problems:
+        return None, problems
+    problems = env_id_problems(cfg.env_id, cfg.env_backend)
+    if problems:
+        return None, problems
     try:
         shape, space = env_spaces(cfg.env_id, cfg.env_backend)
-    except Exception as err:  # an env that cannot be made: name it, with the cause
-        return [f"env_id {cfg.env_id!r} cannot be made: {type(err).__name__}: {err}"]
+    except Exception as err:  # noqa: BLE001 - an env that cannot be made is a listed problem
+        return None, [f"env_id {cfg.env_id!r} cannot be made: {type(err).__name__}: {err}"]
     kinds = {"Discrete": gym.spaces.Discrete, "Box": gym.spaces.Box}
     if any(isinstance(space, kinds[k]) for k in cfg.action_spaces):
-        return cfg.world_problems(shape, space)
+        return (shape, space), cfg.world_problems(shape, space)
     takes = " or ".join(cfg.action_spaces)
-    return [f"{algo_name(cfg)} cannot train on {cfg.env_id}: its action space is {space}, "
-            f"and {algo_name(cfg)} takes {takes} action spaces"]
+    return (shape, space), [
+        f"{algo_name(cfg)} cannot train on {cfg.env_id}: its action space is {space}, and "
+        f"{algo_name(cfg)} takes {takes} action spaces"]
 
 
 def newest_checkpointed_run(runs_dir: str | os.PathLike[str]) -> Path | None:
@@ -240,25 +348,26 @@ def newest_checkpointed_run(runs_dir: str | os.PathLike[str]) -> Path | None:
     """
     folder = Path(runs_dir)
     found = [(p.stat().st_mtime, p.name, p.parent.parent)
-             for p in folder.glob("*/checkpoints/latest.pt") if p.is_file()] \
+             for p in folder.glob(f"*/{CHECKPOINTS}/latest.pt") if p.is_file()] \
         if folder.is_dir() else []
     return max(found)[2] if found else None
 
 
-def _resume_problems(cfg: RunConfig, algo: str) -> list[str]:
-    """The run to resume exists, is this algorithm's, and its checkpoint's config agrees."""
+def _resume_problems(cfg: RunConfig, algo: str) -> tuple[dict[str, Any] | None, list[str]]:
+    """Loads the checkpoint of the run to resume: ``(its state, problems)``; the run exists,
+    is this algorithm's, and its checkpoint's config agrees."""
     folder = Path(cfg.resume or "")
-    latest = folder / "checkpoints" / "latest.pt"
+    latest = RunFolder(folder).checkpoint("latest")
     if not latest.is_file():
-        return [f"resume: {folder} holds no checkpoints/latest.pt (give a run directory)"]
+        return None, [f"resume: {folder} holds no checkpoints/latest.pt (give a run directory)"]
     try:
         state = load_checkpoint(latest)
     except CheckpointError as err:
-        return [f"resume: {err}"]
+        return None, [f"resume: {err}"]
     saved_algo = state.get("algo")
     if saved_algo is not None and saved_algo != algo:
-        return [f"resume: {folder} is a {saved_algo} run; resume it with "
-                f"`rlstruct train {saved_algo} --resume {folder}`"]
+        return state, [f"resume: {folder} is a {saved_algo} run; resume it with "
+                       f"`rlstruct train {saved_algo} --resume {folder}`"]
     saved: dict[str, Any] = state.get("config") or {}
     config = config_to_dict(cfg)
     # A field added to the config after the checkpoint was written is absent from it; the run
@@ -266,8 +375,9 @@ def _resume_problems(cfg: RunConfig, algo: str) -> list[str]:
     defaults = config_to_dict({f.name: f.default_factory() if f.default is MISSING else f.default
                                for f in fields(cfg) if f.default is not MISSING
                                or f.default_factory is not MISSING})
-    return [f"resume: {name} is {config.get(name, '<absent>')!r} here but "
-            f"{saved.get(name, '<absent>')!r} in the checkpoint of {folder} (it cannot change "
-            "on resume)" for name in sorted(set(saved) | set(config))
-            if name not in RESUMABLE and saved.get(name) != config.get(name)
-            and not (name not in saved and config.get(name) == defaults.get(name))]
+    return state, [
+        f"resume: {name} is {config.get(name, '<absent>')!r} here but "
+        f"{saved.get(name, '<absent>')!r} in the checkpoint of {folder} (it cannot change on "
+        "resume)" for name in sorted(set(saved) | set(config))
+        if name not in RESUMABLE and saved.get(name) != config.get(name)
+        and not (name not in saved and config.get(name) == defaults.get(name))]

@@ -32,10 +32,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Terminated", "StopSignals", "EXIT_CODES", "STOP_GRACE_S", "settle_groups",
-           "exit_code"]
+from rlstruct.errors import LearnerError
+
+__all__ = ["Terminated", "StopSignals", "Ending", "EXIT_CODES", "STOP_GRACE_S", "settle_groups",
+           "exit_code", "final_checkpoint", "lost_rank", "kill_descendants"]
 
 #: Seconds a deferred stop waits for the loop body (a learn phase) before it interrupts it;
 #: the final checkpoint then has as long again, well within the 30 s after which Slurm
@@ -47,6 +50,25 @@ STOP_GRACE_S = 10.0
 EXIT_CODES = {signal.SIGTERM: 0, signal.SIGINT: 130}
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a run's ``with`` block ended, as its teardown reads it (:meth:`StopSignals.ending`).
+
+    Attributes:
+        finish: the run ends as it should: no exception, Ctrl-C, a stop signal, or an error
+            taken for the stop signal's consequence.
+        by_signal: a stop signal ended it: the teardown raises :class:`Terminated` after it.
+        raised: an exception (Ctrl-C included) ended the block, other than one taken for the
+            stop signal's consequence.
+        after_signal: that consequence (``"Type: message"``), or None.
+    """
+
+    finish: bool
+    by_signal: bool
+    raised: bool
+    after_signal: str | None = None
 
 
 class Terminated(KeyboardInterrupt):
@@ -121,6 +143,21 @@ class StopSignals:
         self._tearing_down = True
         self._cancel_timer()
 
+    def ending(self, exc: BaseException | None, stopped_by: str | None) -> Ending:
+        """Starts the teardown (:meth:`teardown`) of a run whose block ended with ``exc`` (or
+        None) while its stop test said ``stopped_by``, and says how it ended. An error after a
+        stop signal (not a learner rank's) is taken for its consequence: a signal to the whole
+        process group (Slurm, ``timeout``) also stops the workers."""
+        self.teardown()
+        after = (exc is not None and self.requested
+                 and not isinstance(exc, (KeyboardInterrupt, LearnerError)))
+        raised = exc is not None and not after
+        by_signal = isinstance(exc, Terminated) or (
+            (exc is None or after) and self.requested and stopped_by in (None, "interrupted"))
+        return Ending(finish=not raised or isinstance(exc, KeyboardInterrupt),
+                      by_signal=by_signal, raised=raised,
+                      after_signal=f"{type(exc).__name__}: {exc}" if after else None)
+
     def restore(self) -> None:
         """Puts back the handlers found at installation (idempotent)."""
         self._cancel_timer()
@@ -183,7 +220,7 @@ def kill_descendants() -> None:
         import psutil
 
         procs = psutil.Process().children(recursive=True)
-    except Exception:
+    except Exception:  # noqa: BLE001 - best effort on the way out: no psutil, a process gone
         return
     for proc in procs:
         with contextlib.suppress(Exception):
@@ -223,7 +260,7 @@ def final_checkpoint(checkpoint: Callable[[], None], groups: Iterable[Any],
     try:
         settle_groups(groups, STOP_GRACE_S)
         checkpoint()
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - returned, printed, in summary.json
         text = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
         print(f"rlstruct: the final checkpoint failed ({text}); checkpoints/latest.pt keeps the "
               "last one written (summary.json: checkpoint)", file=sys.stderr, flush=True)

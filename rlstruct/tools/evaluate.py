@@ -32,6 +32,7 @@ from rlstruct.envs.registry import env_factory, env_spec, import_env_modules
 from rlstruct.errors import ConfigError
 from rlstruct.runs.checkpoint import load_checkpoint, rebuild_agent
 from rlstruct.runs.episodes import EpisodeTracker
+from rlstruct.runs.folder import RunFolder
 
 __all__ = ["evaluate", "describe", "VIDEO_HINT"]
 
@@ -74,7 +75,7 @@ def evaluate(
     if checkpoint not in ("latest", "best") or n_episodes < 1:
         raise ConfigError(f"need checkpoint 'latest' or 'best' and n_episodes >= 1; got "
                           f"{checkpoint!r} and {n_episodes}")
-    path = Path(run_dir) / "checkpoints" / f"{checkpoint}.pt"
+    path = RunFolder(Path(run_dir)).checkpoint(checkpoint)
     state = load_checkpoint(path)
     cfg = state.get("config", {})
     create_agent, agent_args, agent_info = rebuild_agent(state, path)
@@ -140,7 +141,7 @@ def _render_problem(make: Callable[..., gym.Env]) -> str | None:
             frame = env.render()
         finally:
             env.close()
-    except Exception as err:  # a missing renderer, an env without render_mode...: no video
+    except Exception as err:  # noqa: BLE001 - a missing renderer, no render_mode: no video
         return f"{type(err).__name__}: {err}"
     return None if hasattr(frame, "shape") else "its render() returns no image"
 

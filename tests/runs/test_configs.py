@@ -22,8 +22,8 @@ from support.docstrings import field_docs
 
 from rlstruct.algos import a2c, appo, dqn, impala, ppo, reinforce, sac, trpo
 from rlstruct.errors import ConfigError
+from rlstruct.runs.config import config_to_dict
 from rlstruct.runs.layout import LayoutConfig
-from rlstruct.runs.logger import config_to_dict
 from rlstruct.runs.resolve import parse, resolve
 from rlstruct.runs.run import RunConfig
 

@@ -23,7 +23,9 @@ import torch
 
 import rlstruct.runs.logger as logger_module
 from rlstruct.errors import ShapeError
-from rlstruct.runs.logger import RunLogger, config_to_dict, git_commit
+from rlstruct.runs.config import config_to_dict
+from rlstruct.runs.folder import RunFolder
+from rlstruct.runs.logger import RunLogger, git_commit, safe_name
 from rlstruct.runs.plotting import plot_runs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -79,7 +81,7 @@ def test_same_second_gets_a_suffix(tmp_path: Path) -> None:
     import datetime
 
     when = datetime.datetime(2024, 5, 6, 7, 8, 9)
-    names = [logger_module._make_run_dir(tmp_path, "a2c_env", when).name for _ in range(3)]
+    names = [RunFolder.create(tmp_path, "a2c_env", when).name for _ in range(3)]
     assert names == ["a2c_env_20240506-070809", "a2c_env_20240506-070809-1",
                      "a2c_env_20240506-070809-2"]
     runs = [make(tmp_path) for _ in range(3)]
@@ -89,9 +91,9 @@ def test_same_second_gets_a_suffix(tmp_path: Path) -> None:
 
 
 def test_sanitise() -> None:
-    assert logger_module._sanitise("ALE/Pong-v5") == "ALE-Pong-v5"
-    assert logger_module._sanitise("my env: v1!") == "my-env-v1"
-    assert logger_module._sanitise("//") == "run"
+    assert safe_name("ALE/Pong-v5") == "ALE-Pong-v5"
+    assert safe_name("my env: v1!") == "my-env-v1"
+    assert safe_name("//") == "run"
 
 
 def test_config_json(tmp_path: Path) -> None:
@@ -323,7 +325,7 @@ def test_keyboard_interrupt_keeps_all_files(tmp_path: Path) -> None:
         run.log(frames=64, loss=0.1)
         run.checkpoint({"step": 1}, score=1.5)
         raise KeyboardInterrupt
-    assert run._closed
+    assert run.closed
     assert json.loads((run.dir / "config.json").read_text())["algo"] == "ppo"
     assert len(read_csv(run.dir / "progress.csv")[1]) == 1
     assert len(read_csv(run.dir / "episodes.csv")[1]) == 2
@@ -334,7 +336,7 @@ def test_keyboard_interrupt_keeps_all_files(tmp_path: Path) -> None:
 def test_other_exceptions_propagate_after_closing(tmp_path: Path) -> None:
     with pytest.raises(ZeroDivisionError), make(tmp_path) as run:
         1 / 0  # noqa: B018
-    assert run._closed and is_png(run.dir / "returns.png")
+    assert run.closed and is_png(run.dir / "returns.png")
 
 
 def test_without_matplotlib_warns_and_skips_the_plot(

@@ -15,14 +15,14 @@ from rlstruct.algos import a2c, appo, dqn, impala, ppo, reinforce, sac, trpo
 from rlstruct.errors import ConfigError
 from rlstruct.runs.config import RunConfig
 from rlstruct.runs.layout import LayoutConfig
-from rlstruct.runs.resolve import is_resolved, resolve
+from rlstruct.runs.resolve import Resolved, resolve
 
 
 def test_building_a_config_reads_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")  # read by resolve only
     cfg = dqn.Config(env_id="NoSuch-v0", layout_file=str(tmp_path / "missing.json"),
                      env_module=["no_such_module"], resume=str(tmp_path / "nothing"))
-    assert cfg.env_module == ("no_such_module",) and not is_resolved(cfg)
+    assert cfg.env_module == ("no_such_module",)  # normalised, nothing read
     with pytest.raises(ConfigError) as info:
         resolve(cfg)
     message = str(info.value)
@@ -46,7 +46,7 @@ def test_an_action_space_the_algorithm_cannot_take_is_named(module, env_id, take
 @pytest.mark.parametrize("module", [ppo, a2c, trpo])
 def test_algorithms_that_take_both_kinds_of_action_space_resolve_on_both(module):
     for env_id in ("CartPole-v1", "Pendulum-v1"):
-        assert is_resolved(resolve(module.Config(env_id=env_id)))
+        assert isinstance(resolve(module.Config(env_id=env_id)), Resolved)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
@@ -61,8 +61,8 @@ def test_learner_ranks_that_cannot_split_the_batch_are_refused():
     layout = LayoutConfig(n_learners=2, n_processes=3, n_envs=3)
     with pytest.raises(ConfigError, match=r"2 learner ranks cannot split a batch of 9 rows"):
         resolve(ppo.Config(layout=layout))
-    assert is_resolved(resolve(ppo.Config(layout=LayoutConfig(n_learners=2, n_processes=2,
-                                                                n_envs=3))))
+    assert isinstance(resolve(ppo.Config(layout=LayoutConfig(n_learners=2, n_processes=2,
+                                                               n_envs=3))), Resolved)
 
 
 def test_a_replay_buffer_beyond_memory_names_buffer_size_and_the_bytes():
@@ -71,14 +71,16 @@ def test_a_replay_buffer_beyond_memory_names_buffer_size_and_the_bytes():
         resolve(sac.Config(env_id="Pendulum-v1", buffer_size=10**12))
 
 
-def test_resolve_applies_the_layout_file_once_and_in_place(tmp_path):
+def test_resolve_applies_the_layout_file_once_to_a_copy(tmp_path):
     layout = tmp_path / "tune.json"
     layout.write_text(json.dumps({"n_processes": 1, "n_envs": 3, "n_timesteps": 7}))
     cfg = RunConfig(layout_file=str(layout))
     assert cfg.layout.n_envs != 3  # building applies nothing
-    assert resolve(cfg) is cfg and cfg.layout.n_envs == 3 and cfg.n_timesteps == 7
+    resolved = resolve(cfg)
+    assert resolved.cfg.layout.n_envs == 3 and resolved.cfg.n_timesteps == 7
+    assert cfg.layout.n_envs != 3 and cfg.n_timesteps != 7  # the config given is left as it was
     layout.unlink()
-    assert resolve(cfg) is cfg  # resolved once: the file is not read again
+    assert resolve(resolved) is resolved  # resolved once: the file is not read again
 
 
 MISTAKES = [

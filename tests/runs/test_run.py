@@ -164,7 +164,7 @@ def test_checkpoints_hold_the_registered_state_and_the_whole_config(tmp_path):
 def test_config_json_records_the_commit_of_the_code_not_of_the_working_directory(tmp_path):
     run = train(config(tmp_path, max_frames=10))
     meta = json.loads((run.logger.dir / "config.json").read_text())
-    assert run_module._code_dir(run.cfg) == Path(__file__).resolve().parent
+    assert run_module.code_dir(run.cfg) == Path(__file__).resolve().parent
     assert meta["git_commit"] == git_commit(Path(__file__).resolve().parent)
 
 
@@ -288,7 +288,7 @@ def test_eval_return_is_written_only_on_the_rows_where_an_evaluation_finished(
         for _ in run.segments(batcher):
             batcher.execute()
             run.end_iteration({"iteration": run.iteration + 1})
-    assert evaluator.kw["seed"] == 1000 and evaluator.kw["device"] == "cpu"
+    assert evaluator.kw["seed"] == 1000 and evaluator.kw["device"] == torch.device("cpu")
     rows = read_rows(run.logger.dir / "progress.csv")
     # Started at iterations 3, 6 and 9; each result arrives two iterations later.
     assert [int(r["iteration"]) for r in evaluated_rows(rows)] == [5, 8]

@@ -170,9 +170,9 @@ def test_a_recurrent_policy_remembers_until_reset(runs):
     assert policy.recurrent
     obs = observations("CartPole-v1", 4)
     first = policy.act(obs)
-    memory = policy._state["h"].clone()
+    memory = policy.memory["h"].clone()
     policy.act(obs)
-    assert not torch.equal(policy._state["h"], memory)  # the memory moved on
+    assert not torch.equal(policy.memory["h"], memory)  # the memory moved on
     with pytest.raises(ShapeError, match=r"remembers 4 episode\(s\) and got 1 .*policy.reset"):
         policy.act(obs[0])
     policy.reset()

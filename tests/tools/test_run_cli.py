@@ -18,7 +18,7 @@ from support.algo_runs import evaluated_rows, read_rows
 
 from rlstruct.errors import ConfigError
 from rlstruct.runs.layout import LayoutConfig
-from rlstruct.runs.resolve import resolve
+from rlstruct.runs.resolve import Resolved, resolve
 from rlstruct.runs.run import RunConfig
 
 CORRIDOR = textwrap.dedent('''
@@ -255,8 +255,9 @@ def test_train_runs_the_algorithms_main_with_its_config(monkeypatch):
     monkeypatch.setattr(ppo, "main", seen.append)
     monkeypatch.setattr(a2c, "main", lambda cfg: pytest.fail("the wrong algorithm ran"))
     assert main(["train", "ppo", "--seed", "7", "--n-epochs", "3", "--n-envs", "4"]) == 0
-    (cfg,) = seen
-    assert type(cfg) is ppo.Config
+    (resolved,) = seen  # resolved once by the command line, handed to main as it is
+    assert type(resolved) is Resolved and type(resolved.cfg) is ppo.Config
+    cfg = resolved.cfg
     assert (cfg.seed, cfg.n_epochs, cfg.layout.n_envs) == (7, 3, 4)
 
 
