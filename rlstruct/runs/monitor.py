@@ -235,7 +235,7 @@ class ResourceMonitor:
         """Shuts NVML down (idempotent); the monitor reports no GPU columns afterwards."""
         nvml, self._nvml, self._gpus = self._nvml, None, []
         if nvml is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # NVML already down or broken: nothing to free
                 nvml.nvmlShutdown()
 
     def __enter__(self) -> ResourceMonitor:
@@ -315,13 +315,13 @@ def _start_nvml(required: bool) -> tuple[ModuleType | None, list[tuple[int, Any]
         indices = _visible_indices(count)
         gpus = [(k, pynvml.nvmlDeviceGetHandleByIndex(i)) for k, i in enumerate(indices)]
     except Exception as err:  # NVMLError: no GPU columns, unless they are required
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # NVML half started: freeing it is best effort
             pynvml.nvmlShutdown()
         if required:
             raise RuntimeError(f"ResourceMonitor(gpu=True): NVML failed ({err!r})") from err
         return None, []
     if not gpus:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # NVML half started: freeing it is best effort
             pynvml.nvmlShutdown()
         if required:
             raise RuntimeError("ResourceMonitor(gpu=True): NVML sees no GPU")

@@ -195,7 +195,7 @@ class StopSignals:
 
     def _overdue_stop(self) -> None:
         self._overdue = True
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # the main thread gone: the process is ending
             signal.pthread_kill(threading.main_thread().ident or 0, self.signum or signal.SIGTERM)
 
     def _cancel_timer(self) -> None:
@@ -207,7 +207,7 @@ class StopSignals:
         name = signal.Signals(signum).name
         print(f"rlstruct: second signal ({name}): stopping at once, without the final "
               "checkpoint (the last one written is kept)", file=sys.stderr, flush=True)
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # cleanup must not stop the forced exit below
             self._on_hard_exit()
         kill_descendants()
         os._exit(128 + signum)
@@ -223,7 +223,7 @@ def kill_descendants() -> None:
     except Exception:  # noqa: BLE001 - best effort on the way out: no psutil, a process gone
         return
     for proc in procs:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # already gone, or not ours to kill: go on
             proc.kill()
 
 
