@@ -65,7 +65,6 @@ LONG_MODULES_PENDING: dict[str, int] = {
     "rlstruct/batchers/process/batcher.py": 502,
     "rlstruct/batchers/ray/batcher.py": 538,
     "rlstruct/learners/group.py": 530,
-    "rlstruct/learners/torchrun.py": 520,
 }
 
 
