@@ -64,7 +64,6 @@ RUNS_PENDING: frozenset[tuple[str, str, str]] = frozenset({
 LONG_MODULES_PENDING: dict[str, int] = {
     "rlstruct/batchers/process/batcher.py": 502,
     "rlstruct/batchers/ray/batcher.py": 538,
-    "rlstruct/learners/group.py": 530,
 }
 
 
