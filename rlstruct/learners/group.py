@@ -55,7 +55,8 @@ from rlstruct.dicttensor import DictTensor
 from rlstruct.errors import BatcherStateError, ConfigError, LearnerError, LearnerTimeoutError
 from rlstruct.learners.base import LearnerGroupBase, LearnFn, ModelFactory, OptimizerFactory
 from rlstruct.learners.group_arguments import check_group_arguments, free_port
-from rlstruct.learners.rank import PHASES, RankSpec, rank_main
+from rlstruct.learners.group_errors import Failure, culprit_error, hung_error
+from rlstruct.learners.rank import RankSpec, rank_main
 from rlstruct.learners.staging import StagingRing, pack, split_rows
 from rlstruct.parallel.context import worker_context
 from rlstruct.trajectories import Trajectories
@@ -145,7 +146,7 @@ class LearnerGroup(LearnerGroupBase):
         self._queue_sizes: dict[int, int] = {}
         self._submitted = self._collected = 0
         self._kind = ""
-        self._failures: list[tuple[int, int | None, str, str, str, bool, int | None]] = []
+        self._failures: list[Failure] = []
         self._error: LearnerError | None = None
         self._optimizer_state: bytes | None = None
         self._to_load: bytes | None = None  # an optimizer state for the ranks to start from
@@ -413,48 +414,13 @@ class LearnerGroup(LearnerGroupBase):
                 end = time.monotonic() + _GRACE_S  # let the other ranks' reports arrive
                 while time.monotonic() < end:
                     self._poll(end - time.monotonic())
-                self._error = self._failure_error(what)
+                self._error = culprit_error(self._failures, what)
                 raise self._error
 
-    def _failure_error(self, what: str) -> LearnerError:
-        # The first culprit: a rank that raised outside a collective, or died; a rank whose
-        # collective failed is most likely a victim of another rank.
-        failures = sorted(self._failures, key=lambda f: f[5])
-        rank, batch, exc_type, text, tb, _, exitcode = failures[0]
-        if exitcode is not None:
-            cause = f"died with exit code {exitcode}" + (
-                f" (signal {-exitcode})" if exitcode < 0 else "")
-        else:
-            cause = f"raised {exc_type}: {text}"
-        others = ", ".join(f"rank {f[0]} " + (f"died ({f[6]})" if f[6] is not None else
-                                               f"raised {f[2]}") for f in failures[1:])
-        return LearnerError(
-            f"learner group: rank {rank} {cause} while {what}" +
-            (f" (batch {batch})" if batch is not None else "") +
-            (f"; then {others}" if others else "") +
-            ". The group is unusable: close() it",
-            rank=rank, batch=batch, exc_type=exc_type or None, learner_traceback=tb or None,
-            exitcode=exitcode,
-        )
-
     def _timeout(self, what: str, seconds: float, batch: int | None) -> LearnerTimeoutError:
-        now = time.time()
         waiting = [r for r in range(self.n_learners)
                    if batch is None or r not in self._results.get(batch, {})]
-        rows = self._status.tolist()
-        # Busy outside a collective first: the others wait in an all-reduce for them.
-        waiting.sort(key=lambda r: PHASES[int(rows[r][1])] == "all-reduce")
-        described = "; ".join(
-            f"rank {r}: {PHASES[int(rows[r][1])]} on batch {int(rows[r][0])} for "
-            f"{now - rows[r][2]:.1f} s" if rows[r][2] else f"rank {r}: not started"
-            for r in waiting
-        )
-        return LearnerTimeoutError(
-            f"learner group: ranks {waiting} did not finish {what} within {seconds:g} s "
-            f"({described}). A rank busy outside an all-reduce is the likely culprit (hung "
-            "learn function or env); raise timeout= if learning is legitimately this slow",
-            ranks=waiting,
-        )
+        return hung_error(what, seconds, waiting, self._status.tolist())
 
 
 def _shutdown(procs: list[Any], conns: list[Any], timeout: float) -> None:
