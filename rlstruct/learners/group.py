@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import io
 import math
-import socket
 import threading
 import time
 import weakref
@@ -52,11 +51,12 @@ import torch
 from torch import Tensor
 
 from rlstruct.batchers.process.processes import WORKER_PRELOAD
-from rlstruct.devices import resolve_device
 from rlstruct.dicttensor import DictTensor
 from rlstruct.errors import BatcherStateError, ConfigError, LearnerError, LearnerTimeoutError
 from rlstruct.learners.base import LearnerGroupBase, LearnFn, ModelFactory, OptimizerFactory
-from rlstruct.learners.rank import PHASES, RankSpec, rank_main
+from rlstruct.learners.group_arguments import check_group_arguments, free_port
+from rlstruct.learners.group_errors import Failure, culprit_error, hung_error
+from rlstruct.learners.rank import RankSpec, rank_main
 from rlstruct.learners.staging import StagingRing, pack, split_rows
 from rlstruct.parallel.context import worker_context
 from rlstruct.trajectories import Trajectories
@@ -65,58 +65,6 @@ __all__ = ["LearnerGroup", "free_port"]
 
 _GRACE_S = 1.0  # after a failure, how long to listen for the others (to name the first culprit)
 _TIMINGS = ("load_wait_ms", "rank_learn_ms", "allreduce_ms")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago (bind to port 0, read it, release)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def _check_arguments(
-    n_learners: int, n_threads: int, n_slots: int, master_port: int | None,
-    devices: Sequence[str | torch.device] | None, backend: str | None,
-) -> tuple[list[str], list[torch.device], str]:
-    """The problems of :class:`LearnerGroup`'s arguments, its ranks' resolved devices (the
-    default of ``devices=None`` included) and its backend (the default of ``backend=None``
-    picked)."""
-    problems = []
-    for name, value, low in (("n_learners", n_learners, 1), ("n_threads", n_threads, 1),
-                             ("n_slots", n_slots, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            problems.append(f"{name} must be an integer >= {low}, got {value!r}")
-    if master_port is not None and not (isinstance(master_port, int) and
-                                        0 < master_port < 65536):
-        problems.append(f"master_port must be a port number in 1..65535, got {master_port!r}")
-    resolved: list[torch.device] = []
-    if isinstance(n_learners, int) and n_learners >= 1:
-        if devices is None:
-            gpus = torch.cuda.device_count()
-            devices = ([f"cuda:{k}" for k in range(n_learners)] if gpus >= n_learners
-                       else ["cpu"] * n_learners)
-        if len(devices) != n_learners:
-            problems.append(f"devices names {len(devices)} device(s) ({list(devices)}) for "
-                            f"n_learners={n_learners}; give one device per rank")
-        for k, d in enumerate(devices):
-            try:
-                resolved.append(resolve_device(d))
-            except ConfigError as err:
-                problems.append(f"devices[{k}] (rank {k}): {err}")
-        kinds = {d.type for d in resolved}
-        if kinds - {"cpu", "cuda"}:
-            problems.append(f"learner ranks run on cpu or cuda devices, got {sorted(kinds)}")
-        cuda = [str(d) for d in resolved if d.type == "cuda"]
-        if len(set(cuda)) != len(cuda):
-            problems.append(f"two ranks share a GPU ({cuda}): NCCL needs one GPU per rank")
-    if backend is None:
-        backend = "nccl" if resolved and all(d.type == "cuda" for d in resolved) else "gloo"
-    if backend not in ("gloo", "nccl"):
-        problems.append(f"backend must be 'gloo', 'nccl' or None, got {backend!r}")
-    elif backend == "nccl" and any(d.type != "cuda" for d in resolved):
-        problems.append(f"backend 'nccl' needs a CUDA device per rank, got "
-                        f"{[str(d) for d in resolved]}")
-    return problems, resolved, backend
 
 
 class LearnerGroup(LearnerGroupBase):
@@ -164,7 +112,7 @@ class LearnerGroup(LearnerGroupBase):
                  master_port: int | None = None, timeout: float = 300.0,
                  start_timeout: float = 120.0, seed: int = 0, n_threads: int = 1,
                  n_slots: int = 2, bucket_mb: float = 25.0) -> None:
-        problems, resolved, backend = _check_arguments(
+        problems, resolved, backend = check_group_arguments(
             n_learners, n_threads, n_slots, master_port, devices, backend)
         self._setup("LearnerGroup", problems, make_model, make_optimizer, learn, init_state,
                     timeout, start_timeout, bucket_mb)
@@ -198,7 +146,7 @@ class LearnerGroup(LearnerGroupBase):
         self._queue_sizes: dict[int, int] = {}
         self._submitted = self._collected = 0
         self._kind = ""
-        self._failures: list[tuple[int, int | None, str, str, str, bool, int | None]] = []
+        self._failures: list[Failure] = []
         self._error: LearnerError | None = None
         self._optimizer_state: bytes | None = None
         self._to_load: bytes | None = None  # an optimizer state for the ranks to start from
@@ -466,48 +414,13 @@ class LearnerGroup(LearnerGroupBase):
                 end = time.monotonic() + _GRACE_S  # let the other ranks' reports arrive
                 while time.monotonic() < end:
                     self._poll(end - time.monotonic())
-                self._error = self._failure_error(what)
+                self._error = culprit_error(self._failures, what)
                 raise self._error
 
-    def _failure_error(self, what: str) -> LearnerError:
-        # The first culprit: a rank that raised outside a collective, or died; a rank whose
-        # collective failed is most likely a victim of another rank.
-        failures = sorted(self._failures, key=lambda f: f[5])
-        rank, batch, exc_type, text, tb, _, exitcode = failures[0]
-        if exitcode is not None:
-            cause = f"died with exit code {exitcode}" + (
-                f" (signal {-exitcode})" if exitcode < 0 else "")
-        else:
-            cause = f"raised {exc_type}: {text}"
-        others = ", ".join(f"rank {f[0]} " + (f"died ({f[6]})" if f[6] is not None else
-                                               f"raised {f[2]}") for f in failures[1:])
-        return LearnerError(
-            f"learner group: rank {rank} {cause} while {what}" +
-            (f" (batch {batch})" if batch is not None else "") +
-            (f"; then {others}" if others else "") +
-            ". The group is unusable: close() it",
-            rank=rank, batch=batch, exc_type=exc_type or None, learner_traceback=tb or None,
-            exitcode=exitcode,
-        )
-
     def _timeout(self, what: str, seconds: float, batch: int | None) -> LearnerTimeoutError:
-        now = time.time()
         waiting = [r for r in range(self.n_learners)
                    if batch is None or r not in self._results.get(batch, {})]
-        rows = self._status.tolist()
-        # Busy outside a collective first: the others wait in an all-reduce for them.
-        waiting.sort(key=lambda r: PHASES[int(rows[r][1])] == "all-reduce")
-        described = "; ".join(
-            f"rank {r}: {PHASES[int(rows[r][1])]} on batch {int(rows[r][0])} for "
-            f"{now - rows[r][2]:.1f} s" if rows[r][2] else f"rank {r}: not started"
-            for r in waiting
-        )
-        return LearnerTimeoutError(
-            f"learner group: ranks {waiting} did not finish {what} within {seconds:g} s "
-            f"({described}). A rank busy outside an all-reduce is the likely culprit (hung "
-            "learn function or env); raise timeout= if learning is legitimately this slow",
-            ranks=waiting,
-        )
+        return hung_error(what, seconds, waiting, self._status.tolist())
 
 
 def _shutdown(procs: list[Any], conns: list[Any], timeout: float) -> None:

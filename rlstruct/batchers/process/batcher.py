@@ -29,10 +29,16 @@ import torch.multiprocessing as tmp
 from rlstruct.batchers.base import Phase, serialized
 from rlstruct.batchers.buffer import SlotBuffer, Specs
 from rlstruct.batchers.pool import WorkerPool, worker_error
-from rlstruct.batchers.process.processes import WORKER_PRELOAD, send_close, shutdown
-from rlstruct.batchers.process.worker import Command, Reply, WorkerSpec, worker_main
+from rlstruct.batchers.process.processes import (
+    WORKER_PRELOAD,
+    await_ready,
+    death_error,
+    send_close,
+    shutdown,
+    start_worker,
+)
+from rlstruct.batchers.process.worker import Command, Reply, WorkerSpec
 from rlstruct.dicttensor import DeviceLike, DictTensor
-from rlstruct.errors import WorkerError
 from rlstruct.parallel import transport
 from rlstruct.parallel.context import FORKSERVER_MAX_FDS, worker_context
 from rlstruct.parallel.weights import SharedWeights
@@ -165,13 +171,7 @@ class Batcher(WorkerPool):
             agent_info_in=self._agent_info_in,
             env_info_in=self._env_info_in,
         )
-        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(
-            target=worker_main, args=(spec, child_conn), daemon=True, name=f"rlstruct-worker-{p}"
-        )
-        proc.start()
-        child_conn.close()
-        return proc, parent_conn
+        return start_worker(self._ctx, spec, p)
 
     # ------------------------------------------------------------------ waiting
     def _stop_hung(self, hung: Sequence[int]) -> None:
@@ -238,36 +238,12 @@ class Batcher(WorkerPool):
     def _await_ready(self, w: int) -> None:
         """Waits for a replacement worker's READY (bounded by ``start_timeout``)."""
         deadline = time.monotonic() + self._start_timeout
-        conn, proc = self._conns[w], self._procs[w]
-        while True:
-            if conn.poll():
-                try:
-                    kind, payload = transport.recv(conn, deadline)
-                except TimeoutError:
-                    raise self._timeout([w], "restart") from None
-                if kind is Reply.READY:
-                    return
-                raise self._fail(
-                    WorkerError(
-                        f"the replacement of worker {w} failed while starting: "
-                        f"{payload['type']}: {payload['message']}",
-                        worker=w,
-                        exc_type=payload["type"],
-                        remote_traceback=payload["traceback"],
-                    )
-                )
-            if not proc.is_alive():
-                raise self._fail(
-                    WorkerError(
-                        f"the replacement of worker {w} died while starting (exit code "
-                        f"{proc.exitcode})",
-                        worker=w,
-                        exitcode=proc.exitcode,
-                    )
-                )
-            if time.monotonic() > deadline:
-                raise self._timeout([w], "restart")
-            wait([conn, proc.sentinel], timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+        try:
+            error = await_ready(w, self._conns[w], self._procs[w], deadline)
+        except TimeoutError:
+            raise self._timeout([w], "restart") from None
+        if error is not None:
+            raise self._fail(error)
 
     def _drain(self, w: int, deadline: float, what: str) -> None:
         """Handles every message worker ``w`` has sent so far."""
@@ -302,19 +278,7 @@ class Batcher(WorkerPool):
                     self._drain(w, limit, what)  # a last message before death
                     if self._procs[w] is not proc:
                         continue  # that message was an error, and the worker was replaced
-                    hint = (
-                        "; its stderr says why (common causes: the worker could not import "
-                        "something, or a script starts a Batcher without an "
-                        "`if __name__ == '__main__':` guard)"
-                        if what == "start"
-                        else ""
-                    )
-                    error = WorkerError(
-                        f"worker {w} died during {what} with exit code {proc.exitcode}{hint}",
-                        worker=w,
-                        exitcode=proc.exitcode,
-                    )
-                    final = self._absorb(w, error, self._owed(w))
+                    final = self._absorb(w, death_error(w, proc, what), self._owed(w))
                     if final is not None:
                         raise self._fail(final)
             if done():

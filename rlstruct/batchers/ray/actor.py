@@ -8,7 +8,7 @@ never leaves the actor, so Ray never wraps it. Updates arrive as a list of ``(ki
 ref)`` ops (``kind`` is ``"weights"`` or ``"info"``), loaded oldest first at the start of the next
 call, never in the middle of a segment.
 
-Nothing here imports Ray: :class:`rlstruct.batchers.ray.batcher.RayBatcherWorker` adds the two calls
+Nothing here imports Ray: :class:`rlstruct.batchers.ray.remote.RayBatcherWorker` adds the two calls
 that need it (fetching the ops' objects, naming the node).
 """
 

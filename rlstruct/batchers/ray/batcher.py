@@ -9,19 +9,18 @@ from there exactly as ``Batcher`` reads its shared buffer, so both return the sa
 Weights travel once per ``update`` through Ray's object store
 (:mod:`~rlstruct.batchers.ray.updates`); every wait has a deadline (``ray.wait`` with timeouts).
 
-This module holds what needs Ray: the actor class and the driver, the transport of a
-:class:`~rlstruct.batchers.pool.WorkerPool` (start, call, wait, kill); the connection
-(:mod:`~rlstruct.parallel.ray_cluster`), wire format (:mod:`~rlstruct.batchers.ray.wire`) and
-option checks (:mod:`~rlstruct.batchers.ray.options`) have modules of their own, given the Ray
-module by this one: nothing else in rlstruct imports Ray
-(``from rlstruct.batchers import RayBatcher`` imports it on demand). Without Ray installed the
-module still imports, and ``RayBatcher(...)`` raises an ImportError that says
-``pip install rlstruct[ray]``.
+This module holds the driver, the transport of a :class:`~rlstruct.batchers.pool.WorkerPool`
+(start, call, wait, restart). What it asks Ray about one actor (the remote class, spawn, kill, an
+answer read as a value or a typed error) is :mod:`~rlstruct.batchers.ray.remote`'s; the
+connection is :mod:`~rlstruct.parallel.ray_cluster`'s; the wire format
+(:mod:`~rlstruct.batchers.ray.wire`) and option checks (:mod:`~rlstruct.batchers.ray.options`)
+need no Ray. Nothing else in rlstruct imports Ray (``from rlstruct.batchers import RayBatcher``
+imports it on demand). Without Ray installed the module still imports, and ``RayBatcher(...)``
+raises an ImportError that says ``pip install rlstruct[ray]``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
@@ -34,11 +33,13 @@ import torch
 
 from rlstruct.batchers.base import Phase, serialized
 from rlstruct.batchers.buffer import SlotBuffer, Specs
-from rlstruct.batchers.pool import CLOSE_GRACE_S, WorkerPool, pool_arguments, worker_error
-from rlstruct.batchers.ray.actor import ActorBody, ActorSpec
+from rlstruct.batchers.pool import CLOSE_GRACE_S, WorkerPool, pool_arguments
+from rlstruct.batchers.ray.actor import ActorSpec
 from rlstruct.batchers.ray.options import check_ray_options
+from rlstruct.batchers.ray.remote import RayBatcherWorker as RayBatcherWorker
+from rlstruct.batchers.ray.remote import free_resources, kill_actor, read_answer, spawn_actor
 from rlstruct.batchers.ray.updates import UpdateLog
-from rlstruct.batchers.ray.wire import from_wire, readonly_ok, to_wire
+from rlstruct.batchers.ray.wire import to_wire, write_rows
 from rlstruct.dicttensor import DeviceLike, DictTensor
 from rlstruct.errors import WorkerError
 from rlstruct.parallel.ray_cluster import SESSION as _SESSION
@@ -56,28 +57,6 @@ def _require_ray() -> None:
     require_ray("RayBatcher")
 
 
-# ------------------------------------------------------------------------------ the actor
-class RayBatcherWorker(ActorBody):
-    """A RayBatcher actor (wrapped with ``ray.remote`` by the batcher): the Ray-free
-    :class:`~rlstruct.batchers.ray.actor.ActorBody`, plus the two calls that need Ray."""
-
-    def _fetch(self, refs: list[Any]) -> list[Any]:
-        return ray.get(refs, timeout=self.spec.timeout)
-
-    def _where(self) -> dict[str, Any]:
-        return {"node": ray.get_runtime_context().get_node_id(), **self.core.where()}
-
-
-_ACTOR_CLASS: list[Any] = []
-
-
-def _actor_class() -> Any:
-    if not _ACTOR_CLASS:
-        _ACTOR_CLASS.append(ray.remote(RayBatcherWorker))
-    return _ACTOR_CLASS[0]
-
-
-# ------------------------------------------------------------------------------ the driver
 class RayBatcher(WorkerPool):
     """Collects trajectories with ``n_processes`` Ray actors: the ``Batcher`` API on a cluster.
 
@@ -223,32 +202,18 @@ class RayBatcher(WorkerPool):
             info_specs=self._info_specs,
             timeout=self.timeout,
         )
-        actor = (
-            _actor_class()
-            .options(
-                num_cpus=self._num_cpus,
-                num_gpus=self._num_gpus,
-                max_restarts=0,
-                max_task_retries=0,
-                **self._actor_options,
-            )
-            .remote(spec)
-        )
-        return actor, actor.start.remote()
+        return spawn_actor(spec, self._num_cpus, self._num_gpus, self._actor_options)
 
     # ------------------------------------------------------------------ waiting
     def _stop_hung(self, hung: Sequence[int]) -> None:
         """Kills the ``hung`` actors now (``close`` does the rest)."""
         for w in hung:
-            with contextlib.suppress(Exception):  # a dead actor: the timeout is the error
-                ray.kill(self._actors[w], no_restart=True)
+            kill_actor(self._actors[w])
 
     def _timeout_hint(self, what: str) -> str:
         if what not in ("start", "restart"):
             return super()._timeout_hint(what)
-        free: Any = "unknown"
-        with contextlib.suppress(Exception):  # only a hint: "unknown" when Ray cannot say
-            free = {k: v for k, v in ray.available_resources().items() if "memory" not in k}
+        free = free_resources()
         return (
             f"an actor Ray cannot place? each asks {self._num_cpus} CPU and {self._num_gpus} "
             f"GPU (plus actor_options {self._actor_options}); free now: {free}"
@@ -259,33 +224,16 @@ class RayBatcher(WorkerPool):
         restart; raises the typed error otherwise (``owed``: the segments a failed ``execute``
         leaves worker ``w`` owing)."""
         try:
-            status, payload = ray.get(ref, timeout=self.timeout)
-        except ray.exceptions.GetTimeoutError:
+            outcome, value = read_answer(w, ref, what, self.timeout)
+        except TimeoutError:
             raise self._timeout([w], what) from None
-        except ray.exceptions.RayActorError as e:
-            error = WorkerError(
-                f"worker {w} died during {what}: its Ray actor is gone ({type(e).__name__}; "
-                "Ray's account below)",
-                worker=w,
-                remote_traceback=str(e),
-            )
-            if what == "restart":  # e.g. placed on a node that was lost, not yet declared dead
-                return self._absorb_or_fail(w, error, [])
-        except ray.exceptions.RayError as e:
-            error = WorkerError(
-                f"worker {w} failed during {what}: {type(e).__name__}",
-                worker=w,
-                exc_type=type(e).__name__,
-                remote_traceback=str(e),
-            )
-        else:
-            if status == "ok":
-                return payload
-            prefix = "the replacement of " if what == "restart" else ""
-            error = worker_error(payload, w, prefix)
-        if what == "restart":  # a replacement whose factories raise is not replaced again
-            raise self._fail(error)
-        return self._absorb_or_fail(w, error, list(owed))
+        if outcome == "ok":
+            return value
+        # A replacement whose factories raise is not replaced again; a lost one (e.g. placed
+        # on a node that was lost, not yet declared dead) is.
+        if what == "restart" and outcome == "failed":
+            raise self._fail(value)
+        return self._absorb_or_fail(w, value, list(owed))
 
     def _absorb_or_fail(self, w: int, error: WorkerError, segments: list[int]) -> None:
         """None once a restart absorbed ``error``; raises it when the policy does not allow one.
@@ -306,14 +254,7 @@ class RayBatcher(WorkerPool):
         """Copies worker ``w``'s rows of ``segment`` into that segment's slot buffer."""
         self._done.setdefault(segment, {})[w] = value["n_running"]
         self._worker_cpu[w] = value["cpu_s"]
-        rows, t = self._rows(w), value["t"]
-        buffer = self._slot_buffer(segment)
-        with readonly_ok():
-            for k, v in value["steps"].items():
-                buffer.steps[k][:t, rows].copy_(from_wire(v))
-            for k, v in value["info"].items():
-                buffer.info[k][rows].copy_(from_wire(v))
-            buffer.lengths[rows].copy_(from_wire(value["lengths"]))
+        write_rows(self._slot_buffer(segment), self._rows(w), value)
 
     def _pump(self, what: str, deadline: Callable[[], float], blocking: bool = True) -> bool:
         """Handles the answers of the outstanding calls until none is left (True), or until
@@ -396,8 +337,7 @@ class RayBatcher(WorkerPool):
 
     # ------------------------------------------------------------------ restarts
     def _stop_worker(self, w: int) -> None:
-        with contextlib.suppress(Exception):  # a dead actor is what a restart replaces
-            ray.kill(self._actors[w], no_restart=True)
+        kill_actor(self._actors[w])  # a dead actor is what a restart replaces
         self._outstanding.pop(w, None)
         self._queued[w].clear()
 

@@ -1,5 +1,6 @@
 """The wire format of ``RayBatcher``: tensors as CPU numpy arrays, which Ray serialises without a
-copy (zero-copy reads from its object store on the same node).
+copy (zero-copy reads from its object store on the same node), and how an actor's segment lands
+in the driver's buffer (:func:`write_rows`).
 
 Nothing here imports Ray.
 """
@@ -8,13 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["to_wire", "from_wire", "readonly_ok"]
+from rlstruct.batchers.buffer import SlotBuffer
+
+__all__ = ["to_wire", "from_wire", "readonly_ok", "write_rows"]
 
 
 def to_wire(t: torch.Tensor) -> Any:
@@ -38,3 +41,15 @@ def readonly_ok() -> Iterator[None]:
 def from_wire(x: Any) -> torch.Tensor:
     """The tensor view of what :func:`to_wire` sent (call under :func:`readonly_ok`)."""
     return torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+
+
+def write_rows(buffer: SlotBuffer, rows: slice, value: Mapping[str, Any]) -> None:
+    """Copies an actor's answer to ``execute`` (its segment's ``steps``, ``info`` and
+    ``lengths`` on the wire, ``t`` steps long) into its ``rows`` of the driver's ``buffer``."""
+    t = value["t"]
+    with readonly_ok():
+        for k, v in value["steps"].items():
+            buffer.steps[k][:t, rows].copy_(from_wire(v))
+        for k, v in value["info"].items():
+            buffer.info[k][rows].copy_(from_wire(v))
+        buffer.lengths[rows].copy_(from_wire(value["lengths"]))
