@@ -127,14 +127,33 @@ def test_the_algorithms_share_the_defaults_of_the_run_config():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", ALGOS)
 def test_help_from_any_folder(name, tmp_path):
-    for command, prog in ((["-m", f"rlstruct.algos.{name}"], f"python -m rlstruct.algos.{name}"),
-                          (["-m", "rlstruct", "train", name], f"rlstruct train {name}")):
-        done = subprocess.run([sys.executable, *command, "--help"], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=100)
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.startswith(f"usage: {prog} [-h]") and "--learner-device" in done.stdout
-        assert inspect.getdoc(ALGOS[name].Config).split("\n")[0][:40] in done.stdout
-        assert ".py" not in done.stdout.split("\n", 1)[0]
+    """``python -m rlstruct.algos.NAME --help`` from another folder (a subprocess per algorithm);
+    ``rlstruct train NAME --help`` prints the same lines under its own usage line (in-process,
+    ``test_train_help_is_the_algorithms_own``; as a subprocess from another folder:
+    tests/tools/test_run_cli.py's console-script test)."""
+    prog = f"python -m rlstruct.algos.{name}"
+    done = subprocess.run([sys.executable, "-m", f"rlstruct.algos.{name}", "--help"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"usage: {prog} [-h]") and "--learner-device" in done.stdout
+    assert inspect.getdoc(ALGOS[name].Config).split("\n")[0][:40] in done.stdout
+    assert ".py" not in done.stdout.split("\n", 1)[0]
+
+
+@pytest.mark.parametrize("name", ALGOS)
+def test_train_help_is_the_algorithms_own(name, capsys):
+    from rlstruct.__main__ import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["train", name, "--help"])
+    assert info.value.code == 0
+    train = capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        parse(ALGOS[name].Config, args=["--help"], prog=f"python -m rlstruct.algos.{name}")
+    own = capsys.readouterr().out
+    assert train.startswith(f"usage: rlstruct train {name} [-h]")
+    assert train.splitlines()[1:] == own.splitlines()[1:]
+    assert inspect.getdoc(ALGOS[name].Config).split("\n")[0][:40] in train
 
 
 @pytest.mark.parametrize("name", ["dqn", "reinforce", "appo"])
