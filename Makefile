@@ -46,7 +46,7 @@ test: venv lint
 	$(PYTEST) rlstruct tests --durations=40
 
 # The inner loop: everything but the tests marked slow (worker processes, subprocess runs of the
-# algorithms, tutorials, benchmark smokes); under 2 minutes on 2 cores. CI runs `make test`.
+# algorithms, tutorials, benchmark smokes); about 3 minutes on 2 cores. CI runs `make test`.
 test-fast: venv lint
 	$(PYTEST) rlstruct tests -m "not slow"
 

@@ -396,7 +396,8 @@ def dotted_problem(dotted: str) -> str | None:
     """What is wrong with ``rlstruct.x.y`` (a module, or an attribute of one), or None. The
     module is the longest prefix with a source file; the rest are attributes of it, read after
     importing it, or, when its import needs an optional extra that is not installed, from its
-    source (the first attribute only)."""
+    source (the first attribute only); a lazy name whose import needs a missing extra (the
+    package's ``__getattr__`` says so with an ImportError naming it) exists."""
     parts = dotted.rstrip(".").split(".")
     if PLACEHOLDERS & set(parts):
         return None
@@ -415,9 +416,14 @@ def dotted_problem(dotted: str) -> str | None:
         found = attributes[0] in _defined_names(module_file)
         return None if found else f"{'.'.join(parts[:n])} defines no {attributes[0]}"
     for i, name in enumerate(attributes):
-        if not hasattr(obj, name):
+        try:
+            obj = getattr(obj, name)
+        except AttributeError:
             return f"{'.'.join(parts[:n + i])} has no attribute {name}"
-        obj = getattr(obj, name)
+        except ImportError as err:  # a lazy name that needs a missing extra (RayBatcher)
+            if (err.name or "").split(".")[0] not in EXTRAS:
+                raise
+            return None  # the package serves the name; what lies past it needs the extra
     return None
 
 
