@@ -116,7 +116,7 @@ class LocalSlurm:
             self._cancel_jobs(self.kill_wait + 60.0)
         pids = []
         for path in reversed(self._pid_files):
-            with contextlib.suppress(OSError, ValueError):
+            with contextlib.suppress(OSError, IndexError, ValueError):  # none, empty or partial
                 pids.append(int(path.read_text().split()[0]))
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
@@ -181,7 +181,9 @@ class LocalSlurm:
                                f"{done.stderr.strip()[-500:]}")
         end = time.monotonic() + deadline_s
         while time.monotonic() < end:
-            with contextlib.suppress(OSError, ValueError):
+            # OSError: no pid file yet; IndexError: the daemon created it but has not written its
+            # pid yet (seen in CI under load); ValueError: a partial write
+            with contextlib.suppress(OSError, IndexError, ValueError):
                 if _alive(int(pid_file.read_text().split()[0])):
                     return
             time.sleep(0.1)
