@@ -24,57 +24,25 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlstruct.blocks.replay_config import ReplayCheckpoint
+from rlstruct.blocks.replay_config import (
+    ReplayCheckpoint,
+    buffer_device,
+    buffer_generator,
+    buffer_keys,
+)
 from rlstruct.blocks.replay_config import replay_memory_problems as replay_memory_problems
-from rlstruct.dicttensor import DeviceLike, DictTensor, _same_device
+from rlstruct.dicttensor import DeviceLike, DictTensor
 from rlstruct.errors import (
     ConfigError,
-    DeviceContractError,
     KeyMismatchError,
     ShapeError,
 )
-from rlstruct.keys import AGENT_INFO, AGENT_STATE, ENV_ID, ENV_INFO, LENGTHS, POLICY_VERSION
 from rlstruct.temporal import TemporalDictTensor
 from rlstruct.trajectories import Trajectories
 
 __all__ = ["ReplayBuffer", "ReplayCheckpoint"]
 
-_INFO_KEYS = (AGENT_INFO, ENV_INFO, AGENT_STATE, ENV_ID, POLICY_VERSION)
 _Spec = tuple[torch.Size, torch.dtype]
-
-
-def _check_device(device: DeviceLike) -> torch.device:
-    """The canonical device (``cuda`` -> ``cuda:<current>``), or ConfigError if unusable."""
-    try:
-        return torch.empty(0, device=device).device
-    except (RuntimeError, AssertionError, TypeError) as e:
-        # torch raises AssertionError for "cuda" in a CPU-only build.
-        raise ConfigError(f"ReplayBuffer: cannot allocate on device {device!r}: {e}") from e
-
-
-def _check_keys(keys: Sequence[str] | None) -> tuple[str, ...] | None:
-    if keys is None:
-        return None
-    if isinstance(keys, str):
-        raise ConfigError(
-            f"ReplayBuffer: keys must be a sequence of key names, got the str {keys!r}; "
-            f"write keys=[{keys!r}]"
-        )
-    keys = tuple(keys)
-    if not keys:
-        raise ConfigError("ReplayBuffer: keys is empty; pass None to store every trajectory key")
-    for k in keys:
-        if not isinstance(k, str):
-            raise ConfigError(f"ReplayBuffer: keys must be str, got {type(k).__name__} ({k!r})")
-        if k == LENGTHS or k.startswith(_INFO_KEYS):
-            raise ConfigError(
-                f"ReplayBuffer: cannot store {k!r}: only trajectory keys (observation/*, "
-                "action/*, _observation/*) are stored, not lengths or per-row info"
-            )
-    dup = sorted({k for k in keys if keys.count(k) > 1})
-    if dup:
-        raise ConfigError(f"ReplayBuffer: keys {dup} are given more than once")
-    return keys
 
 
 class ReplayBuffer:
@@ -132,23 +100,9 @@ class ReplayBuffer:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
             raise ConfigError(f"ReplayBuffer: capacity must be an int > 0, got {capacity!r}")
         self._capacity = capacity
-        self._device = _check_device(device)
-        self._requested_keys = _check_keys(keys)
-        if generator is not None:
-            if not isinstance(generator, torch.Generator):
-                raise TypeError(
-                    f"ReplayBuffer: generator must be a torch.Generator, got "
-                    f"{type(generator).__name__}"
-                )
-            if self._device.type != "meta" and not _same_device(generator.device, self._device):
-                raise DeviceContractError(
-                    f"ReplayBuffer: generator is on {generator.device}, expected {self._device} "
-                    f"like the storage; use torch.Generator(device={str(self._device)!r})",
-                    argument="generator",
-                    expected=self._device,
-                    actual=generator.device,
-                )
-        self._generator = generator
+        self._device = buffer_device(device, "ReplayBuffer")
+        self._requested_keys = buffer_keys(keys, "ReplayBuffer")
+        self._generator = buffer_generator(generator, self._device, "ReplayBuffer")
         self._storage: dict[str, Tensor] | None = None
         self._position = 0  # row the next transition goes to
         self._size = 0

@@ -10,7 +10,82 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["ReplayCheckpoint", "replay_memory_problems"]
+import torch
+
+from rlstruct.dicttensor import DeviceLike, _same_device
+from rlstruct.errors import ConfigError, DeviceContractError
+from rlstruct.keys import AGENT_INFO, AGENT_STATE, ENV_ID, ENV_INFO, LENGTHS, POLICY_VERSION
+
+__all__ = ["ReplayCheckpoint", "buffer_device", "buffer_generator", "buffer_keys",
+           "replay_memory_problems"]
+
+_INFO_KEYS = (AGENT_INFO, ENV_INFO, AGENT_STATE, ENV_ID, POLICY_VERSION)
+
+
+def buffer_device(device: DeviceLike, owner: str) -> torch.device:
+    """The canonical device of a buffer's storage (``cuda`` -> ``cuda:<current>``).
+
+    Raises:
+        ConfigError: naming ``owner``, when nothing can be allocated there.
+    """
+    try:
+        return torch.empty(0, device=device).device
+    except (RuntimeError, AssertionError, TypeError) as e:
+        # torch raises AssertionError for "cuda" in a CPU-only build.
+        raise ConfigError(f"{owner}: cannot allocate on device {device!r}: {e}") from e
+
+
+def buffer_keys(keys: Sequence[str] | None, owner: str) -> tuple[str, ...] | None:
+    """The trajectory keys a buffer stores (``None``: every key of the first batch).
+
+    Raises:
+        ConfigError: naming ``owner``, when ``keys`` is a str, empty, repeats a key or names
+            ``lengths`` or a per-row info key.
+    """
+    if keys is None:
+        return None
+    if isinstance(keys, str):
+        raise ConfigError(
+            f"{owner}: keys must be a sequence of key names, got the str {keys!r}; "
+            f"write keys=[{keys!r}]"
+        )
+    keys = tuple(keys)
+    if not keys:
+        raise ConfigError(f"{owner}: keys is empty; pass None to store every trajectory key")
+    for k in keys:
+        if not isinstance(k, str):
+            raise ConfigError(f"{owner}: keys must be str, got {type(k).__name__} ({k!r})")
+        if k == LENGTHS or k.startswith(_INFO_KEYS):
+            raise ConfigError(
+                f"{owner}: cannot store {k!r}: only trajectory keys (observation/*, "
+                "action/*, _observation/*) are stored, not lengths or per-row info"
+            )
+    dup = sorted({k for k in keys if keys.count(k) > 1})
+    if dup:
+        raise ConfigError(f"{owner}: keys {dup} are given more than once")
+    return keys
+
+
+def buffer_generator(generator: torch.Generator | None, device: torch.device,
+                     owner: str) -> torch.Generator | None:
+    """``generator``, checked to be a ``torch.Generator`` on the buffer's ``device``.
+
+    Raises:
+        TypeError: it is not a ``torch.Generator``.
+        DeviceContractError: it lives on another device than ``device``.
+    """
+    if generator is None:
+        return None
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(
+            f"{owner}: generator must be a torch.Generator, got {type(generator).__name__}")
+    if device.type != "meta" and not _same_device(generator.device, device):
+        raise DeviceContractError(
+            f"{owner}: generator is on {generator.device}, expected {device} like the storage; "
+            f"use torch.Generator(device={str(device)!r})",
+            argument="generator", expected=device, actual=generator.device,
+        )
+    return generator
 
 
 @dataclass
