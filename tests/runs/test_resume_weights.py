@@ -7,7 +7,9 @@ receives the model when the batcher starts), checkpoints, and is resumed. The we
 training batcher is built with are recorded: the resumed session's must be the checkpoint's,
 which differ from the freshly built (seeded) model's that the first session started from.
 Before the fix the batcher was built from the model before the checkpoint's weights were loaded
-into it, and its first segment was collected with the untrained policy.
+into it, and its first segment was collected with the untrained policy (REINFORCE publishes its
+weights before each collection, so its segments were right; its batcher too is now built with
+the checkpoint's weights).
 """
 
 from __future__ import annotations
