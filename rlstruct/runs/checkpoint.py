@@ -35,8 +35,9 @@ import io
 import math
 import os
 import random
+import secrets
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +48,14 @@ from rlstruct.dicttensor import DictTensor
 from rlstruct.errors import CheckpointError
 from rlstruct.runs.folder import RunFolder
 
+#: The suffix of a resume file written for a ``latest.pt`` not yet renamed into place.
+PENDING = ".new"
+
 __all__ = [
     "save_checkpoint", "copy_checkpoint", "load_checkpoint", "rng_state", "set_rng_state",
     "object_path", "import_object", "build_model", "agent_spec", "rebuild_agent",
-    "save_resume_files", "load_resume_files", "load_states", "CheckpointWriter",
+    "PENDING", "save_resume_files", "commit_resume_files", "load_resume_files", "load_states",
+    "load_state", "CheckpointWriter",
 ]
 
 
@@ -230,42 +235,71 @@ def rebuild_agent(
     return import_object(spec["class"]), args, agent_info
 
 
-def save_resume_files(folder: RunFolder, objects: Mapping[str, Any], iteration: int) -> None:
-    """Saves each object's state to the run folder's ``checkpoints/<name>.pt``, tagged with
-    ``iteration``: the states only a resume needs (:meth:`~rlstruct.runs.run.Run.resume_state`).
-    Written before ``latest.pt``, so a file of a newer iteration than ``latest.pt`` is a write
-    cut short.
+def save_resume_files(folder: RunFolder, objects: Mapping[str, Any], iteration: int,
+                      token: str = "") -> None:
+    """Saves each object's state to ``checkpoints/<name>.new.pt``, tagged with ``iteration``
+    and ``token`` (that of the ``latest.pt`` written next): the states only a resume needs
+    (:meth:`~rlstruct.runs.run.Run.resume_state`). :func:`commit_resume_files` renames them
+    to ``<name>.pt`` once ``latest.pt`` is written; until then ``<name>.pt`` still holds the
+    previous checkpoint's, so a kill at any instant leaves a pair that :func:`load_resume_files`
+    finds (see :class:`CheckpointWriter`).
 
     Raises:
         CheckpointError: a write failed (the previous file is kept).
     """
     for name, obj in objects.items():
-        state = {"iteration": iteration, "state": _own_storage(obj.state_dict())}
-        save_checkpoint(state, folder.checkpoint(name))
+        state = {"iteration": iteration, "token": token, "state": _own_storage(obj.state_dict())}
+        save_checkpoint(state, folder.checkpoint(f"{name}{PENDING}"))
+
+
+def commit_resume_files(folder: RunFolder, names: Iterable[str]) -> None:
+    """Renames each ``checkpoints/<name>.new.pt`` over ``<name>.pt`` (after ``latest.pt``).
+
+    Raises:
+        CheckpointError: a rename failed.
+    """
+    for name in names:
+        path = folder.checkpoint(name)
+        try:
+            os.replace(folder.checkpoint(f"{name}{PENDING}"), path)
+        except OSError as err:
+            raise CheckpointError(f"cannot write checkpoint {path}: {_cause(err)}") from err
 
 
 def load_resume_files(folder: RunFolder, objects: Mapping[str, Any],
-                      iteration: int | None) -> None:
-    """Loads the run folder's ``checkpoints/<name>.pt`` into each object when it was saved at
-    ``iteration`` (that of ``latest.pt``); an absent file or another iteration leaves the object
-    as built (an empty replay buffer) and says so on stderr.
+                      iteration: int | None, token: str | None = None) -> None:
+    """Loads into each object the ``checkpoints/<name>.pt`` (or the ``<name>.new.pt`` of a
+    checkpoint cut short after ``latest.pt``) saved with ``latest.pt``: the one tagged with its
+    ``token`` (checkpoints written before tokens: with its ``iteration``). No such file leaves
+    the object as built (an empty replay buffer) and says so on stderr.
 
     Raises:
         CheckpointError: the file is damaged, or its state does not load into the object.
     """
     for name, obj in objects.items():
-        path = folder.checkpoint(name)
-        saved = load_checkpoint(path) if path.is_file() else {}
-        if saved.get("iteration") != iteration:
-            found = f"is of iteration {saved.get('iteration')}" if saved else "is absent"
-            print(f"rlstruct: resume: {path} {found}, not {iteration} (latest.pt's): {name} "
+        path, found = folder.checkpoint(name), None
+        for candidate in (folder.checkpoint(f"{name}{PENDING}"), path):  # the newer first
+            saved = load_checkpoint(candidate) if candidate.is_file() else {}
+            if _saved_with(saved, iteration, token):
+                found = saved
+                break
+        if found is None:  # ``saved``: what <name>.pt holds
+            what = f"is of iteration {saved.get('iteration')}" if saved else "is absent"
+            print(f"rlstruct: resume: {path} {what}, not {iteration} (latest.pt's): {name} "
                   "starts as built", file=sys.stderr)
             continue
         try:
-            obj.load_state_dict(saved["state"])
+            obj.load_state_dict(found["state"])
         except (ValueError, RuntimeError, KeyError) as err:  # ShapeError, KeyMismatchError too
             raise CheckpointError(f"resume: the state in {path} does not fit this run's "
                                   f"{type(obj).__name__}: {err}") from err
+
+
+def _saved_with(saved: Mapping[str, Any], iteration: int | None, token: str | None) -> bool:
+    """Whether a resume file's contents were saved with the ``latest.pt`` of ``token``."""
+    if not saved:
+        return False
+    return saved.get("token") == token if token else saved.get("iteration") == iteration
 
 
 def load_states(state: Mapping[str, Any], objects: Mapping[str, Any], source: Any) -> None:
@@ -282,17 +316,26 @@ def load_states(state: Mapping[str, Any], objects: Mapping[str, Any], source: An
             load into it.
     """
     for name, obj in objects.items():
-        if name not in state:
-            raise CheckpointError(f"resume: {source} has no state for {name!r} "
-                                  f"(it holds {sorted(state)})")
-        try:
-            obj.load_state_dict(state[name])
-        except (ValueError, RuntimeError, KeyError) as err:  # torch's words for "not this"
-            raise CheckpointError(
-                f"resume: the state of {name!r} in {source} does not fit this run's "
-                f"{type(obj).__name__} (a checkpoint of another model or optimizer layout, "
-                f"or of an earlier rlstruct version): {err}") from err
+        load_state(state, name, obj, source)
     set_rng_state(state["rng"])
+
+
+def load_state(state: Mapping[str, Any], name: str, obj: Any, source: Any) -> None:
+    """Loads ``state[name]`` into ``obj`` (``obj.load_state_dict``), the RNG states left alone.
+
+    Raises:
+        CheckpointError: ``state`` holds no ``name``, or a state that does not load into it.
+    """
+    if name not in state:
+        raise CheckpointError(f"resume: {source} has no state for {name!r} "
+                              f"(it holds {sorted(state)})")
+    try:
+        obj.load_state_dict(state[name])
+    except (ValueError, RuntimeError, KeyError) as err:  # torch's words for "not this"
+        raise CheckpointError(
+            f"resume: the state of {name!r} in {source} does not fit this run's "
+            f"{type(obj).__name__} (a checkpoint of another model or optimizer layout, "
+            f"or of an earlier rlstruct version): {err}") from err
 
 
 class CheckpointWriter:
@@ -300,7 +343,13 @@ class CheckpointWriter:
     score is the best so far, and the resume files (``checkpoints/<name>.pt``).
 
     Every write goes through a temporary file and an atomic rename (:func:`save_checkpoint`),
-    so an interrupt or a full disk never leaves a truncated checkpoint nor a ``.tmp``.
+    so an interrupt or a full disk never leaves a truncated checkpoint nor a ``.tmp``. The
+    resume files and ``latest.pt`` form a pair whatever instant a kill (SIGKILL, an OOM kill, a
+    lost node) strikes at: each resume file is written as ``<name>.new.pt`` first, tagged with a
+    token that ``latest.pt`` (written next) records as ``resume_token``, and only then renamed
+    to ``<name>.pt``. Before ``latest.pt`` is in place the previous pair is whole; after it,
+    :func:`load_resume_files` finds the new one under either name. While a checkpoint is
+    written the disk holds two copies of each resume file (a replay buffer).
 
     Args:
         folder: the run folder.
@@ -322,7 +371,8 @@ class CheckpointWriter:
             state: the checkpoint.
             score: its score (the training return).
             resume_files: ``name -> object`` whose states only a resume needs, saved first
-                (:func:`save_resume_files`, tagged with ``iteration``).
+                (:func:`save_resume_files`, tagged with ``iteration`` and the token that
+                ``latest.pt`` then records) and renamed into place after ``latest.pt``.
             iteration: the iteration of the checkpoint.
 
         Raises:
@@ -331,9 +381,13 @@ class CheckpointWriter:
         """
         self.folder.make_checkpoints()
         if resume_files:
-            save_resume_files(self.folder, resume_files, iteration)
+            token = secrets.token_hex(8)
+            save_resume_files(self.folder, resume_files, iteration, token)
+            state = {**state, "resume_token": token}
         latest = self.folder.checkpoint("latest")
         save_checkpoint(state, latest)
+        if resume_files:
+            commit_resume_files(self.folder, resume_files)
         if score is None:
             return
         score = float(score)

@@ -52,8 +52,8 @@ class RunConfig:
     resume: str | None = None
     """a run directory to continue from its checkpoints/latest.pt: model, optimizer, frame and
     episode counters, RNG states, clock; progress.csv and episodes.csv are appended. auto: the
-    run of runs_dir whose checkpoint is newest, or a fresh run when none has one (a job that
-    Slurm requeues)"""
+    run of this algorithm and env in runs_dir whose checkpoint is newest, or a fresh run when
+    none has one (a job that Slurm requeues); one line says which"""
     seed: int = 0
     """run seed: the learner's model, the training batcher (seed), the evaluation (seed + 1000)"""
     max_frames: int = 1_000_000

@@ -67,6 +67,24 @@ class CheckpointContents:
         if self._resumed:
             ckpt.load_states(self._resumed, objects, self._source)
 
+    def load_agent_models(self, agent_args: Mapping[str, Any]) -> None:
+        """On a resume, loads the resumed checkpoint's weights into each model of
+        ``agent_args`` that it holds (by the name its recorded agent gives the argument, else by
+        the argument's own name), before a batcher copies them: the first segment after a
+        resume is collected with the checkpoint's policy, not with the freshly built one.
+
+        Raises:
+            CheckpointError: a saved state does not load into its model.
+        """
+        if not self._resumed:
+            return
+        recorded = (self._resumed.get("agent") or {}).get("args") or {}
+        for key, value in agent_args.items():
+            saved = recorded.get(key)
+            name = saved["saved"] if isinstance(saved, Mapping) and "saved" in saved else key
+            if isinstance(value, torch.nn.Module) and isinstance(self._resumed.get(name), Mapping):
+                ckpt.load_state(self._resumed, name, value, self._source)
+
     def add_resume_files(self, folder: RunFolder, **objects: Any) -> None:
         """Registers ``name -> object`` saved to ``checkpoints/<name>.pt`` of the run folder; on
         a resume, loads them
@@ -77,7 +95,8 @@ class CheckpointContents:
         """
         self.resume_files.update(objects)
         if self._resumed:
-            ckpt.load_resume_files(folder, objects, self._resumed.get("iteration"))
+            ckpt.load_resume_files(folder, objects, self._resumed.get("iteration"),
+                                   self._resumed.get("resume_token"))
 
     def stand_for(self, name: str, module: torch.nn.Module) -> None:
         """The saved object ``name`` (a learner group) holds the weights of ``module``."""

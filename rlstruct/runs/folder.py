@@ -118,7 +118,7 @@ class RunFolder:
 
     @property
     def config_file(self) -> Path:
-        """``config.json``: the config, versions, argv, git commit, resumes."""
+        """``config.json``: the config, versions, argv, git commit, resumes, sessions."""
         return self.path / "config.json"
 
     @property

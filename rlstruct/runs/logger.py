@@ -4,7 +4,7 @@
 
 ===================== ========================================================================
 ``config.json``       the whole config (nested dataclasses too), algo, env, start time,
-                      python/torch versions, argv, and the git commit of the code that ran
+                      versions, argv, git commit, ``sessions`` (each one's argv and budgets)
 ``progress.csv``      one row per :meth:`RunLogger.log`: frames, episodes, wall_time,
                       steps_per_s, ``train_return_mean<N>`` (the mean return of the last ``N``
                       finished episodes, ``N = window``), then the given metrics
@@ -96,6 +96,7 @@ class RunLogger:
         best_score: the best checkpoint score so far (resume).
         launch: how the run was launched (``{"launcher": "torchrun", "world_size": 2}``),
             recorded in ``config.json`` (a resume records its own in its ``resumes`` entry).
+        session: this session's entry of config.json's ``sessions`` list (None: no list).
 
     Attributes:
         folder: the :class:`~rlstruct.runs.folder.RunFolder` (created at construction);
@@ -124,12 +125,13 @@ class RunLogger:
         resume_wall_time: float = 0.0,
         best_score: float | None = None,
         launch: Mapping[str, Any] | None = None,
+        session: Mapping[str, Any] | None = None,
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         self.algo, self.env, self.window = algo, env, window
         self.train_column = f"train_return_mean{window}"
-        self._launch = launch
+        self._launch, self._session = launch, session
         self.frames = 0
         self._returns: list[float] = []
         self._rows: list[dict[str, Any]] = []
@@ -180,6 +182,7 @@ class RunLogger:
             "git_commit": git_commit(code_dir if code_dir is not None else _PACKAGE_DIR),
             "argv": list(sys.argv),
             **({"launch": dict(self._launch)} if self._launch else {}),
+            **({"sessions": [dict(self._session)]} if self._session else {}),
             "config": config_dict,
         }
         self.folder.config_file.write_text(json.dumps(meta, indent=2) + "\n")
@@ -402,6 +405,8 @@ class RunLogger:
             "time": started.isoformat(timespec="seconds"), "frames": frames,
             "argv": list(sys.argv), **({"launch": dict(self._launch)} if self._launch else {}),
         })
+        if self._session:  # (a folder older than the list: from this session on)
+            meta.setdefault("sessions", []).append(dict(self._session))
         folder.config_file.write_text(json.dumps(meta, indent=2) + "\n")
         return meta
 

@@ -39,7 +39,8 @@ class RunLoop:
         stopped_by: ``None`` while the run goes on, then ``"target_return"``, ``"max_frames"``,
             ``"time_budget"``, ``"interrupted"`` (Ctrl-C) or ``"loop_end"`` (the loop ended
             before the stop test fired).
-        solved_at: ``(frames, seconds)`` when the stop test found the run solved, else None.
+        solved_at: ``(frames, seconds)`` when the stop test found the run solved, else None
+            (set with ``stopped_by = "target_return"`` only; a resume starts with None).
         eval_return: the mean return of the last finished evaluation (nan before).
         evaluation: the :class:`~rlstruct.runs.evaluator.Evaluator` that :meth:`end_iteration`
             drives (None: no evaluation).
@@ -58,8 +59,9 @@ class RunLoop:
         self.iteration: int = resumed.get("iteration", 0)
         self.stopped_by: str | None = None
         self.eval_return: float = resumed.get("eval_return", math.nan)
-        solved = resumed.get("solved_at")
-        self.solved_at: tuple[int, float] | None = None if solved is None else tuple(solved)
+        # Never taken from the checkpoint: a resumed run is solved when its own stop test
+        # finds it so (a solve recorded before would stay beside a later stop by the budget).
+        self.solved_at: tuple[int, float] | None = None
         self.evaluation: Evaluator | None = None
         self._tracker = EpisodeTracker()
 

@@ -77,7 +77,8 @@ def run_summary(run: RunRecord, finish: bool, exc: BaseException | None) -> dict
         ``error``, and ``checkpoint``: the frames and iteration ``checkpoints/latest.pt``
         holds (``checkpoint_error`` when the final one could not be written).
     """
-    solved = run.solved_at
+    # Solved is how this run stopped: the line it prints (describe) and summary.json agree.
+    solved = run.solved_at if run.stopped_by == "target_return" else None
     summary: dict[str, Any] = {
         "algo": run.algo,
         "run_dir": run.run_dir,

@@ -15,8 +15,9 @@ checks only its own values. :func:`resolve`, run once per start-up before anythi
   learner ranks can split the batch;
 - resolves every device named (one :func:`~rlstruct.devices.resolve_device` per device spec)
   and checks the pipeline against the batcher device (:func:`pipeline_problems`);
-- picks the run to resume for ``--resume auto`` (:func:`newest_checkpointed_run`), loads the
-  checkpoint of the run to resume and checks its algorithm and the config it records.
+- picks the run to resume for ``--resume auto`` (:func:`newest_checkpointed_run`: the newest
+  checkpointed run of this algorithm and env, saying which in one line on stderr, or a new run),
+  loads the checkpoint of the run to resume and checks its algorithm and the config it records.
 
 Every problem is listed in one :class:`~rlstruct.errors.ConfigError`, before any folder, process
 or thread exists; on the command line that is one message and exit code 2. A run stopped by a
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -167,8 +169,9 @@ def resolve(cfg: C | Resolved[C], algo: str | None = None) -> Resolved[C]:
         problems += pipeline_problems(cfg.layout, devices["batcher_device"])
     spaces, found = _env_problems(cfg)
     problems += found
-    if cfg.resume == RESUME_AUTO:
-        picked = newest_checkpointed_run(cfg.runs_dir)
+    auto = cfg.resume == RESUME_AUTO
+    if auto:  # this algorithm's runs on this env only (a sweep's runs dir holds others too)
+        picked = newest_checkpointed_run(cfg.runs_dir, algo, cfg.env_id)
         cfg.resume = None if picked is None else str(picked)
     checkpoint = None
     if cfg.resume is not None:
@@ -178,6 +181,11 @@ def resolve(cfg: C | Resolved[C], algo: str | None = None) -> Resolved[C]:
         raise ConfigError(f"{len(problems)} problem(s) in the config:\n- "
                           + "\n- ".join(problems))
     assert spaces is not None
+    if auto and rank == 0:
+        print("rlstruct: --resume auto: " + (
+            f"resuming {cfg.resume}, the newest {algo} run on {cfg.env_id} with a checkpoint"
+            if cfg.resume else f"no {algo} run on {cfg.env_id} in {cfg.runs_dir} has a "
+            "checkpoint: starting a new run"), file=sys.stderr)
     return Resolved(cfg, algo, spaces[0], spaces[1], devices, learner_devices, world, rank,
                     checkpoint, tuple(cfg.env_module))
 
@@ -325,13 +333,17 @@ def _env_problems(
         f"{algo_name(cfg)} takes {takes} action spaces"]
 
 
-def newest_checkpointed_run(runs_dir: str | os.PathLike[str]) -> Path | None:
+def newest_checkpointed_run(runs_dir: str | os.PathLike[str], algo: str | None = None,
+                            env_id: str | None = None) -> Path | None:
     """The run folder of ``runs_dir`` whose ``checkpoints/latest.pt`` was written last: what
     ``--resume auto`` continues. Folders without a checkpoint (a session killed before its
-    first one) are passed over.
+    first one) are passed over, and so are the runs of another algorithm or env than
+    ``algo`` and ``env_id`` (as their ``config.json`` records them; None: any).
 
     Args:
         runs_dir: the folder of the run directories (``--runs-dir``); it may not exist yet.
+        algo: the algorithm whose runs count (``ppo``), or None.
+        env_id: the env whose runs count (``CartPole-v1``), or None.
 
     Returns:
         The run folder, or None when no run of ``runs_dir`` holds a checkpoint (a fresh run).
@@ -347,10 +359,23 @@ def newest_checkpointed_run(runs_dir: str | os.PathLike[str]) -> Path | None:
         'a'
     """
     folder = Path(runs_dir)
-    found = [(p.stat().st_mtime, p.name, p.parent.parent)
-             for p in folder.glob(f"*/{CHECKPOINTS}/latest.pt") if p.is_file()] \
+    found = [(p.stat().st_mtime, p.parent.parent)
+             for p in folder.glob(f"*/{CHECKPOINTS}/latest.pt")
+             if p.is_file() and _is_run_of(p.parent.parent, algo, env_id)] \
         if folder.is_dir() else []
-    return max(found)[2] if found else None
+    return max(found)[1] if found else None
+
+
+def _is_run_of(run_dir: Path, algo: str | None, env_id: str | None) -> bool:
+    """Whether ``config.json`` of ``run_dir`` records ``algo`` and ``env_id`` (None: any)."""
+    if algo is None and env_id is None:
+        return True
+    try:
+        meta = json.loads(RunFolder(run_dir).config_file.read_text())
+    except (OSError, ValueError):
+        return False  # not a run folder rlstruct wrote: not this algorithm's
+    return (isinstance(meta, dict) and algo in (None, meta.get("algo"))
+            and env_id in (None, meta.get("env")))
 
 
 def _resume_problems(cfg: RunConfig, algo: str) -> tuple[dict[str, Any] | None, list[str]]:

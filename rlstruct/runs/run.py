@@ -28,6 +28,7 @@ A training loop with it (see ``rlstruct/algos/`` for eight complete ones)::
 from __future__ import annotations
 
 import contextlib
+import datetime
 import math
 import sys
 import time
@@ -49,10 +50,11 @@ from rlstruct.errors import ConfigError
 from rlstruct.learners.base import LearnerGroupBase, OptimizerFactory
 from rlstruct.learners.torchrun import serve_rank
 from rlstruct.runs import checkpoint as ckpt
-from rlstruct.runs.config import RunConfig, config_to_dict
+from rlstruct.runs.config import RESUMABLE, RunConfig, config_to_dict
 from rlstruct.runs.contents import CheckpointContents
 from rlstruct.runs.evaluator import Evaluator
 from rlstruct.runs.groups import learner_group
+from rlstruct.runs.json_safe import json_safe
 from rlstruct.runs.lock import FolderGuard
 from rlstruct.runs.logger import RunLogger
 from rlstruct.runs.loop import RunLoop
@@ -127,7 +129,8 @@ class Run(RunLoop):
                 algo, cfg.env_id, cfg, cfg.runs_dir, total_frames=cfg.max_frames,
                 window=cfg.target_window, code_dir=code_dir(cfg), resume_dir=cfg.resume,
                 resume_frames=self.frames, resume_wall_time=r.get("wall_time", 0.0),
-                best_score=r.get("best_score"), launch=self.launch)
+                best_score=r.get("best_score"), launch=self.launch,
+                session=session_record(cfg, self.frames, self.launch))
         except BaseException:
             self._guard.close(failed_early=True)
             raise
@@ -152,10 +155,13 @@ class Run(RunLoop):
         the resolved batcher device, the envs of :func:`~rlstruct.runs.training_env.training_env`,
         seeded with ``seed``); closed with the run. ``pipelined``: the algorithm's loop works
         with a pipelined batcher (False: episodic collection, or an ``agent_info`` that changes
-        every segment).
+        every segment). On a resume the models of ``agent_args`` get the checkpoint's weights
+        first (:meth:`~rlstruct.runs.contents.CheckpointContents.load_agent_models`), so the
+        first segment is collected with the policy the checkpoint holds.
 
         Raises:
             ConfigError: ``layout.pipeline > 1`` for an algorithm that does not support it.
+            CheckpointError: a resumed model's saved state does not load into it.
         """
         layout = self.cfg.layout
         create_env, env_args = training_env(self.algo, self.cfg, create_env,
@@ -166,6 +172,7 @@ class Run(RunLoop):
                 "algorithms that learn from one segment while the next is collected (ppo, a2c)")
         self.contents.eval_agent = (self.contents.eval_agent
                                     or (create_agent, dict(agent_args), None))
+        self.contents.load_agent_models(agent_args)  # a resume collects with its weights
         batcher = make_batcher(
             device=self.resolved.batcher_device, n_processes=layout.n_processes,
             n_timesteps=n_timesteps, create_agent=create_agent, agent_args=agent_args,
@@ -341,6 +348,17 @@ class Run(RunLoop):
         if finish:
             self.summary = summary
         write_summary(self.logger, summary)
+
+
+def session_record(cfg: RunConfig, frames: int, launch: dict[str, Any]) -> dict[str, Any]:
+    """This session's entry of ``config.json``'s ``sessions`` list (one per session, the
+    first included; ``config`` keeps the first session's whole config): when it started, the
+    frames it started from, its ``argv``, its launch and the fields a resume may set anew
+    (:data:`~rlstruct.runs.config.RESUMABLE`: the frame and time budgets, the target...)."""
+    values = json_safe(cfg)  # as config.json writes the config
+    return {"time": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "frames": frames, "argv": list(sys.argv), "launch": dict(launch),
+            "settings": {name: values[name] for name in RESUMABLE if name in values}}
 
 
 def code_dir(cfg: RunConfig) -> Path | None:

@@ -95,3 +95,72 @@ def test_a_class_of_a_script_run_as_a_module_is_named_by_that_module(monkeypatch
     monkeypatch.setitem(sys.modules, "__main__", main)
     assert object_path(cls) == "rlstruct.algos.dqn:QNetwork"
     assert import_object("rlstruct.algos.dqn:QNetwork").__name__ == "QNetwork"
+
+
+# ----------------------------------------------------------------------------- a kill mid-write
+class Killed(BaseException):
+    """A SIGKILL at one instant of a checkpoint's writes: nothing after it runs."""
+
+
+class Buffer:
+    """A stand-in for a replay buffer: ``rows`` transitions, numbered."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = torch.arange(rows)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"rows": self.rows}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.rows = state["rows"]
+
+
+def kill_at(step: int, monkeypatch) -> None:
+    """Kills the process (raises Killed) at the ``step``-th file write or rename from now: every
+    instant between two of them, and within a write, is one ``step``."""
+    count = [0]
+
+    def at(call):
+        def wrapped(*args, **kwargs):
+            count[0] += 1
+            if count[0] == step:
+                raise Killed
+            return call(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(ck, "_os_write", at(ck._os_write))
+    monkeypatch.setattr(ck.os, "replace", at(ck.os.replace))
+
+
+def test_a_kill_at_any_instant_of_a_checkpoint_leaves_latest_and_the_buffer_a_pair(
+    tmp_path, monkeypatch, capfd
+):
+    """Issue 38, item 4: buffer.pt was written before latest.pt, so a kill while latest.pt was
+    written left the buffer one iteration ahead, and the resume dropped it whole. Whatever
+    instant the kill strikes at, the resume finds latest.pt and the buffer of one iteration."""
+    from rlstruct.runs.contents import CheckpointContents
+    from rlstruct.runs.folder import RunFolder
+
+    iterations = set()
+    for step in range(1, 100):
+        folder = RunFolder(tmp_path / f"run{step}")
+        folder.path.mkdir()
+        writer = ck.CheckpointWriter(folder)
+        for it in (1, 2):  # whole checkpoints first: the pair of iteration 2 is on disk
+            writer.save({"iteration": it}, float(it), {"buffer": Buffer(10 * it)}, it)
+        kill_at(step, monkeypatch)
+        try:
+            writer.save({"iteration": 3}, 3.0, {"buffer": Buffer(30)}, 3)
+            killed = False
+        except Killed:
+            killed = True
+        monkeypatch.undo()
+        latest = ck.load_checkpoint(folder.checkpoint("latest"))  # what a resume reads
+        buffer = Buffer(0)
+        CheckpointContents(latest, str(folder.path)).add_resume_files(folder, buffer=buffer)
+        assert len(buffer.rows) == 10 * latest["iteration"], (step, latest["iteration"])
+        assert "starts as built" not in capfd.readouterr().err, step
+        iterations.add(latest["iteration"])
+        if not killed:
+            break
+    assert iterations == {2, 3} and step > 4  # kills before and after latest.pt's rename
