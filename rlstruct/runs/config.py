@@ -12,7 +12,9 @@ consumes it is :mod:`rlstruct.runs.run` (which re-exports it).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
@@ -23,7 +25,7 @@ from rlstruct.runs.json_safe import json_safe
 from rlstruct.runs.layout import LayoutConfig
 from rlstruct.runs.presets import Preset, build_preset
 
-__all__ = ["RunConfig", "RESUMABLE", "config_to_dict"]
+__all__ = ["RunConfig", "RESUMABLE", "config_to_dict", "session_record"]
 
 C = TypeVar("C", bound="RunConfig")
 
@@ -194,3 +196,14 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
     if (dataclasses.is_dataclass(cfg) and not isinstance(cfg, type)) or isinstance(cfg, Mapping):
         return json_safe(cfg)
     raise TypeError(f"config_to_dict needs a dataclass instance or a mapping, got {type(cfg)}")
+
+
+def session_record(cfg: RunConfig, frames: int, launch: dict[str, Any]) -> dict[str, Any]:
+    """This session's entry of ``config.json``'s ``sessions`` list (one per session, the
+    first included; ``config`` keeps the first session's whole config): when it started, the
+    frames it started from, its ``argv``, its launch and the fields a resume may set anew
+    (:data:`~rlstruct.runs.config.RESUMABLE`: the frame and time budgets, the target...)."""
+    values = json_safe(cfg)  # as config.json writes the config
+    return {"time": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "frames": frames, "argv": list(sys.argv), "launch": dict(launch),
+            "settings": {name: values[name] for name in RESUMABLE if name in values}}

@@ -28,7 +28,6 @@ A training loop with it (see ``rlstruct/algos/`` for eight complete ones)::
 from __future__ import annotations
 
 import contextlib
-import datetime
 import math
 import sys
 import time
@@ -50,11 +49,10 @@ from rlstruct.errors import ConfigError
 from rlstruct.learners.base import LearnerGroupBase, OptimizerFactory
 from rlstruct.learners.torchrun import serve_rank
 from rlstruct.runs import checkpoint as ckpt
-from rlstruct.runs.config import RESUMABLE, RunConfig, config_to_dict
+from rlstruct.runs.config import RunConfig, config_to_dict, session_record
 from rlstruct.runs.contents import CheckpointContents
 from rlstruct.runs.evaluator import Evaluator
 from rlstruct.runs.groups import learner_group
-from rlstruct.runs.json_safe import json_safe
 from rlstruct.runs.lock import FolderGuard
 from rlstruct.runs.logger import RunLogger
 from rlstruct.runs.loop import RunLoop
@@ -153,11 +151,9 @@ class Run(RunLoop):
     ) -> Batcher | SerialBatcher:
         """The training batcher of the layout (:func:`~rlstruct.batchers.make.make_batcher` on
         the resolved batcher device, the envs of :func:`~rlstruct.runs.training_env.training_env`,
-        seeded with ``seed``); closed with the run. ``pipelined``: the algorithm's loop works
-        with a pipelined batcher (False: episodic collection, or an ``agent_info`` that changes
-        every segment). On a resume the models of ``agent_args`` get the checkpoint's weights
-        first (:meth:`~rlstruct.runs.contents.CheckpointContents.load_agent_models`), so the
-        first segment is collected with the policy the checkpoint holds.
+        seeded with ``seed``); closed with the run; on a resume its models hold the checkpoint's
+        weights first. ``pipelined``: the algorithm's loop works with a pipelined batcher
+        (False: episodic collection, or an ``agent_info`` that changes every segment).
 
         Raises:
             ConfigError: ``layout.pipeline > 1`` for an algorithm that does not support it.
@@ -203,9 +199,8 @@ class Run(RunLoop):
 
     def model(self, cls: Callable[..., torch.nn.Module], *args: Any, **kwargs: Any) -> Any:
         """``cls(*args, **kwargs)``, the call recorded in the checkpoints (``constructors``) so
-        that ``python -m rlstruct evaluate`` rebuilds the model without reading the algorithm's
-        code. The arguments must be plain values (numbers, strings, lists, dicts); ``cls`` may be a
-        ``functools.partial`` of such a call."""
+        that ``rlstruct evaluate`` rebuilds the model without the algorithm's code: plain
+        values (numbers, strings, lists, dicts); ``cls`` may be a ``functools.partial``."""
         return self.contents.model(cls, *args, **kwargs)
 
     def learner(self, agent: Agent) -> Agent:
@@ -242,8 +237,7 @@ class Run(RunLoop):
     def checkpoint_state(self, **objects: Any) -> None:
         """What checkpoints hold: ``name -> obj.state_dict()`` for each object given (model,
         optimizer, ...), plus the config, the counters, the RNG states and the clock (see
-        :meth:`checkpoint`). A resumed run (``--resume``) loads each object's state from the
-        checkpoint here, and the RNG states (:func:`~rlstruct.runs.checkpoint.load_states`).
+        :meth:`checkpoint`). A resumed run (``--resume``) loads them here, RNG states included.
 
         Raises:
             CheckpointError: the checkpoint being resumed holds no state for one of them, or a
@@ -253,8 +247,7 @@ class Run(RunLoop):
 
     def resume_state(self, **objects: Any) -> None:
         """States that only a resume needs, too large for ``best.pt`` (a replay buffer): saved to
-        ``checkpoints/<name>.pt`` with every checkpoint and loaded on ``--resume``
-        (:func:`~rlstruct.runs.checkpoint.load_resume_files`).
+        ``checkpoints/<name>.pt`` with every checkpoint and loaded on ``--resume``.
 
         Raises:
             CheckpointError: the saved state does not load into the object.
@@ -348,17 +341,6 @@ class Run(RunLoop):
         if finish:
             self.summary = summary
         write_summary(self.logger, summary)
-
-
-def session_record(cfg: RunConfig, frames: int, launch: dict[str, Any]) -> dict[str, Any]:
-    """This session's entry of ``config.json``'s ``sessions`` list (one per session, the
-    first included; ``config`` keeps the first session's whole config): when it started, the
-    frames it started from, its ``argv``, its launch and the fields a resume may set anew
-    (:data:`~rlstruct.runs.config.RESUMABLE`: the frame and time budgets, the target...)."""
-    values = json_safe(cfg)  # as config.json writes the config
-    return {"time": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "frames": frames, "argv": list(sys.argv), "launch": dict(launch),
-            "settings": {name: values[name] for name in RESUMABLE if name in values}}
 
 
 def code_dir(cfg: RunConfig) -> Path | None:
