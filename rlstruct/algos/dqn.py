@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -28,9 +28,13 @@ from torch import Tensor, nn
 from rlstruct import Agent, DictTensor, Trajectories, replay_agent_stateless
 from rlstruct import functional as F
 from rlstruct import keys as K
+from rlstruct.algos.presets import DQN_PRESETS
+from rlstruct.blocks.frame_buffer import FrameReplayBuffer
+from rlstruct.blocks.nets import QNetwork  # where checkpoints of earlier versions name it
 from rlstruct.blocks.optim import Optimizer, adam, gradient_step
 from rlstruct.blocks.replay_buffer import ReplayBuffer, ReplayCheckpoint, replay_memory_problems
 from rlstruct.envs import GymEnvInf
+from rlstruct.runs.presets import Preset
 from rlstruct.runs.resolve import Resolved, run_cli
 from rlstruct.runs.run import Run, RunConfig
 
@@ -46,6 +50,7 @@ class Config(RunConfig, ReplayCheckpoint):
     small net, 1 step per 4 frames, a buffer that keeps the rare failures of good policies (the
     whole run fits in it), hard target copies every 256 steps (more often diverged)."""
     action_spaces: ClassVar[tuple[str, ...]] = ("Discrete",)
+    presets: ClassVar[dict[str, Preset]] = DQN_PRESETS
 
     n_timesteps: int = 16
     max_grad_norm: float = 10.0
@@ -53,6 +58,9 @@ class Config(RunConfig, ReplayCheckpoint):
     """double DQN: the online network picks a*, the target network evaluates it"""
     dueling: bool = False
     """dueling head: Q = V + A - mean(A)"""
+    model: Literal["mlp", "cnn"] = "mlp"
+    """mlp on flattened observations, or the Nature CNN on stacked uint8 frames (--env-backend
+    atari), whose replay buffer stores each frame once (FrameReplayBuffer)"""
     buffer_size: int = 200_000
     """replay buffer capacity (transitions)"""
     batch_size: int = 128
@@ -76,37 +84,22 @@ class Config(RunConfig, ReplayCheckpoint):
 
     def world_problems(self, obs_shape: tuple[int, ...], action_space: Any) -> list[str]:
         itemsize = 1 if self.env_backend == "atari" else 4  # uint8 frames, float observations
-        return replay_memory_problems(self.buffer_size, obs_shape, itemsize, 1)
-
-
-# --------------------------------------------------------------------------------------- model
-class QNetwork(nn.Module):
-    """``Q(s, .)``: a two-layer ReLU MLP, with a plain or a dueling head."""
-
-    def __init__(self, obs_dim: int, n_actions: int, hidden: int, dueling: bool) -> None:
-        super().__init__()
-        self.body = nn.Sequential(
-            nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU()
-        )
-        self.advantage = nn.Linear(hidden, n_actions)
-        self.value = nn.Linear(hidden, 1) if dueling else None
-
-    def forward(self, frame: Tensor) -> Tensor:
-        x = self.body(frame.flatten(1).float())
-        if self.value is None:
-            return self.advantage(x)
-        advantage = self.advantage(x)
-        # Subtracting the mean makes V and A identifiable (Wang et al., eq. 9).
-        return self.value(x) + advantage - advantage.mean(-1, keepdim=True)
+        if self.model == "cnn" and len(obs_shape) != 3:
+            return [f"--model cnn takes stacked frames (C, H, W), but {self.env_id}'s "
+                    f"observations are {tuple(obs_shape)}: use --model mlp, or an image env "
+                    "with --env-backend atari"]
+        return replay_memory_problems(self.buffer_size, obs_shape, itemsize, 1,
+                                      stacked=self.model == "cnn")
 
 
 # --------------------------------------------------------------------------------------- agent
 class QAgent(Agent):
     """Epsilon-greedy on ``Q(s, .)``, epsilon read per row from ``agent_info["epsilon"]``
-    (absent: greedy). ``call_replay`` returns ``Q(s, .)`` and ``Q(s', .)`` for the loss."""
+    (absent: greedy). ``call_replay`` returns ``Q(s, .)``, and ``Q(s', .)`` for double DQN's
+    choice of a* (``double``; without it the online net never sees s')."""
 
-    def __init__(self, model: QNetwork) -> None:
-        self.model = model
+    def __init__(self, model: QNetwork, double: bool = True) -> None:
+        self.model, self.double = model, double
         self._seed = 0
         self.generator: torch.Generator | None = None  # created on the device of the first call
 
@@ -133,6 +126,8 @@ class QAgent(Agent):
         self, trajectories: Trajectories, t: int, state: DictTensor
     ) -> tuple[DictTensor, DictTensor]:
         steps = trajectories.trajectories
+        if not self.double:
+            return DictTensor({"q": self.model(steps[K.OBS_FRAME][:, t])}), state
         n = steps.n_elems()
         q = self.model(torch.cat([steps[K.OBS_FRAME][:, t], steps[K.NEXT_FRAME][:, t]]))
         return DictTensor({"q": q[:n], "next_q": q[n:]}), state
@@ -203,10 +198,11 @@ def learn(
     out = replay_agent_stateless(agent, sample)
     with torch.no_grad():
         next_q_target = target(sample[K.NEXT_FRAME])
+    next_q_online = out["next_q"].detach() if cfg.double else next_q_target
     loss, stats = dqn_loss(
         out["q"], sample[K.STORED_ACTION], sample[K.NEXT_REWARD], sample[K.NEXT_TERMINATED],
-        sample[K.NEXT_TRUNCATED],
-        out["next_q"].detach(), next_q_target, gamma=cfg.gamma, double=cfg.double,
+        sample[K.NEXT_TRUNCATED], next_q_online, next_q_target, gamma=cfg.gamma,
+        double=cfg.double,
     )
     gradient_step(optimizer, loss, cfg.max_grad_norm)
     return stats
@@ -217,14 +213,17 @@ def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("dqn", cfg) as run:
         cfg = run.cfg  # resolved: the layout file applied, --resume auto picked
-        model = run.model(QNetwork, run.obs_dim, run.n_actions, cfg.hidden, cfg.dueling)
+        model = run.model(QNetwork, run.obs_dim, run.n_actions, cfg.hidden, cfg.dueling,
+                          cfg.model, run.obs_shape[0])
         explore = DictTensor({"epsilon": torch.ones(1)})  # the schedule sets it per row
         batcher = run.training_batcher(QAgent, {"model": model}, GymEnvInf, cfg.n_timesteps,
                                        agent_info=explore, pipelined=False)
         run.evaluator(QAgent, {"model": model}, agent_info=DictTensor({"epsilon": torch.zeros(1)}))
-        agent, target = run.learner(QAgent(model)), copy.deepcopy(model).requires_grad_(False)
+        agent = run.learner(QAgent(model, cfg.double))
+        target = copy.deepcopy(model).requires_grad_(False)
         optimizer = adam(model.parameters(), cfg.lr, run.device)
-        buffer = ReplayBuffer(cfg.buffer_size, device=run.device, keys=STORED_KEYS)
+        buffer = (FrameReplayBuffer if cfg.model == "cnn" else ReplayBuffer)(
+            cfg.buffer_size, device=run.device, keys=STORED_KEYS)
         run.checkpoint_state(model=model, target=target, optimizer=optimizer)
         run.resume_state(**{"buffer": buffer} if cfg.checkpoint_buffer else {})  # --resume
         n_rows, n_updates, stats = batcher.n_elems(), 0, {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from rlstruct.runs.presets import Preset
 
-__all__ = ["PPO_PRESETS", "APPO_PRESETS", "SAC_PRESETS", "TRPO_PRESETS"]
+__all__ = ["PPO_PRESETS", "APPO_PRESETS", "DQN_PRESETS", "SAC_PRESETS", "TRPO_PRESETS"]
 
 #: rl-zoo's and CleanRL's Atari settings (8 envs, T=128, 4 epochs of 4 minibatches of 256, lr
 #: 2.5e-4 annealed, clip 0.1) with the Nature CNN, laid out for 2 cores: the workers collect,
@@ -69,6 +69,23 @@ APPO_PRESETS = {"atari": Preset(
          clip_coef=0.1, ent_coef=0.01, vf_coef=0.5, gamma=0.99, max_grad_norm=0.5,
          target_return=None, max_frames=10_000_000, time_budget=86_400.0, eval_every=0,
          checkpoint_every=100, n_threads=1, pipeline=2, precision="auto"),
+)}
+
+#: DQN on Atari: CleanRL's ``dqn_atari.py`` (10M frames, lr 1e-4, a buffer of 1M, batches of 32,
+#: one gradient step per 4 frames, a hard target copy every 1,000 frames, epsilon 1 -> 0.01 over
+#: the first 1M frames, learning from 80k frames, no double Q); rl-zoo's ``dqn.yml`` ``atari`` is
+#: the same but for its buffer (100k) and start (100k). The buffer stores each frame once
+#: (FrameReplayBuffer: 1M transitions in about 7.2 GB). 8 envs in 2 workers collect segments of
+#: 32 steps while the learner takes their 64 gradient steps; the target copy every 250 gradient
+#: steps is CleanRL's 1,000 frames. Gradients clipped at 10 as SB3's DQN does.
+DQN_PRESETS = {"atari": Preset(
+    "Atari (PongNoFrameskip-v4 unless --env-id): Nature CNN, CleanRL's DQN settings",
+    dict(env_id="PongNoFrameskip-v4", env_backend="atari", model="cnn", n_processes=2,
+         n_envs=4, n_timesteps=32, buffer_size=1_000_000, lr=1e-4, batch_size=32,
+         updates_per_batch=64, target_update_every=250, tau=1.0, double=False, dueling=False,
+         eps_start=1.0, eps_end=0.01, eps_frames=1_000_000, learning_starts=80_000,
+         gamma=0.99, max_grad_norm=10.0, target_return=None, max_frames=10_000_000,
+         time_budget=86_400.0, eval_every=0, checkpoint_every=2_000, n_threads=1),
 )}
 
 #: SAC on MuJoCo: rl-zoo's settings (SB3's SAC defaults, 10k frames before learning): 256-wide

@@ -32,7 +32,7 @@ from rlstruct.blocks.normalization import RunningNorm
 
 __all__ = [
     "linear", "mlp", "MLPActorCritic", "HeadActorCritic", "head_actor_critic", "conv", "nature_cnn",
-    "CNNActorCritic",
+    "CNNActorCritic", "QNetwork",
 ]
 
 
@@ -251,3 +251,29 @@ class CNNActorCritic(nn.Module):
         with torch.autocast(x.device.type, enabled=False):
             x = x.float()
             return self.actor(x), self.critic(x).squeeze(-1)
+
+
+class QNetwork(nn.Module):
+    """``Q(s, .)``: a two-layer ReLU MLP on flattened observations, or the Nature CNN on uint8
+    frames ``(n, C, 84, 84)`` (``model="cnn"``, divided by 255 inside, ``in_channels`` = ``C``),
+    with a plain or a dueling head."""
+
+    def __init__(self, obs_dim: int, n_actions: int, hidden: int, dueling: bool,
+                 model: str = "mlp", in_channels: int = 4) -> None:
+        super().__init__()
+        self.cnn = model == "cnn"
+        if self.cnn:
+            self.body, hidden = nature_cnn(in_channels), 512
+        else:
+            self.body = nn.Sequential(
+                nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU())
+        self.advantage = nn.Linear(hidden, n_actions)
+        self.value = nn.Linear(hidden, 1) if dueling else None
+
+    def forward(self, frame: Tensor) -> Tensor:
+        x = self.body(frame.float() / 255.0 if self.cnn else frame.flatten(1).float())
+        if self.value is None:
+            return self.advantage(x)
+        advantage = self.advantage(x)
+        # Subtracting the mean makes V and A identifiable (Wang et al., eq. 9).
+        return self.value(x) + advantage - advantage.mean(-1, keepdim=True)

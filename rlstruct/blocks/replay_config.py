@@ -100,13 +100,16 @@ class ReplayCheckpoint:
 
 
 def replay_memory_problems(buffer_size: int, obs_shape: Sequence[int], obs_itemsize: int,
-                           action_numel: int, field: str = "buffer_size") -> list[str]:
+                           action_numel: int, field: str = "buffer_size",
+                           stacked: bool = False) -> list[str]:
     """Whether a replay buffer of ``buffer_size`` transitions fits in this machine's memory:
     ``[]``, or one problem naming ``field``, the bytes it needs and the memory available.
 
     A transition holds the observation and the next one (``obs_shape`` of ``obs_itemsize``
     bytes each), the action (``action_numel`` numbers, 8 bytes counted each), the reward and
-    two flags; the estimate is a lower bound.
+    two flags; the estimate is a lower bound. ``stacked``: a
+    :class:`~rlstruct.blocks.frame_buffer.FrameReplayBuffer` of stacks ``(K, *frame)``, one
+    frame (2% more) and ``2 K`` frame numbers a transition.
 
     Examples:
         >>> replay_memory_problems(10**6, (3,), 4, 1)
@@ -116,7 +119,11 @@ def replay_memory_problems(buffer_size: int, obs_shape: Sequence[int], obs_items
     """
     import psutil
 
-    per = 2 * math.prod(obs_shape) * obs_itemsize + 8 * action_numel + 4 + 2
+    if stacked:
+        frame = math.prod(obs_shape[1:]) * obs_itemsize
+        per = int(1.02 * frame) + 16 * obs_shape[0] + 8 * action_numel + 4 + 2
+    else:
+        per = 2 * math.prod(obs_shape) * obs_itemsize + 8 * action_numel + 4 + 2
     need = buffer_size * per
     available = psutil.virtual_memory().available
     if need <= available:

@@ -210,3 +210,29 @@ def test_gpu_layout(tmp_path):
     summary = dqn.main(cfg)
     assert not math.isnan(summary["eval_return"])
     check_run_dir(Path(summary["run_dir"]))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_the_atari_preset_learns_on_the_cnn_from_a_frame_buffer_that_resumes(tmp_path):
+    pytest.importorskip("ale_py", reason="needs the atari extra: pip install -e '.[atari]'")
+    pytest.importorskip("cv2", reason="needs the atari extra: pip install -e '.[atari]'")
+    from rlstruct.runs.presets import build_preset  # the preset as --preset atari applies it
+
+    def run(frames: int, **kw) -> dict:
+        cfg = build_preset(dqn.Config, "atari", dict(
+            n_processes=1, n_envs=2, n_timesteps=16, buffer_size=400, learning_starts=64,
+            updates_per_batch=2, max_frames=frames, runs_dir=str(tmp_path), **kw))
+        return dqn.main(cfg)
+
+    summary = run(160)
+    run_dir = Path(summary["run_dir"])
+    latest = torch.load(run_dir / "checkpoints" / "latest.pt")
+    assert "body.0.weight" in latest["model"] and latest["config"]["model"] == "cnn"
+    saved = torch.load(run_dir / "checkpoints" / "buffer.pt")["state"]
+    assert saved["frame_shape"] == [84, 84] and saved["ids"].shape[2] == 4  # frames, once each
+    assert 128 <= saved["size"] < saved["n_frames"] < 2 * saved["size"]
+    resumed = run(224, resume=str(run_dir))
+    assert resumed["frames"] >= 224
+    size = torch.load(run_dir / "checkpoints" / "buffer.pt")["state"]["size"]
+    assert size == saved["size"] + 32  # the saved transitions, then the one segment stored

@@ -124,7 +124,7 @@ def test_too_few_frame_slots_keep_fewer_transitions_all_exact():
 def test_rows_in_another_order_continue_their_env_by_env_id():
     streams, g = Streams(4, seed=4), torch.Generator().manual_seed(4)
     plain, frames = ReplayBuffer(500, keys=KEYS), FrameReplayBuffer(500, keys=KEYS)
-    for i in range(10):
+    for _ in range(10):
         segment = streams.segment(5, [5, 5, 5, 5])
         order = torch.randperm(4, generator=g)
         rows = Trajectories(DictTensor({K.ENV_ID: order}), segment.index(order))  # permuted rows
