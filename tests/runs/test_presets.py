@@ -24,7 +24,7 @@ PRESETS = [(m, name, env) for m in ALGOS for name, p in m.Config.presets.items()
 def test_the_issue_s_presets_exist():
     assert {a.__name__.rsplit(".", 1)[1]: sorted(a.Config.presets) for a in ALGOS
             if a.Config.presets} == {"ppo": ["atari", "mujoco"], "appo": ["atari"],
-                                     "sac": ["mujoco"], "trpo": ["mujoco"]}
+                                     "dqn": ["atari"], "sac": ["mujoco"], "trpo": ["mujoco"]}
 
 
 @pytest.mark.parametrize(("algo", "name", "env"), PRESETS,
@@ -66,7 +66,7 @@ def test_unknown_presets_and_fields_raise_config_errors():
     with pytest.raises(ConfigError, match=r"no preset 'pong'; its presets: atari, mujoco"):
         ppo.Config.from_preset("pong")
     with pytest.raises(ConfigError, match="its presets: none"):
-        dqn.Config.from_preset("atari")
+        reinforce.Config.from_preset("atari")
     bad = dataclasses.replace(ppo.Config.presets["atari"], values={"n_epoch": 3})
     with pytest.raises(ConfigError, match=r"sets \['n_epoch'\], which are not fields"):
         _build_with(bad)
