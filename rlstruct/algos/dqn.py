@@ -33,6 +33,7 @@ from rlstruct.blocks.frame_buffer import FrameReplayBuffer
 from rlstruct.blocks.nets import QNetwork  # where checkpoints of earlier versions name it
 from rlstruct.blocks.optim import Optimizer, adam, gradient_step
 from rlstruct.blocks.replay_buffer import ReplayBuffer, ReplayCheckpoint, replay_memory_problems
+from rlstruct.devices import learner_autocast
 from rlstruct.envs import GymEnvInf
 from rlstruct.runs.presets import Preset
 from rlstruct.runs.resolve import Resolved, run_cli
@@ -195,9 +196,10 @@ def learn(
 ) -> dict[str, float]:
     """One gradient step on a buffer sample. Q(s, .) and Q(s', .) come from replaying the agent
     on the transitions; the target network only evaluates s': it is called directly."""
-    out = replay_agent_stateless(agent, sample)
-    with torch.no_grad():
-        next_q_target = target(sample[K.NEXT_FRAME])
+    with learner_autocast(sample.device(), cfg.precision):  # --precision bf16: the CNN trunk
+        out = replay_agent_stateless(agent, sample)
+        with torch.no_grad():
+            next_q_target = target(sample[K.NEXT_FRAME])
     next_q_online = out["next_q"].detach() if cfg.double else next_q_target
     loss, stats = dqn_loss(
         out["q"], sample[K.STORED_ACTION], sample[K.NEXT_REWARD], sample[K.NEXT_TERMINATED],

@@ -256,7 +256,11 @@ class CNNActorCritic(nn.Module):
 class QNetwork(nn.Module):
     """``Q(s, .)``: a two-layer ReLU MLP on flattened observations, or the Nature CNN on uint8
     frames ``(n, C, 84, 84)`` (``model="cnn"``, divided by 255 inside, ``in_channels`` = ``C``),
-    with a plain or a dueling head."""
+    with a plain or a dueling head.
+
+    The CNN keeps its convolutions channels-last (oneDNN's layout on CPUs), and under
+    ``--precision bf16`` the trunk runs in bfloat16 while the Q head stays float32 (TD errors
+    are small differences of Q values)."""
 
     def __init__(self, obs_dim: int, n_actions: int, hidden: int, dueling: bool,
                  model: str = "mlp", in_channels: int = 4) -> None:
@@ -264,6 +268,7 @@ class QNetwork(nn.Module):
         self.cnn = model == "cnn"
         if self.cnn:
             self.body, hidden = nature_cnn(in_channels), 512
+            self.body.to(memory_format=torch.channels_last)
         else:
             self.body = nn.Sequential(
                 nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU())
@@ -271,9 +276,15 @@ class QNetwork(nn.Module):
         self.value = nn.Linear(hidden, 1) if dueling else None
 
     def forward(self, frame: Tensor) -> Tensor:
-        x = self.body(frame.float() / 255.0 if self.cnn else frame.flatten(1).float())
-        if self.value is None:
-            return self.advantage(x)
-        advantage = self.advantage(x)
-        # Subtracting the mean makes V and A identifiable (Wang et al., eq. 9).
-        return self.value(x) + advantage - advantage.mean(-1, keepdim=True)
+        if self.cnn:
+            pixels = (frame.float() / 255.0).contiguous(memory_format=torch.channels_last)
+            x = self.body(pixels)
+        else:
+            x = self.body(frame.flatten(1).float())
+        with torch.autocast(x.device.type, enabled=False):  # the heads in float32
+            x = x.float()
+            if self.value is None:
+                return self.advantage(x)
+            advantage = self.advantage(x)
+            # Subtracting the mean makes V and A identifiable (Wang et al., eq. 9).
+            return self.value(x) + advantage - advantage.mean(-1, keepdim=True)
