@@ -13,7 +13,7 @@ samples of the buffer:
 
 A truncated step bootstraps from the TRUE final observation. Every ``target_update_every``
 steps ``target <- tau online + (1 - tau) target`` (1: hard copies; 0.005, every 1: Polyak).
-Run: ``rlstruct train dqn --help``; ``rlstruct train dqn --seed 1 --dueling``.
+Run: ``rlstruct train dqn --help``; Atari (the CNN, a FrameReplayBuffer): ``--preset atari``.
 """
 
 from __future__ import annotations
@@ -86,9 +86,8 @@ class Config(RunConfig, ReplayCheckpoint):
     def world_problems(self, obs_shape: tuple[int, ...], action_space: Any) -> list[str]:
         itemsize = 1 if self.env_backend == "atari" else 4  # uint8 frames, float observations
         if self.model == "cnn" and len(obs_shape) != 3:
-            return [f"--model cnn takes stacked frames (C, H, W), but {self.env_id}'s "
-                    f"observations are {tuple(obs_shape)}: use --model mlp, or an image env "
-                    "with --env-backend atari"]
+            return [f"--model cnn takes stacked frames (C, H, W), but {self.env_id}'s are "
+                    f"{tuple(obs_shape)}: use --model mlp, or an env with --env-backend atari"]
         return replay_memory_problems(self.buffer_size, obs_shape, itemsize, 1,
                                       stacked=self.model == "cnn")
 
