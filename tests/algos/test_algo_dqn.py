@@ -236,3 +236,11 @@ def test_the_atari_preset_learns_on_the_cnn_from_a_frame_buffer_that_resumes(tmp
     assert resumed["frames"] >= 224
     size = torch.load(run_dir / "checkpoints" / "buffer.pt")["state"]["size"]
     assert size == saved["size"] + 32  # the saved transitions, then the one segment stored
+
+
+def test_the_cnn_is_refused_for_flat_observations_before_a_run_folder_exists(tmp_path):
+    from rlstruct.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--model cnn takes stacked frames .* \(4,\)"):
+        dqn.main(dqn.Config(model="cnn", runs_dir=str(tmp_path)))
+    assert not any(tmp_path.iterdir())
