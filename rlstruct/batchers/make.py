@@ -77,6 +77,9 @@ def make_batcher(
     ray_address: str | None = None,
     max_restarts: int = 0,
     ray_actor: Mapping[str, Any] | None = None,
+    timeout: float = 300.0,
+    adaptive_timeout: bool = False,
+    deadline: float | None = None,
 ) -> Batcher | SerialBatcher | RayBatcher:
     """The batcher a device layout calls for.
 
@@ -103,6 +106,11 @@ def make_batcher(
         ray_actor: ``num_cpus_per_actor``, ``num_gpus_per_actor`` and ``resources`` (custom
             Ray resources) of the actors (``backend="ray"`` only;
             :meth:`LayoutConfig.batcher_options` gives them).
+        timeout: seconds the workers may stay silent in a segment (with ``adaptive_timeout``:
+            the most they may), ``adaptive_timeout`` and ``deadline``: how long the workers
+            may stay silent (:class:`~rlstruct.batchers.deadlines.Deadlines`). A
+            SerialBatcher collects in this process, where nothing can interrupt a hung env:
+            there they are ignored.
 
     Returns:
         A SerialBatcher on ``device`` for an accelerator (or one CPU process without a
@@ -127,8 +135,10 @@ def make_batcher(
     )
     n_processes = n_processes or default_processes()
     restart = _restart_policy(pipeline, max_restarts)
+    waits = dict(timeout=timeout, adaptive_timeout=adaptive_timeout, deadline=deadline)
     if backend == "ray":
-        return _ray_batcher(common, n_processes, pipeline, restart, ray_address, ray_actor)
+        return _ray_batcher({**common, **waits}, n_processes, pipeline, restart, ray_address,
+                            ray_actor)
     if backend != "local":
         raise ConfigError(f"backend must be 'local' or 'ray', got {backend!r}")
     if is_accelerator(device) and pipeline > 1:
@@ -138,7 +148,8 @@ def make_batcher(
         )
     if is_accelerator(device) or (n_processes == 1 and pipeline == 1):
         return SerialBatcher(**common, device=device)
-    return Batcher(**common, n_processes=n_processes, pipeline=pipeline, restart=restart)
+    return Batcher(**common, **waits, n_processes=n_processes, pipeline=pipeline,
+                   restart=restart)
 
 
 def _restart_policy(pipeline: int, max_restarts: int) -> RestartPolicy | None:
