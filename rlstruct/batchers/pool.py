@@ -144,8 +144,7 @@ class WorkerPool(BatcherBase):
         found += self._validate_workers(
             n_processes, seeds, agent_seeds, n_threads, restart, timeout, start_timeout
         )
-        found += self.validate_pipeline(pipeline)
-        found += Deadlines.problems(adaptive_timeout, deadline)
+        found += self.validate_pipeline(pipeline) + Deadlines.problems(adaptive_timeout, deadline)
         found += own
         named = {"agent_args": agent_args, "env_args": env_args}
         for name, value in {**named, "agent_info": agent_info, "env_info": env_info}.items():
@@ -155,8 +154,7 @@ class WorkerPool(BatcherBase):
         check_picklable(create_env=create_env, env_args=env_args)
         check_picklable(create_agent=create_agent, agent_args=agent_args)
         self.n_timesteps, self.n_processes, self.timeout = n_timesteps, n_processes, timeout
-        #: How long the workers may stay silent (:class:`~rlstruct.batchers.deadlines.Deadlines`)
-        self.deadlines = Deadlines(timeout, adaptive_timeout, deadline, n_processes)
+        self.deadlines = Deadlines(timeout, adaptive_timeout, deadline, n_processes)  # silences
         self.pipeline, self.restart = pipeline, restart
         self._n_threads, self._start_timeout = n_threads, start_timeout
         factories: Factories = (create_env, env_args, create_agent, agent_args)
