@@ -317,7 +317,7 @@ class Policy:
                 f"observation{key} is not an array of one shape ({type(err).__name__}: {err}); "
                 f"expected {leaf.shape} (one observation) or (B, *{leaf.shape}) (a batch of "
                 f"rows of that shape) from the observation space {leaf.space}") from None
-        if not is_tensor and array.dtype.kind not in "biuf":
+        if not is_tensor and array.dtype.kind not in "biufc":  # numbers (complex: refused below)
             raise SpaceError(
                 f"observation{key} is {type(value).__name__} {_short(value)} (numpy dtype "
                 f"{array.dtype}), expected numbers of dtype {leaf.dtype}, shape {leaf.shape} "
