@@ -21,6 +21,7 @@ __all__ = [
     "ConfigError",
     "NonFiniteError",
     "CheckpointError",
+    "RunFolderError",
     "BatcherStateError",
     "WorkerError",
     "WorkerTimeoutError",
@@ -148,6 +149,11 @@ class NonFiniteError(RLStructError, ValueError):
 class CheckpointError(RLStructError, OSError):
     """A checkpoint could not be written or read (disk full, permissions, a missing file); the
     message names the file and the cause, and a failed write keeps the last good checkpoint."""
+
+
+class RunFolderError(RLStructError, FileNotFoundError):
+    """A run's folder was removed (or moved) while the run was going on: the run stops, as it
+    cannot write its progress, checkpoints or summary; the message names the folder."""
 
 
 class BatcherStateError(RLStructError, RuntimeError):

@@ -77,6 +77,9 @@ def make_batcher(
     ray_address: str | None = None,
     max_restarts: int = 0,
     ray_actor: Mapping[str, Any] | None = None,
+    timeout: float = 300.0,
+    adaptive_timeout: bool = False,
+    deadline: float | None = None,
 ) -> Batcher | SerialBatcher | RayBatcher:
     """The batcher a device layout calls for.
 
@@ -101,8 +104,10 @@ def make_batcher(
             (:class:`~rlstruct.batchers.restart.RestartPolicy`); 0: fail fast. A SerialBatcher
             has no workers to restart: there it is ignored.
         ray_actor: ``num_cpus_per_actor``, ``num_gpus_per_actor`` and ``resources`` (custom
-            Ray resources) of the actors (``backend="ray"`` only;
-            :meth:`LayoutConfig.batcher_options` gives them).
+            Ray resources) of the actors (``backend="ray"``; from ``batcher_options``).
+        timeout: with ``adaptive_timeout`` and ``deadline``: how long the workers may stay
+            silent (:class:`~rlstruct.batchers.deadlines.Deadlines`); ignored by a
+            SerialBatcher (nothing can interrupt a hung env in this process).
 
     Returns:
         A SerialBatcher on ``device`` for an accelerator (or one CPU process without a
@@ -115,20 +120,15 @@ def make_batcher(
     device = resolve_device(device)
     if check_devices:
         create_agent = checked_agent_factory(create_agent, device)
-    common = dict(
-        n_timesteps=n_timesteps,
-        create_agent=create_agent,
-        agent_args=agent_args,
-        create_env=create_env,
-        env_args=env_args,
-        seeds=seeds,
-        agent_info=agent_info,
-        env_info=env_info,
-    )
+    common = dict(n_timesteps=n_timesteps, create_agent=create_agent, agent_args=agent_args,
+                  create_env=create_env, env_args=env_args, seeds=seeds, agent_info=agent_info,
+                  env_info=env_info)
     n_processes = n_processes or default_processes()
     restart = _restart_policy(pipeline, max_restarts)
+    waits, ray_options = dict(timeout=timeout, adaptive_timeout=adaptive_timeout,
+                              deadline=deadline), (ray_address, ray_actor)
     if backend == "ray":
-        return _ray_batcher(common, n_processes, pipeline, restart, ray_address, ray_actor)
+        return _ray_batcher({**common, **waits}, n_processes, pipeline, restart, *ray_options)
     if backend != "local":
         raise ConfigError(f"backend must be 'local' or 'ray', got {backend!r}")
     if is_accelerator(device) and pipeline > 1:
@@ -138,7 +138,7 @@ def make_batcher(
         )
     if is_accelerator(device) or (n_processes == 1 and pipeline == 1):
         return SerialBatcher(**common, device=device)
-    return Batcher(**common, n_processes=n_processes, pipeline=pipeline, restart=restart)
+    return Batcher(**common, **waits, n_processes=n_processes, pipeline=pipeline, restart=restart)
 
 
 def _restart_policy(pipeline: int, max_restarts: int) -> RestartPolicy | None:

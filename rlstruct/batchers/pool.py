@@ -36,6 +36,7 @@ import torch
 from rlstruct.agent import Agent
 from rlstruct.batchers.base import BatcherBase, Phase, serialized
 from rlstruct.batchers.buffer import SlotBuffer, Specs
+from rlstruct.batchers.deadlines import Deadlines
 from rlstruct.batchers.restart import Fault, RestartPolicy, exhausted, restart_env_seed
 from rlstruct.batchers.rollout import infer_specs
 from rlstruct.batchers.rows import broadcast_rows
@@ -124,6 +125,8 @@ class WorkerPool(BatcherBase):
         start_timeout: float = 120.0,
         pipeline: int = 1,
         restart: RestartPolicy | None = None,
+        adaptive_timeout: bool = False,
+        deadline: float | None = None,
     ) -> None:
         """The one constructor of every worker-pool backend (the arguments are documented by
         each backend's class): checks every argument, the backend's own among them
@@ -141,7 +144,7 @@ class WorkerPool(BatcherBase):
         found += self._validate_workers(
             n_processes, seeds, agent_seeds, n_threads, restart, timeout, start_timeout
         )
-        found += self.validate_pipeline(pipeline)
+        found += self.validate_pipeline(pipeline) + Deadlines.problems(adaptive_timeout, deadline)
         found += own
         named = {"agent_args": agent_args, "env_args": env_args}
         for name, value in {**named, "agent_info": agent_info, "env_info": env_info}.items():
@@ -151,6 +154,7 @@ class WorkerPool(BatcherBase):
         check_picklable(create_env=create_env, env_args=env_args)
         check_picklable(create_agent=create_agent, agent_args=agent_args)
         self.n_timesteps, self.n_processes, self.timeout = n_timesteps, n_processes, timeout
+        self.deadlines = Deadlines(timeout, adaptive_timeout, deadline, n_processes)  # silences
         self.pipeline, self.restart = pipeline, restart
         self._n_threads, self._start_timeout = n_threads, start_timeout
         factories: Factories = (create_env, env_args, create_agent, agent_args)
@@ -306,11 +310,12 @@ class WorkerPool(BatcherBase):
     def _timeout(self, workers: Sequence[int], what: str) -> WorkerTimeoutError:
         """The timeout of the silent ``workers`` during ``what``; the batcher fails."""
         silent = sorted(workers)
-        limit = self._start_timeout if what in ("start", "restart") else self.timeout
+        limit = (f"the start timeout of {self._start_timeout:g} s"
+                 if what in ("start", "restart") else self.deadlines.describe())
         return self._fail(  # type: ignore[return-value]
             WorkerTimeoutError(
-                f"workers {silent} did not answer {what} within the timeout ({limit:g} s; "
-                f"{self._timeout_hint(what)}); they are being stopped",
+                f"workers {silent} did not answer {what} within {limit} "
+                f"({self._timeout_hint(what)}); they are being stopped",
                 worker=silent[0],
             ),
             hung=silent,
@@ -391,9 +396,15 @@ class WorkerPool(BatcherBase):
         self._phase = Phase.READY
 
     def _segment_deadline(self) -> float:
-        """A segment is overdue once its workers were silent for ``timeout`` seconds."""
+        """A segment is overdue once its workers were silent for longer than the limit
+        (:attr:`deadlines`)."""
         started = self._release_times.get(self._next_get, time.monotonic())
-        return max(started, self._last_progress) + self.timeout
+        return self.deadlines.at(max(started, self._last_progress))
+
+    def _delivered(self, segment: int, w: int, n_running: int) -> None:
+        """Worker ``w`` delivered ``segment`` with ``n_running`` envs still running."""
+        self._done.setdefault(segment, {})[w] = n_running
+        self.deadlines.delivered(w, self._release_times.get(segment, time.monotonic()))
 
     def _hand_over(self, device: DeviceLike | None) -> tuple[Trajectories, int]:
         """``get``, once every worker delivered the oldest segment: its batch and

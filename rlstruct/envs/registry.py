@@ -11,7 +11,8 @@ evaluation worker, Ray actors), and each must import that module first. Two ways
   process calls it.
 
 :func:`env_id_problems` checks an id before anything starts and suggests close matches;
-:func:`env_shape` probes an env's observation shape and number of actions.
+:func:`probe_spaces` makes one env for its spaces (:func:`env_spaces`, :func:`env_shape`: its
+observation shape, and its action space or number of actions).
 
 Example:
     >>> env_id_problems("CartPole-v2")
@@ -34,7 +35,7 @@ from rlstruct.errors import ConfigError
 __all__ = [
     "env_factory",
     "EnvModules", "env_dims", "env_id_problems", "env_module_problems", "env_shape", "env_spaces",
-    "env_spec",
+    "env_spec", "probe_spaces",
     "import_env_modules",
 ]
 
@@ -125,12 +126,16 @@ def env_dims(env_id: str) -> tuple[int, int]:
     return math.prod(shape), n_actions
 
 
-def env_spaces(env_id: str, backend: str = "gymnasium") -> tuple[tuple[int, ...], gym.Space]:
-    """``(observation shape, action space)`` of ``env_id`` as the training envs of ``backend``
-    produce it (``"atari"``: the preprocessed frames; ``"torch"``: the torch-native env's).
+def probe_spaces(env_id: str, backend: str = "gymnasium") -> tuple[gym.Space, gym.Space]:
+    """``(observation space, action space)`` of ``env_id`` as the training envs of ``backend``
+    produce them (``"atari"``: the preprocessed frames; ``"torch"``: the torch-native env's),
+    from one env made and closed here.
 
     Raises:
-        ConfigError: ``backend`` is ``"torch"`` and ``env_id`` has no torch-native version.
+        ConfigError: ``backend`` is ``"torch"`` and ``env_id`` has no torch-native version, or
+            the env was made but its ``close()`` raised (a close error, named as one).
+        Exception: whatever making the env raised (the caller reports it as an env that
+            cannot be made).
     """
     if backend == "torch":
         from rlstruct.envs.torch import BY_GYM_ID
@@ -141,17 +146,35 @@ def env_spaces(env_id: str, backend: str = "gymnasium") -> tuple[tuple[int, ...]
                 "gymnasium env backend for the others)"
             )
         cls = BY_GYM_ID[env_id]
-        return tuple(cls.observation_space.shape or (1,)), cls.action_space
+        return cls.observation_space, cls.action_space
     if backend == "atari":
         from rlstruct.envs.atari import make_atari_gym_env
 
         probe = make_atari_gym_env(env_id)
     else:
         probe = gym.make(env_id)
+    obs, actions = probe.observation_space, probe.action_space
     try:
-        obs, actions = probe.observation_space, probe.action_space
-    finally:
         probe.close()
+    except Exception as err:  # reported as a close error, with its cause
+        raise ConfigError(
+            f"env_id {env_id!r} was made, but its close() raised {type(err).__name__}: {err} "
+            "(rlstruct closes every env it makes: the probe, the workers' envs, the "
+            "evaluation's; make close() succeed, also on an env that was never reset)"
+        ) from err
+    return obs, actions
+
+
+def env_spaces(env_id: str, backend: str = "gymnasium") -> tuple[tuple[int, ...], gym.Space]:
+    """``(observation shape, action space)`` of ``env_id`` as the training envs of ``backend``
+    produce it (:func:`probe_spaces`; a space without a shape, such as ``Discrete``, has shape
+    ``(1,)``).
+
+    Raises:
+        ConfigError: ``backend`` is ``"torch"`` and ``env_id`` has no torch-native version, or
+            the env's ``close()`` raised.
+    """
+    obs, actions = probe_spaces(env_id, backend)
     return tuple(obs.shape or (1,)), actions
 
 

@@ -53,7 +53,7 @@ PENDING = ".new"
 
 __all__ = [
     "save_checkpoint", "copy_checkpoint", "load_checkpoint", "rng_state", "set_rng_state",
-    "object_path", "import_object", "build_model", "agent_spec", "rebuild_agent",
+    "object_path", "import_object", "build_model", "agent_spec", "rebuild_agent", "recorded_env",
     "PENDING", "save_resume_files", "commit_resume_files", "load_resume_files", "load_states",
     "load_state", "CheckpointWriter",
 ]
@@ -233,6 +233,26 @@ def rebuild_agent(
     agent_info = None if info is None else DictTensor({k: torch.as_tensor(v)
                                                        for k, v in info.items()})
     return import_object(spec["class"]), args, agent_info
+
+
+def recorded_env(state: Mapping[str, Any], path: str | Path) -> tuple[str, str, list[str]]:
+    """The env a checkpoint's run trained on: ``(env_id, env_backend, env_module)`` from the
+    config it records (``gymnasium`` and no module where it names none).
+
+    Raises:
+        CheckpointError: the checkpoint records no config, or a config without a string
+            ``env_id`` (not written by a run of rlstruct, or edited).
+    """
+    cfg = state.get("config")
+    env_id = cfg.get("env_id") if isinstance(cfg, Mapping) else None
+    if not isinstance(env_id, str) or not env_id:
+        what = "no config" if not isinstance(cfg, Mapping) else f"env_id {env_id!r}"
+        raise CheckpointError(
+            f"{path} records {what}: a run's checkpoint holds its whole config, env_id "
+            "included, to rebuild the env it trained on (was this file written by rlstruct "
+            "train, or edited?)")
+    modules = cfg.get("env_module") or []
+    return env_id, str(cfg.get("env_backend") or "gymnasium"), list(modules)
 
 
 def save_resume_files(folder: RunFolder, objects: Mapping[str, Any], iteration: int,

@@ -31,7 +31,8 @@ C = TypeVar("C", bound="RunConfig")
 
 #: RunConfig fields a resumed run may set differently from the run it continues.
 RESUMABLE = ("resume", "max_frames", "time_budget", "target_return", "eval_every", "eval_envs",
-             "checkpoint_every", "n_threads", "runs_dir", "layout", "layout_file", "env_module")
+             "checkpoint_every", "n_threads", "runs_dir", "layout", "layout_file", "env_module",
+             "worker_timeout")
 
 
 @dataclass
@@ -62,6 +63,11 @@ class RunConfig:
     """stop after this many environment frames"""
     time_budget: float = 600.0
     """stop after this many seconds (worker start-up included)"""
+    worker_timeout: float | None = None
+    """seconds a training worker may stay silent in a segment before the run fails naming it
+    (a hung env or agent); None: 10 x the slowest segment so far, at least 60 s, at most 300 s.
+    Either way no segment is waited for past the time budget plus a grace (a tenth of it, at
+    least 10 s)"""
     target_return: float | None = 475.0
     """stop once the mean return of the last target_window training episodes reaches this"""
     target_window: int = 20
@@ -110,6 +116,9 @@ class RunConfig:
     learner_ranks: ClassVar[bool] = False
     #: The action spaces the algorithm takes (gymnasium space class names).
     action_spaces: ClassVar[tuple[str, ...]] = ("Discrete", "Box")
+    #: The observation spaces the algorithm takes (gymnasium space class names), each with at
+    #: least one dimension: the algorithms read one array, ``observation["frame"]``.
+    observation_spaces: ClassVar[tuple[str, ...]] = ("Box", "MultiBinary", "MultiDiscrete")
     #: Whether learner ranks split the batch's env rows (``n_processes * n_envs``), which must
     #: then be a multiple of their number (SAC splits its samples' rows instead).
     splits_rows: ClassVar[bool] = True
@@ -151,6 +160,10 @@ class RunConfig:
             problems.append(f"lr must be a finite number > 0, got {self.lr}")
         if not self.time_budget > 0:
             problems.append(f"time_budget must be > 0 seconds, got {self.time_budget}")
+        if self.worker_timeout is not None and not (
+                self.worker_timeout > 0 and math.isfinite(self.worker_timeout)):
+            problems.append(f"worker_timeout must be a finite number of seconds > 0 (None: "
+                            f"derived from the segments), got {self.worker_timeout}")
         if self.preset is not None and self.preset not in self.presets:
             known = ", ".join(sorted(self.presets)) or "none"
             problems.append(f"preset {self.preset!r} is not one of the algorithm's: {known}")

@@ -11,6 +11,10 @@ The worker starts in a background thread, so its start-up (a second or two to im
 never holds training either: until it is up, :meth:`Evaluator.start` returns ``False`` and the
 evaluation is skipped, not queued. A failure while starting is raised by the next call.
 
+An error of the evaluation's env or agent is a :class:`~rlstruct.errors.WorkerError` whose
+message starts with ``evaluation of <env id>, episode <k>``: never mistaken for a training
+worker's (whose messages start with ``worker <w>``).
+
 On an accelerator (``device="cuda"``) the evaluation batcher is a
 :class:`~rlstruct.SerialBatcher` in the calling process: ``start`` then plays the whole episodes
 before it returns, and training waits for them.
@@ -18,8 +22,9 @@ before it returns, and training waits for them.
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -32,9 +37,10 @@ from rlstruct.devices import is_accelerator, resolve_device
 from rlstruct.dicttensor import DeviceLike, DictTensor
 from rlstruct.envs import GymEnv
 from rlstruct.envs.registry import EnvModules, env_spec, import_env_modules
+from rlstruct.errors import WorkerError
 from rlstruct.runs.episodes import EpisodeTracker
 
-__all__ = ["Evaluator"]
+__all__ = ["Evaluator", "evaluation_error"]
 
 #: Seconds the evaluation worker may take to start.
 START_TIMEOUT_S = 120.0
@@ -95,6 +101,7 @@ class Evaluator:
             self._future = self._pool.submit(
                 Batcher, **args, n_processes=1, start_timeout=START_TIMEOUT_S
             )
+        self.env_id = env_id
         self._tracker = EpisodeTracker()
         self._returns: list[float] = []
         self.busy = False
@@ -106,7 +113,8 @@ class Evaluator:
         """True once the evaluation batcher is up (raises what its start-up raised)."""
         if not self._future.done():
             return False
-        self._future.result()
+        with self._named():
+            self._future.result()
         return True
 
     def start(self, weights: Any = None) -> bool:
@@ -116,10 +124,11 @@ class Evaluator:
         if self.busy or not self.ready:
             return False
         batcher = self._future.result()
-        if weights is not None:
-            batcher.update(weights)
-        batcher.reset()
-        batcher.execute()
+        with self._named():
+            if weights is not None:
+                batcher.update(weights)
+            batcher.reset()
+            batcher.execute()
         self._returns, self.busy = [], True
         self.n_started += 1
         return True
@@ -130,15 +139,25 @@ class Evaluator:
         if not self.busy:
             return None
         batcher = self._future.result()
-        traj, n_running = batcher.get(blocking=False)
+        with self._named():
+            traj, n_running = batcher.get(blocking=False)
         if traj is None:
             return None
         self._returns += self._tracker(traj)[0].tolist()
         if n_running:  # episodes longer than a segment: play on
-            batcher.execute()
+            with self._named():
+                batcher.execute()
             return None
         self.busy = False
         return sum(self._returns) / len(self._returns)
+
+    @contextlib.contextmanager
+    def _named(self) -> Iterator[None]:
+        """A WorkerError of the evaluation batcher, named as the evaluation's."""
+        try:
+            yield
+        except WorkerError as err:
+            raise evaluation_error(err, self.env_id) from err
 
     def close(self) -> None:
         """Stops the evaluation worker (waiting for it to finish starting, if need be)."""
@@ -157,6 +176,19 @@ class Evaluator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def evaluation_error(err: WorkerError, env_id: str) -> WorkerError:
+    """``err`` (of the evaluation batcher) as the same error type whose message names the
+    evaluation: ``evaluation of <env_id>, episode <k> (the evaluation's worker, not a training
+    one): <err's message>``."""
+    episode = "" if err.env is None else f", episode {err.env}"
+    message = str(err.args[0]) if err.args else ""
+    return type(err)(
+        f"evaluation of {env_id}{episode} (the evaluation's own env and worker, not a "
+        f"training one): {message}",
+        worker=err.worker, env=err.env, step=err.step, exc_type=err.exc_type,
+        remote_traceback=err.remote_traceback, exitcode=err.exitcode)
 
 
 def _cpu_snapshot(agent_args: Mapping[str, Any]) -> dict[str, Any]:

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlstruct.errors import RunFolderError
+
 __all__ = ["RunFolder", "read_run", "read_rows", "to_float", "is_run_dir", "find_runs",
            "CHECKPOINTS", "CHECKPOINT_NAMES", "RUN_FILES"]
 
@@ -155,8 +157,25 @@ class RunFolder:
         """``checkpoints/<name>.pt``: ``latest``, ``best`` or a resume file (``buffer``)."""
         return self.checkpoints / f"{name}.pt"
 
+    def require(self, what: str) -> None:
+        """Checks that the folder still exists before ``what`` is written to it.
+
+        Raises:
+            RunFolderError: the folder was removed (or moved) since the run created it.
+        """
+        if not self.path.is_dir():
+            raise RunFolderError(
+                f"the run folder {self.path} was removed while the run was going on, so the "
+                f"run cannot write {what}; it stops here (a run keeps its folder until it ends: "
+                "move or delete it afterwards)")
+
     def make_checkpoints(self) -> Path:
-        """Creates ``checkpoints/`` (once per object) and returns it."""
+        """Creates ``checkpoints/`` (once per object) and returns it.
+
+        Raises:
+            RunFolderError: the run folder itself was removed.
+        """
+        self.require("checkpoints/")
         if not self._made_checkpoints:
             self.checkpoints.mkdir(exist_ok=True)
             self._made_checkpoints = True

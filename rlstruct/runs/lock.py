@@ -108,8 +108,11 @@ class FolderSnapshot:
 class FolderGuard:
     """A run's hold on its folder: the lock, and what a run that fails before its first
     iteration leaves behind. A resumed folder is put back byte for byte; a fresh folder whose
-    run was refused by a :class:`~rlstruct.errors.ConfigError` (a mistake of the user's, such
-    as a Ray cluster that cannot be joined) is removed, so a mistake leaves no folder.
+    run was refused by a typed error (a :class:`~rlstruct.errors.RLStructError`: a mistake of
+    the user's, such as a Ray cluster that cannot be joined, a layout the algorithm cannot run,
+    an env or agent that fails in the first segment) is removed, since it holds nothing but
+    what the start wrote: a mistake leaves no folder. (An untyped error, a bug, keeps the
+    folder and its ``summary.json``.)
 
     Args:
         resume: the folder being resumed (locked and snapshot now), or None for a fresh run
@@ -131,7 +134,7 @@ class FolderGuard:
 
     def close(self, failed_early: bool = False, user_error: bool = False) -> None:
         """Releases the folder; ``failed_early``: the run failed before its first iteration
-        (``user_error``: with a ConfigError), see the class notes."""
+        (``user_error``: with a typed error), see the class notes."""
         if failed_early and self.snapshot is not None:
             self.snapshot.restore()  # a refused resume leaves the run as it was
         if self.lock is not None:

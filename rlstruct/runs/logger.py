@@ -360,6 +360,7 @@ class RunLogger:
 
     def _rewrite_progress(self) -> None:
         """Writes every row under the current header (atomically), then appends from there."""
+        self.folder.require("progress.csv")
         if self._progress_file is not None:
             self._progress_file.close()
         path = self.folder.progress_file
@@ -413,6 +414,8 @@ class RunLogger:
     def _plot(self) -> None:
         from rlstruct.runs.plotting import plot_runs
 
+        if not self.folder.path.is_dir():
+            return  # the folder was removed: RunFolderError says so
         try:
             plot_runs([self.dir], self.folder.returns_plot)
             if "cores_busy" in self._header:

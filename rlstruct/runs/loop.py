@@ -189,7 +189,12 @@ class RunLoop:
         """Ends an iteration: picks up a finished evaluation, starts one every ``eval_every``
         iterations with ``weights`` (e.g. ``model.state_dict()``), writes the progress row
         (``eval_return`` only when an evaluation finished, nan otherwise) and saves a
-        checkpoint every ``checkpoint_every`` iterations."""
+        checkpoint every ``checkpoint_every`` iterations.
+
+        Raises:
+            RunFolderError: the run folder was removed while the run was going on.
+        """
+        self.logger.folder.require("progress.csv")
         self.iteration += 1
         eval_return = math.nan
         if self.evaluation is not None:

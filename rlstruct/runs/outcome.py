@@ -114,7 +114,10 @@ def run_summary(run: RunRecord, finish: bool, exc: BaseException | None) -> dict
 
 def write_summary(logger: RunLogger, summary: Mapping[str, Any]) -> None:
     """Writes ``summary.json`` with ``logger``; a failed write (a full disk) is a warning, which
-    never hides the run's own outcome."""
+    never hides the run's own outcome; none where the run folder was removed (the run's
+    :class:`~rlstruct.errors.RunFolderError` says so)."""
+    if not logger.folder.path.is_dir():
+        return
     try:
         logger.write_summary(summary)
     except OSError as err:  # e.g. a full disk: never hide the run's own outcome

@@ -23,7 +23,15 @@ policy's own (``seed``). Lists, torch tensors and arrays of another dtype are ac
 ``torch.can_cast`` allows it (float64 or ints for a float32 Box; never floats for uint8 frames).
 
 A recurrent policy (``rlstruct train a2c --recurrent``) keeps its memory between calls, one row
-per observation of the batch: call :meth:`Policy.reset` when an episode starts again.
+per observation of the batch: call :meth:`Policy.reset` when an episode starts again. Each thread
+that calls :meth:`Policy.act` has a memory of its own, so threads sharing one policy play their
+episodes as if each had the policy alone; :meth:`Policy.session` gives a memory of its own to
+each of several episodes played in one thread (``session.act(obs)``, ``session.reset()``).
+
+Observations are checked before the model sees them: a shape that is neither the space's nor a
+batch of it, ragged rows or a value that is not an array of numbers raise
+:class:`~rlstruct.errors.ShapeError` or :class:`~rlstruct.errors.SpaceError`, NaN or an infinity
+:class:`~rlstruct.errors.NonFiniteError`, each naming the observation key and what was expected.
 
 Example::
 
@@ -34,6 +42,7 @@ Example::
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -58,11 +67,11 @@ from rlstruct.envs.spaces import (
     observation_leaves,
     torch_dtype,
 )
-from rlstruct.errors import CheckpointError, ConfigError, ShapeError, SpaceError
-from rlstruct.runs.checkpoint import load_checkpoint, rebuild_agent
+from rlstruct.errors import CheckpointError, ConfigError, NonFiniteError, ShapeError, SpaceError
+from rlstruct.runs.checkpoint import load_checkpoint, rebuild_agent, recorded_env
 from rlstruct.runs.folder import RunFolder, is_run_dir
 
-__all__ = ["Policy", "load_policy"]
+__all__ = ["Policy", "PolicySession", "load_policy"]
 
 
 def load_policy(
@@ -85,8 +94,9 @@ def load_policy(
 
     Raises:
         CheckpointError: ``run_dir`` is not a run folder, holds no such checkpoint, or the
-            checkpoint does not record how to rebuild the policy.
-        ConfigError: a bad ``checkpoint`` or ``device`` (a device this machine lacks).
+            checkpoint does not record how to rebuild the policy or its env (``env_id``).
+        ConfigError: a bad ``checkpoint`` or ``device`` (a device this machine lacks), or the
+            run's env raised in ``close()``.
     """
     if checkpoint not in ("latest", "best"):
         raise ConfigError(f"checkpoint must be 'latest' or 'best', got {checkpoint!r}")
@@ -105,13 +115,16 @@ def load_policy(
     device = resolve_device(device)
     state = load_checkpoint(path)
     create_agent, agent_args, greedy = rebuild_agent(state, path)
-    cfg = state.get("config", {})
-    import_env_modules(cfg.get("env_module", []))
-    env = env_factory(cfg["env_id"], cfg.get("env_backend", "gymnasium"))()
+    cfg = state.get("config") or {}
+    env_id, backend, modules = recorded_env(state, path)
+    import_env_modules(modules)
+    env = env_factory(env_id, backend)()
+    observation_space, action_space = env.observation_space, env.action_space
     try:
-        observation_space, action_space = env.observation_space, env.action_space
-    finally:
         env.close()
+    except Exception as err:  # reported as the env's close error
+        raise ConfigError(f"the run's env {env_id!r} was made, but its close() raised "
+                          f"{type(err).__name__}: {err}") from err
     return Policy(create_agent(**agent_args), observation_space, action_space, greedy_info=greedy,
                   sample_info=_sample_info(greedy, cfg), device=device, seed=seed,
                   checkpoint=state)
@@ -147,7 +160,8 @@ class Policy:
         observation_space: the env's observation space.
         action_space: the env's action space.
         device: where the agent runs.
-        recurrent: the agent carries a state between calls (reset it with :meth:`reset`).
+        recurrent: the agent carries a state between calls (reset it with :meth:`reset`); each
+            thread has its own (:meth:`session`: one more of them).
         checkpoint: the checkpoint it was loaded from (``algo``, ``config``, ``frames``...),
             ``{}`` when built from an agent.
     """
@@ -174,8 +188,8 @@ class Policy:
             module.eval()
         agent.seed(int(torch.randint(2**31 - 1, ())) if seed is None else seed)
         self.recurrent = not agent.initial_state(DictTensor(batch_size=1), 1).empty()
-        self._state: DictTensor | None = None
-        self._last_action: Tensor | None = None
+        self._lock = threading.Lock()  # one agent call at a time: the agent is shared
+        self._threads = threading.local()  # each thread's own session (its memory)
 
     def __repr__(self) -> str:
         algo, frames = self.checkpoint.get("algo", "?"), self.checkpoint.get("frames")
@@ -183,19 +197,34 @@ class Policy:
         return (f"Policy({algo}{trained}, {type(self.agent).__name__} on {self.device}, "
                 f"observations {self.observation_space}, actions {self.action_space})")
 
+    def session(self) -> PolicySession:
+        """A memory of its own for one more stream of episodes: ``session.act(obs)`` acts as
+        :meth:`act` does, with a recurrent memory that no other session and no thread's
+        :meth:`act` touches (e.g. several episodes interleaved in one thread). A feed-forward
+        policy's sessions are all alike."""
+        return PolicySession(self)
+
+    def _own(self) -> PolicySession:
+        """The calling thread's session (made at its first call)."""
+        own = getattr(self._threads, "session", None)
+        if own is None:
+            own = self._threads.session = PolicySession(self)
+        return own
+
     @property
     def memory(self) -> DictTensor | None:
-        """A recurrent policy's memory of the episodes it acts in (None before the first
-        :meth:`act` and after :meth:`reset`)."""
-        return self._state
+        """The calling thread's recurrent memory of the episodes it acts in (None before its
+        first :meth:`act` and after :meth:`reset`)."""
+        return self._own().memory
 
     def reset(self) -> None:
-        """Forgets a recurrent policy's memory: the next :meth:`act` starts fresh episodes."""
-        self._state = self._last_action = None
+        """Forgets the calling thread's recurrent memory: its next :meth:`act` starts fresh
+        episodes (other threads' and sessions' memories are kept)."""
+        self._own().reset()
 
-    @torch.no_grad()
     def act(self, obs: Any, deterministic: bool = True) -> Any:
-        """The action for one observation ``(*feat)``, or the actions of a batch ``(B, *feat)``.
+        """The action for one observation ``(*feat)``, or the actions of a batch ``(B, *feat)``,
+        with the calling thread's memory (a recurrent policy; see :meth:`session`).
 
         Args:
             obs: one observation as the env returns it (an ndarray ``(*feat)`` of a Box, an int
@@ -209,14 +238,21 @@ class Policy:
 
         Raises:
             ShapeError: ``obs`` has neither the space's shape nor a batch of it (the message
-                names the shape expected), or a recurrent policy gets another number of rows
-                than its memory holds (call :meth:`reset`).
-            SpaceError: ``obs`` has a dtype that does not cast to the space's without loss.
+                names the shape expected), its rows are ragged, or a recurrent policy gets
+                another number of rows than its memory holds (call :meth:`reset`).
+            SpaceError: ``obs`` is not numbers, or has a dtype that does not cast to the
+                space's without loss.
+            NonFiniteError: a float observation holds NaN or an infinity.
         """
+        return self._own().act(obs, deterministic)
+
+    @torch.no_grad()
+    def _step(self, memory: PolicySession, obs: Any, deterministic: bool) -> Any:
+        """:meth:`act` with ``memory``'s recurrent state (updated in place)."""
         frames, n, single = self._rows(obs)
         agent_info = broadcast_rows(self._infos[bool(deterministic)], n, "agent_info")
-        state, fresh = self._begin(agent_info, n)
-        last = self._last_action if self._last_action is not None else torch.as_tensor(
+        state, fresh = self._begin(memory, agent_info, n)
+        last = memory.last_action if memory.last_action is not None else torch.as_tensor(
             self._actions.default).expand(n, *self._actions.shape)
         observation = DictTensor({
             **frames,
@@ -225,24 +261,26 @@ class Policy:
             K.INITIAL_STATE: torch.full((n,), fresh), K.LAST_ACTION: last.clone(),
             K.ENV_STEP: torch.zeros(n, dtype=torch.long),
         }).to(self.device)
-        step, new_state = self.agent(state, observation, agent_info)
+        with self._lock:
+            step, new_state = self.agent(state, observation, agent_info)
         action = step[K.ACTION_KEY].cpu()
         if self.recurrent:
-            self._state, self._last_action = new_state, action
+            memory.state, memory.last_action = new_state, action
         out = self._actions.to_numpy(action, np.arange(n), 0)
         if not single:
             return out
         return int(out[0]) if isinstance(self.action_space, gym.spaces.Discrete) else out[0]
 
-    def _begin(self, agent_info: DictTensor, n: int) -> tuple[DictTensor, bool]:
+    def _begin(self, memory: PolicySession, agent_info: DictTensor,
+               n: int) -> tuple[DictTensor, bool]:
         """``(state, fresh)``: the carried state of a recurrent policy, else a fresh one."""
-        if self._state is None or not self.recurrent:
+        if memory.state is None or not self.recurrent:
             return self.agent.initial_state(agent_info, n).to(self.device), True
-        if self._state.n_elems() != n:
+        if memory.state.n_elems() != n:
             raise ShapeError(
-                f"this recurrent policy remembers {self._state.n_elems()} episode(s) and got "
+                f"this recurrent policy remembers {memory.state.n_elems()} episode(s) and got "
                 f"{n} observation(s); call policy.reset() before acting on another batch")
-        return self._state, False
+        return memory.state, False
 
     def _rows(self, obs: Any) -> tuple[dict[str, Tensor], int, bool]:
         """``({key: (n, *leaf shape)}, n, single)``: the observation's leaves as rows on the
@@ -271,7 +309,20 @@ class Policy:
         """``value`` (one observation or a batch of one leaf) as a CPU tensor of the leaf's
         dtype."""
         is_tensor = isinstance(value, Tensor)
-        array = value.detach().cpu() if is_tensor else np.asarray(value)
+        key = "" if leaf.key == K.FRAME else f" key {leaf.key!r}"
+        try:
+            array = value.detach().cpu() if is_tensor else np.asarray(value)
+        except (ValueError, TypeError) as err:  # ragged rows, or no array at all
+            raise ShapeError(
+                f"observation{key} is not an array of one shape ({type(err).__name__}: {err}); "
+                f"expected {leaf.shape} (one observation) or (B, *{leaf.shape}) (a batch of "
+                f"rows of that shape) from the observation space {leaf.space}") from None
+        if not is_tensor and array.dtype.kind not in "biufc":  # numbers (complex: refused below)
+            raise SpaceError(
+                f"observation{key} is {type(value).__name__} {_short(value)} (numpy dtype "
+                f"{array.dtype}), expected numbers of dtype {leaf.dtype}, shape {leaf.shape} "
+                f"(one observation) or (B, *{leaf.shape}) (a batch), from the observation "
+                f"space {leaf.space}")
         shape = tuple(array.shape)
         if shape != leaf.shape and (len(shape) != len(leaf.shape) + 1 or shape[1:] != leaf.shape):
             key = "" if leaf.key == K.FRAME else f" key {leaf.key!r}"
@@ -284,4 +335,43 @@ class Policy:
             raise SpaceError(
                 f"observation has dtype {array.dtype}, expected {leaf.dtype} from the observation "
                 f"space {leaf.space} (or a dtype that casts to it without loss)")
-        return torch.as_tensor(array).to(target)
+        tensor = torch.as_tensor(array).to(target)
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = tensor[~torch.isfinite(tensor)][0].item()
+            raise NonFiniteError(
+                f"observation{key} holds {bad} ({int((~torch.isfinite(tensor)).sum())} "
+                f"non-finite value(s)); the policy acts on finite observations of the space "
+                f"{leaf.space}")
+        return tensor
+
+
+class PolicySession:
+    """One stream of episodes of a :class:`Policy`, with a recurrent memory of its own
+    (:meth:`Policy.session`); it acts with the policy's agent and formats.
+
+    Args:
+        policy: the policy it acts with.
+    """
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.state: DictTensor | None = None
+        self.last_action: Tensor | None = None
+
+    @property
+    def memory(self) -> DictTensor | None:
+        """The recurrent memory (None before the first :meth:`act` and after :meth:`reset`)."""
+        return self.state
+
+    def reset(self) -> None:
+        """Forgets the memory: the next :meth:`act` starts fresh episodes."""
+        self.state = self.last_action = None
+
+    def act(self, obs: Any, deterministic: bool = True) -> Any:
+        """:meth:`Policy.act` with this session's memory (same arguments, results, errors)."""
+        return self.policy._step(self, obs, deterministic)
+
+
+def _short(value: Any, n: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= n else text[:n - 3] + "..."

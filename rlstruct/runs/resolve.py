@@ -10,7 +10,8 @@ checks only its own values. :func:`resolve`, run once per start-up before anythi
 - applies the ``--layout`` file of ``rlstruct tune`` (to a copy: the config given is left as
   it was);
 - imports the env modules and looks the env id up (with close matches), then makes one env to
-  read its spaces and checks the action space against what the algorithm takes;
+  read its spaces and checks the observation and action spaces against what the algorithm
+  takes (:func:`observation_problems`; an env whose ``close()`` raises is named as such);
 - reads torchrun's variables (``WORLD_SIZE``) for the learner-rank checks, and whether the
   learner ranks can split the batch;
 - resolves every device named (one :func:`~rlstruct.devices.resolve_device` per device spec)
@@ -41,7 +42,7 @@ import gymnasium as gym
 import torch
 
 from rlstruct.devices import is_accelerator, resolve_device
-from rlstruct.envs.registry import env_id_problems, env_module_problems, env_spaces
+from rlstruct.envs.registry import env_id_problems, env_module_problems, probe_spaces
 from rlstruct.errors import CheckpointError, ConfigError
 from rlstruct.learners.torchrun import torchrun_rank, torchrun_world
 from rlstruct.runs.checkpoint import load_checkpoint, object_path
@@ -53,7 +54,7 @@ from rlstruct.runs.presets import command_line_config
 from rlstruct.runs.signals import exit_code
 
 __all__ = ["Resolved", "resolve", "parse", "run_cli", "algo_name", "newest_checkpointed_run",
-           "pipeline_problems", "RESUME_AUTO", "DEVICE_FIELDS"]
+           "pipeline_problems", "observation_problems", "RESUME_AUTO", "DEVICE_FIELDS"]
 
 C = TypeVar("C", bound=RunConfig)
 
@@ -313,7 +314,8 @@ def pipeline_problems(layout: LayoutConfig, batcher_device: torch.device) -> lis
 def _env_problems(
     cfg: RunConfig,
 ) -> tuple[tuple[tuple[int, ...], gym.Space] | None, list[str]]:
-    """The env modules, the env id, then one env made for its spaces: ``(spaces, problems)``."""
+    """The env modules, the env id, then one env made for its spaces, each checked against
+    what the algorithm takes: ``(spaces, problems)``."""
     problems = env_module_problems(cfg.env_module)
     if problems:
         return None, problems
@@ -321,16 +323,42 @@ def _env_problems(
     if problems:
         return None, problems
     try:
-        shape, space = env_spaces(cfg.env_id, cfg.env_backend)
+        observations, space = probe_spaces(cfg.env_id, cfg.env_backend)
+    except ConfigError as err:  # no torch-native version, or a close() that raised
+        return None, [str(err)]
     except Exception as err:  # noqa: BLE001 - an env that cannot be made is a listed problem
         return None, [f"env_id {cfg.env_id!r} cannot be made: {type(err).__name__}: {err}"]
+    shape = tuple(observations.shape or (1,))
+    problems = observation_problems(cfg, observations)
     kinds = {"Discrete": gym.spaces.Discrete, "Box": gym.spaces.Box}
-    if any(isinstance(space, kinds[k]) for k in cfg.action_spaces):
-        return (shape, space), cfg.world_problems(shape, space)
-    takes = " or ".join(cfg.action_spaces)
-    return (shape, space), [
-        f"{algo_name(cfg)} cannot train on {cfg.env_id}: its action space is {space}, and "
-        f"{algo_name(cfg)} takes {takes} action spaces"]
+    if not any(isinstance(space, kinds[k]) for k in cfg.action_spaces):
+        takes = " or ".join(cfg.action_spaces)
+        problems.append(
+            f"{algo_name(cfg)} cannot train on {cfg.env_id}: its action space is {space}, and "
+            f"{algo_name(cfg)} takes {takes} action spaces")
+    if problems:
+        return None, problems
+    return (shape, space), cfg.world_problems(shape, space)
+
+
+def observation_problems(cfg: RunConfig, space: gym.Space) -> list[str]:
+    """What is wrong with the env's observation space ``space`` for the algorithm of ``cfg``
+    (empty: nothing): it must be one of ``cfg.observation_spaces`` (an algorithm of one's own
+    on :class:`~rlstruct.runs.run.Run` may declare more), a ``Box``, ``MultiBinary`` or
+    ``MultiDiscrete`` with at least one dimension (the algorithms read one array,
+    ``observation["frame"]``, of shape ``(B, *feat)``)."""
+    takes = cfg.observation_spaces
+    kind = type(space).__name__
+    arrays = isinstance(space, (gym.spaces.Box, gym.spaces.MultiBinary, gym.spaces.MultiDiscrete))
+    if kind in takes and (space.shape or not arrays):
+        return []
+    why = "has no dimension" if kind in takes else "is not one of them"
+    return [f"{algo_name(cfg)} cannot train on {cfg.env_id}: its observation space is {space} "
+            f"({kind}, which {why}); {algo_name(cfg)} takes {' or '.join(takes)} observation "
+            "spaces with at least one dimension, one array per observation (Dict and Tuple "
+            "observations are not supported yet): wrap the env, e.g. with "
+            "gymnasium.wrappers.FlattenObservation for a Dict or Tuple of Boxes, or map its "
+            "observations to a Box with a gymnasium.ObservationWrapper"]
 
 
 def newest_checkpointed_run(runs_dir: str | os.PathLike[str], algo: str | None = None,

@@ -45,7 +45,7 @@ from rlstruct.checks import CheckDevice
 from rlstruct.dicttensor import DictTensor
 from rlstruct.envs.base import VecEnv
 from rlstruct.envs.registry import env_dims, env_shape, env_spaces
-from rlstruct.errors import ConfigError
+from rlstruct.errors import ConfigError, RLStructError
 from rlstruct.learners.base import LearnerGroupBase, OptimizerFactory
 from rlstruct.learners.torchrun import serve_rank
 from rlstruct.runs import checkpoint as ckpt
@@ -65,6 +65,9 @@ from rlstruct.runs.training_env import training_env
 __all__ = ["Run", "Terminated", "env_dims", "env_shape", "env_spaces"]  # RunConfig: config.py
 
 T = TypeVar("T")
+
+#: The most a training worker may stay silent in a segment with ``worker_timeout=None``.
+MAX_WORKER_TIMEOUT_S = 300.0
 
 
 class Run(RunLoop):
@@ -177,11 +180,22 @@ class Run(RunLoop):
             agent_info=agent_info, check_devices=layout.check_devices,
             pipeline=layout.pipeline, backend=layout.backend, ray_address=layout.ray_address,
             **layout.batcher_options(),  # --max-restarts, the Ray actors' resources
+            **self.worker_waits(),  # --worker-timeout, and the time budget's end
         )
         self.batcher = batcher  # Run.learner_group publishes into it
         if hasattr(batcher, "external_cpu_seconds"):  # workers outside this tree (Ray actors)
             self.monitor.watch(batcher)
         return self.enter(batcher)
+
+    def worker_waits(self) -> dict[str, Any]:
+        """How long the training batcher's workers may stay silent
+        (:func:`~rlstruct.batchers.make.make_batcher`'s ``timeout``, ``adaptive_timeout`` and
+        ``deadline``): ``worker_timeout`` seconds, or (None) a limit derived from the measured
+        segments; and never past the time budget plus :func:`budget_grace`."""
+        cfg = self.cfg
+        return {"timeout": cfg.worker_timeout or MAX_WORKER_TIMEOUT_S,
+                "adaptive_timeout": cfg.worker_timeout is None,
+                "deadline": self.start + cfg.time_budget + budget_grace(cfg.time_budget)}
 
     def evaluator(self, create_agent: Callable[..., Agent], agent_args: dict[str, Any],
                   agent_info: DictTensor | None = None) -> Evaluator | None:
@@ -298,7 +312,9 @@ class Run(RunLoop):
         they stopped it before its first iteration ended), closes the batchers, the evaluator
         and the logger (which plots), then sets, prints and writes :attr:`summary`
         (``summary.json``; status ``failed`` and the error after any other exception, unless the
-        run failed before its first iteration: :class:`~rlstruct.runs.lock.FolderGuard`). A run
+        run failed before its first iteration: :class:`~rlstruct.runs.lock.FolderGuard`; a
+        fresh folder that a typed error, :class:`~rlstruct.errors.RLStructError`, ended before
+        the first iteration holds nothing and is removed). A run
         stopped by a signal first collects the batch its learner group learns on, so the
         checkpoint's frames are the summary's, then raises
         :class:`~rlstruct.runs.signals.Terminated` (:mod:`rlstruct.runs.signals`)."""
@@ -328,7 +344,7 @@ class Run(RunLoop):
                     self.signals.restore()
                     self._write_summary(end.finish, exc)
                     self._guard.close(not end.finish and self.iteration == self._resumed_at,
-                                      isinstance(exc, ConfigError))
+                                      isinstance(exc, RLStructError))
         if end.finish:
             print(describe(self.algo, self.summary, self.logger.train_column))
             print(f"outputs in {self.logger.dir}", flush=True)
@@ -341,6 +357,12 @@ class Run(RunLoop):
         if finish:
             self.summary = summary
         write_summary(self.logger, summary)
+
+
+def budget_grace(time_budget: float) -> float:
+    """Seconds a segment still running when the time budget ends may take to come back before
+    its silent workers are reported: a tenth of the budget, at least 10 s."""
+    return max(10.0, 0.1 * time_budget)
 
 
 def code_dir(cfg: RunConfig) -> Path | None:

@@ -30,7 +30,7 @@ from rlstruct.batchers import SerialBatcher
 from rlstruct.envs import GymEnv
 from rlstruct.envs.registry import env_factory, env_spec, import_env_modules
 from rlstruct.errors import ConfigError
-from rlstruct.runs.checkpoint import load_checkpoint, rebuild_agent
+from rlstruct.runs.checkpoint import load_checkpoint, rebuild_agent, recorded_env
 from rlstruct.runs.episodes import EpisodeTracker
 from rlstruct.runs.folder import RunFolder
 
@@ -69,7 +69,8 @@ def evaluate(
     Raises:
         ConfigError: a bad argument.
         CheckpointError: no such checkpoint, or it does not record how to rebuild the policy
-            (written before rlstruct recorded it, or a model not built with ``run.model``).
+            (written before rlstruct recorded it, or a model not built with ``run.model``) or
+            the env (a config without ``env_id``).
         TimeoutError: the episodes did not end within ``timeout_s``.
     """
     if checkpoint not in ("latest", "best") or n_episodes < 1:
@@ -77,11 +78,11 @@ def evaluate(
                           f"{checkpoint!r} and {n_episodes}")
     path = RunFolder(Path(run_dir)).checkpoint(checkpoint)
     state = load_checkpoint(path)
-    cfg = state.get("config", {})
+    cfg = state.get("config") or {}
+    env_id, backend, modules = recorded_env(state, path)
     create_agent, agent_args, agent_info = rebuild_agent(state, path)
-    import_env_modules(cfg.get("env_module", []))
-    env_id = cfg["env_id"]
-    factories = [env_factory(env_id, cfg.get("env_backend", "gymnasium"))] * n_episodes
+    import_env_modules(modules)
+    factories = [env_factory(env_id, backend)] * n_episodes
     if video_dir is not None:
         if cfg.get("env_backend") == "atari":
             print("rlstruct evaluate: --video does not record Atari runs yet; "

@@ -28,7 +28,8 @@ POSITIONAL = [
     "agent_seeds",
     "device",
 ]
-POOL_OPTIONS = ["n_threads", "timeout", "start_timeout", "pipeline", "restart"]
+POOL_OPTIONS = ["n_threads", "timeout", "start_timeout", "pipeline", "restart", "adaptive_timeout",
+                "deadline"]
 RAY_OPTIONS = ["address", "num_cpus_per_actor", "num_gpus_per_actor", "actor_options"]
 
 

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import gymnasium as gym
 import pytest
 import torch
 
@@ -15,7 +16,7 @@ from rlstruct.algos import a2c, appo, dqn, impala, ppo, reinforce, sac, trpo
 from rlstruct.errors import ConfigError
 from rlstruct.runs.config import RunConfig
 from rlstruct.runs.layout import LayoutConfig
-from rlstruct.runs.resolve import Resolved, resolve
+from rlstruct.runs.resolve import Resolved, observation_problems, resolve
 
 
 def test_building_a_config_reads_nothing(tmp_path, monkeypatch):
@@ -41,6 +42,47 @@ def test_an_action_space_the_algorithm_cannot_take_is_named(module, env_id, take
     message = str(info.value)
     assert f"{name} cannot train on {env_id}: its action space is" in message
     assert f"{name} takes {takes} action spaces" in message
+
+
+ALGOS = [reinforce, a2c, ppo, dqn, impala, appo, trpo, sac]
+
+
+@pytest.mark.parametrize("env_id", ["DictObs-v0", "TupleObs-v0"])
+@pytest.mark.parametrize("module", ALGOS, ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_an_observation_space_the_algorithm_cannot_take_is_refused_before_the_run_folder(
+        module, env_id, tmp_path):
+    name = module.__name__.rsplit(".", 1)[-1]
+    runs = tmp_path / "runs"
+    cfg = module.Config(env_id=env_id, env_module=("support.toy_envs",), runs_dir=str(runs))
+    with pytest.raises(ConfigError) as info:
+        module.main(cfg)
+    message = str(info.value)
+    kind = env_id.removesuffix("Obs-v0")
+    assert f"{name} cannot train on {env_id}: its observation space is {kind}(" in message
+    assert f"{name} takes Box or MultiBinary or MultiDiscrete observation spaces" in message
+    assert "FlattenObservation" in message and "agent_info" not in message
+    assert not runs.exists()
+
+
+@pytest.mark.parametrize("space", [
+    gym.spaces.Text(8), gym.spaces.Graph(gym.spaces.Box(0, 1, (2,)), None),
+    gym.spaces.Sequence(gym.spaces.Discrete(2)), gym.spaces.Discrete(3),
+    gym.spaces.Box(0, 1, ())], ids=lambda s: type(s).__name__ + str(s.shape))
+def test_every_observation_space_outside_those_the_algorithm_takes_is_named(space):
+    cfg = ppo.Config(env_id="Toy-v0")
+    (problem,) = observation_problems(cfg, space)
+    assert f"ppo cannot train on Toy-v0: its observation space is {space}" in problem
+    assert observation_problems(cfg, gym.spaces.Box(0, 1, (3, 2))) == []
+    assert observation_problems(cfg, gym.spaces.MultiDiscrete([2, 3])) == []
+
+
+def test_an_env_whose_close_raises_is_named_as_a_close_error_not_as_one_that_cannot_be_made():
+    with pytest.raises(ConfigError) as info:
+        resolve(ppo.Config(env_id="CloseRaises-v0", env_module=("support.toy_envs",)))
+    message = str(info.value)
+    assert ("env_id 'CloseRaises-v0' was made, but its close() raised RuntimeError: the "
+            "simulator's licence server is gone") in message
+    assert "cannot be made" not in message
 
 
 @pytest.mark.parametrize("module", [ppo, a2c, trpo])

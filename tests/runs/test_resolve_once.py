@@ -78,7 +78,7 @@ def test_resolve_leaves_a_fresh_config_unchanged(tmp_path):
 
 #: Each start-up step: (the module that defines it, its name, which calls count).
 STEPS: dict[str, tuple[Any, str, Callable[..., bool]]] = {
-    "env probe": (rlstruct.envs.registry, "env_spaces", lambda *a, **k: True),
+    "env probe": (rlstruct.envs.registry, "probe_spaces", lambda *a, **k: True),
     "checkpoint load": (rlstruct.runs.checkpoint, "load_checkpoint",
                         lambda path, *a, **k: Path(path).name == "latest.pt"),
     "world size": (rlstruct.learners.torchrun, "torchrun_world", lambda *a, **k: True),

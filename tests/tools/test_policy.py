@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import gymnasium as gym
@@ -20,7 +21,7 @@ import torch
 import rlstruct
 from rlstruct import DictTensor
 from rlstruct.agent import Agent
-from rlstruct.errors import CheckpointError, ConfigError, ShapeError, SpaceError
+from rlstruct.errors import CheckpointError, ConfigError, NonFiniteError, ShapeError, SpaceError
 from rlstruct.runs.layout import LayoutConfig
 from rlstruct.runs.policy import Policy, load_policy
 
@@ -183,6 +184,77 @@ def test_a_recurrent_policy_remembers_until_reset(runs):
     assert policy.act(obs, deterministic=False).shape == (4,)
 
 
+def play(act, reset, seed: int, memory=None) -> tuple[list[int], list[torch.Tensor]]:
+    """One CartPole episode of seed ``seed`` played with ``act``: its actions, and the memory
+    after each (``memory()``), as a generator that yields after each step (to interleave)."""
+    env = gym.make("CartPole-v1")
+    try:
+        reset()
+        obs, _ = env.reset(seed=seed)
+        actions, memories, done = [], [], False
+        while not done:
+            actions.append(act(obs))
+            if memory is not None:
+                memories.append(memory()["h"].clone())
+            obs, _, terminated, truncated, _ = env.step(actions[-1])
+            done = terminated or truncated
+            yield actions, memories
+    finally:
+        env.close()
+
+
+def alone(policy: Policy, seed: int) -> tuple[list[int], list[torch.Tensor]]:
+    """The episode of seed ``seed`` played by ``policy`` alone."""
+    *_, last = play(policy.act, policy.reset, seed, lambda: policy.memory)
+    return last
+
+
+def test_threads_sharing_a_recurrent_policy_each_play_their_episode_as_if_alone(runs):
+    policy = load_policy(runs["a2c-recurrent"])
+    expected = {seed: alone(policy, seed) for seed in (3, 4)}
+    got, errors = {}, []
+    turn = threading.Barrier(2, timeout=60)  # both threads act at each step, in turn
+
+    def thread(seed: int) -> None:
+        try:
+            episode = play(policy.act, policy.reset, seed, lambda: policy.memory)
+            for got[seed] in episode:
+                turn.wait()
+            turn.abort()  # the other thread plays on alone once this episode ended
+        except threading.BrokenBarrierError:
+            for got[seed] in episode:
+                pass
+        except Exception as err:  # noqa: BLE001 - raised again in the test's thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=thread, args=(seed,)) for seed in (3, 4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    for seed in (3, 4):
+        actions, memories = got[seed]
+        assert actions == expected[seed][0], seed
+        assert all(torch.equal(a, b) for a, b in zip(memories, expected[seed][1], strict=True))
+
+
+def test_sessions_of_one_policy_interleaved_in_one_thread_each_have_their_memory(runs):
+    policy = load_policy(runs["a2c-recurrent"])
+    expected = [alone(policy, seed)[0] for seed in (3, 4)]
+    sessions = [policy.session() for _ in range(2)]
+    live = {k: play(s.act, s.reset, seed) for k, (s, seed) in enumerate(zip(sessions, (3, 4)))}
+    got: list[list[int]] = [[], []]
+    while live:  # one step of each episode in turn
+        for k in list(live):
+            step = next(live[k], None)
+            if step is None:
+                del live[k]
+            else:
+                got[k] = step[0]
+    assert got == expected
+
+
 # --------------------------------------------------------------------------------- errors
 def test_a_wrong_observation_shape_names_the_shape_expected(runs):
     policy = load_policy(runs["ppo"])
@@ -191,6 +263,43 @@ def test_a_wrong_observation_shape_names_the_shape_expected(runs):
         with pytest.raises(ShapeError, match=r"expected \(4,\) \(one observation\) or "
                                              r"\(B, \*\(4,\)\) \(a batch\)"):
             policy.act(bad)
+
+
+def test_nan_ragged_and_wrongly_typed_observations_are_typed_errors(runs):
+    policy = load_policy(runs["ppo"])
+    for bad in (np.array([0.0, np.nan, 0.0, 0.0]), np.array([[0.0] * 4, [np.inf, 0, 0, 0]])):
+        with pytest.raises(NonFiniteError, match=r"observation holds (nan|inf) .*finite "
+                                                 r"observations of the space Box"):
+            policy.act(bad)
+    with pytest.raises(ShapeError, match=r"observation is not an array of one shape .* "
+                                         r"expected \(4,\) \(one observation\)"):
+        policy.act([[0.0, 0.0, 0.0, 0.0], [0.0, 0.0]])  # ragged rows
+    for bad in ("left", ["a", "b", "c", "d"], [None] * 4, {"frame": [0.0] * 4}):
+        with pytest.raises((SpaceError, ShapeError), match=r"expected .*observation space Box"):
+            policy.act(bad)
+    with pytest.raises(SpaceError, match=r"is list \['a', 'b', 'c', 'd'\] .* expected numbers "
+                                         r"of dtype float32"):
+        policy.act(["a", "b", "c", "d"])
+
+
+def test_a_checkpoint_without_env_id_is_a_checkpoint_error_for_load_policy_and_evaluate(
+        runs, tmp_path, capsys):
+    from rlstruct.__main__ import main
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(runs["ppo"], run_dir)
+    path = run_dir / "checkpoints" / "latest.pt"
+    state = torch.load(path)
+    torch.save({**state, "config": {k: v for k, v in state["config"].items()
+                                    if k != "env_id"}}, path)
+    with pytest.raises(CheckpointError, match=r"latest.pt records env_id None: a run's "
+                                              r"checkpoint holds its whole config"):
+        load_policy(run_dir)
+    assert main(["evaluate", str(run_dir), "--episodes", "1"]) == 1
+    assert "rlstruct evaluate: error: " in capsys.readouterr().err
+    torch.save({**state, "config": None}, path)
+    with pytest.raises(CheckpointError, match=r"latest.pt records no config"):
+        load_policy(run_dir)
 
 
 def test_a_folder_that_is_not_a_run_is_a_checkpoint_error(tmp_path):

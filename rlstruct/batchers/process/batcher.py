@@ -67,7 +67,7 @@ class Batcher(WorkerPool):
         device: must be the CPU (workers are CPU-only; use SerialBatcher for a GPU).
         n_threads: torch threads per worker (1: one core per worker).
         timeout: seconds a segment (or a reset/update) may take before the silent workers are
-            reported as hung.
+            reported as hung (with ``adaptive_timeout``: the most it may).
         start_timeout: seconds the workers may take to start.
         pipeline: segment slots per worker. 1 (default): synchronous, ``execute`` collects
             one segment and ``get`` returns it. ``K >= 2``: pipelined, see below.
@@ -77,6 +77,12 @@ class Batcher(WorkerPool):
             run seed and its restart count, current weights, envs reset); the segments it owed
             are not retried, their rows of that worker are left out of those batches, and
             each fault is appended to ``batcher.faults``. Hung workers (timeouts) still raise.
+        adaptive_timeout: the silence limit follows the measured segments: 10 x the slowest
+            one so far, at least 60 s, at most ``timeout``
+            (:class:`~rlstruct.batchers.deadlines.Deadlines`).
+        deadline: a ``time.monotonic()`` value past which no reset or segment waits (a wait
+            that starts after it still gets a few seconds), e.g. the end of a run's time
+            budget; None: none.
 
     Pipelined collection (``pipeline=K >= 2``): ``execute()`` starts a stream; each worker
     collects segments back to back into K slots of shared memory, and ``get()`` returns the
@@ -197,7 +203,7 @@ class Batcher(WorkerPool):
             self._worker_cpu[w] = cpu_s
             segment, _load = self._inflight[w].popleft()
             assert segment % self.pipeline == slot, (segment, slot)
-            self._done.setdefault(segment, {})[w] = n_running
+            self._delivered(segment, w, n_running)
             self._last_progress = time.monotonic()
         elif kind in (Reply.READY, Reply.RESET_DONE):
             self._waiting.discard(w)
@@ -343,7 +349,7 @@ class Batcher(WorkerPool):
         for w in range(len(self._procs)):
             self._send(w, (Command.RESET, None), "reset")
         started = time.monotonic()
-        self._pump(lambda: not self._waiting, lambda: started + self.timeout, "reset")
+        self._pump(lambda: not self._waiting, lambda: self.deadlines.at(started), "reset")
         self._n_running = sum(self._reset_results.values())
         self._phase = Phase.READY
 

@@ -87,6 +87,9 @@ class RayBatcher(WorkerPool):
             with the same index, env seeds ``restart_env_seed(base, restart_count)``, the current
             weights and reset envs; the failed segment is not retried: its rows are left out of
             that batch, and the fault is appended to ``batcher.faults``. Hung actors still raise.
+        adaptive_timeout: the silence limit follows the measured segments, as for ``Batcher``.
+        deadline: a ``time.monotonic()`` value past which no reset or segment waits, as for
+            ``Batcher``.
         address: the Ray cluster: ``None`` connects to the one this process is already connected
             to (``ray.init`` called before), else to ``RAY_ADDRESS`` when set, else starts a
             local cluster (see below); ``"auto"``, ``"host:port"`` or ``"ray://..."`` connect to
@@ -252,7 +255,7 @@ class RayBatcher(WorkerPool):
 
     def _accept_segment(self, w: int, segment: int, value: Any) -> None:
         """Copies worker ``w``'s rows of ``segment`` into that segment's slot buffer."""
-        self._done.setdefault(segment, {})[w] = value["n_running"]
+        self._delivered(segment, w, value["n_running"])
         self._worker_cpu[w] = value["cpu_s"]
         write_rows(self._slot_buffer(segment), self._rows(w), value)
 
@@ -399,7 +402,7 @@ class RayBatcher(WorkerPool):
                 ei.slice(rows.start, rows.stop).clone(),
             )
         started = time.monotonic()
-        self._pump("reset", lambda: started + self.timeout)
+        self._pump("reset", lambda: self.deadlines.at(started))
         self._n_running = sum(self._running.values())
         self._phase = Phase.READY
 

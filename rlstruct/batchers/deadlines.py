@@ -1,0 +1,100 @@
+"""How long a worker pool's workers may stay silent: :class:`Deadlines`.
+
+A worker that answers nothing (a hung env or agent) is reported as a
+:class:`~rlstruct.errors.WorkerTimeoutError` once it was silent for longer than the pool's
+limit (:meth:`Deadlines.at`):
+
+- ``timeout`` seconds (the constructor's ``timeout``), the fixed limit by default;
+- with ``adaptive=True``, once a segment has been delivered: :data:`ADAPTIVE_FACTOR` times the
+  longest silence seen so far in a segment (from a segment's release, or the worker's previous
+  delivery, to its delivery), at least :data:`ADAPTIVE_FLOOR_S` and at most ``timeout``: the
+  limit follows the measured step times;
+- with ``until`` (a ``time.monotonic()`` value, e.g. the end of a run's time budget), no wait
+  lasts past it, except that a wait that starts close to it or after it still gets
+  :data:`UNTIL_MIN_WAIT_S` seconds.
+
+Example:
+    >>> d = Deadlines(timeout=300.0, adaptive=True, until=None, n_workers=1)
+    >>> d.limit()  # nothing measured yet: the timeout
+    300.0
+    >>> d.delivered(0, released=10.0, now=12.0)  # a segment took 2 s
+    >>> d.limit()  # 10 x 2 s, but at least the floor
+    60.0
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+__all__ = ["Deadlines", "ADAPTIVE_FACTOR", "ADAPTIVE_FLOOR_S", "UNTIL_MIN_WAIT_S"]
+
+#: With ``adaptive``: the limit is this many times the longest silence seen in a segment...
+ADAPTIVE_FACTOR = 10.0
+#: ... and never less than this many seconds (a segment slowed down by a busy machine).
+ADAPTIVE_FLOOR_S = 60.0
+#: A wait that starts close to ``until`` (or after it) still lasts this many seconds.
+UNTIL_MIN_WAIT_S = 10.0
+
+
+class Deadlines:
+    """The silence limit of a pool's workers (see the module notes).
+
+    Args:
+        timeout: seconds a worker may stay silent (with ``adaptive``: the most it may).
+        adaptive: follow the measured segments (see the module notes).
+        until: a ``time.monotonic()`` value past which no wait lasts (None: none).
+        n_workers: the pool's workers.
+
+    Attributes:
+        longest_silence: the longest silence seen in a segment so far, in seconds (0: none
+            delivered yet).
+    """
+
+    def __init__(self, timeout: float, adaptive: bool, until: float | None,
+                 n_workers: int) -> None:
+        self.timeout, self.adaptive, self.until = float(timeout), bool(adaptive), until
+        self.longest_silence = 0.0
+        self._delivered_at = [-math.inf] * n_workers
+
+    @staticmethod
+    def problems(adaptive: object, until: object) -> list[str]:
+        """The problems of the ``adaptive_timeout`` and ``deadline`` arguments of a pool."""
+        problems = []
+        if not isinstance(adaptive, bool):
+            problems.append(f"adaptive_timeout must be a bool, got {adaptive!r}")
+        if until is not None and (isinstance(until, bool) or not isinstance(until, (int, float))
+                                  or not math.isfinite(until)):
+            problems.append(f"deadline must be a time.monotonic() value or None, got {until!r}")
+        return problems
+
+    def delivered(self, w: int, released: float, now: float | None = None) -> None:
+        """Worker ``w`` delivered a segment released at ``released`` (monotonic seconds)."""
+        now = time.monotonic() if now is None else now
+        since = max(released, self._delivered_at[w])
+        self.longest_silence = max(self.longest_silence, now - since)
+        self._delivered_at[w] = now
+
+    def limit(self) -> float:
+        """Seconds a worker may stay silent now (``until`` aside)."""
+        if not self.adaptive or self.longest_silence <= 0:
+            return self.timeout
+        return min(self.timeout, max(ADAPTIVE_FLOOR_S, ADAPTIVE_FACTOR * self.longest_silence))
+
+    def at(self, since: float) -> float:
+        """The deadline of a wait whose workers were last heard from at ``since``."""
+        at = since + self.limit()
+        if self.until is not None:
+            at = min(at, max(self.until, since + UNTIL_MIN_WAIT_S))
+        return at
+
+    def describe(self) -> str:
+        """Which limit a timeout ran into, for its message."""
+        if self.until is not None and time.monotonic() >= self.until:
+            return (f"the run's deadline, its time budget plus a grace, passed "
+                    f"{time.monotonic() - self.until:.0f} s ago")
+        if self.adaptive and self.longest_silence > 0:
+            return (f"the timeout of {self.limit():g} s: {ADAPTIVE_FACTOR:g} x the slowest "
+                    f"segment so far ({self.longest_silence:.2f} s), at least "
+                    f"{ADAPTIVE_FLOOR_S:g} s, at most {self.timeout:g} s")
+        return f"the timeout of {self.limit():g} s"

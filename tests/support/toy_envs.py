@@ -1,0 +1,98 @@
+"""Toy envs that break a run's start or its collection, registered with gymnasium on import
+(``--env-module support.toy_envs``; the worker processes import it too):
+
+- ``DictObs-v0``: CartPole's dynamics behind a ``Dict`` observation space;
+- ``TupleObs-v0``: the same behind a ``Tuple`` observation space;
+- ``CloseRaises-v0``: CartPole whose ``close()`` raises;
+- ``HangingStep-v0``: CartPole whose step sleeps for an hour from its 5th step on (a hung
+  simulator);
+- ``EvalRaises-v0``: CartPole whose reset raises for a seed of the evaluation's (a run's
+  evaluation seeds its envs from ``seed + 1000``, ``2**20`` seeds a run seed): the training
+  envs work, the evaluation's fail.
+"""
+
+from __future__ import annotations
+
+import time
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+#: The step from which ``HangingStep-v0`` hangs.
+HANG_AT = 5
+
+
+class DictObs(gym.Wrapper):
+    """CartPole whose observations are ``{"pos": (2,), "vel": (2,)}``."""
+
+    def __init__(self) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        box = spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.observation_space = spaces.Dict({"pos": box, "vel": box})
+
+    def _split(self, obs: np.ndarray) -> dict[str, np.ndarray]:
+        return {"pos": obs[[0, 2]], "vel": obs[[1, 3]]}
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return self._split(obs), info
+
+    def step(self, action):
+        obs, *rest = self.env.step(action)
+        return (self._split(obs), *rest)
+
+
+class TupleObs(DictObs):
+    """CartPole whose observations are ``((2,), (2,))``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        box = spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.observation_space = spaces.Tuple((box, box))
+
+    def _split(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return obs[[0, 2]], obs[[1, 3]]
+
+
+class CloseRaises(gym.Wrapper):
+    """CartPole whose ``close()`` raises."""
+
+    def __init__(self) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+
+    def close(self) -> None:
+        raise RuntimeError("the simulator's licence server is gone")
+
+
+class HangingStep(gym.Wrapper):
+    """CartPole whose step hangs from its ``HANG_AT``-th step on (counted over episodes)."""
+
+    def __init__(self) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.n_steps = 0
+
+    def step(self, action):
+        self.n_steps += 1
+        if self.n_steps >= HANG_AT:
+            time.sleep(3600)
+        return self.env.step(action)
+
+
+class EvalRaises(gym.Wrapper):
+    """CartPole whose reset raises for the seeds of a run's evaluation (see the module notes)."""
+
+    def __init__(self) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None and seed >= 1000 * 2**20:
+            raise RuntimeError(f"no evaluation scenario for seed {seed}")
+        return self.env.reset(seed=seed, options=options)
+
+
+for _name, _cls in (("DictObs-v0", DictObs), ("TupleObs-v0", TupleObs),
+                    ("CloseRaises-v0", CloseRaises), ("HangingStep-v0", HangingStep),
+                    ("EvalRaises-v0", EvalRaises)):
+    if _name not in gym.registry:
+        gym.register(_name, entry_point=_cls, max_episode_steps=500)
