@@ -27,7 +27,8 @@ from __future__ import annotations
 import math
 import time
 
-__all__ = ["Deadlines", "ADAPTIVE_FACTOR", "ADAPTIVE_FLOOR_S", "UNTIL_MIN_WAIT_S"]
+__all__ = ["Deadlines", "ADAPTIVE_FACTOR", "ADAPTIVE_FLOOR_S", "UNTIL_MIN_WAIT_S",
+           "MAX_WORKER_TIMEOUT_S", "budget_grace", "worker_waits"]
 
 #: With ``adaptive``: the limit is this many times the longest silence seen in a segment...
 ADAPTIVE_FACTOR = 10.0
@@ -35,6 +36,24 @@ ADAPTIVE_FACTOR = 10.0
 ADAPTIVE_FLOOR_S = 60.0
 #: A wait that starts close to ``until`` (or after it) still lasts this many seconds.
 UNTIL_MIN_WAIT_S = 10.0
+#: The most a training worker may stay silent in a segment with ``worker_timeout=None``.
+MAX_WORKER_TIMEOUT_S = 300.0
+
+
+def budget_grace(time_budget: float) -> float:
+    """Seconds a segment still running when the time budget ends may take to come back before
+    its silent workers are reported: a tenth of the budget, at least 10 s."""
+    return max(10.0, 0.1 * time_budget)
+
+
+def worker_waits(worker_timeout: float | None, start: float, time_budget: float) -> dict:
+    """A run's :func:`~rlstruct.batchers.make.make_batcher` ``timeout``, ``adaptive_timeout``
+    and ``deadline``: ``worker_timeout`` seconds, or (None) a limit derived from the measured
+    segments (at most :data:`MAX_WORKER_TIMEOUT_S`); and no wait past the time budget (from
+    ``start``, a ``time.monotonic()`` value) plus :func:`budget_grace`."""
+    return {"timeout": worker_timeout or MAX_WORKER_TIMEOUT_S,
+            "adaptive_timeout": worker_timeout is None,
+            "deadline": start + time_budget + budget_grace(time_budget)}
 
 
 class Deadlines:

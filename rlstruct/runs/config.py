@@ -17,6 +17,7 @@ import math
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import tyro
@@ -25,7 +26,7 @@ from rlstruct.runs.json_safe import json_safe
 from rlstruct.runs.layout import LayoutConfig
 from rlstruct.runs.presets import Preset, build_preset
 
-__all__ = ["RunConfig", "RESUMABLE", "config_to_dict", "session_record"]
+__all__ = ["RunConfig", "RESUMABLE", "code_dir", "config_to_dict", "session_record"]
 
 C = TypeVar("C", bound="RunConfig")
 
@@ -220,3 +221,10 @@ def session_record(cfg: RunConfig, frames: int, launch: dict[str, Any]) -> dict[
     return {"time": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             "frames": frames, "argv": list(sys.argv), "launch": dict(launch),
             "settings": {name: values[name] for name in RESUMABLE if name in values}}
+
+
+def code_dir(cfg: RunConfig) -> Path | None:
+    """The folder of the module that defines the config's class: the algorithm's code."""
+    module = sys.modules.get(type(cfg).__module__)
+    path = getattr(module, "__file__", None)
+    return Path(path).resolve().parent if path else None

@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -40,6 +38,7 @@ import torch
 
 from rlstruct.agent import Agent
 from rlstruct.batchers import Batcher, SerialBatcher
+from rlstruct.batchers.deadlines import worker_waits
 from rlstruct.batchers.make import make_batcher
 from rlstruct.checks import CheckDevice
 from rlstruct.dicttensor import DictTensor
@@ -49,7 +48,7 @@ from rlstruct.errors import ConfigError, RLStructError
 from rlstruct.learners.base import LearnerGroupBase, OptimizerFactory
 from rlstruct.learners.torchrun import serve_rank
 from rlstruct.runs import checkpoint as ckpt
-from rlstruct.runs.config import RunConfig, config_to_dict, session_record
+from rlstruct.runs.config import RunConfig, code_dir, config_to_dict, session_record
 from rlstruct.runs.contents import CheckpointContents
 from rlstruct.runs.evaluator import Evaluator
 from rlstruct.runs.groups import learner_group
@@ -65,9 +64,6 @@ from rlstruct.runs.training_env import training_env
 __all__ = ["Run", "Terminated", "env_dims", "env_shape", "env_spaces"]  # RunConfig: config.py
 
 T = TypeVar("T")
-
-#: The most a training worker may stay silent in a segment with ``worker_timeout=None``.
-MAX_WORKER_TIMEOUT_S = 300.0
 
 
 class Run(RunLoop):
@@ -188,14 +184,8 @@ class Run(RunLoop):
         return self.enter(batcher)
 
     def worker_waits(self) -> dict[str, Any]:
-        """How long the training batcher's workers may stay silent
-        (:func:`~rlstruct.batchers.make.make_batcher`'s ``timeout``, ``adaptive_timeout`` and
-        ``deadline``): ``worker_timeout`` seconds, or (None) a limit derived from the measured
-        segments; and never past the time budget plus :func:`budget_grace`."""
-        cfg = self.cfg
-        return {"timeout": cfg.worker_timeout or MAX_WORKER_TIMEOUT_S,
-                "adaptive_timeout": cfg.worker_timeout is None,
-                "deadline": self.start + cfg.time_budget + budget_grace(cfg.time_budget)}
+        """How long the training batcher's workers may stay silent (:func:`worker_waits`)."""
+        return worker_waits(self.cfg.worker_timeout, self.start, self.cfg.time_budget)
 
     def evaluator(self, create_agent: Callable[..., Agent], agent_args: dict[str, Any],
                   agent_info: DictTensor | None = None) -> Evaluator | None:
@@ -312,9 +302,8 @@ class Run(RunLoop):
         they stopped it before its first iteration ended), closes the batchers, the evaluator
         and the logger (which plots), then sets, prints and writes :attr:`summary`
         (``summary.json``; status ``failed`` and the error after any other exception, unless the
-        run failed before its first iteration: :class:`~rlstruct.runs.lock.FolderGuard`; a
-        fresh folder that a typed error, :class:`~rlstruct.errors.RLStructError`, ended before
-        the first iteration holds nothing and is removed). A run
+        run failed before its first iteration: :class:`~rlstruct.runs.lock.FolderGuard`, which
+        removes a fresh folder that a typed error ended before its first iteration). A run
         stopped by a signal first collects the batch its learner group learns on, so the
         checkpoint's frames are the summary's, then raises
         :class:`~rlstruct.runs.signals.Terminated` (:mod:`rlstruct.runs.signals`)."""
@@ -357,16 +346,3 @@ class Run(RunLoop):
         if finish:
             self.summary = summary
         write_summary(self.logger, summary)
-
-
-def budget_grace(time_budget: float) -> float:
-    """Seconds a segment still running when the time budget ends may take to come back before
-    its silent workers are reported: a tenth of the budget, at least 10 s."""
-    return max(10.0, 0.1 * time_budget)
-
-
-def code_dir(cfg: RunConfig) -> Path | None:
-    """The folder of the module that defines the config's class: the algorithm's code."""
-    module = sys.modules.get(type(cfg).__module__)
-    path = getattr(module, "__file__", None)
-    return Path(path).resolve().parent if path else None

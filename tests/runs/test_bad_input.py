@@ -87,7 +87,7 @@ def test_the_run_hands_its_worker_timeout_and_budget_to_the_training_batcher(tmp
     for timeout, expected in ((None, (300.0, True)), (7.5, (7.5, False))):
         cfg = small(tmp_path, worker_timeout=timeout, time_budget=40.0)
         with Run("test", cfg) as run:
-            waits = run.worker_waits()
+            waits = run.worker_waits()  # what training_batcher hands to make_batcher
             assert (waits["timeout"], waits["adaptive_timeout"]) == expected
             assert waits["deadline"] == pytest.approx(run.start + 40.0 + 10.0)
             run.stopped_by = "loop_end"
