@@ -308,6 +308,14 @@ def test_sigterm_exits_0_and_ctrl_c_130_with_one_line_and_a_matching_checkpoint(
         got = s.signal(sig, group=sig == signal.SIGINT)
         assert_graceful(s, got, rc, signal.Signals(sig).name)
         assert "stopped by interrupted" in s.out
+    if sig == signal.SIGTERM:  # a second session on the folder is refused and starts nothing
+        from rlstruct.runs.lock import FolderLock
+
+        with FolderLock(s.run_dir()), session(algo("ppo", "--resume", str(s.run_dir())),
+                                              tmp_path) as refused:
+            refused.out, refused.err = refused.proc.communicate(timeout=60)
+            assert refused.proc.returncode == 2 and "is in use by pid" in refused.err
+            assert not refused.group_alive(), "a refused session left a process behind"
 
 
 @pytest.mark.slow
