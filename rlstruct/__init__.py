@@ -48,7 +48,12 @@ plots run directories (see :mod:`rlstruct.runs.plotting`); ``rlstruct evaluate R
 plays a saved policy (see :mod:`rlstruct.tools.evaluate`); ``rlstruct --help`` lists every
 command.
 """
+# ruff: noqa: E402 (the imports follow the first line that every rlstruct command runs)
 from __future__ import annotations
+
+from rlstruct.parallel import startup
+
+startup.install_if_command()  # a command's SIGTERM and Ctrl-C are graceful from here on
 
 import importlib
 from typing import Any

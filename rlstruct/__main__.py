@@ -30,6 +30,7 @@ PPO, not the seven others). Usage errors exit with code 2 and one message.
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn, Union
 
 import tyro
+
+from rlstruct.parallel import startup
 
 __all__ = ["ALGOS", "COMMANDS", "EvaluateCommand", "PlotCommand", "command_tree", "main",
            "train"]
@@ -230,12 +233,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             stderr).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in _RUN:
-        return _RUN[argv[0]](argv[1:])
-    # no command, --help, or a word no command takes: tyro's tree shows the help or the error
-    tyro.cli(command_tree(), args=argv, prog=PROG,
-             description="rlstruct: train, evaluate, plot, sweep and tune from the shell")
-    _usage_error(PROG, f"name a command: one of {', '.join(COMMANDS)}")
+    try:
+        with startup.catching():  # SIGTERM, Ctrl-C: one line, no traceback (train: run_cli's)
+            if argv and argv[0] in _RUN:
+                return _RUN[argv[0]](argv[1:])
+            # no command, --help, or a word no command takes: tyro's tree shows the help or
+            # the error
+            tyro.cli(command_tree(), args=argv, prog=PROG,
+                     description="rlstruct: train, evaluate, plot, sweep and tune from the shell")
+            _usage_error(PROG, f"name a command: one of {', '.join(COMMANDS)}")
+    except KeyboardInterrupt as stop:
+        code = startup.EXIT_CODES.get(getattr(stop, "signum", signal.SIGINT), 130)
+        what = str(stop).removeprefix("signal ") or "SIGINT"
+        command = f"{PROG} {argv[0]}" if argv and argv[0] in _RUN else PROG
+        print(f"{command}: stopped by {what} (exit code {code})", file=sys.stderr, flush=True)
+        return code
 
 
 if __name__ == "__main__":

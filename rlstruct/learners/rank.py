@@ -50,6 +50,7 @@ from rlstruct.blocks.optim import Optimizer, gradient_step
 from rlstruct.devices import learner_autocast
 from rlstruct.learners.reducer import BUCKET_BYTES, GradientReducer
 from rlstruct.learners.staging import DeviceStager, unpack
+from rlstruct.parallel.startup import ignore_ctrl_c, watch_driver
 
 __all__ = ["RankContext", "algorithm_learn"]
 
@@ -329,8 +330,9 @@ def _start_rank(
     context and its learn function."""
     # The driver owns shutdown: a signal to the process group must not break the batch
     # the driver collects before its final checkpoint.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ignore_ctrl_c()  # SIGINT was blocked from birth (rlstruct.parallel.startup)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    watch_driver()  # a SIGKILLed driver: the rank leaves, even in the middle of a learn phase
     torch.set_num_threads(spec.n_threads)
     device = torch.device(spec.devices[rank])
     if device.type == "cuda":

@@ -6,8 +6,10 @@ Processes are forked from a forkserver process that has torch and rlstruct impor
 program pays for those imports once, later ones start in a fraction of a second. The forkserver
 is a fresh single-threaded process, so no CUDA context or thread of the caller is ever forked.
 
-The forkserver ignores SIGTERM (and, as multiprocessing makes it, SIGINT): it ends when the
-program that started it does. A signal to the whole process group (Slurm at a time limit,
+The forkserver ignores SIGTERM, and SIGINT from its first line on (it is started with SIGINT
+blocked, which its children inherit; :func:`rlstruct.parallel.startup.starting_children`, which
+also keeps the working directory off its ``sys.path``): it ends when the program that started
+it does. A signal to the whole process group (Slurm at a time limit,
 ``timeout``, ``kill -TERM -PGID``) would otherwise kill it, and every live worker and learner
 rank forked from it would then read as dead (multiprocessing reports exit code 255).
 """
@@ -22,6 +24,8 @@ import sys
 from collections.abc import Sequence
 
 import torch.multiprocessing as tmp
+
+from rlstruct.parallel.startup import forget_safe_path, starting_children
 
 __all__ = ["worker_context", "FORKSERVER_MAX_FDS"]
 
@@ -46,6 +50,7 @@ def _in_forkserver() -> bool:
 if _in_forkserver():
     # Workers set their own SIGTERM handler, learner ranks ignore it as well.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    forget_safe_path()  # the workers' own children see the environment the user gave
 
 
 def worker_context(
@@ -65,7 +70,8 @@ def worker_context(
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = tmp.get_context("forkserver")
         ctx.set_forkserver_preload([__name__, *preload])
-        if start:
-            multiprocessing.forkserver.ensure_running()
+        if start:  # SIGINT ignored from its first line, the working directory not on its path
+            with starting_children():
+                multiprocessing.forkserver.ensure_running()
         return ctx
     return tmp.get_context("spawn")

@@ -45,6 +45,7 @@ from rlstruct.devices import is_accelerator, resolve_device
 from rlstruct.envs.registry import env_id_problems, env_module_problems, probe_spaces
 from rlstruct.errors import CheckpointError, ConfigError
 from rlstruct.learners.torchrun import torchrun_rank, torchrun_world
+from rlstruct.parallel.startup import catching
 from rlstruct.runs.checkpoint import load_checkpoint, object_path
 from rlstruct.runs.config import RESUMABLE, RunConfig, config_to_dict
 from rlstruct.runs.folder import CHECKPOINTS, RunFolder
@@ -219,16 +220,18 @@ def run_cli(main: Callable[[Resolved[C]], Any], config_class: type[C],
 
     A run stopped by SIGTERM or Ctrl-C (:class:`~rlstruct.runs.signals.Terminated`: it wrote
     its final checkpoint and summary) is one line on stderr and exit code 0 after SIGTERM, 130
-    after Ctrl-C; so is a Ctrl-C before the run starts or after it ended. No traceback.
+    after Ctrl-C; so is a signal before the run starts (the config check, a resume's checkpoint
+    load) or after it ended. No traceback.
 
     Returns:
         What ``main`` returns (the run's summary).
     """
     name = prog or "rlstruct train " + algo_name(config_class)
     try:
-        resolved = parse(config_class, args, prog)
-        with _exit_2_on_config_error(config_class, prog):
-            return main(resolved)
+        with catching():  # a signal from the command's first line on: rlstruct.parallel.startup
+            resolved = parse(config_class, args, prog)
+            with _exit_2_on_config_error(config_class, prog):
+                return main(resolved)
     except KeyboardInterrupt as stop:  # Terminated (SIGTERM, Ctrl-C) or a bare Ctrl-C
         code = exit_code(stop)
         what = str(stop) or "signal SIGINT"

@@ -309,6 +309,9 @@ class Run(RunLoop):
         :class:`~rlstruct.runs.signals.Terminated` (:mod:`rlstruct.runs.signals`)."""
         end = self.signals.ending(exc, self.stopped_by)
         self._after_signal = end.after_signal
+        # what summary.json records: the signal, also where a library replaced its Terminated
+        recorded = (self.signals.stop_now() if end.by_signal
+                    and isinstance(exc, KeyboardInterrupt) else exc)
         try:
             if end.finish:
                 if self.stopped_by is None:  # Ctrl-C, or a loop that ended on its own
@@ -331,13 +334,13 @@ class Run(RunLoop):
                     self.logger.close()
                 finally:
                     self.signals.restore()
-                    self._write_summary(end.finish, exc)
+                    self._write_summary(end.finish, recorded)
                     self._guard.close(not end.finish and self.iteration == self._resumed_at,
                                       isinstance(exc, RLStructError))
         if end.finish:
             print(describe(self.algo, self.summary, self.logger.train_column))
             print(f"outputs in {self.logger.dir}", flush=True)
-        if end.by_signal and (exc is None or end.after_signal is not None):
+        if end.by_signal and not isinstance(exc, Terminated):  # none, or one it stands for
             raise self.signals.stop_now() from None
 
     def _write_summary(self, finish: bool, exc: BaseException | None) -> None:

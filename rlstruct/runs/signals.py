@@ -14,10 +14,18 @@
   :func:`settle_groups`), closes everything and raises :class:`Terminated`, which the command
   line (:func:`~rlstruct.runs.resolve.run_cli`) turns into one line and exit code
   :data:`EXIT_CODES` (0 after SIGTERM, 130 after Ctrl-C).
-- **A second signal** (SIGTERM or SIGINT) ends the process at once: one line on stderr, the
-  run's processes killed by PID, exit code ``128 + signal`` (143 or 130). Under torchrun a second
-  signal is ignored: its agent forwards the signal it received (a terminal's Ctrl-C reaches
-  every rank twice) and sends SIGKILL 30 s later itself.
+- **More SIGTERMs** are ignored: as with Kubernetes and systemd, one SIGTERM starts the grace
+  period and SIGKILL is the force. A process-group kill, or ``scancel`` together with a
+  forwarding trap, delivers SIGTERM twice, and the final checkpoint is what the stop is for.
+- **A second Ctrl-C** (SIGINT, after either signal) ends the process at once: one line on
+  stderr, the run's processes killed by PID, exit code 130. Under torchrun it is ignored too:
+  its agent forwards the signal it received (a terminal's Ctrl-C reaches every rank twice) and
+  sends SIGKILL 30 s later itself.
+- **A library that turns the run's** :class:`Terminated` **into a bare KeyboardInterrupt**
+  (Ray's ``ray.get`` and ``ray.wait`` run Python's signal handlers inside their wait and raise
+  ``KeyboardInterrupt()`` for any KeyboardInterrupt a handler raised, SIGTERM's included) does
+  not change how the run ends: :meth:`StopSignals.ending` takes it for the signal that was
+  received, so a SIGTERM still ends with exit code 0.
 
 Learner ranks and batcher workers ignore SIGINT: Ctrl-C to the process group reaches the main
 process only.
@@ -36,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlstruct.errors import LearnerError
+from rlstruct.parallel.startup import EXIT_CODES, Terminated
 
 __all__ = ["Terminated", "StopSignals", "Ending", "EXIT_CODES", "STOP_GRACE_S", "settle_groups",
            "exit_code", "final_checkpoint", "lost_rank", "kill_descendants"]
@@ -44,10 +53,6 @@ __all__ = ["Terminated", "StopSignals", "Ending", "EXIT_CODES", "STOP_GRACE_S", 
 #: the final checkpoint then has as long again, well within the 30 s after which Slurm
 #: (``KillWait``) and torchrun send SIGKILL.
 STOP_GRACE_S = 10.0
-
-#: The command line's exit code after a graceful stop, by signal: SIGTERM is how Slurm and
-#: schedulers ask a job to stop, so the job ends COMPLETED; Ctrl-C is the shell's convention.
-EXIT_CODES = {signal.SIGTERM: 0, signal.SIGINT: 130}
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -69,19 +74,6 @@ class Ending:
     by_signal: bool
     raised: bool
     after_signal: str | None = None
-
-
-class Terminated(KeyboardInterrupt):
-    """The run was stopped by a signal (SIGTERM or Ctrl-C): it ended with its last row, a final
-    checkpoint and ``summary.json`` with status ``interrupted``.
-
-    Attributes:
-        signum: the signal's number.
-    """
-
-    def __init__(self, signum: int) -> None:
-        self.signum = int(signum)
-        super().__init__(f"signal {signal.Signals(signum).name}")
 
 
 def exit_code(exc: BaseException) -> int:
@@ -152,7 +144,11 @@ class StopSignals:
         after = (exc is not None and self.requested
                  and not isinstance(exc, (KeyboardInterrupt, LearnerError)))
         raised = exc is not None and not after
-        by_signal = isinstance(exc, Terminated) or (
+        # A bare KeyboardInterrupt after this handler raised: a library (Ray's ray.get) caught
+        # the Terminated and raised KeyboardInterrupt() instead; it is the signal received.
+        converted = (isinstance(exc, KeyboardInterrupt) and not isinstance(exc, Terminated)
+                     and self._raised)
+        by_signal = isinstance(exc, Terminated) or converted or (
             (exc is None or after) and self.requested and stopped_by in (None, "interrupted"))
         return Ending(finish=not raised or isinstance(exc, KeyboardInterrupt),
                       by_signal=by_signal, raised=raised,
@@ -189,8 +185,10 @@ class StopSignals:
         if self._overdue and not self._raised and not self._tearing_down:
             self._raised = True  # the deferred stop's grace is over: interrupt the body
             raise Terminated(self.signum)
-        if self._torchrun:
-            return  # the agent forwards its signal too, and sends SIGKILL after 30 s itself
+        if signum != signal.SIGINT or self._torchrun:
+            # More SIGTERMs: the grace period goes on (SIGKILL is the force). Under torchrun
+            # the agent forwards its signal too, and sends SIGKILL after 30 s itself.
+            return
         self._hard_exit(signum)
 
     def _overdue_stop(self) -> None:

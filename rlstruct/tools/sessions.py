@@ -1,28 +1,53 @@
 """The sessions of a sweep (:mod:`rlstruct.tools.sweep`) as subprocesses of this machine.
 
 A :class:`Job` is one session to run; :func:`run_sessions` runs them, at most ``max_parallel``
-at once, each in its own process group (killed whole on timeout, on Ctrl-C and on any error);
+at once, each in its own process group (killed whole on timeout and on any error);
 :func:`finish` reads a session's outcome from what its run wrote (:func:`session_outcome`, its
 run folder found by :func:`find_run_dir`) into its :class:`SessionResult`.
+
+How a sweep stops:
+
+- **SIGTERM or Ctrl-C** to the sweep stops its running sessions as a scheduler stops a run:
+  SIGTERM to each session's process group, so that each writes its final checkpoint and
+  ``summary.json`` (status ``interrupted``), then SIGKILL to the groups still alive after
+  :data:`STOP_GRACE_S`. A second signal while they stop (Ctrl-C twice) SIGKILLs them at once;
+  the summary of the sweep is written either way, then the sweep ends with exit code 0 after
+  SIGTERM, 130 after Ctrl-C (:class:`~rlstruct.parallel.startup.Terminated`).
+- **The sweep killed** (SIGKILL, the OOM killer): on Linux each session is started with a
+  parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGTERM)``), so it stops gracefully at once,
+  with its final checkpoint, rather than train on as an orphan.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
 import os
 import re
 import signal
 import subprocess
+import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlstruct.parallel.startup import Terminated
 from rlstruct.runs.folder import is_run_dir, read_run
 
 __all__ = ["SessionResult", "Job", "run_sessions", "start", "kill", "finish", "find_run_dir",
-           "session_outcome"]
+           "session_outcome", "stop_all", "latched", "sigterm_raises", "STOP_GRACE_S"]
+
+#: Seconds the sessions of a stopped sweep have to end gracefully (a run's stop: its learn
+#: phase, up to 10 s, then its final checkpoint) before SIGKILL; within the 30 s after which
+#: Slurm (``KillWait``) SIGKILLs a sweep that runs in a job.
+STOP_GRACE_S = 25.0
+
+_STOPS = (signal.SIGTERM, signal.SIGINT)
+_PR_SET_PDEATHSIG = 1
 
 _TRAIN_COLUMN = re.compile(r"^train_return_mean\d+$")
 _BOX = "│─╭╮╰╯┃━┏┓┗┛|"
@@ -92,42 +117,121 @@ def run_sessions(jobs: list[Job], max_parallel: int, timeout: float | None, poll
     (``OMP_NUM_THREADS=1``) and killed after ``timeout`` seconds; fills in their results.
 
     Raises:
-        BaseException: whatever interrupted the loop (Ctrl-C included), re-raised once every
-            running session was killed and each result says it was interrupted or not run.
+        BaseException: whatever interrupted the loop (Ctrl-C, SIGTERM as
+            :class:`~rlstruct.parallel.startup.Terminated`, an error), re-raised once every
+            running session was stopped (:func:`stop_all`) and each result says it was
+            interrupted or not run.
     """
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     pending: list[Job] = list(jobs)
     running: list[Job] = []
-    try:
-        while pending or running:
-            while pending and len(running) < max_parallel:
-                job = pending.pop(0)
+    with sigterm_raises():
+        try:
+            _run(pending, running, max_parallel, timeout, poll_s, quiet, env)
+        except BaseException:
+            with latched() as received:  # a second signal: SIGKILL at once
+                stop_all(running, STOP_GRACE_S, received)
+            for job in pending:
+                job.result.error = "not run: sweep interrupted"
+            raise
+
+
+def _run(pending: list[Job], running: list[Job], max_parallel: int, timeout: float | None,
+         poll_s: float, quiet: bool, env: dict[str, str]) -> None:
+    """The loop of :func:`run_sessions`: starts and polls the sessions until none is left."""
+    while pending or running:
+        while pending and len(running) < max_parallel:
+            job = pending.pop(0)
+            with _signals_blocked():  # a signal now would leave a session untracked
                 start(job, env)
                 running.append(job)
-                if not quiet:
-                    print(f"sweep: started trial {job.result.trial} session "
-                          f"{job.result.session} (seed {job.result.seed}, "
-                          f"{job.result.device})", flush=True)
-            for job in list(running):
-                code = _poll(job, timeout)
-                if code is None:
-                    continue
-                running.remove(job)
-                finish(job, code)
-                if not quiet:
-                    status = "ok" if job.result.ok else f"FAILED: {job.result.error[:200]}"
-                    print(f"sweep: trial {job.result.trial} session {job.result.session} "
-                          f"{status}", flush=True)
-            if running:
-                time.sleep(poll_s)
-    except BaseException:
-        for job in running:
-            kill(job)
-            finish(job, job.proc.returncode if job.proc is not None else -1)
-            job.result.error = "sweep interrupted; " + job.result.error
-        for job in pending:
-            job.result.error = "not run: sweep interrupted"
-        raise
+            if not quiet:
+                print(f"sweep: started trial {job.result.trial} session "
+                      f"{job.result.session} (seed {job.result.seed}, "
+                      f"{job.result.device})", flush=True)
+        for job in list(running):
+            code = _poll(job, timeout)
+            if code is None:
+                continue
+            running.remove(job)
+            finish(job, code)
+            if not quiet:
+                status = "ok" if job.result.ok else f"FAILED: {job.result.error[:200]}"
+                print(f"sweep: trial {job.result.trial} session {job.result.session} "
+                      f"{status}", flush=True)
+        if running:
+            time.sleep(poll_s)
+
+
+def stop_all(running: list[Job], grace: float, received: list[int] | None = None) -> None:
+    """Stops the running sessions of an interrupted sweep and fills in their results: SIGTERM
+    to every session's process group (each run writes its final checkpoint), SIGKILL to those
+    still alive after ``grace`` seconds, or at once when ``received`` (the signals that came
+    meanwhile) gets one."""
+    received = [] if received is None else received
+    for job in running:
+        if job.proc is not None and job.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(job.proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while (not received and time.monotonic() < deadline
+           and any(j.proc is not None and j.proc.poll() is None for j in running)):
+        time.sleep(0.05)
+    for job in running:
+        if job.proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(job.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                job.proc.wait(10.0)
+        finish(job, job.proc.returncode if job.proc is not None else -1)
+        job.result.error = "sweep interrupted; " + job.result.error
+    running.clear()
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` in the main thread, as Ctrl-C raises
+    KeyboardInterrupt (nothing is changed outside the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum: int, frame: Any) -> None:
+        raise Terminated(signum)
+
+    old = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old if old is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def latched() -> Iterator[list[int]]:
+    """A block that SIGTERM and SIGINT do not interrupt (the stop of the sessions, the sweep's
+    summary): the list yielded gets each one that came (main thread only; elsewhere the list
+    stays empty)."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    old = {sig: signal.signal(sig, lambda signum, frame: received.append(signum))
+           for sig in _STOPS}
+    try:
+        yield received
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def _signals_blocked() -> Iterator[None]:
+    """SIGTERM and SIGINT held back in the block (delivered after it), in this thread."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _poll(job: Job, timeout: float | None) -> int | None:
@@ -153,9 +257,31 @@ def start(job: Job, env: dict[str, str]) -> None:
     try:
         job.proc = subprocess.Popen(job.cmd, stdout=stdout, stderr=stderr,
                                     stdin=subprocess.DEVNULL, env=env,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=_child_setup())
     except OSError as err:
         job.result.error = f"could not start: {err}"
+
+
+def _child_setup() -> Callable[[], None]:
+    """What a session's process does between fork and exec: SIGTERM and SIGINT as they are by
+    default and not blocked (the sweep holds them back while it starts a session), and on Linux
+    SIGTERM when the sweep dies (``PR_SET_PDEATHSIG``; ended at once if it died already)."""
+    parent = os.getpid()
+    prctl = None
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def setup() -> None:
+        for sig in _STOPS:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+            if os.getppid() != parent:  # the sweep died before the line above
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    return setup
 
 
 def kill(job: Job, grace: float = 5.0) -> None:

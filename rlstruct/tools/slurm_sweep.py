@@ -31,7 +31,7 @@ from typing import Any
 
 from rlstruct.errors import ConfigError
 
-__all__ = ["SlurmSession", "run_on_slurm"]
+__all__ = ["SlurmSession", "run_on_slurm", "require_submitit"]
 
 
 class SlurmSession:
@@ -106,6 +106,20 @@ def _status(folder: Path) -> str:
     return ""
 
 
+def require_submitit() -> Any:
+    """submitit, which ``--launcher slurm`` needs (the ``slurm`` extra).
+
+    Raises:
+        ConfigError: submitit is not installed (checked before the sweep makes its folder).
+    """
+    try:
+        import submitit
+    except ImportError:
+        raise ConfigError("sweep --launcher slurm needs submitit (the 'slurm' extra), which is "
+                          "not installed: pip install 'rlstruct[slurm]'") from None
+    return submitit
+
+
 def run_on_slurm(sessions: Sequence[tuple[list[str], Path, str]], out: Path, cores: int,
                  gpus: int, time_min: int, partition: str | None, timeout: float | None,
                  poll_s: float = 2.0, quiet: bool = False) -> list[tuple[int | None, str]]:
@@ -129,11 +143,7 @@ def run_on_slurm(sessions: Sequence[tuple[list[str], Path, str]], out: Path, cor
     Raises:
         ConfigError: submitit is not installed, or ``sbatch`` is not on this machine.
     """
-    try:
-        import submitit
-    except ImportError:
-        raise ConfigError("sweep --launcher slurm needs submitit: pip install "
-                          "'rlstruct[slurm]'") from None
+    submitit = require_submitit()
     executor = submitit.SlurmExecutor(folder=out / "slurm" / "%j")
     params: dict[str, Any] = {"time": time_min, "cpus_per_task": cores, "ntasks_per_node": 1,
                               "nodes": 1, "signal_delay_s": 60}

@@ -29,7 +29,10 @@ cuda_offset)``: with ``gpus > 0`` it gets ``--learner-device cuda:k``; with ``gp
 
 A session that fails (non-zero exit, timeout) is reported in the summary with the last lines of
 its stderr; the others go on. Every session runs in its own process group, waited for with a
-deadline, and the whole group is killed on timeout, on Ctrl-C and on any error of the sweep.
+deadline, and the whole group is killed on timeout. SIGTERM or Ctrl-C to the sweep stops the
+running sessions gracefully, each with its final checkpoint (a second signal: at once), writes
+the summary and exits 0 after SIGTERM, 130 after Ctrl-C; a sweep that is killed takes its
+sessions with it (:mod:`rlstruct.tools.sessions`).
 """
 
 from __future__ import annotations
@@ -52,13 +55,16 @@ import tyro
 from rlstruct.devices import session_device
 from rlstruct.errors import ConfigError
 from rlstruct.runs.plotting import MA_WINDOW, trial_figure
+from rlstruct.runs.signals import exit_code
 from rlstruct.tools.sessions import (
     Job,
     SessionResult,
     find_run_dir,
     finish,
+    latched,
     run_sessions,
     session_outcome,
+    sigterm_raises,
 )
 
 __all__ = [
@@ -149,16 +155,20 @@ def sweep(
     Raises:
         ConfigError: no such algorithm (without ``module``); or no seeds, duplicate seeds,
             bad counts, ``gpus`` more than this machine's CUDA devices (none without CUDA), or
-            session folders that exist already, every problem at once; before any folder or
-            session exists.
-        KeyboardInterrupt: re-raised after every running session was killed (the summary of
-            the sessions that finished is written first).
+            session folders that exist already, every problem at once; or ``launcher``
+            ``slurm`` without submitit; before any folder or session exists.
+        KeyboardInterrupt: Ctrl-C, or SIGTERM (:class:`~rlstruct.parallel.startup.Terminated`),
+            re-raised after every running session was stopped, each with its final checkpoint
+            (``rlstruct.tools.sessions``: SIGTERM, then SIGKILL after ``STOP_GRACE_S`` or a
+            second signal); the summary is written first.
     """
     seeds = [int(s) for s in seeds]
     trial_list = [dict(t) for t in trials] if trials else [{}]
     out = Path(out) if out is not None else _default_folder(algo)
     module = _algo_module(algo, module)
     rotate = gpus if launcher == "local" else 0  # slurm: each job gets its own GPUs
+    if launcher == "slurm":  # refused before the sweep folder exists
+        _require_submitit()
     _check_arguments(seeds, rotate, cores_per_session, max_parallel, ma_window,
                      [out / f"trial{t}" / f"session{s}" for t in range(len(trial_list))
                       for s in range(len(seeds))])
@@ -174,12 +184,29 @@ def sweep(
     if launcher == "slurm":  # one Slurm job per session (rlstruct/tools/slurm_sweep.py)
         _on_slurm(jobs, out, cores_per_session, gpus, slurm_time, slurm_partition, timeout, quiet)
         return _write_outputs(out, jobs, len(trial_list), quiet, ma_window)
-    try:
-        run_sessions(jobs, max_parallel, timeout, poll_s, quiet)
-    except BaseException:
-        _write_outputs(out, jobs, len(trial_list), quiet=True)
-        raise
-    return _write_outputs(out, jobs, len(trial_list), quiet, ma_window)
+    return _run_here(jobs, out, len(trial_list), max_parallel, timeout, poll_s, quiet,
+                     ma_window)
+
+
+def _run_here(jobs: list[Job], out: Path, n_trials: int, max_parallel: int,
+              timeout: float | None, poll_s: float, quiet: bool,
+              ma_window: int) -> list[SessionResult]:
+    """Runs the sessions as subprocesses here and writes the outputs, also after SIGTERM or
+    Ctrl-C (the sessions stopped first, a second signal does not cost the summary)."""
+    with sigterm_raises():
+        try:
+            run_sessions(jobs, max_parallel, timeout, poll_s, quiet)
+        except BaseException:
+            with latched():
+                _write_outputs(out, jobs, n_trials, quiet=True)
+            raise
+    return _write_outputs(out, jobs, n_trials, quiet, ma_window)
+
+
+def _require_submitit() -> None:
+    from rlstruct.tools.slurm_sweep import require_submitit
+
+    require_submitit()
 
 
 def _session_jobs(prefix: list[str], trials: list[dict[str, Any]], seeds: list[int], out: Path,
@@ -357,8 +384,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             ``--`` are the algorithm's flags, given to every session.
 
     Returns:
-        The exit code: 0 when every session succeeded, 1 when some failed, 130 on Ctrl-C; a
-        usage error exits with 2 (``SystemExit``).
+        The exit code: 0 when every session succeeded, 1 when some failed, 130 on Ctrl-C, 0
+        after SIGTERM (the sessions stopped gracefully); a usage error exits with 2
+        (``SystemExit``).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     algo_args: list[str] = []
@@ -399,9 +427,13 @@ def run(args: SweepCommand) -> int:
                         slurm_time=args.slurm_time, slurm_partition=args.slurm_partition)
     except ConfigError as err:
         _usage_error(str(err))
-    except KeyboardInterrupt:
-        print("sweep: interrupted; running sessions killed", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
+        code = exit_code(stop)
+        what = str(stop).removeprefix("signal ") or "SIGINT"
+        print(f"sweep: stopped by {what} (exit code {code}); the running sessions were "
+              "stopped, each with its final checkpoint, and the summary written",
+              file=sys.stderr, flush=True)
+        return code
     return 0 if all(r.ok for r in results) else 1
 
 

@@ -7,6 +7,7 @@ envs, global env 7 is env 3 of worker 1.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -342,6 +343,80 @@ def test_r09_workers_exit_when_the_main_process_is_killed():
     while any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids):
         assert time.monotonic() < deadline, "workers outlived their parent"
         time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_r09_a_worker_stuck_in_env_step_exits_with_its_forkserver_when_the_driver_is_killed():
+    # A forkserver's child holds the forkserver's "alive" pipe: without a watchdog in the
+    # worker, the forkserver (the worker's parent, whose death would SIGKILL it) outlives the
+    # driver, and so do the worker stuck in env.step and the resource tracker.
+    proc = run_script("""
+        import os, signal, time
+        from multiprocessing import forkserver, resource_tracker
+        from support.agents import DeterministicAgent
+        from support.batcher_helpers import counter_env
+        from rlstruct.batchers import Batcher
+        if __name__ == "__main__":
+            env_args = {"n_envs": 1, "auto_reset": True, "hang_at": (0, 1), "hang_seconds": 60}
+            b = Batcher(3, DeterministicAgent, {"n_actions": 2}, counter_env, env_args,
+                        n_processes=1)
+            b.reset()
+            b.execute()
+            time.sleep(0.3)  # the worker is in its hanging env.step
+            helpers = [forkserver._forkserver._forkserver_pid,
+                       resource_tracker._resource_tracker._pid]
+            print(" ".join(str(p) for p in [*(p.pid for p in b._procs), *helpers]), flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+    """, start_new_session=True)
+    pids = [int(x) for x in proc.stdout.readline().split()]  # the children keep stdout open
+    proc.wait(timeout=60)
+    assert len(pids) == 3, pids
+    try:
+        deadline = time.monotonic() + 5
+        while alive := [p for p in pids if psutil.pid_exists(p)
+                        and psutil.Process(p).status() != "zombie"]:
+            assert time.monotonic() < deadline, f"{alive} (worker, forkserver, tracker) lived on"
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_workers_do_not_import_rlstruct_from_the_working_directory(tmp_path):
+    # A folder named rlstruct where the program runs (a clone's parent, ~/rlstruct): the
+    # forkserver is started with `python -c`, which puts the working directory first on its
+    # sys.path. Its preload imported that folder as the package `rlstruct`, and every worker
+    # forked from it failed to run the script again: "cannot import name 'Batcher' from
+    # 'rlstruct'". (An empty package here stands for a folder without __init__.py, a namespace
+    # package, which shadows an editable install the same way.)
+    here = tmp_path / "here"
+    (here / "rlstruct").mkdir(parents=True)
+    (here / "rlstruct" / "__init__.py").write_text("")
+    script = tmp_path / "driver.py"
+    script.write_text(textwrap.dedent("""
+        from rlstruct import Batcher  # what the worker runs again to unpickle ScriptAgent
+        from support.agents import DeterministicAgent
+        from support.batcher_helpers import counter_env
+
+        class ScriptAgent(DeterministicAgent):
+            pass
+
+        if __name__ == "__main__":
+            b = Batcher(2, ScriptAgent, {"n_actions": 2}, counter_env, {"n_envs": 1},
+                        n_processes=1)
+            try:
+                b.reset()
+                b.execute()
+                print("collected", b.get() is not None, flush=True)
+            finally:
+                b.close()
+    """))
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
+    env.pop("PYTHONSAFEPATH", None)
+    done = subprocess.run([sys.executable, str(script)], cwd=here, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "collected True" in done.stdout, done.stderr[-2000:]
 
 
 def test_r10_sigint_during_get_closes_cleanly():

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -165,6 +166,136 @@ def test_a_signal_outside_a_deferred_block_raises_at_once():
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+def run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_more_sigterms_are_ignored_in_the_grace_period_and_in_the_teardown():
+    # Kubernetes' and systemd's contract: one SIGTERM starts the grace period, SIGKILL is the
+    # force. In a subprocess: a second SIGTERM used to end the process (exit code 143).
+    done = run_python(textwrap.dedent("""
+        import os, signal, time
+        from rlstruct.runs.signals import StopSignals
+        signals = StopSignals()
+        with signals.deferred():  # a learn phase
+            for _ in range(3):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)
+        print("learned", signals.signum == signal.SIGTERM, flush=True)
+        signals.teardown()  # the final checkpoint (SAC's buffer write)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        print("checkpointed", flush=True)
+    """))
+    assert done.returncode == 0 and done.stdout.split() == ["learned", "True", "checkpointed"], \
+        done.stderr
+
+
+def test_a_terminated_that_a_library_turned_into_a_bare_keyboard_interrupt_is_the_signal():
+    # Ray's ray.get and ray.wait run the signal handlers inside their wait and raise a bare
+    # KeyboardInterrupt() for the Terminated the handler raised: a SIGTERM then ended the run
+    # with exit code 130, as if it were Ctrl-C.
+    signals = StopSignals()
+    try:
+        try:
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+            except KeyboardInterrupt:  # what Ray's check_signals and check_status do
+                raise KeyboardInterrupt() from None
+        except KeyboardInterrupt as exc:
+            caught = exc
+        end = signals.ending(caught, None)
+    finally:
+        signals.restore()
+    assert end.by_signal and end.finish
+    assert signals.stop_now().signum == signal.SIGTERM
+
+
+def test_a_signal_before_the_runs_handlers_exist_is_one_line_and_its_exit_code(monkeypatch,
+                                                                               capsys):
+    # The config check and a resume's checkpoint load (resolve) come before Run's handlers.
+    from rlstruct.algos import ppo
+    from rlstruct.parallel import startup
+    from rlstruct.runs import resolve as resolve_module
+
+    def slow_resolve(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+
+    monkeypatch.setattr(resolve_module, "resolve", slow_resolve)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    startup.install()  # what the package's first line does in a command
+    try:
+        with pytest.raises(SystemExit) as info:
+            resolve_module.run_cli(ppo.main, ppo.Config, args=[], prog="rlstruct train ppo")
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    err = capsys.readouterr().err
+    assert info.value.code == 0 and "rlstruct train ppo: stopped by SIGTERM (exit code 0)" in err
+    assert "Traceback" not in err
+
+
+def sigterm_caught(pid: int) -> bool:
+    """The process has a handler for SIGTERM (its SigCgt mask in /proc)."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig, rc", [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
+def test_a_signal_while_the_command_imports_is_one_line_and_its_exit_code(tmp_path, sig, rc):
+    # From the first line the command runs (the package's), not only once the run exists.
+    with session(algo("ppo", "--n-processes", "1"), tmp_path) as s:
+        start = time.monotonic()
+        while not sigterm_caught(s.proc.pid) and time.monotonic() - start < 1.0:
+            time.sleep(0.005)  # the start-up handler, before torch is imported
+        got = s.signal(sig, group=True)
+        assert "Traceback" not in s.err and got == rc, s.err
+        lines = [ln for ln in s.err.splitlines() if ln.strip()]
+        assert len(lines) == 1 and f"stopped by {signal.Signals(sig).name}" in lines[0], s.err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_ctrl_c_while_the_forkserver_starts_reaches_the_driver_only(tmp_path):
+    # The forkserver imports torch before multiprocessing makes it ignore SIGINT: started
+    # with SIGINT blocked, it (and every worker forked from it) never sees a terminal's Ctrl-C.
+    import psutil
+
+    with session(algo("ppo", "--n-processes", "2"), tmp_path) as s:
+        deadline = time.monotonic() + 60
+        while not any("forkserver" in line for line in _command_lines(s.proc.pid)):
+            assert time.monotonic() < deadline and s.proc.poll() is None, "no forkserver"
+            time.sleep(0.01)
+        time.sleep(0.2)  # the forkserver imports its preload list
+        got = s.signal(signal.SIGINT, group=True)
+        assert "Traceback" not in s.err and "KeyboardInterrupt" not in s.err, s.err
+        assert got == 130 and "stopped by SIGINT" in s.err, s.err
+        deadline = time.monotonic() + 10
+        while s.group_alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not s.group_alive(), psutil.pids()
+
+
+def _command_lines(pid: int) -> list[str]:
+    """The command lines of the descendants of ``pid`` (those that can be read)."""
+    import psutil
+
+    lines = []
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                lines.append(" ".join(child.cmdline()))
+    return lines
+
+
 # ----------------------------------------------------------------------------- one process
 @pytest.mark.slow
 @pytest.mark.timeout(200)
@@ -177,6 +308,14 @@ def test_sigterm_exits_0_and_ctrl_c_130_with_one_line_and_a_matching_checkpoint(
         got = s.signal(sig, group=sig == signal.SIGINT)
         assert_graceful(s, got, rc, signal.Signals(sig).name)
         assert "stopped by interrupted" in s.out
+    if sig == signal.SIGTERM:  # a second session on the folder is refused and starts nothing
+        from rlstruct.runs.lock import FolderLock
+
+        with FolderLock(s.run_dir()), session(algo("ppo", "--resume", str(s.run_dir())),
+                                              tmp_path) as refused:
+            refused.out, refused.err = refused.proc.communicate(timeout=60)
+            assert refused.proc.returncode == 2 and "is in use by pid" in refused.err
+            assert not refused.group_alive(), "a refused session left a process behind"
 
 
 @pytest.mark.slow
@@ -188,7 +327,10 @@ def test_a_stop_in_a_learner_groups_learn_phase_checkpoints_the_learned_batch(tm
     flags = ("--n-learners", "2", "--n-processes", "2", "--n-epochs", "60")
     with session(algo("ppo", *flags), tmp_path) as s:
         s.wait_rows(3)
-        got = s.signal(sig, group=True)
+        # SIGTERM twice (a process-group kill, scancel with a forwarding trap): the second is
+        # ignored, the final checkpoint is written all the same.
+        again = signal.SIGTERM if sig == signal.SIGTERM else None
+        got = s.signal(sig, group=True, then=again, after=0.3)
         assert_graceful(s, got, rc, signal.Signals(sig).name)
 
 

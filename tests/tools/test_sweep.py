@@ -6,16 +6,24 @@ run folder like Run does, fails, or hangs; the slow test sweeps the real rlstruc
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from rlstruct.errors import ConfigError
+from rlstruct.parallel.startup import Terminated
 from rlstruct.runs.plotting import trial_curves
 from rlstruct.tools.sweep import (
     SUMMARY_COLUMNS,
@@ -57,6 +65,10 @@ FAKE_ALGO = textwrap.dedent('''
     (run / "env.json").write_text(json.dumps({
         "omp": os.environ.get("OMP_NUM_THREADS"), "device": a.learner_device,
         "threads": a.n_threads}))
+    if a.mode == "stubborn":  # ignores SIGTERM: only SIGKILL ends it
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        (run / "pid").write_text(str(os.getpid()))
+        time.sleep(600)
     summary = {"status": "solved", "solved": True, "frames": 500, "wall_time": 2.5,
                "frames_to_solve": 300, "time_to_solve": 1.5, "eval_return": 33.0,
                "train_return_mean2": a.scale * (50 + a.seed)}
@@ -68,6 +80,7 @@ FAKE_ALGO = textwrap.dedent('''
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # then die of it, as a run does
             os.kill(os.getpid(), signal.SIGTERM)
         signal.signal(signal.SIGTERM, stop)
+        (run / "pid").write_text(str(os.getpid()))
         time.sleep(600)
     if a.mode == "vetoed":  # progress.csv meets the target, the evaluation vetoed it
         summary.update(status="budget", solved=False, frames_to_solve=None, time_to_solve=None,
@@ -245,6 +258,17 @@ def test_gpus_beyond_the_machine_are_refused_before_anything_starts(tmp_path, mo
     assert exc.value.code == 2 and not out.exists()
 
 
+def test_slurm_without_submitit_is_refused_before_the_sweep_folder_exists(tmp_path,
+                                                                          monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "submitit", None)  # import submitit: ImportError
+    out = tmp_path / "sweep"
+    with pytest.raises(ConfigError, match=r"needs submitit \(the 'slurm' extra\)"):
+        sweep("ppo", seeds=[0], out=out, launcher="slurm")
+    assert not out.exists()
+
+
 def test_ma_window_flag_reaches_the_sweep(monkeypatch):
     import rlstruct.tools.sweep as sweep_module
 
@@ -382,6 +406,111 @@ def test_interrupt_kills_running_sessions(fake_algo, tmp_path, monkeypatch):
               module=fake_algo, max_parallel=1, quiet=True, poll_s=0.05)
     rows = read_summary(tmp_path / "s" / "summary.csv")
     assert "interrupted" in rows[0]["error"] and rows[1]["error"] == "not run: sweep interrupted"
+
+
+SWEEP_SCRIPT = textwrap.dedent("""
+    import signal, sys
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a background job ignores it
+    from rlstruct.runs.signals import exit_code
+    from rlstruct.tools.sweep import sweep
+    try:
+        sweep("fake", seeds=[0, 1], trials=[{"mode": sys.argv[2]}], out=sys.argv[1],
+              module="fake_algo", quiet=True, poll_s=0.05)
+    except KeyboardInterrupt as stop:
+        sys.exit(exit_code(stop))
+""")
+
+
+def sweep_process(out: Path, mode: str) -> tuple[subprocess.Popen, list[int]]:
+    """A sweep of two ``mode`` sessions of the fake algorithm in a subprocess (PYTHONPATH from
+    the fake_algo fixture); returns it once both sessions run, with their pids."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ["PYTHONPATH"]]))
+    proc = subprocess.Popen([sys.executable, "-c", SWEEP_SCRIPT, str(out), mode], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    files = [out / "trial0" / f"session{s}" / "fake_run" / "pid" for s in (0, 1)]
+    while not all(f.exists() and f.read_text() for f in files):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"the sessions did not start: {proc.communicate()[1]}")
+        time.sleep(0.05)
+    return proc, [int(f.read_text()) for f in files]
+
+
+def wait_gone(pids: list[int], seconds: float) -> list[int]:
+    """The pids still running (not zombies) after up to ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = [p for p in pids if psutil.pid_exists(p)
+                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def session_statuses(out: Path) -> list[str]:
+    return [json.loads(f.read_text())["status"]
+            for f in sorted(out.glob("trial0/session*/fake_run/summary.json"))]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_sigterm_stops_the_sweeps_sessions_gracefully_and_exits_0(fake_algo, tmp_path):
+    out = tmp_path / "s"
+    proc, pids = sweep_process(out, "hang")
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    assert not wait_gone(pids, 5)
+    assert session_statuses(out) == ["interrupted", "interrupted"]  # each run's own stop
+    rows = read_summary(out / "summary.csv")
+    assert [r["status"] for r in rows] == ["interrupted", "interrupted"], rows
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_sessions_of_a_killed_sweep_stop_gracefully_within_seconds(fake_algo, tmp_path):
+    out = tmp_path / "s"
+    proc, pids = sweep_process(out, "hang")
+    proc.kill()
+    proc.communicate(timeout=30)
+    try:
+        assert not wait_gone(pids, 5), "the sessions of a SIGKILLed sweep trained on"
+        assert session_statuses(out) == ["interrupted", "interrupted"]  # SIGTERM, not SIGKILL
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_ctrl_c_twice_kills_the_sessions_at_once_and_still_writes_the_summary(fake_algo,
+                                                                             tmp_path):
+    out = tmp_path / "s"
+    proc, pids = sweep_process(out, "stubborn")  # SIGTERM alone would take the whole grace
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and time.monotonic() - start < 10, err
+    assert not wait_gone(pids, 5)
+    rows = read_summary(out / "summary.csv")
+    assert len(rows) == 2 and all("sweep interrupted" in r["error"] for r in rows), rows
+
+
+def test_the_command_exits_0_after_sigterm_and_130_after_ctrl_c(monkeypatch, capsys):
+    import rlstruct.tools.sweep as sweep_module
+
+    for signum, code in ((signal.SIGTERM, 0), (signal.SIGINT, 130)):
+        def stopped(*args, signum=signum, **kwargs):
+            raise Terminated(signum)
+
+        monkeypatch.setattr(sweep_module, "sweep", stopped)
+        assert main(["ppo"]) == code
+        assert f"stopped by {signal.Signals(signum).name} (exit code {code})" in \
+            capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------ real algorithm

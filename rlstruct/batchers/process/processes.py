@@ -19,6 +19,7 @@ from rlstruct.batchers.pool import CLOSE_GRACE_S
 from rlstruct.batchers.process.worker import Command, Reply, WorkerSpec, worker_main
 from rlstruct.errors import WorkerError
 from rlstruct.parallel import transport
+from rlstruct.parallel.startup import starting_children
 
 __all__ = ["WORKER_PRELOAD", "send_close", "shutdown", "start_worker", "await_ready",
            "death_error"]
@@ -43,7 +44,8 @@ def start_worker(ctx: BaseContext, spec: WorkerSpec, p: int) -> tuple[Any, Conne
     proc = ctx.Process(
         target=worker_main, args=(spec, child_conn), daemon=True, name=f"rlstruct-worker-{p}"
     )
-    proc.start()
+    with starting_children():  # spawn: the child ignores Ctrl-C from its first line on
+        proc.start()
     child_conn.close()
     return proc, parent_conn
 

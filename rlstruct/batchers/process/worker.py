@@ -19,8 +19,10 @@ them in order)::
 The worker serves a :class:`~rlstruct.batchers.core.WorkerCore` (which builds, seeds, loads and
 collects exactly as a Ray actor's does). It ignores SIGINT (the main process owns shutdown),
 turns SIGTERM into an orderly exit (env and agent closed, so envs that own helper processes
-release them), asks the kernel to kill it when its parent dies (Linux), and exits when its pipe
-reaches EOF.
+release them), asks the kernel to kill it when its parent dies (Linux), exits when its pipe
+reaches EOF, and at once when the driver is gone, whatever it is doing (a watchdog thread,
+:func:`rlstruct.parallel.startup.watch_driver`: a forkserver's child outlives a SIGKILLed
+driver otherwise, and a worker stuck in ``env.step`` never reads the EOF).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import torch
 from rlstruct.batchers.buffer import SlotBuffer
 from rlstruct.batchers.core import CoreSpec, WorkerCore, error_payload
 from rlstruct.dicttensor import DictTensor
+from rlstruct.parallel.startup import forget_safe_path, ignore_ctrl_c, watch_driver
 from rlstruct.parallel.weights import SharedWeights
 
 __all__ = ["Command", "Reply", "WorkerSpec", "worker_main"]
@@ -102,9 +105,11 @@ def _rows(tensors: dict[str, torch.Tensor], spec: WorkerSpec) -> DictTensor:
 
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     """Entry point of a worker process (module level, so spawn can import it)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ignore_ctrl_c()  # SIGINT was blocked from birth (rlstruct.parallel.startup)
     signal.signal(signal.SIGTERM, _on_sigterm)
     _die_with_parent()
+    watch_driver()  # the driver SIGKILLed: leave, even from inside env.step
+    forget_safe_path()  # spawn: the env's own processes see the user's environment
     torch.set_num_threads(spec.n_threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(spec.n_threads))
     core = WorkerCore(spec, spec.buffers[0], spec.offset)
