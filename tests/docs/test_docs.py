@@ -211,6 +211,41 @@ def test_no_page_points_outside_the_repository(page):
     )
 
 
+#: A Markdown file named by a path (``docs/guide-x.md``, ``../docs/x.md``) in prose, code or a
+#: message; not inside a URL (no ``/`` or word character right before it).
+_MD_PATH = re.compile(r"(?<![\w/.:-])((?:\.\.?/)*(?:[\w.-]+/)+[\w.-]+\.md)\b")
+#: Every text that names pages by their paths: the pages, and the code's docstrings and messages.
+MD_PATH_SOURCES = [*LINKED_PAGES, *sorted(p for folder in ("rlstruct", "benchmarks", "tutorials",
+                                                             "examples")
+                                          for p in (REPO / folder).rglob("*.py")),
+                   REPO / "Makefile"]
+
+
+def missing_md_paths(source: Path) -> list[str]:
+    """The Markdown paths ``source`` writes (in prose, inline code, links or code) that are no
+    file: each is read from the source's folder and from the repository's root (a message says
+    ``docs/guide-clusters.md`` from the root)."""
+    found = _MD_PATH.findall(source.read_text(encoding="utf-8"))
+    return sorted({p for p in found if not (source.parent / p).is_file()
+                   and not (REPO / p).is_file()})
+
+
+def test_the_markdown_path_check_finds_a_missing_page(tmp_path):
+    source = tmp_path / "page.md"
+    source.write_text("such a node (docs/guide-tuning.md); see `../docs/nothing.md`, "
+                      "docs/guide-resources.md, https://github.com/a/b/blob/main/docs/x.md\n")
+    assert missing_md_paths(source) == ["../docs/nothing.md", "docs/guide-tuning.md"]
+
+
+@pytest.mark.parametrize("source", MD_PATH_SOURCES,
+                         ids=[p.relative_to(REPO).as_posix() for p in MD_PATH_SOURCES])
+def test_every_markdown_path_written_names_a_file(source):
+    """A page path written outside a link (``docs/guide-tuning.md`` in prose, a message or a
+    docstring) is a file of the repository; links are checked above."""
+    missing = missing_md_paths(source)
+    assert not missing, f"{source.relative_to(REPO)} names Markdown files that are not: {missing}"
+
+
 DOCTEST_PAGES = [p for p in PAGES if ">>>" in p.read_text()]
 
 
