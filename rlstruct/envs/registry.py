@@ -29,6 +29,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from rlstruct.envs.factories import warn_once_from_mujoco
 from rlstruct.errors import ConfigError
 
 __all__ = [
@@ -147,6 +148,7 @@ def env_spaces(env_id: str, backend: str = "gymnasium") -> tuple[tuple[int, ...]
 
         probe = make_atari_gym_env(env_id)
     else:
+        warn_once_from_mujoco(env_id)  # MuJoCo's warnings: once each, not once per env
         probe = gym.make(env_id)
     try:
         obs, actions = probe.observation_space, probe.action_space
