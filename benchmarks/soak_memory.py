@@ -52,15 +52,17 @@ def slope_per_hour(samples: list[tuple[float, float]]) -> float:
 
 def sample_tree(pid: int) -> dict[str, float]:
     """RSS in MB of process ``pid`` (``"learner"``) and of each of its descendants that is a
-    worker (``"worker <pid>"``; the forkserver and resource tracker, which hold no env, are
-    left out)."""
+    worker (``"worker <pid>"``). The learner's own helpers, the forkserver and the resource
+    tracker (its children that multiprocessing started, holding no env), are left out; the
+    workers are the forkserver's children (they share its command line)."""
     out: dict[str, float] = {}
     root = psutil.Process(pid)
     out["learner"] = root.memory_info().rss / MB
     for child in root.children(recursive=True):
         try:
             cmdline = " ".join(child.cmdline())
-            if "forkserver" in cmdline or "resource_tracker" in cmdline:
+            helper = "forkserver" in cmdline or "resource_tracker" in cmdline
+            if helper and child.ppid() == pid:
                 continue
             out[f"worker {child.pid}"] = child.memory_info().rss / MB
         except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -97,9 +99,9 @@ def soak(args: argparse.Namespace) -> dict[str, object]:
             proc.wait()
     rows = []
     for name, samples in series.items():
-        after = [(t, m) for t, m in samples if t >= warmup]
+        after = [(t, m) for t, m in samples if t >= warmup] or samples[-1:]
         rows.append({"process": name, "n_samples": len(after),
-                     "first_mb": samples[0][1], "last_mb": samples[-1][1],
+                     "first_mb": after[0][1], "last_mb": after[-1][1],
                      "mb_per_hour": slope_per_hour(after)})
     learner = next((r for r in rows if r["process"] == "learner"), None)
     verdict = ("n/a" if learner is None or learner["mb_per_hour"] != learner["mb_per_hour"]
@@ -123,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
     args = parser.parse_args(argv)
     report = soak(args)
+    print(f"after {report['warmup_s']:.0f} s of warm-up:")
     print(f"{'process':<16} {'samples':>7} {'first MB':>9} {'last MB':>9} {'MB/hour':>9}")
     for row in report["rows"]:
         print(f"{row['process']:<16} {row['n_samples']:>7} {row['first_mb']:>9.1f} "
