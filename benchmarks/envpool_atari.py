@@ -295,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
                                envpool=_version("envpool"), ale_py=_version("ale_py"))}
     missing = [m for m in ("envpool", "ale_py", "cv2") if importlib.util.find_spec(m) is None]
     if missing:
-        print(f"missing {missing}: pip install rlstruct[envpool,atari]", file=sys.stderr)
+        print(f"missing {missing}: pip install -e '.[envpool,atari]' in a clone of rlstruct",
+              file=sys.stderr)
         return 2
     print(f"{reps} reps; CartPole: T={cfg['T']}, {cfg['n_envs']} envs, >= {min_time} s per rep; "
           f"Pong: T={cfg['pong_T']}, {N_PROCS} x {cfg['pong_envs']} envs, {pong_batches} "

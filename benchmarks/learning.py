@@ -4,7 +4,8 @@ algorithms vs stable-baselines3 (and sb3-contrib) with default settings.
 *Solved* means: the mean return of the last 20 finished **training** episodes reaches the task's
 target (CartPole 475; Pendulum -200 for SAC, -250 for TRPO and PPO, within 300k frames).
 HalfCheetah-v5 has no target: every run plays 100k frames and the rows compare the mean return
-of the last 20 episodes and the launch->exit time (``pip install rlstruct[mujoco]``).
+of the last 20 episodes and the launch->exit time (the mujoco extra:
+``pip install -e '.[mujoco]'``).
 Rows (all measured in the same run, over the same seeds):
 
 * rlstruct ``rlstruct/algos/reinforce.py``, ``rlstruct/algos/a2c.py``, ``rlstruct/algos/ppo.py``,

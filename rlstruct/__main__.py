@@ -7,10 +7,11 @@ Commands (``rlstruct COMMAND --help`` shows each one's flags):
     evaluate RUN_DIR [--checkpoint best|latest] [--episodes N] [--device D] [--video DIR]
         play the saved policy greedily and print the mean ± std return
         (:mod:`rlstruct.tools.evaluate`).
-    plot PATH [PATH ...] [-o OUT]   plot the returns of runs against frames into a PNG. A PATH is
-        a run directory or a folder of run directories (``runs/``): every run found is drawn on
-        one figure. Default OUT: ``RUN/returns.png`` for one run directory,
-        ``FOLDER/compare.png`` for one folder of runs, ``./compare.png`` otherwise.
+    plot PATH [PATH ...] [-o OUT] [--x wall_time]   plot the returns of runs against frames (or
+        the wall time) into a PNG. A PATH is a run directory or a folder holding run
+        directories (``runs/``, a sweep's folder): every run found is drawn on one figure.
+        Default OUT: ``RUN/returns.png`` for one run directory, ``FOLDER/compare.png`` for one
+        folder of runs, ``./compare.png`` otherwise.
     sweep ALGO [options] [-- algorithm flags]   run an algorithm over seeds (sessions) and
         config variants (trials) in parallel processes, GPUs in rotation; writes a summary CSV
         and trial graphs (:mod:`rlstruct.tools.sweep`).
@@ -21,7 +22,11 @@ Commands (``rlstruct COMMAND --help`` shows each one's flags):
 One library builds the whole command line: tyro. Each command is a dataclass whose fields are
 its flags (an algorithm's ``Config``, :class:`EvaluateCommand`, :class:`PlotCommand`,
 :class:`~rlstruct.tools.sweep.SweepCommand`, :class:`~rlstruct.tools.tune.cli.TuneCommand`), and
-``rlstruct --help`` is tyro's subcommand tree over them (:func:`command_tree`). A command line
+:func:`command_tree` is tyro's subcommand tree over them. ``rlstruct --help`` (and a word no
+command takes) is answered from :func:`overview_tree`: the same subcommands and help lines,
+without the flags of the commands that import the algorithms (``train``, ``sweep``, ``tune``),
+so that it imports no algorithm and parses no algorithm's ``Config``; ``rlstruct COMMAND
+--help`` shows the flags. A command line
 is parsed by the command its first word names, under the prog ``rlstruct <command>``, so that
 its messages name the command and only its modules are imported (``rlstruct train ppo`` imports
 PPO, not the seven others). Usage errors exit with code 2 and one message.
@@ -29,6 +34,7 @@ PPO, not the seven others). Usage errors exit with code 2 and one message.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import signal
 import sys
@@ -41,8 +47,8 @@ import tyro
 
 from rlstruct.parallel import startup
 
-__all__ = ["ALGOS", "COMMANDS", "EvaluateCommand", "PlotCommand", "command_tree", "main",
-           "train"]
+__all__ = ["ALGOS", "COMMANDS", "EvaluateCommand", "PlotCommand", "command_tree",
+           "overview_tree", "main", "train"]
 
 PROG = "rlstruct"
 
@@ -54,7 +60,7 @@ ALGOS: tuple[str, ...] = ("reinforce", "a2c", "ppo", "dqn", "impala", "appo", "t
 COMMANDS: dict[str, str] = {
     "train": "train an algorithm: rlstruct train ALGO [flags] (python -m rlstruct.algos.ALGO)",
     "evaluate": "play a saved policy greedily and print its mean ± std return",
-    "plot": "plot the returns of runs against frames into a PNG",
+    "plot": "plot the returns of runs against frames or wall time into a PNG",
     "sweep": "run an algorithm over seeds and config variants in parallel processes",
     "tune": "measure batcher layouts and write the best to a --layout file",
 }
@@ -83,17 +89,19 @@ class EvaluateCommand:
 
 @dataclass
 class PlotCommand:
-    """Plot the returns of runs against frames into a PNG: every run found in the PATHs on one
-    figure.
+    """Plot the returns of runs against frames (or the wall time) into a PNG: every run found in
+    the PATHs on one figure, each labelled with its seed and what differs between them.
 
-    Example: rlstruct plot runs/ (writes runs/compare.png)
+    Example: rlstruct plot runs/ (writes runs/compare.png); rlstruct plot SWEEP_OUT --x wall_time
     """
 
     paths: Annotated[tuple[Path, ...], tyro.conf.Positional, tyro.conf.arg(metavar="PATH")]
-    """run directories, or folders of them (runs/)"""
+    """run directories, or folders holding them (runs/, a sweep's --out folder)"""
     out: Annotated[Path | None, tyro.conf.arg(aliases=("-o",))] = None
     """output PNG (None: RUN/returns.png for one run, FOLDER/compare.png for one folder of
     runs, ./compare.png otherwise)"""
+    x: Literal["frames", "wall_time"] = "frames"
+    """the x axis: frames, or wall_time (seconds since the run started)"""
 
 
 def _usage_error(prog: str, message: str) -> NoReturn:
@@ -114,7 +122,8 @@ def _train_tree() -> Any:
 def command_tree() -> Any:
     """The whole command line as one tyro type: a subcommand per command, ``train`` holding one
     per algorithm. Building it imports every algorithm (for their Configs); :func:`main` builds
-    it only to show ``rlstruct --help`` and to report a command line no command takes.
+    it for no command line (:func:`overview_tree` answers ``rlstruct --help``); it is the
+    whole command line in one type, for tools and tests.
 
     Returns:
         A ``Union`` of ``Annotated`` dataclasses for :func:`tyro.cli`.
@@ -124,6 +133,25 @@ def command_tree() -> Any:
 
     types = {"train": _train_tree(), "evaluate": EvaluateCommand, "plot": PlotCommand,
              "sweep": SweepCommand, "tune": TuneCommand}
+    return Union[tuple(  # noqa: UP007 (a Union built at run time)
+        Annotated[types[name], tyro.conf.subcommand(name, description=help_text)]
+        for name, help_text in COMMANDS.items())]
+
+
+def overview_tree() -> Any:
+    """The command line's subcommands with their help lines, for ``rlstruct --help``: the
+    evaluate and plot commands with their flags, and ``train``, ``sweep`` and ``tune`` as
+    placeholders without flags (their flags are the algorithms' and need them imported: see
+    ``rlstruct COMMAND --help``). Imports no algorithm.
+
+    Returns:
+        A ``Union`` of ``Annotated`` dataclasses for :func:`tyro.cli`.
+    """
+    types = {"evaluate": EvaluateCommand, "plot": PlotCommand}
+    for name in ("train", "sweep", "tune"):
+        placeholder = dataclasses.make_dataclass(f"{name.title()}Overview", [])
+        placeholder.__doc__ = f"{COMMANDS[name]} (rlstruct {name} --help: its flags)"
+        types[name] = placeholder
     return Union[tuple(  # noqa: UP007 (a Union built at run time)
         Annotated[types[name], tyro.conf.subcommand(name, description=help_text)]
         for name, help_text in COMMANDS.items())]
@@ -183,6 +211,7 @@ def _evaluate(argv: Sequence[str]) -> int:
 
 def _plot(argv: Sequence[str]) -> int:
     args = tyro.cli(PlotCommand, args=list(argv), prog=f"{PROG} plot")
+    from rlstruct.errors import RunFileError
     from rlstruct.runs.plotting import is_run_dir, plot_runs
 
     if not args.paths:
@@ -195,8 +224,8 @@ def _plot(argv: Sequence[str]) -> int:
         (path,) = args.paths
         out = path / ("returns.png" if is_run_dir(path) else "compare.png")
     try:
-        written = plot_runs(list(args.paths), out or Path("compare.png"))
-    except (FileNotFoundError, ImportError) as err:
+        written = plot_runs(list(args.paths), out or Path("compare.png"), x=args.x)
+    except (FileNotFoundError, ImportError, RunFileError) as err:
         print(f"{PROG} plot: error: {err}", file=sys.stderr)
         return 1
     print(written)
@@ -239,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _RUN[argv[0]](argv[1:])
             # no command, --help, or a word no command takes: tyro's tree shows the help or
             # the error
-            tyro.cli(command_tree(), args=argv, prog=PROG,
+            tyro.cli(overview_tree(), args=argv, prog=PROG,
                      description="rlstruct: train, evaluate, plot, sweep and tune from the shell")
             _usage_error(PROG, f"name a command: one of {', '.join(COMMANDS)}")
     except KeyboardInterrupt as stop:

@@ -2,7 +2,8 @@
 
 Every error a user can cause derives from :class:`RLStructError` and, where natural, from the
 matching builtin too (``ShapeError`` is a ``ValueError``), so ``except ValueError`` keeps working.
-Messages name the culprit (key, worker, env, device) and say what was expected.
+Messages name the culprit (key, worker, env, device) and say what was expected; a missing
+optional dependency says how to install its extra (:func:`install_hint`).
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ __all__ = [
     "NonFiniteError",
     "CheckpointError",
     "RunFolderError",
+    "RunFileError",
     "BatcherStateError",
     "WorkerError",
     "WorkerTimeoutError",
     "LearnerError",
     "LearnerTimeoutError",
+    "install_hint",
 ]
 
 
@@ -156,6 +159,11 @@ class RunFolderError(RLStructError, FileNotFoundError):
     cannot write its progress, checkpoints or summary; the message names the folder."""
 
 
+class RunFileError(RLStructError, OSError):
+    """A file of a run folder cannot be read or written (a ``progress.csv`` that is not UTF-8,
+    a plot into a read-only folder); the message names the file and the cause."""
+
+
 class BatcherStateError(RLStructError, RuntimeError):
     """A batcher method was called out of order (e.g. ``execute`` twice without ``get``)."""
 
@@ -254,3 +262,20 @@ class LearnerTimeoutError(RLStructError, TimeoutError):
     def __init__(self, message: str, *, ranks: list[int] | None = None) -> None:
         super().__init__(message)
         self.ranks = ranks
+
+
+def install_hint(extra: str) -> str:
+    """How to install an optional extra of rlstruct, for the message of a missing dependency.
+
+    rlstruct is not on a package index: an extra is installed from a clone of the repository
+    (editable), or with the wheel built from one (as ``.ci/wheel-check`` builds it).
+
+    Args:
+        extra: the extra's name in ``pyproject.toml`` (``"ray"``, ``"atari"``).
+
+    Example:
+        >>> install_hint("ray").split(" (")[0]
+        "pip install -e '.[ray]' in a clone of rlstruct"
+    """
+    return (f"pip install -e '.[{extra}]' in a clone of rlstruct "
+            f"(a wheel: pip install 'PATH/rlstruct-VERSION-py3-none-any.whl[{extra}]')")

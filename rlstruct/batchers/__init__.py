@@ -2,7 +2,8 @@
 
 ``RayBatcher`` (the same API on Ray actors, for clusters) is imported on demand, so that
 importing rlstruct never imports Ray: ``from rlstruct.batchers import RayBatcher`` needs the
-``ray`` extra (``pip install rlstruct[ray]``) and raises an ImportError saying so without it.
+``ray`` extra (``pip install -e '.[ray]'`` in a clone) and raises an ImportError saying so
+without it.
 
 The two multi-worker backends share their decisions and their workers: ``pool.WorkerPool``
 (argument checks, probe, seeds, restart bookkeeping, worker errors, weights) is the base of
@@ -19,12 +20,13 @@ from typing import Any
 from rlstruct.batchers.process.batcher import Batcher
 from rlstruct.batchers.restart import RestartPolicy
 from rlstruct.batchers.serial import SerialBatcher
+from rlstruct.errors import install_hint
 
 __all__ = ["Batcher", "RestartPolicy", "SerialBatcher"]
 
 #: What the ImportError says when Ray is missing (the same words as
 # rlstruct.batchers.ray.batcher's).
-_RAY_HINT = "RayBatcher needs Ray, an optional extra: pip install rlstruct[ray]"
+_RAY_HINT = f"RayBatcher needs Ray, an optional extra: {install_hint('ray')}"
 
 
 def __getattr__(name: str) -> Any:

@@ -2,8 +2,8 @@
 
 ``VecEnv`` is the contract (see :mod:`rlstruct.envs.base`); ``GymEnv`` (episodic) and
 ``GymEnvInf`` (auto-reset) step gymnasium envs on the CPU; ``DeviceEnv`` moves their tensors to
-another device; ``EnvPoolEnv`` steps an envpool batch (``rlstruct[envpool]``); ``make_atari_env``
-builds preprocessed Atari envs (``rlstruct[atari]``); :mod:`rlstruct.envs.torch` holds envs
+another device; ``EnvPoolEnv`` steps an envpool batch (the ``envpool`` extra); ``make_atari_env``
+builds preprocessed Atari envs (the ``atari`` extra); :mod:`rlstruct.envs.torch` holds envs
 written as batched tensor maths on any device. The debug envs of :mod:`rlstruct.envs.debug` are
 registered with gymnasium as ``rlstruct/Counter-v0`` and ``rlstruct/Repeat-v0`` on import
 (idempotent; the only import-time effect of this package).

@@ -34,15 +34,16 @@ Seeds: env ``k`` of ``make_atari_env(..., seed=s)`` is reset with ``seed=s + k``
 reset (ALE's generator for sticky actions, and the no-op counts), as every ``GymEnv``: the same
 seed gives the same frames under the same actions.
 
-Requirements: ``pip install rlstruct[atari]`` (ale-py, and OpenCV for the resize; headless
-build). Without them :func:`make_atari_env` raises an ``ImportError`` saying so; this module
-itself imports without them.
+Requirements: the ``atari`` extra, ``pip install -e '.[atari]'`` (ale-py, and OpenCV for the resize;
+headless build). Without them :func:`make_atari_env` raises an ``ImportError`` saying so; this
+module itself imports without them.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import multiprocessing
 from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING, TypedDict
@@ -50,17 +51,27 @@ from typing import TYPE_CHECKING, TypedDict
 import gymnasium as gym
 
 from rlstruct.envs.gym import GymEnv, GymEnvInf
-from rlstruct.errors import ConfigError
+from rlstruct.errors import ConfigError, install_hint
 
 if TYPE_CHECKING:  # typing.Unpack is Python >= 3.11's
     from typing_extensions import Unpack
 
-__all__ = ["make_atari_env", "make_atari_gym_env", "register_atari_envs", "AtariPreprocessing"]
+__all__ = ["make_atari_env", "make_atari_gym_env", "register_atari_envs", "AtariPreprocessing",
+           "quiet_ale_banner"]
 
 ATARI_INSTALL_HINT = (
     "Atari envs need ale-py (it ships the ROMs) and OpenCV (gymnasium's AtariPreprocessing "
-    "resizes with cv2): pip install rlstruct[atari]"
+    f"resizes with cv2): {install_hint('atari')}"
 )
+
+
+def quiet_ale_banner() -> None:
+    """ALE's emulators of this process start without the banner (``A.L.E: Arcade Learning
+    Environment ... [Powered by Stella]``, which ALE prints on stderr at every one it starts):
+    a run shows it once, at the main process's first Atari env, and its worker processes
+    never. ALE's errors still print."""
+    ale_py = importlib.import_module("ale_py")
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
 
 
 def register_atari_envs() -> None:
@@ -126,7 +137,10 @@ def make_atari_gym_env(
     make_kwargs: dict[str, object] = {"frameskip": 1, "full_action_space": False}
     if repeat_action_probability is not None:
         make_kwargs["repeat_action_probability"] = float(repeat_action_probability)
+    if multiprocessing.parent_process() is not None:  # a worker: the main process showed it
+        quiet_ale_banner()
     e = gym.make(env, **make_kwargs)
+    quiet_ale_banner()  # ALE prints its banner at every emulator it starts: once is enough
     e = gym.wrappers.AtariPreprocessing(
         e, noop_max=noop_max, frame_skip=frame_skip, screen_size=screen_size,
         terminal_on_life_loss=terminal_on_life_loss, grayscale_obs=True,
@@ -168,7 +182,7 @@ def make_atari_env(
         The VecEnv (not yet reset).
 
     Raises:
-        ImportError: ale-py or OpenCV is missing (``pip install rlstruct[atari]``).
+        ImportError: ale-py or OpenCV is missing (``pip install -e '.[atari]'``).
         ConfigError: an unknown or non-ALE id, or a bad preprocessing argument.
 
     Example (needs ale-py)::

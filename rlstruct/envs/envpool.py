@@ -10,7 +10,7 @@ int64, as for ``GymEnv``, envpool's int32 ones widened exactly), ``reward`` (flo
 space's shape and dtype; its default at reset), ``env_step`` (int64, 0 at reset) and, per name
 in ``info_keys``, ``info/<name>`` (float32).
 
-envpool is an optional dependency (``pip install rlstruct[envpool]``; 1.2.5 checked, Linux x86_64):
+envpool is an optional dependency (``pip install -e '.[envpool]'``; 1.2.5 checked, Linux x86_64):
 this module imports without it, and building an ``EnvPoolEnv`` without it raises an
 ``ImportError`` saying what to install.
 
@@ -121,7 +121,7 @@ class EnvPoolEnv(VecEnv):
             this class and refused here.
 
     Raises:
-        ImportError: envpool is not installed (``pip install rlstruct[envpool]``).
+        ImportError: envpool is not installed (``pip install -e '.[envpool]'``).
         ConfigError: an unknown task id, a bad ``n_envs``, ``seed``, ``max_episode_steps`` or
             offset, or a keyword this class sets itself.
         SpaceError: an observation or action space rlstruct does not carry.

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from rlstruct.errors import ConfigError
+from rlstruct.errors import ConfigError, install_hint
 
 __all__ = ["import_envpool"]
 
@@ -27,8 +27,8 @@ _OWN_KWARGS = {
     "batch_size": None,
 }
 INSTALL_HINT = (
-    "EnvPoolEnv needs envpool: pip install rlstruct[envpool] (envpool publishes binary wheels "
-    "only: Linux x86_64 among others, CPython 3.11 included)"
+    f"EnvPoolEnv needs envpool: {install_hint('envpool')}; envpool publishes binary wheels "
+    "only (Linux x86_64 among others, CPython 3.11 included)"
 )
 
 

@@ -6,11 +6,17 @@ observations (``obs_dtype``), and refuse what would make a wrong VecEnv, each wi
 instances where factories are expected (rlstructures' ``GymEnv(envs, seed)``), factories that
 return one env several times (Python's late binding), and ``n_envs`` that does not fit. Every env
 built before an error is closed, each underlying env once.
+
+MuJoCo prints its warnings from C at every model it compiles (HalfCheetah's ``settotalmass``
+deprecation, once per env made); before the first MuJoCo env of a process is made,
+:func:`warn_once_from_mujoco` makes each distinct MuJoCo warning print once per process.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -22,7 +28,8 @@ import torch
 from rlstruct.envs.spaces import short_repr
 from rlstruct.errors import ConfigError, RLStructError
 
-__all__ = ["EnvFactory", "make_envs", "cast_observations", "refuse_env_instances"]
+__all__ = ["EnvFactory", "make_envs", "cast_observations", "refuse_env_instances",
+           "warn_once_from_mujoco"]
 
 #: A zero-argument callable that builds one gymnasium env (must be picklable for worker batchers).
 EnvFactory = Callable[[], gym.Env]
@@ -102,6 +109,7 @@ def make_envs(
             f"env must be a gymnasium id or a non-empty list of zero-argument env factories, "
             f"got {short_repr(env)}"
         )
+    warn_once_from_mujoco(env if isinstance(env, str) else env[0])
     envs: list[gym.Env] = []
     try:
         for k, factory in enumerate(factories):
@@ -120,6 +128,45 @@ def make_envs(
         _close_once(envs)
         raise
     return envs
+
+
+_MUJOCO_SEEN: set[str] = set()  # the MuJoCo warnings printed by this process
+
+
+def _mujoco_warning(message: str) -> None:
+    if message not in _MUJOCO_SEEN:
+        _MUJOCO_SEEN.add(message)
+        print(f"WARNING: {message}", file=sys.stderr, flush=True)
+
+
+def _mujoco_id(env: Any) -> bool:
+    """Whether ``env`` (a gymnasium id, or a factory such as ``partial(gym.make, id)``) is an
+    env of gymnasium's MuJoCo suite."""
+    if not isinstance(env, str):
+        args = getattr(env, "args", ())
+        env = next((a for a in args if isinstance(a, str)), None)
+        if env is None:
+            return False
+    try:
+        entry = gym.spec(env).entry_point
+    except (gym.error.Error, ModuleNotFoundError):
+        return False
+    return isinstance(entry, str) and entry.startswith("gymnasium.envs.mujoco")
+
+
+def warn_once_from_mujoco(env: Any = None) -> None:
+    """From now on, MuJoCo's warnings print once each per process (MuJoCo prints one at every
+    model it compiles: once per env made). Where MuJoCo is not imported yet, it is imported
+    first when ``env`` (a gymnasium id or a factory) is a MuJoCo env; otherwise nothing
+    happens. Idempotent."""
+    if "mujoco" not in sys.modules and env is not None and _mujoco_id(env):
+        with contextlib.suppress(ImportError):  # gym.make names the missing package itself
+            importlib.import_module("mujoco")
+    mujoco = sys.modules.get("mujoco")
+    if mujoco is None or not hasattr(mujoco, "set_mju_user_warning"):
+        return
+    if mujoco.get_mju_user_warning() is None:  # MuJoCo's own printer: replace it, once
+        mujoco.set_mju_user_warning(_mujoco_warning)
 
 
 #: Appended to n_envs errors when env is a list: rlstructures' GymEnv took the seed second.

@@ -30,6 +30,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from rlstruct.envs.factories import warn_once_from_mujoco
 from rlstruct.errors import ConfigError
 
 __all__ = [
@@ -152,6 +153,7 @@ def probe_spaces(env_id: str, backend: str = "gymnasium") -> tuple[gym.Space, gy
 
         probe = make_atari_gym_env(env_id)
     else:
+        warn_once_from_mujoco(env_id)  # MuJoCo's warnings: once each, not once per env
         probe = gym.make(env_id)
     obs, actions = probe.observation_space, probe.action_space
     try:

@@ -5,8 +5,9 @@ The connection is a local cluster rlstruct starts, or a running one it joins; it
 every live user of the process and closed by the last one that opened it. ``ray.init`` replaces
 the process's SIGTERM handler with ``sys.exit``; the handlers found before it are put back
 (a run's own, which writes its final checkpoint: :mod:`rlstruct.runs.signals`).
-Without Ray installed this module still imports: :data:`ray` and :data:`SESSION` are None and
-:func:`require_ray` raises an ImportError that says ``pip install rlstruct[ray]``.
+Without Ray installed this module still imports: its ``ray`` and :data:`SESSION` are None and
+:func:`require_ray` raises an ImportError that says how to install the ``ray`` extra. Ray
+itself is not a public name here (not in ``__all__``): :func:`require_ray` returns it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from rlstruct.errors import ConfigError
+from rlstruct.errors import ConfigError, install_hint
 
 try:
     import ray
@@ -40,7 +41,7 @@ def require_ray(what: str) -> Any:
         ImportError: Ray is not installed, or does not import (the reason is given).
     """
     if ray is None:
-        raise ImportError(f"{what} needs Ray, an optional extra: pip install rlstruct[ray] "
+        raise ImportError(f"{what} needs Ray, an optional extra: {install_hint('ray')} "
                           f"({RAY_IMPORT_ERROR})", name="ray") from RAY_IMPORT_ERROR
     return ray
 
@@ -95,7 +96,7 @@ def _ray_constants() -> Any:
         return ray_constants
     return None
 
-__all__ = ["RaySession", "LOCAL_ENV", "SESSION", "ray", "require_ray", "connect_advice",
+__all__ = ["RaySession", "LOCAL_ENV", "SESSION", "require_ray", "connect_advice",
            "keep_signal_handlers"]
 
 #: Environment variables set while RayBatcher starts a local cluster: no usage statistics, and

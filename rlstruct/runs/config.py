@@ -101,7 +101,8 @@ class RunConfig:
     """training envs: gymnasium's; rlstruct's torch-native version of env_id (batched tensor
     maths on the batcher's device: CartPole-v1, Acrobot-v1, MountainCar-v0, Pendulum-v1; the
     evaluation plays gymnasium's env); or an ALE id with Atari preprocessing (84x84 grey, frame
-    skip 4, 4 stacked uint8 frames; pip install rlstruct[atari]; no evaluation runs)"""
+    skip 4, 4 stacked uint8 frames; the atari extra: pip install -e '.[atari]'; no evaluation
+    runs)"""
     layout_file: Annotated[str | None, tyro.conf.arg(aliases=("--layout",))] = None
     """a layout file of `rlstruct tune` (tune.json): its batcher_device, n_processes,
     n_envs, pipeline and n_timesteps replace the config's"""

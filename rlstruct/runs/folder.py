@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlstruct.errors import RunFolderError
+from rlstruct.errors import RunFileError, RunFolderError
 
 __all__ = ["RunFolder", "read_run", "read_rows", "to_float", "is_run_dir", "find_runs",
            "CHECKPOINTS", "CHECKPOINT_NAMES", "RUN_FILES"]
@@ -49,12 +49,22 @@ CHECKPOINT_NAMES = ("latest", "best")
 
 
 def read_rows(path: str | Path) -> list[dict[str, str]]:
-    """The rows of a CSV file as dicts; ``[]`` when the file is missing."""
+    """The rows of a CSV file as dicts; ``[]`` when the file is missing.
+
+    Raises:
+        RunFileError: the file is not UTF-8 text, or cannot be read (both named).
+    """
     path = Path(path)
     if not path.is_file():
         return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            return list(csv.DictReader(f))
+    except UnicodeDecodeError as err:
+        raise RunFileError(f"{path} is not a CSV file of UTF-8 text ({err}); rlstruct writes "
+                           "it as UTF-8: was it written or changed by another program?") from err
+    except (OSError, csv.Error) as err:
+        raise RunFileError(f"cannot read {path}: {type(err).__name__}: {err}") from err
 
 
 def to_float(text: str | None) -> float:
@@ -194,9 +204,10 @@ class RunFolder:
         header = self.progress[0] if self.progress else {}
         return next((c for c in header if _TRAIN_COLUMN.match(c)), "train_return")
 
-    def series(self, column: str) -> list[tuple[float, float]]:
-        """``(frames, value)`` of the progress rows where ``column`` has a value."""
-        points = [(to_float(r.get("frames")), to_float(r.get(column))) for r in self.progress]
+    def series(self, column: str, x: str = "frames") -> list[tuple[float, float]]:
+        """``(x, value)`` of the progress rows where ``column`` (and the ``x`` column:
+        ``frames``, or ``wall_time``) has a value."""
+        points = [(to_float(r.get(x)), to_float(r.get(column))) for r in self.progress]
         return [(f, v) for f, v in points if not (math.isnan(f) or math.isnan(v))]
 
     def episode_points(self) -> list[tuple[float, float]]:
@@ -229,9 +240,32 @@ def is_run_dir(path: str | Path) -> bool:
     return any((path / name).is_file() for name in RUN_FILES)
 
 
+#: How deep :func:`find_runs` looks for run folders below a path: a sweep's are three levels
+#: down (``OUT/trial0/session0/<run>``).
+FIND_DEPTH = 3
+
+
+def _runs_below(folder: Path, depth: int) -> list[Path]:
+    """The run folders below ``folder`` (not itself), ``depth`` levels at most, sorted by path;
+    a run folder's own subfolders (``checkpoints/``) and hidden folders are not entered."""
+    runs: list[Path] = []
+    try:
+        children = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:  # unreadable: nothing found there
+        return runs
+    for child in children:
+        if is_run_dir(child):
+            runs.append(child)
+        elif depth > 1:
+            runs += _runs_below(child, depth - 1)
+    return runs
+
+
 def find_runs(paths: Sequence[str | Path]) -> list[Path]:
-    """The run directories named by ``paths``: each path is a run directory or a folder whose
-    subfolders that are run directories are taken, sorted by name.
+    """The run directories named by ``paths``: each path is a run directory, or a folder whose
+    run directories, up to :data:`FIND_DEPTH` levels down (a folder of runs such as ``runs/``,
+    or a sweep's ``--out`` folder, its sessions' runs in ``trial<t>/session<s>/``), are taken,
+    sorted by path.
 
     Raises:
         FileNotFoundError: a path does not exist, or is neither a run directory nor a folder
@@ -242,11 +276,11 @@ def find_runs(paths: Sequence[str | Path]) -> list[Path]:
         if is_run_dir(path):
             runs.append(path)
             continue
-        inside = sorted(p for p in path.iterdir() if is_run_dir(p)) if path.is_dir() else []
+        inside = _runs_below(path, FIND_DEPTH) if path.is_dir() else []
         if not inside:
             raise FileNotFoundError(
                 f"{path} is not a run directory (none of {', '.join(RUN_FILES)}) nor a folder "
-                "of run directories"
+                f"of run directories (looked {FIND_DEPTH} levels down)"
             )
         runs.extend(inside)
     return runs

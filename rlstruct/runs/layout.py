@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 import torch
 
+from rlstruct.errors import install_hint
+
 __all__ = ["LayoutConfig"]
 
 
@@ -40,8 +42,8 @@ class LayoutConfig:
     """segment slots per worker: 1 collects then learns; 2 collects the next batch while learning
     on this one (one update of policy lag; on the CPU batcher only)"""
     backend: Literal["local", "ray"] = "local"
-    """training workers: local processes, or Ray actors (pip install rlstruct[ray]; see
-    docs/guide-clusters.md)"""
+    """training workers: local processes, or Ray actors (the ray extra: pip install -e '.[ray]';
+    see docs/guide-clusters.md)"""
     ray_address: str | None = None
     """Ray cluster to join (auto: the one `ray start` set up); None: the configured one, else a
     local cluster on this machine"""
@@ -63,8 +65,8 @@ class LayoutConfig:
     """one device per learner rank, comma-separated (cuda:0,cuda:1); None: learner_device's
     type, cuda:0..N-1 on GPUs"""
     learner_backend: Literal["local", "ray"] = "local"
-    """learner ranks: processes of this machine, or Ray actors that Ray places (pip install
-    rlstruct[ray]; joins --ray-address like the batcher; see docs/guide-learners.md)"""
+    """learner ranks: processes of this machine, or Ray actors that Ray places (the ray extra:
+    pip install -e '.[ray]'; joins --ray-address like the batcher; see docs/guide-learners.md)"""
     learner_num_gpus: float = 0.0
     """GPUs Ray reserves for each learner rank (--learner-backend ray; 1: a GPU each, NCCL;
     fractions share a GPU with gloo; 0: the CPU)"""
@@ -116,8 +118,8 @@ class LayoutConfig:
         problems = []
         if self.learner_backend == "ray":
             if importlib.util.find_spec("ray") is None:
-                problems.append("learner_backend 'ray' needs Ray, an optional extra: pip install "
-                                "rlstruct[ray]")
+                problems.append("learner_backend 'ray' needs Ray, an optional extra: "
+                                + install_hint("ray"))
             if self.learner_devices:
                 problems.append("learner_devices places local ranks; with learner_backend 'ray' "
                                 "Ray places them: ask for learner_num_gpus instead")

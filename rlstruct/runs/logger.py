@@ -24,7 +24,9 @@ A metric that has no value on a row is written ``nan`` there (an ``eval_return``
 rows where an evaluation finished), never repeated from an earlier row.
 
 Every row is flushed as it is written, so an interrupted run keeps everything it logged; used as a
-context manager the logger also closes (and plots) on ``KeyboardInterrupt``. Progress shows on
+context manager the logger also closes (and plots) on ``KeyboardInterrupt``. Its memory does not
+grow with the run: it keeps the last row and the last returns (:data:`RETURNS_KEPT`), and reads
+``progress.csv`` back when a new column widens the header. Progress shows on
 stderr (:class:`~rlstruct.runs.progress.ProgressLine`): a line rewritten in place on a terminal,
 a plain line every ``progress_interval`` seconds otherwise (log files, ``nohup``, CI). Every
 path is the :class:`~rlstruct.runs.folder.RunFolder`'s.
@@ -41,6 +43,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import csv
 import datetime
 import json
@@ -63,10 +66,14 @@ from rlstruct.runs.checkpoint import CheckpointWriter
 from rlstruct.runs.folder import RunFolder
 from rlstruct.runs.json_safe import json_safe
 from rlstruct.runs.progress import ProgressLine
+from rlstruct.runs.progress_csv import ProgressCsv
 
 __all__ = ["RunLogger", "git_commit", "safe_name"]
 
 _EPISODE_FIELDS = ("frames_at_record", "return", "length")
+#: How many of the last episode returns the logger keeps (at least its ``window``): the most
+#: :meth:`RunLogger.train_return` can average.
+RETURNS_KEPT = 1000
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
@@ -80,7 +87,9 @@ class RunLogger:
         root: the folder holding run directories.
         tensorboard: also write TensorBoard scalars when ``tensorboard`` is importable.
         progress: show progress on stderr (see the module docstring).
-        total_frames: the frame budget, shown in the progress line.
+        total_frames: the frame budget, shown in the progress line (with an ETA).
+        time_budget: the time budget in seconds, every session together: the progress line's
+            ETA is the sooner of the two.
         window: how many last episodes the train return averages; it names the column
             ``train_return_mean<window>``.
         progress_interval: seconds between two plain progress lines when stderr is no terminal.
@@ -117,6 +126,7 @@ class RunLogger:
         tensorboard: bool = True,
         progress: bool = True,
         total_frames: int | None = None,
+        time_budget: float | None = None,
         window: int = 20,
         progress_interval: float = 5.0,
         code_dir: str | Path | None = None,
@@ -133,23 +143,23 @@ class RunLogger:
         self.train_column = f"train_return_mean{window}"
         self._launch, self._session = launch, session
         self.frames = 0
-        self._returns: list[float] = []
-        self._rows: list[dict[str, Any]] = []
-        self._header: list[str] = []
+        self._returns: collections.deque[float] = collections.deque(
+            maxlen=max(window, RETURNS_KEPT))
+        self._n_episodes = 0
         self._closed = False
         self._start = time.monotonic()
         self._last_frames, self._last_time = 0, self._start
         self._last_eval = math.nan
         started = datetime.datetime.now().astimezone()
-        self._progress_file: IO[str] | None = None
-        self._progress_csv: csv.DictWriter | None = None
         if resume_dir is not None:
             self.folder = RunFolder(Path(resume_dir))
+            self._csv = ProgressCsv(self.folder.progress_file)
             meta = self._resume(int(resume_frames), started)
             self._start -= resume_wall_time
         else:
             self.folder = RunFolder.create(root, f"{safe_name(algo)}_{safe_name(env)}", started)
             meta = self._new_meta(config, started, code_dir)
+            self._csv = ProgressCsv(self.folder.progress_file)
         self.dir = self.folder.path
         self.checkpoints = CheckpointWriter(self.folder, best_score)
         self._episodes_file: IO[str] = open(self.folder.episodes_file, "a", newline="")  # noqa: SIM115
@@ -164,7 +174,8 @@ class RunLogger:
                 self._tb = SummaryWriter(log_dir=str(self.dir))
                 self._tb.add_text("config", f"```\n{json.dumps(meta, indent=2)}\n```")
         self._progress = (ProgressLine(f"{algo} {env}", self.train_column, total_frames,
-                                       progress_interval) if progress else None)
+                                       progress_interval, time_budget=time_budget)
+                          if progress else None)
 
     def _new_meta(self, config: Any, started: datetime.datetime,
                   code_dir: str | Path | None) -> dict[str, Any]:
@@ -195,12 +206,12 @@ class RunLogger:
     @property
     def episodes(self) -> int:
         """How many finished episodes were recorded."""
-        return len(self._returns)
+        return self._n_episodes
 
     @property
     def n_rows(self) -> int:
         """How many ``progress.csv`` rows were written."""
-        return len(self._rows)
+        return self._csv.n_rows
 
     @property
     def closed(self) -> bool:
@@ -242,13 +253,16 @@ class RunLogger:
             self._episodes_csv.writerow([at, value, "" if lens is None else lens[i]])
         self._episodes_file.flush()
         self._returns.extend(values)
+        self._n_episodes += len(values)
 
     def train_return(self, last: int | None = None) -> float:
-        """Mean return of the last ``last`` episodes (default: ``window``); nan if none yet."""
+        """Mean return of the last ``last`` episodes (default: ``window``; at most the
+        ``max(window, RETURNS_KEPT)`` the logger keeps); nan if none yet."""
         n = self.window if last is None else last
         if n < 1:
             raise ValueError(f"train_return: last must be >= 1, got {n}")
-        recent = self._returns[-n:]
+        kept = len(self._returns)
+        recent = [self._returns[i] for i in range(max(0, kept - n), kept)]
         return sum(recent) / len(recent) if recent else math.nan
 
     def log(self, frames: int, **metrics: float) -> dict[str, Any]:
@@ -325,11 +339,10 @@ class RunLogger:
         self._closed = True
         try:
             if self._progress is not None:
-                self._progress.close(self._rows[-1] if self._rows else None, self._last_eval)
+                self._progress.close(self._csv.last_row, self._last_eval)
         finally:
             self._episodes_file.close()
-            if self._progress_file is not None:
-                self._progress_file.close()
+            self._csv.close()
             if self._tb is not None:
                 self._tb.close()
             self._plot()
@@ -347,33 +360,7 @@ class RunLogger:
             raise RuntimeError(f"RunLogger.{method} called after close() (run {self.dir})")
 
     def _write_row(self, row: dict[str, Any]) -> None:
-        self._rows.append(row)
-        new_keys = [k for k in row if k not in self._header]
-        if self._progress_csv is None or new_keys:
-            # First row, or a metric seen for the first time: (re)write with the union header.
-            self._header += new_keys
-            self._rewrite_progress()
-        else:
-            self._progress_csv.writerow(row)
-        assert self._progress_file is not None
-        self._progress_file.flush()
-
-    def _rewrite_progress(self) -> None:
-        """Writes every row under the current header (atomically), then appends from there."""
-        self.folder.require("progress.csv")
-        if self._progress_file is not None:
-            self._progress_file.close()
-        path = self.folder.progress_file
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=self._header, restval="nan")
-            writer.writeheader()
-            writer.writerows(self._rows)
-        os.replace(tmp, path)
-        self._progress_file = open(path, "a", newline="")  # noqa: SIM115
-        self._progress_csv = csv.DictWriter(
-            self._progress_file, fieldnames=self._header, restval="nan"
-        )
+        self._csv.write(row)
 
     def _resume(self, frames: int, started: datetime.datetime) -> dict[str, Any]:
         """Takes up the run folder ``self.folder`` at ``frames`` (see ``resume_dir``)."""
@@ -382,13 +369,7 @@ class RunLogger:
             meta = json.loads(folder.config_file.read_text())
             with open(folder.episodes_file, newline="") as f:
                 episodes = [r for r in csv.DictReader(f) if int(r["frames_at_record"]) <= frames]
-            progress: list[dict[str, Any]] = []
-            if folder.progress_file.is_file():
-                with open(folder.progress_file, newline="") as f:
-                    reader = csv.DictReader(f)
-                    progress = [{k: _number(v) for k, v in r.items()} for r in reader
-                                if int(r["frames"]) <= frames]
-                    self._header = list(reader.fieldnames or [])
+            self._csv.resume(frames)
         except (OSError, ValueError, KeyError) as err:
             raise ConfigError(f"cannot resume {folder.path}: {type(err).__name__}: {err}") from err
         tmp = folder.episodes_file.with_name(folder.episodes_file.name + ".tmp")
@@ -397,10 +378,8 @@ class RunLogger:
             writer.writeheader()
             writer.writerows(episodes)
         os.replace(tmp, folder.episodes_file)
-        self._returns = [float(r["return"]) for r in episodes]
-        if progress:
-            self._rows = progress
-            self._rewrite_progress()
+        self._returns.extend(float(r["return"]) for r in episodes)
+        self._n_episodes = len(episodes)
         self.frames = self._last_frames = frames
         meta.setdefault("resumes", []).append({
             "time": started.isoformat(timespec="seconds"), "frames": frames,
@@ -418,14 +397,14 @@ class RunLogger:
             return  # the folder was removed: RunFolderError says so
         try:
             plot_runs([self.dir], self.folder.returns_plot)
-            if "cores_busy" in self._header:
+            if "cores_busy" in self._csv.header:
                 from rlstruct.runs.monitor import resources_figure
 
                 resources_figure(self.folder.progress_file, self.folder.resources_plot)
         except ImportError:
             warnings.warn(
                 "matplotlib is not installed: skipping returns.png "
-                "(pip install 'rlstruct[plot]', then: rlstruct plot RUN_DIR)",
+                "(pip install -e '.[plot]' in a clone, then: rlstruct plot RUN_DIR)",
                 stacklevel=3,
             )
         except Exception as err:  # noqa: BLE001 - a plot never hides the run's own outcome
@@ -468,15 +447,6 @@ def safe_name(name: str) -> str:
     """A file-name-safe version of ``name`` (``ALE/Pong-v5`` -> ``ALE-Pong-v5``), for the run
     folder's name."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "run"
-
-
-def _number(text: str) -> Any:
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
 
 
 def _floats(values: torch.Tensor | Sequence[float] | float) -> list[float]:

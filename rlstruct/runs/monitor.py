@@ -11,12 +11,18 @@ for ``progress.csv`` covering the interval since the previous sample:
   minus main-process CPU, per phase, >= 0): with worker processes most of ``collect_s`` is
   waiting for them; with a ``SerialBatcher`` collection is CPU work and ``wait_s`` stays near 0.
 - ``cores_busy``: CPU seconds of the whole process tree (this process and every descendant:
-  batcher workers, forkserver, evaluator) per wall second; 1.0 is one core fully busy.
+  batcher workers, forkserver, evaluator) per wall second, averaged over the row's interval or
+  the last ``window_s`` seconds (1 s), whichever is longer; 1.0 is one core fully busy. The
+  tree's part never exceeds the machine's cores (``os.cpu_count()``).
 - ``cores_main``, ``cores_workers``: the parts of ``cores_busy`` used by this process (all its
   threads) and by every other process of the tree; batcher workers that run outside the tree
   (Ray actors of another machine or cluster) count too, with the CPU time each reports with
   its segments (:meth:`ResourceMonitor.watch`).
 - ``steps_per_cpu_s``: frames per CPU second of the tree (the efficiency of a layout).
+- ``load_avg``: the machine's load average over the last minute (``os.getloadavg``: every
+  process of the machine that runs or waits for a core; nan where the system does not tell).
+  Above the core count, the run competes with other work for the machine; ``cores_busy`` well
+  below the cores and a low load mean the layout leaves cores idle.
 - ``rss_mb``: resident memory of the tree in MiB (pages shared by forked workers are counted
   once per process, so this over-counts).
 - ``gpu<k>_util``, ``gpu<k>_mem_mb``: utilisation (%) and used memory (MiB) of GPU ``k`` (the
@@ -30,6 +36,8 @@ Example:
     >>> row = monitor.sample(frames=0)
     >>> sorted(k for k in row if k.endswith("_s"))
     ['collect_s', 'learn_s', 'steps_per_cpu_s', 'wait_s']
+    >>> 0 <= row["cores_busy"] <= os.cpu_count()
+    True
     >>> monitor.close()
 
 CPU accounting: the tree's cumulative CPU time is the sum, over live processes, of their own
@@ -38,12 +46,16 @@ user + system time and the time of the children they reaped (``children_user``,
 counter, so nothing is lost or counted twice. A process that appears between samples counts
 with all its CPU time. The process list is re-read every ``rescan_s`` seconds, and at once when a
 known process has gone; in between only the cached ``psutil.Process`` objects are read (two small
-``/proc`` files each). The kernel counts CPU time in clock ticks (10 ms), so an iteration much
-shorter than that reads a noisy ``cores_busy``; its mean over rows is exact.
+``/proc`` files each). The kernel counts the CPU time of other processes in clock ticks (10 ms):
+over an iteration of 2 ms, one tick of each of three processes would read as 15 cores busy, and
+the next iterations as 0. The CPU columns are therefore rates over a trailing window of at
+least ``window_s`` seconds (the readings of the last samples are kept for it), and this
+process's own CPU time is read exactly (``time.process_time``).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import os
@@ -57,7 +69,8 @@ import psutil
 
 from rlstruct.runs.folder import RunFolder, read_rows
 
-__all__ = ["ResourceMonitor", "ExternalCpu", "resources_figure"]
+__all__ = ["ResourceMonitor", "ExternalCpu", "resources_figure", "resource_curves", "smooth",
+           "load_average"]
 
 
 class ExternalCpu(Protocol):
@@ -80,6 +93,8 @@ class ResourceMonitor:
         rescan_s: re-read the list of descendants at most this often (seconds); a process that
             has gone triggers a re-read at once.
         phases: phase columns always present (0.0 when unused), in this order.
+        window_s: the CPU columns are averaged over at least this many seconds (the trailing
+            window of the last samples; 0: each row's own interval).
 
     Raises:
         RuntimeError: ``gpu=True`` and NVML could not be started.
@@ -91,6 +106,7 @@ class ResourceMonitor:
         gpu: bool | None = None,
         rescan_s: float = 1.0,
         phases: Sequence[str] = ("collect", "learn"),
+        window_s: float = 1.0,
     ) -> None:
         self._root = psutil.Process(pid)
         self._external: list[ExternalCpu] = []
@@ -108,10 +124,13 @@ class ResourceMonitor:
         self._gpus: list[tuple[int, Any]] = []
         if gpu is not False:
             self._nvml, self._gpus = _start_nvml(required=bool(gpu))
+        self.window_s = float(window_s)
+        self._n_cpus = os.cpu_count() or 1
         self._scan(time.monotonic())
-        self._main_prev, self._tree_prev = self._cpu()
-        self._last_wall = time.monotonic()
-        self._last_frames: int | None = None
+        # Readings (wall, main CPU, tree CPU, external CPU, frames): the first one is the start
+        # of the window the next row averages over.
+        self._readings: collections.deque[tuple[float, float, float, float, int | None]] = (
+            collections.deque([(time.monotonic(), *self._cpu(), None)]))
 
     def watch(self, source: ExternalCpu) -> None:
         """Counts the CPU time of workers outside this process tree: ``source`` (a Batcher or
@@ -171,15 +190,17 @@ class ResourceMonitor:
 
     # ------------------------------------------------------------------ sampling
     def sample(self, frames: int | None = None) -> dict[str, float]:
-        """The columns for the interval since the previous sample (or since construction).
+        """The columns for the interval since the previous sample (or since construction);
+        the CPU columns over at least the last ``window_s`` seconds.
 
         Args:
-            frames: total environment frames so far; gives ``steps_per_cpu_s`` (nan without it
-                or on the first sample without a previous count).
+            frames: total environment frames so far; gives ``steps_per_cpu_s`` (nan without it,
+                or while the window starts at a sample without a count).
 
         Returns:
             ``{"collect_s", "learn_s", <other phases>_s, "wait_s", "cores_busy", "cores_main",
-            "cores_workers", "steps_per_cpu_s", "rss_mb", "gpu<k>_util", "gpu<k>_mem_mb"}``
+            "cores_workers", "steps_per_cpu_s", "load_avg", "rss_mb", "gpu<k>_util",
+            "gpu<k>_mem_mb"}``
             (GPU columns only when NVML runs); see the module docstring.
         """
         self._switch()
@@ -191,26 +212,38 @@ class ResourceMonitor:
         now = time.monotonic()
         if now - self._scanned_at >= self.rescan_s:
             self._scan(now)
-        main, tree = self._cpu()
         rss = self._rss()
-        elapsed = now - self._last_wall
-        d_main, d_tree = main - self._main_prev, max(0.0, tree - self._tree_prev)
-        self._main_prev, self._tree_prev, self._last_wall = main, tree, now
-        if elapsed > 0:
-            row["cores_busy"] = d_tree / elapsed
-            row["cores_main"] = d_main / elapsed
-            row["cores_workers"] = max(0.0, d_tree - d_main) / elapsed
-        else:
-            row["cores_busy"] = row["cores_main"] = row["cores_workers"] = math.nan
-        if frames is not None and self._last_frames is not None and d_tree > 0:
-            row["steps_per_cpu_s"] = (int(frames) - self._last_frames) / d_tree
-        else:
-            row["steps_per_cpu_s"] = math.nan
-        if frames is not None:
-            self._last_frames = int(frames)
+        self._readings.append((now, *self._cpu(), None if frames is None else int(frames)))
+        row.update(self._cpu_columns())
+        row["load_avg"] = load_average()
         row["rss_mb"] = rss / _MIB
         row.update(self._gpu_columns())
         return row
+
+    def _cpu_columns(self) -> dict[str, float]:
+        """The CPU columns from the window's first reading to the last one (the window starts
+        at the newest reading at least ``window_s`` old, else at the oldest)."""
+        readings, now = self._readings, self._readings[-1][0]
+        while len(readings) > 2 and now - readings[1][0] >= self.window_s:
+            readings.popleft()
+        wall0, main0, tree0, ext0, frames0 = readings[0]
+        _, main, tree, ext, frames = readings[-1]
+        elapsed = now - wall0
+        row: dict[str, float] = {}
+        if elapsed > 0:
+            # The tree runs on this machine: its rate cannot exceed the cores (ticks of 10 ms
+            # over a short window could); workers elsewhere (Ray) add their own.
+            local = min(self._n_cpus, max(0.0, tree - tree0) / elapsed)
+            row["cores_main"] = min(local, max(0.0, main - main0) / elapsed)
+            row["cores_busy"] = local + max(0.0, ext - ext0) / elapsed
+            row["cores_workers"] = max(0.0, row["cores_busy"] - row["cores_main"])
+        else:
+            row["cores_busy"] = row["cores_main"] = row["cores_workers"] = math.nan
+        cpu = max(0.0, tree - tree0) + max(0.0, ext - ext0)
+        row["steps_per_cpu_s"] = ((frames - frames0) / cpu if frames is not None
+                                  and frames0 is not None and cpu > 0 else math.nan)
+        return {k: row[k] for k in ("cores_busy", "cores_main", "cores_workers",
+                                    "steps_per_cpu_s")}
 
     def tree_cpu_s(self) -> float:
         """Cumulative CPU seconds (user + system) of the whole tree now, reaped children
@@ -218,7 +251,8 @@ class ResourceMonitor:
         CPU the tree used in between (the tuner's meter); :meth:`sample` is not disturbed.
         """
         self._scan(time.monotonic())
-        return self._cpu()[1]
+        _, tree, external = self._cpu()
+        return tree + external
 
     @property
     def n_processes(self) -> int:
@@ -258,8 +292,9 @@ class ResourceMonitor:
             procs[proc.pid] = cached if cached is not None and cached == proc else proc
         self._procs, self._scanned_at = procs, now
 
-    def _cpu(self, retries: int = 2) -> tuple[float, float]:
-        """Cumulative CPU seconds: (this process's own, the whole tree's)."""
+    def _cpu(self, retries: int = 2) -> tuple[float, float, float]:
+        """Cumulative CPU seconds: (this process's own, the whole tree's (this one's
+        included), the workers' outside the tree); this process's own time read exactly."""
         main = tree = 0.0
         gone = False
         for pid, proc in self._procs.items():
@@ -269,14 +304,15 @@ class ResourceMonitor:
                 gone = True
                 continue
             own = t.user + t.system
-            tree += own + t.children_user + t.children_system
             if pid == self._root_pid:
-                main = own
+                # time.process_time: nanoseconds, not the kernel's 10 ms ticks of /proc
+                main = own = time.process_time() if pid == os.getpid() else own
+            tree += own + t.children_user + t.children_system
         if gone and retries > 0:  # its reaped time now sits in its parent's children_* counters
             self._scan(time.monotonic())
             return self._cpu(retries - 1)
         # Batcher workers outside this tree (Ray actors elsewhere) report their own CPU time.
-        return main, tree + sum(source.external_cpu_seconds() for source in self._external)
+        return main, tree, sum(source.external_cpu_seconds() for source in self._external)
 
     def _rss(self) -> int:
         total = 0
@@ -297,6 +333,15 @@ class ResourceMonitor:
             except Exception:  # noqa: BLE001 - a GPU fallen off the bus: nan, the run goes on
                 out[f"gpu{k}_util"] = out[f"gpu{k}_mem_mb"] = math.nan
         return out
+
+
+def load_average() -> float:
+    """The machine's load average over the last minute (``os.getloadavg``); nan where the
+    system does not tell."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return math.nan
 
 
 def _start_nvml(required: bool) -> tuple[ModuleType | None, list[tuple[int, Any]]]:
@@ -350,12 +395,49 @@ def _visible_indices(count: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------- figure
-def resources_figure(progress_csv: str | Path, out_png: str | Path) -> Path:
-    """Draw cores busy (tree, main process, workers) and steps/s against frames into a PNG.
+def smooth(points: Sequence[tuple[float, float]], width: int) -> list[tuple[float, float]]:
+    """The trailing moving average of ``points`` (``(x, y)``) over ``width`` points.
 
-    Reads the ``cores_busy``, ``cores_main``, ``cores_workers`` and ``steps_per_s`` columns of a
-    ``progress.csv`` (rows without a value are left out). Matplotlib's Agg canvas, like
-    :func:`rlstruct.runs.plotting.plot_runs`.
+    Example:
+        >>> smooth([(0, 0.0), (1, 2.0), (2, 4.0)], 2)
+        [(0, 0.0), (1, 1.0), (2, 3.0)]
+    """
+    out, total = [], 0.0
+    for i, (x, y) in enumerate(points):
+        total += y - (points[i - width][1] if i >= width else 0.0)
+        out.append((x, total / min(i + 1, width)))
+    return out
+
+
+def resource_curves(progress_csv: str | Path) -> dict[str, list[tuple[float, float]]]:
+    """The ``(frames, value)`` points :func:`resources_figure` draws: ``cores_busy`` as
+    recorded, the cores columns smoothed (``<column>_smooth``: a trailing mean over about a
+    50th of the rows), the machine's ``load_avg`` and ``steps_per_s``; rows without a value are
+    left out.
+
+    Raises:
+        FileNotFoundError: ``progress_csv`` does not exist.
+    """
+    progress_csv = Path(progress_csv)
+    if not progress_csv.is_file():
+        raise FileNotFoundError(f"no progress.csv at {progress_csv}")
+    run = RunFolder(progress_csv.parent, read_rows(progress_csv))
+    curves = {column: run.series(column) for column in
+              ("cores_busy", "cores_main", "cores_workers", "load_avg", "steps_per_s")}
+    for column in ("cores_busy", "cores_main", "cores_workers"):
+        points = curves[column]
+        curves[f"{column}_smooth"] = smooth(points, max(1, len(points) // 50))
+    return curves
+
+
+def resources_figure(progress_csv: str | Path, out_png: str | Path) -> Path:
+    """Draw cores busy (tree, main process, workers; smoothed, the recorded ``cores_busy``
+    faint behind) beside the machine's load average, and steps/s, against frames into a PNG.
+
+    Reads a ``progress.csv`` (:func:`resource_curves`). The load average counts every process
+    of the machine that runs or waits for a core: a load above ``cores_busy`` is other work
+    competing for the machine; both low is a layout that leaves cores idle. Matplotlib's Agg
+    canvas, like :func:`rlstruct.runs.plotting.plot_runs`.
 
     Returns:
         ``out_png`` as a ``Path``.
@@ -366,24 +448,26 @@ def resources_figure(progress_csv: str | Path, out_png: str | Path) -> Path:
     """
     from rlstruct.runs.plotting import finish_figure, new_figure
 
-    progress_csv = Path(progress_csv)
-    if not progress_csv.is_file():
-        raise FileNotFoundError(f"no progress.csv at {progress_csv}")
-    run = RunFolder(progress_csv.parent, read_rows(progress_csv))
+    curves = resource_curves(progress_csv)
     fig = new_figure(9, 6)
     top, bottom = fig.subplots(2, 1, sharex=True)
+    if curves["cores_busy"]:
+        top.plot(*zip(*curves["cores_busy"]), color="tab:blue", lw=0.8, alpha=0.25)
     for column, style in (("cores_busy", "-"), ("cores_main", "--"), ("cores_workers", ":")):
-        points = run.series(column)
+        points = curves[f"{column}_smooth"]
         if points:
             top.plot(*zip(*points), ls=style, lw=2 if column == "cores_busy" else 1.2,
-                     label=column)
-    top.set_ylabel("cores busy")
+                     label=f"{column} (smoothed)")
+    if curves["load_avg"]:
+        top.plot(*zip(*curves["load_avg"]), color="tab:grey", lw=1.2, ls="-.",
+                 label="machine load average (1 min)")
+    top.set_ylabel("cores")
     top.set_ylim(bottom=0)
-    speed = run.series("steps_per_s")
+    speed = curves["steps_per_s"]
     if speed:
         bottom.plot(*zip(*speed), color="tab:green", lw=1.5, label="steps_per_s")
     bottom.set_ylabel("steps / s")
     bottom.set_xlabel("frames")
     bottom.set_ylim(bottom=0)
-    top.set_title(progress_csv.parent.name or "resources")
+    top.set_title(Path(progress_csv).parent.name or "resources")
     return finish_figure(fig, out_png, "no values recorded")

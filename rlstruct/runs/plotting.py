@@ -12,35 +12,49 @@ and the printed summary agree:
 Among several runs, a run with nothing to draw (no episode finished: it failed at start-up, or
 was stopped at once) is skipped, and a run whose ``summary.json`` says it ``failed`` or was
 ``interrupted`` is labelled so in the legend; the title counts the runs drawn, and the ones
-skipped (:func:`select_runs`).
+skipped (:func:`select_runs`). Each run's label tells it from the others (:func:`run_labels`):
+its folder's name (its path when names repeat, as in a sweep), its seed, and the config values
+that differ between the runs.
+
+The x axis is ``frames`` (default) or ``wall_time``: seconds since the run started, as
+``progress.csv`` says (an episode at the wall time of the rows around its frame count).
 
 A sweep's trial graph (:func:`trial_figure`, drawn by :mod:`rlstruct.tools.sweep`) shows the mean
 train return of a trial's sessions over the longest session, with the min-max band of the
 sessions still running and a moving average.
 
-``rlstruct plot PATH [PATH ...]`` calls :func:`plot_runs`; a PATH may be a run
-directory or a folder of run directories (``runs/``), whose runs are compared on one figure.
+``rlstruct plot PATH [PATH ...] [--x wall_time]`` calls :func:`plot_runs`; a PATH may be a run
+directory or a folder holding run directories (``runs/``, or a sweep's ``--out`` folder), whose
+runs are compared on one figure.
 Run folders are read with :mod:`rlstruct.runs.folder`.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from rlstruct.errors import ConfigError
+from rlstruct.errors import ConfigError, RunFileError, install_hint
 from rlstruct.runs.folder import RunFolder, find_runs, is_run_dir, read_run
 
 __all__ = ["plot_runs", "runs_figure", "run_curves", "select_runs", "RunSelection", "find_runs",
-           "is_run_dir",
+           "is_run_dir", "run_labels", "X_AXES",
            "trial_curves", "trial_figure", "new_figure", "finish_figure"]
 
 #: Default width, in grid points, of the trial graph's moving average (``--ma-window``).
 MA_WINDOW = 10
+
+#: The x axes a plot of runs can have: the frames, or the wall time in seconds.
+X_AXES: tuple[str, ...] = ("frames", "wall_time")
+XAxis = Literal["frames", "wall_time"]
+_X_LABELS = {"frames": "frames", "wall_time": "wall time (s)"}
+#: Config entries that differ between runs without telling them apart (where they were written).
+_UNTOLD = ("runs_dir", "resume", "seed")
 
 #: Statuses of ``summary.json`` that the legend and the title point out.
 FLAGGED_STATUSES: tuple[str, ...] = ("failed", "interrupted")
@@ -66,6 +80,11 @@ class RunSelection:
         return f"{run.name} ({run.status})" if run.status in FLAGGED_STATUSES else run.name
 
     @property
+    def labels(self) -> dict[Path, str]:
+        """The legend label of each drawn run, by folder (:func:`run_labels`)."""
+        return run_labels(self.drawn)
+
+    @property
     def title(self) -> str:
         """The figure's title: the run's label for one run; otherwise how many runs are
         drawn, how many of them failed or were interrupted, and how many were skipped."""
@@ -80,16 +99,59 @@ class RunSelection:
         return drawn + (f" ({'; '.join(notes)})" if notes else "")
 
 
-def select_runs(run_dirs: Sequence[str | Path]) -> RunSelection:
-    """The runs of ``run_dirs`` (see :func:`find_runs`) split into drawn and skipped.
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def run_labels(runs: Sequence[RunFolder], max_keys: int = 4) -> dict[Path, str]:
+    """Labels that tell ``runs`` apart in a legend, by folder.
+
+    A label is the folder's name (its path below the runs' common folder when two names are
+    the same, as the sessions of a sweep may have), ``seed N`` when the config has a seed, the
+    first ``max_keys`` config values that differ between the runs (``lr=0.001``), and the
+    status when the run failed or was interrupted. Labels that are still the same get
+    ``#2``, ``#3``, ...
+    """
+    flat = {run.path: _flat(run.config) for run in runs}
+    keys = list(dict.fromkeys(k for values in flat.values() for k in values))
+    differ = [k for k in keys if k not in _UNTOLD and len({repr(v.get(k)) for v in
+                                                           flat.values()}) > 1][:max_keys]
+    names = [run.name for run in runs]
+    common = Path(os.path.commonpath([r.path for r in runs])) if len(runs) > 1 else None
+    labels: dict[Path, str] = {}
+    seen: dict[str, int] = {}
+    for run in runs:
+        config = flat[run.path]
+        name = (run.path.relative_to(common).as_posix() if common is not None
+                and names.count(run.name) > 1 else run.name)
+        parts = [name, *([f"seed {config['seed']}"] if "seed" in config else []),
+                 *(f"{k}={config.get(k)}" for k in differ)]
+        if run.status in FLAGGED_STATUSES:
+            parts.append(f"({run.status})")
+        label = " ".join(parts)
+        seen[label] = seen.get(label, 0) + 1
+        labels[run.path] = label if seen[label] == 1 else f"{label} #{seen[label]}"
+    return labels
+
+
+def select_runs(run_dirs: Sequence[str | Path], x: XAxis = "frames") -> RunSelection:
+    """The runs of ``run_dirs`` (see :func:`find_runs`) split into drawn and skipped; the
+    curves against ``x`` (``frames`` or ``wall_time``).
 
     Raises:
         FileNotFoundError: see :func:`find_runs`.
+        RunFileError: a run's CSV file is not UTF-8 text, or cannot be read.
     """
     selection = RunSelection()
     for path in find_runs(run_dirs):
         run = read_run(path)
-        curves = run_curves(run)
+        curves = run_curves(run, x)
         if any(curves.values()):
             selection.drawn.append(run)
             selection.curves[run.path] = curves
@@ -102,7 +164,7 @@ def new_figure(width: float = 9, height: float = 5) -> Any:
     """A matplotlib ``Figure`` on the Agg canvas (no display, no pyplot state).
 
     Raises:
-        ImportError: matplotlib is not installed (``pip install 'rlstruct[plot]'``).
+        ImportError: matplotlib is not installed (``pip install -e '.[plot]'``).
     """
     try:
         import matplotlib  # noqa: F401 - first: a cached submodule would hide its absence
@@ -110,7 +172,7 @@ def new_figure(width: float = 9, height: float = 5) -> Any:
         from matplotlib.figure import Figure
     except ImportError as err:
         raise ImportError(
-            f"plotting needs matplotlib ({err}); install it with: pip install 'rlstruct[plot]'"
+            f"plotting needs matplotlib ({err}); install the plot extra: {install_hint('plot')}"
         ) from err
     fig = Figure(figsize=(width, height), dpi=100)
     FigureCanvasAgg(fig)
@@ -131,13 +193,18 @@ def finish_figure(fig: Any, out: str | Path, empty_text: str, outside: bool = Fa
         else:
             ax.text(0.5, 0.5, empty_text, ha="center", va="center", transform=ax.transAxes)
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png", bbox_inches="tight" if outside else None)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, format="png", bbox_inches="tight" if outside else None)
+    except OSError as err:
+        raise RunFileError(f"cannot write the plot {out}: {type(err).__name__}: "
+                           f"{err.strerror or err} (give another file with -o/--out)") from err
     return out
 
 
-def plot_runs(run_dirs: Sequence[str | Path], out: str | Path) -> Path:
-    """Plot the returns of run directories (or folders of them) against frames into a PNG.
+def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, x: XAxis = "frames") -> Path:
+    """Plot the returns of run directories (or folders of them) against frames (or the wall
+    time) into a PNG.
 
     Each run gets one colour (see the module docstring for its curves); the legend names runs by
     directory name. Runs of different envs are drawn on axes of their own, one per env (their
@@ -149,22 +216,29 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path) -> Path:
         run_dirs: run directories written by :class:`~rlstruct.runs.logger.RunLogger`, or folders
             of them.
         out: the PNG to write (parent folders are created).
+        x: the x axis: ``frames``, or ``wall_time`` (seconds since the run started).
 
     Returns:
         ``out`` as a ``Path``.
 
     Raises:
         FileNotFoundError: see :func:`find_runs`.
-        ImportError: matplotlib is not installed (``pip install 'rlstruct[plot]'``).
+        ConfigError: ``x`` is not one of :data:`X_AXES`.
+        RunFileError: a run's CSV is not UTF-8 text, or ``out`` cannot be written (a
+            read-only folder); the file is named.
+        ImportError: matplotlib is not installed (``pip install -e '.[plot]'``).
     """
-    fig, single = runs_figure(run_dirs)
+    fig, single = runs_figure(run_dirs, x)
     return finish_figure(fig, out, "no episodes recorded", outside=not single)
 
 
-def runs_figure(run_dirs: Sequence[str | Path]) -> tuple[Any, bool]:
+def runs_figure(run_dirs: Sequence[str | Path], x: XAxis = "frames") -> tuple[Any, bool]:
     """The figure of :func:`plot_runs`, not yet finished (legends) nor written, and whether it
     draws a single run."""
-    selection = select_runs(run_dirs)
+    if x not in X_AXES:
+        raise ConfigError(f"plot: x must be one of {', '.join(X_AXES)}, got {x!r}")
+    selection = select_runs(run_dirs, x)
+    labels = selection.labels
     envs = list(dict.fromkeys(str(run.config.get("env_id", "?")) for run in selection.drawn))
     fig = new_figure(height=max(5.0, 3.5 * len(envs)))
     axes = {env: fig.add_subplot(max(1, len(envs)), 1, i + 1) for i, env in enumerate(envs)}
@@ -176,7 +250,7 @@ def runs_figure(run_dirs: Sequence[str | Path]) -> tuple[Any, bool]:
     for i, run in enumerate(selection.drawn):
         ax = axes[str(run.config.get("env_id", "?"))]
         colour = colours[i % len(colours)]
-        name = "" if single else f"{selection.label(run)} "
+        name = "" if single else f"{labels[run.path]} "
         curves = dict(selection.curves[run.path])
         episodes, evals = curves.pop("episode_return"), curves.pop("eval_return")
         if episodes and single:
@@ -189,18 +263,22 @@ def runs_figure(run_dirs: Sequence[str | Path]) -> tuple[Any, bool]:
             ax.plot(*zip(*evals), color=colour, ls="--", marker="o", ms=4,
                     label=f"{name}eval_return")
     for env, env_ax in axes.items():
-        env_ax.set_xlabel("frames")
+        env_ax.set_xlabel(_X_LABELS[x])
         env_ax.set_ylabel(f"return ({env})" if len(axes) > 1 else "return")
     ax = next(iter(axes.values()), ax)
     ax.set_title(selection.title)
     return fig, single
 
 
-def run_curves(run: str | Path | RunFolder) -> dict[str, list[tuple[float, float]]]:
-    """The ``(frames, value)`` points :func:`plot_runs` draws for one run directory.
+def run_curves(run: str | Path | RunFolder,
+               x: XAxis = "frames") -> dict[str, list[tuple[float, float]]]:
+    """The ``(frames, value)`` (or ``(wall_time, value)``) points :func:`plot_runs` draws for
+    one run directory.
 
     Args:
         run: the run directory, or a :class:`~rlstruct.runs.folder.RunFolder` read already.
+        x: ``frames``, or ``wall_time``: an episode then stands at the wall time interpolated
+            between the progress rows around its frame count.
 
     Returns:
         ``{"<train column>": ..., "eval_return": ..., "episode_return": ...}``: the training
@@ -211,10 +289,15 @@ def run_curves(run: str | Path | RunFolder) -> dict[str, list[tuple[float, float
     if not isinstance(run, RunFolder):
         run = read_run(run)
     column = run.train_column
+    episodes = run.episode_points()
+    if x == "wall_time":
+        clock = run.series("wall_time")  # (frames, wall_time) of the rows
+        episodes = ([(float(np.interp(f, *zip(*clock))), v) for f, v in episodes]
+                    if clock else [])
     return {
-        column: run.series(column),
-        "eval_return": run.series("eval_return"),
-        "episode_return": run.episode_points(),
+        column: run.series(column, x),
+        "eval_return": run.series("eval_return", x),
+        "episode_return": episodes,
     }
 
 

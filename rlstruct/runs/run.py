@@ -124,7 +124,8 @@ class Run(RunLoop):
         try:
             self.logger = RunLogger(
                 algo, cfg.env_id, cfg, cfg.runs_dir, total_frames=cfg.max_frames,
-                window=cfg.target_window, code_dir=code_dir(cfg), resume_dir=cfg.resume,
+                time_budget=cfg.time_budget, window=cfg.target_window, code_dir=code_dir(cfg),
+                resume_dir=cfg.resume,
                 resume_frames=self.frames, resume_wall_time=r.get("wall_time", 0.0),
                 best_score=r.get("best_score"), launch=self.launch,
                 session=session_record(cfg, self.frames, self.launch))

@@ -38,7 +38,7 @@ __all__ = ["evaluate", "describe", "VIDEO_HINT"]
 
 #: What ``--video`` prints when gymnasium's RecordVideo cannot run here.
 VIDEO_HINT = ("--video needs moviepy, which gymnasium's RecordVideo uses to write the files "
-              "(pip install 'rlstruct[video]'); evaluating without a video")
+              "(the video extra: pip install -e '.[video]'); evaluating without a video")
 
 
 def evaluate(

@@ -1,10 +1,10 @@
 """The sessions of a sweep as Slurm jobs: ``rlstruct sweep --launcher slurm``, through submitit.
 
-Each session is one Slurm job (``pip install rlstruct[slurm]``), submitted with submitit's
-``SlurmExecutor``: ``--cpus-per-task`` is the sweep's ``cores_per_session``, and with ``gpus``
-each job asks for that many GPUs (``--gpus-per-task``). Slurm rotates the GPUs: each job sees
-the ones it was given in ``CUDA_VISIBLE_DEVICES`` and learns on ``cuda:0`` of them (the
-learner device ``auto``); on CPU-only nodes nothing touches CUDA. The job runs the session's
+Each session is one Slurm job (the ``slurm`` extra: ``pip install -e '.[slurm]'``), submitted with
+submitit's ``SlurmExecutor``: ``--cpus-per-task`` is the sweep's ``cores_per_session``, and with
+``gpus`` each job asks for that many GPUs (``--gpus-per-task``). Slurm rotates the GPUs: each job
+sees the ones it was given in ``CUDA_VISIBLE_DEVICES`` and learns on ``cuda:0`` of them (the learner
+device ``auto``); on CPU-only nodes nothing touches CUDA. The job runs the session's
 command (``python -m rlstruct.algos.ALGO ... --resume auto``) as a child process:
 
 - submitit warns the job ``signal_delay_s`` before its time limit with USR2 (and on a
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlstruct.errors import ConfigError
+from rlstruct.errors import ConfigError, install_hint
 
 __all__ = ["SlurmSession", "run_on_slurm", "require_submitit"]
 
@@ -116,7 +116,7 @@ def require_submitit() -> Any:
         import submitit
     except ImportError:
         raise ConfigError("sweep --launcher slurm needs submitit (the 'slurm' extra), which is "
-                          "not installed: pip install 'rlstruct[slurm]'") from None
+                          "not installed: " + install_hint("slurm")) from None
     return submitit
 
 

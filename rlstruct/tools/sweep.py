@@ -366,8 +366,8 @@ class SweepCommand:
     ma_window: int = MA_WINDOW
     """width, in points of the trial graphs' 200-point frames grid, of their moving average"""
     launcher: Literal["local", "slurm"] = "local"
-    """local: subprocesses here; slurm: one Slurm job per session (pip install
-    rlstruct[slurm]) with --cores-per-session CPUs and --gpus GPUs, requeued and resumed"""
+    """local: subprocesses here; slurm: one Slurm job per session (the slurm extra: pip install
+    -e '.[slurm]') with --cores-per-session CPUs and --gpus GPUs, requeued and resumed"""
     slurm_time: int = 60
     """slurm: each job's time limit, in minutes"""
     slurm_partition: str | None = None

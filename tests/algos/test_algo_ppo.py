@@ -235,8 +235,8 @@ def test_torch_env_backend_is_refused_for_episodic_collection(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_atari_pong_with_the_nature_cnn_runs_a_few_iterations(tmp_path):
-    pytest.importorskip("ale_py", reason="needs the atari extra: pip install rlstruct[atari]")
-    pytest.importorskip("cv2", reason="needs the atari extra: pip install rlstruct[atari]")
+    pytest.importorskip("ale_py", reason="needs the atari extra: pip install -e '.[atari]'")
+    pytest.importorskip("cv2", reason="needs the atari extra: pip install -e '.[atari]'")
     cfg = ppo.Config(env_id="ALE/Pong-v5", env_backend="atari", model="cnn",
                      layout=LayoutConfig(learner_device="cpu", n_processes=2, n_envs=1),
                      n_timesteps=32, max_frames=256, n_epochs=1, minibatch_size=32,

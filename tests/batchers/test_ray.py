@@ -1,7 +1,7 @@
 """RayBatcher (issue 12): the Batcher API on Ray actors, bitwise equal to Batcher, typed failures,
 restarts within a budget, a node lost from a two-node cluster.
 
-The whole module is skipped without Ray (``pip install rlstruct[ray]``). Its tests share ONE Ray
+The whole module is skipped without Ray (``pip install -e '.[ray]'``). Its tests share ONE Ray
 cluster (the ``cluster`` fixture: a ``ray.cluster_utils.Cluster`` with a 2-CPU head node bound to
 the loopback address), started at the module's first test that needs it and shut down after
 its last: no test module after this one ever sees Ray's daemons. Ray's daemons (GCS, raylet,
@@ -55,7 +55,7 @@ from rlstruct.errors import (
     WorkerTimeoutError,
 )
 
-ray = pytest.importorskip("ray", reason="Ray is not installed: pip install rlstruct[ray]")
+ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'")
 
 from ray.cluster_utils import Cluster  # noqa: E402  (after the skip)
 
@@ -244,9 +244,9 @@ def test_without_ray_the_import_error_says_how_to_install(monkeypatch):
     import rlstruct.batchers as batchers
 
     monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` sees when it is missing
-    with pytest.raises(ImportError, match=r"pip install rlstruct\[ray\]"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[ray\]'"):
         batchers.RayBatcher  # noqa: B018
-    with pytest.raises(ImportError, match=r"pip install rlstruct\[ray\]"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[ray\]'"):
         exec("from rlstruct.batchers import RayBatcher", {})
     # A fresh import of the backend module itself works (doctest collection, API docs) and its
     # constructor says the same.
@@ -259,7 +259,7 @@ def test_without_ray_the_import_error_says_how_to_install(monkeypatch):
         import rlstruct.batchers.ray.batcher as fresh
 
         assert fresh.ray is None
-        with pytest.raises(ImportError, match=r"pip install rlstruct\[ray\]"):
+        with pytest.raises(ImportError, match=r"pip install -e '\.\[ray\]'"):
             fresh.RayBatcher(2, DeterministicAgent, {}, counter_env, {"n_envs": 2})
     finally:
         sys.modules.update(saved)

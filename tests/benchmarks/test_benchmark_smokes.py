@@ -197,7 +197,8 @@ def test_every_benchmark_script_is_smoke_run_or_covered_elsewhere() -> None:
                  "learning_curve.py": "tests/benchmarks/test_learning_curve_command.py",
                  "torch_envs.py": "tests/envs/test_envs_torch.py",
                  "ray_backend.py": "tests/batchers/test_ray.py (on the test cluster)",
-                 "envpool_atari.py": "tests/envs/test_envs_envpool.py"}
+                 "envpool_atari.py": "tests/envs/test_envs_envpool.py",
+                 "soak_memory.py": "tests/benchmarks/test_soak_memory.py (an hour by default)"}
     scripts = {p.name for p in (ROOT / "benchmarks").glob("*.py") if not p.name.startswith("_")}
     covered = {s.script for s in SMOKES.values()} | set(elsewhere)
     assert scripts == covered, (scripts - covered, covered - scripts)

@@ -140,6 +140,57 @@ def test_every_public_name_is_in_its_module_page(api_pages, module_name):
     assert not missing, f"not documented nor linked on the API page of {module_name}: {missing}"
 
 
+def _top_level_imports(path: Path) -> set[str]:
+    """The packages a module's source imports at its top level (inside ``try``/``if`` too, not
+    inside functions)."""
+    found: set[str] = set()
+    body = list(ast.parse(path.read_text()).body)
+    while body:
+        node = body.pop()
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, (ast.Try, ast.If)):
+            body += [*node.body, *node.orelse, *getattr(node, "finalbody", [])]
+            body += [s for h in getattr(node, "handlers", []) for s in h.body]
+    return found
+
+
+def test_without_the_optional_dependencies_no_public_name_is_a_mock():
+    """``make docs`` without Ray: conf.py mocks the optional dependencies that are missing, and
+    autodoc turns a public name bound to a mock ("A mocked object is detected") into an error
+    under -W. Each module that imports an optional dependency at its top level is imported
+    afresh with that dependency mocked (as in a venv without it), and none of its ``__all__``
+    may be a mock."""
+    pytest.importorskip("sphinx", reason="the site's tools: pip install -e '.[docs]'")
+    from sphinx.ext.autodoc.mock import ismock, mock
+
+    optional = set(site.OPTIONAL_IMPORTS)
+    importers = {m: _top_level_imports(_module_file(m.split("."))) & optional
+                 for m in site.API_MODULES}
+    importers = {m: deps for m, deps in importers.items() if deps}
+    assert "rlstruct.parallel.ray_cluster" in importers  # the check sees the Ray module
+    deps = sorted(set().union(*importers.values()))
+    hidden = [k for k in sys.modules if k.split(".")[0] in deps or k in importers]
+    saved = {k: sys.modules.pop(k) for k in hidden}
+    mocked = []
+    try:
+        with mock(deps):
+            for name in importers:
+                module = importlib.import_module(name)
+                mocked += [f"{name}.{n}" for n in module.__all__ if ismock(getattr(module, n))]
+    finally:
+        for k in [k for k in sys.modules if k.split(".")[0] in deps or k in importers]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+        for name in importers:  # the parent package's attribute: the module it had
+            parent, _, child = name.rpartition(".")
+            if name in saved and parent in sys.modules:
+                setattr(sys.modules[parent], child, saved[name])
+    assert not mocked, f"public names that are a mock without their optional dependency: {mocked}"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_the_site_builds_without_a_warning(tmp_path):
@@ -209,6 +260,40 @@ def test_no_page_points_outside_the_repository(page):
         f"{page.relative_to(REPO)}: paths outside the repository {outside}; Markdown files the "
         f"repository does not hold {unknown}"
     )
+
+
+#: A Markdown file named by a path (``docs/guide-x.md``, ``../docs/x.md``) in prose, code or a
+#: message; not inside a URL (no ``/`` or word character right before it).
+_MD_PATH = re.compile(r"(?<![\w/.:-])((?:\.\.?/)*(?:[\w.-]+/)+[\w.-]+\.md)\b")
+#: Every text that names pages by their paths: the pages, and the code's docstrings and messages.
+MD_PATH_SOURCES = [*LINKED_PAGES, *sorted(p for folder in ("rlstruct", "benchmarks", "tutorials",
+                                                             "examples")
+                                          for p in (REPO / folder).rglob("*.py")),
+                   REPO / "Makefile"]
+
+
+def missing_md_paths(source: Path) -> list[str]:
+    """The Markdown paths ``source`` writes (in prose, inline code, links or code) that are no
+    file: each is read from the source's folder and from the repository's root (a message says
+    ``docs/guide-clusters.md`` from the root)."""
+    found = _MD_PATH.findall(source.read_text(encoding="utf-8"))
+    return sorted({p for p in found if not (source.parent / p).is_file()
+                   and not (REPO / p).is_file()})
+
+
+def test_the_markdown_path_check_finds_a_missing_page(tmp_path):
+    source = tmp_path / "page.md"
+    source.write_text("such a node (docs/guide-tuning.md); see `../docs/nothing.md`, "
+                      "docs/guide-resources.md, https://github.com/a/b/blob/main/docs/x.md\n")
+    assert missing_md_paths(source) == ["../docs/nothing.md", "docs/guide-tuning.md"]
+
+
+def test_every_markdown_path_written_names_a_file():
+    """A page path written outside a link (``docs/guide-tuning.md`` in prose, a message or a
+    docstring) is a file of the repository; links are checked above."""
+    assert len(MD_PATH_SOURCES) > 100
+    missing = {str(p.relative_to(REPO)): m for p in MD_PATH_SOURCES if (m := missing_md_paths(p))}
+    assert not missing, f"Markdown files named that do not exist: {missing}"
 
 
 DOCTEST_PAGES = [p for p in PAGES if ">>>" in p.read_text()]

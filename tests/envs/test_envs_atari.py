@@ -1,7 +1,7 @@
 """Tests of the Atari factory (rlstruct/envs/atari.py): gymnasium's Atari preprocessing behind a
 GymEnvInf, uint8 frames from the env to the batch, seeds, batchers.
 
-Skipped without ale-py and OpenCV (``pip install rlstruct[atari]``), except the test of the
+Skipped without ale-py and OpenCV (``pip install -e '.[atari]'``), except the test of the
 ImportError's message. About 20 s on 2 busy cores.
 """
 
@@ -22,7 +22,7 @@ from rlstruct.errors import ConfigError
 
 HAVE_ATARI = all(importlib.util.find_spec(m) is not None for m in ("ale_py", "cv2"))
 needs_atari = pytest.mark.skipif(
-    not HAVE_ATARI, reason="ale-py or OpenCV is not installed (pip install rlstruct[atari])"
+    not HAVE_ATARI, reason="ale-py or OpenCV is not installed (pip install -e '.[atari]')"
 )
 FRAME = (4, 84, 84)
 
@@ -42,7 +42,7 @@ class RandomAgent(Agent):
 
 def test_missing_ale_py_raises_an_import_error_naming_the_extra(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "ale_py", None)  # "import ale_py" now fails
-    with pytest.raises(ImportError, match=r"pip install rlstruct\[atari\]"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[atari\]'"):
         make_atari_env("ALE/Pong-v5", 1)
 
 
@@ -138,3 +138,29 @@ def test_batcher_two_workers_equal_the_serial_batcher() -> None:
 def test_config_errors(kwargs: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         make_atari_env(**kwargs)
+
+
+@needs_atari
+def test_the_ale_banner_prints_at_most_once(capfd, monkeypatch) -> None:
+    """Issue 38: a run printed ALE's banner three times, once per process that made an Atari
+    env (the main process, and each worker). The main process shows it at most once; a worker
+    process silences ALE before its first emulator starts."""
+    import multiprocessing
+
+    import ale_py
+
+    from rlstruct.envs import atari
+
+    capfd.readouterr()
+    for _ in range(2):
+        atari.make_atari_gym_env("ALE/Pong-v5").close()
+    assert capfd.readouterr().err.count("Arcade Learning Environment") <= 1
+    events: list[object] = []
+    set_mode, make = ale_py.ALEInterface.setLoggerMode, atari.gym.make
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())  # as in a worker
+    monkeypatch.setattr(ale_py.ALEInterface, "setLoggerMode",
+                        staticmethod(lambda mode: (events.append(mode), set_mode(mode))[1]))
+    monkeypatch.setattr(atari.gym, "make", lambda *a, **k: (events.append("make"),
+                                                            make(*a, **k))[1])
+    atari.make_atari_gym_env("ALE/Pong-v5").close()
+    assert events[:2] == [ale_py.LoggerMode.Error, "make"], events

@@ -8,8 +8,8 @@ termination, across episode ends: a reset row is followed by the dynamics of its
 no action is dropped by envpool's next-step auto-reset. The batcher tests check the counter-style
 invariants of every row and that Batcher workers equal a SerialBatcher.
 
-Everything but the ImportError test is skipped without envpool (``pip install
-rlstruct[envpool]``).
+Everything but the ImportError test is skipped without envpool (``pip install -e
+'.[envpool]'``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from rlstruct.errors import (
 
 HAVE_ENVPOOL = importlib.util.find_spec("envpool") is not None
 needs_envpool = pytest.mark.skipif(
-    not HAVE_ENVPOOL, reason="envpool is not installed (pip install rlstruct[envpool])"
+    not HAVE_ENVPOOL, reason="envpool is not installed (pip install -e '.[envpool]')"
 )
 KEYS = {
     "frame": ((4,), torch.float32),
@@ -66,7 +66,7 @@ def balance(frame: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------ installation
 def test_missing_envpool_raises_an_import_error_naming_the_extra(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "envpool", None)  # "import envpool" now fails
-    with pytest.raises(ImportError, match=r"pip install rlstruct\[envpool\]"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[envpool\]'"):
         EnvPoolEnv("CartPole-v1", 2)
 
 
@@ -395,7 +395,7 @@ def test_batcher_workers_equal_the_serial_batcher() -> None:
 @pytest.mark.timeout(180)
 @pytest.mark.skipif(
     not all(importlib.util.find_spec(m) for m in ("ale_py", "cv2")),
-    reason="the Pong rows need ale-py and OpenCV (pip install rlstruct[atari])",
+    reason="the Pong rows need ale-py and OpenCV (pip install -e '.[atari]')",
 )
 def test_envpool_atari_benchmark_quick(tmp_path) -> None:
     """benchmarks/envpool_atari.py runs and reports every row (no timing asserted)."""

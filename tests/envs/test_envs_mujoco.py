@@ -2,7 +2,7 @@
 ``GymEnvInf`` and in the batchers' worker processes, with their float64 observations kept or
 cast by ``obs_dtype``.
 
-The MuJoCo tests skip without the ``mujoco`` package (``pip install rlstruct[mujoco]``); the
+The MuJoCo tests skip without the ``mujoco`` package (``pip install -e '.[mujoco]'``); the
 ``obs_dtype`` error tests use gymnasium's classic envs and always run.
 """
 
@@ -21,7 +21,7 @@ from rlstruct.errors import ConfigError
 
 needs_mujoco = pytest.mark.skipif(
     importlib.util.find_spec("mujoco") is None,
-    reason="mujoco is not installed (pip install rlstruct[mujoco])",
+    reason="mujoco is not installed (pip install -e '.[mujoco]')",
 )
 #: env id -> (observation size, action size); every action space is [-1, 1]^D.
 ENVS = {"HalfCheetah-v5": (17, 6), "Hopper-v5": (11, 3), "Walker2d-v5": (17, 6)}
@@ -101,3 +101,15 @@ def test_obs_dtype_casts_float32_observations_up():
     finally:
         env.close()
     assert obs["frame"].dtype == torch.float64 and obs["frame"].shape == (2, 3)
+
+
+@needs_mujoco
+def test_the_settotalmass_warning_prints_at_most_once(capfd) -> None:
+    """Issue 38: MuJoCo warns at every model it compiles; HalfCheetah's settotalmass warning
+    printed twice (the probe of the spaces, then the training env)."""
+    from rlstruct.envs.registry import env_spaces
+
+    capfd.readouterr()
+    env_spaces("HalfCheetah-v5")
+    GymEnvInf("HalfCheetah-v5", n_envs=2, seed=0).close()
+    assert capfd.readouterr().err.count("settotalmass") <= 1

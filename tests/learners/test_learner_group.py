@@ -312,7 +312,7 @@ def test_the_ray_learner_flags_parse_and_every_problem_is_listed(monkeypatch):
     with pytest.raises(ConfigError) as err:
         resolve(ppo.Config(layout=LayoutConfig(learner_backend="ray", learner_devices="cpu",
                                        learner_num_gpus=-1, learner_resources={"x": -1})))
-    for text in ("needs Ray, an optional extra: pip install rlstruct[ray]",
+    for text in ("needs Ray, an optional extra: pip install -e '.[ray]'",
                  "learner_devices places local ranks", "learner_num_gpus must be >= 0",
                  "learner_resources must be >= 0"):
         assert text in str(err.value), text

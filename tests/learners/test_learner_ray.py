@@ -15,7 +15,7 @@ from support.processes import reap_non_ray_children
 
 from rlstruct.errors import LearnerError
 
-ray = pytest.importorskip("ray", reason="Ray is not installed: pip install rlstruct[ray]")
+ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'")
 
 from rlstruct.learners.ray_group import RayLearnerGroup  # noqa: E402
 

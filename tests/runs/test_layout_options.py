@@ -59,7 +59,7 @@ def test_a_bad_restart_budget_is_a_config_error_before_anything_starts(bad):
 def test_ray_actors_get_the_layouts_resources(monkeypatch):
     ray_backend = pytest.importorskip("rlstruct.batchers.ray.batcher")
     if ray_backend.ray is None:
-        pytest.skip("Ray is not installed: pip install rlstruct[ray]")
+        pytest.skip("Ray is not installed: pip install -e '.[ray]'")
     seen = {}
 
     def fake(*args, **kw):  # records what make_batcher asks of RayBatcher

@@ -27,6 +27,7 @@ from rlstruct.runs.config import config_to_dict
 from rlstruct.runs.folder import RunFolder
 from rlstruct.runs.logger import RunLogger, git_commit, safe_name
 from rlstruct.runs.plotting import plot_runs
+from rlstruct.runs.progress import ProgressLine
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -266,6 +267,36 @@ def test_new_metric_rewrites_header_with_union(tmp_path: Path) -> None:
     assert not (run.dir / "progress.csv.tmp").exists()
 
 
+def test_the_logger_keeps_no_row_in_memory(tmp_path: Path) -> None:
+    """Issue 38: a learner's memory grew by ~1.1 KB an iteration; RunLogger kept every row and
+    every return. After a warm-up, 2000 more rows (and episodes) leave under 200 KB allocated
+    (2000 rows kept would be several MB), and the file still gets every row."""
+    import tracemalloc
+
+    with make(tmp_path, tensorboard=False) as run:
+        def iteration(i: int) -> None:
+            run.record_episodes([float(i)], [10])
+            run.log(frames=10 * i, loss=0.5, entropy=0.1, cores_busy=1.0, load_avg=2.0)
+
+        for i in range(200):
+            iteration(i)
+        tracemalloc.start()
+        try:
+            for i in range(200, 2200):
+                iteration(i)
+            kept, _ = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert run.n_rows == 2200 and run.episodes == 2200
+        assert run.train_return() == pytest.approx(sum(range(2180, 2200)) / 20)
+        run.log(frames=30_000, eval_return=7.0)  # a new column: the file is read back
+    assert kept < 200_000, f"{kept} bytes kept over 2000 iterations"
+    header, rows = read_csv(run.dir / "progress.csv")
+    assert len(rows) == 2201 and header[-1] == "eval_return"
+    assert rows[0]["eval_return"] == "nan" and rows[-1]["eval_return"] == "7.0"
+    assert [int(r["frames"]) for r in rows[:3]] == [0, 10, 20]
+
+
 @pytest.mark.parametrize(
     ("metrics", "message"),
     [({"episodes": 1.0}, "reserved"), ({"train_return_mean20": 1.0}, "reserved"),
@@ -348,7 +379,7 @@ def test_without_matplotlib_warns_and_skips_the_plot(
     with pytest.warns(UserWarning, match="matplotlib is not installed"):
         run.close()
     assert not (run.dir / "returns.png").exists() and (run.dir / "progress.csv").is_file()
-    with pytest.raises(ImportError, match="rlstruct\\[plot\\]"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[plot\]'"):
         plot_runs([run.dir], tmp_path / "x.png")
 
 
@@ -423,6 +454,28 @@ def test_plain_progress_lines_off_a_terminal(
     lines = stream.getvalue().splitlines()
     assert len(lines) == 1 and "\r" not in stream.getvalue()
     assert lines[0].startswith("ppo ALE/Pong-v5 | 20 frames") and "last eval 3.00" in lines[0]
+
+
+def test_the_progress_line_shows_the_load_and_an_eta(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 38: the load average beside the cores, and an ETA against the frame budget (this
+    session's speed) or the time budget, whichever ends first."""
+    tty = FakeTTY()
+    monkeypatch.setattr(sys, "stderr", tty)
+    with make(tmp_path, progress=True, total_frames=10_000, time_budget=3600.0) as run:
+        run.log(frames=0, cores_busy=1.5, load_avg=2.5)
+        time.sleep(0.3)  # the terminal's line is rewritten at most every 0.25 s
+        run.log(frames=5000, cores_busy=1.5, load_avg=2.5)
+        shown = tty.getvalue().rsplit("\r", 1)[-1]
+    assert "1.5 cores | load 2.5 | ETA " in shown, shown
+    assert re.search(r"ETA \d+(s|m\d\ds|h\d\dm)$", shown.strip()), shown
+    line = ProgressLine("ppo", "r", total_frames=10_000, time_budget=3600.0,
+                        stream=io.StringIO())
+    line.show({"frames": 1000, "wall_time": 100.0, "steps_per_s": 0.0, "r": 0.0}, math.nan, 0.0)
+    assert line.eta(6000, 200.0) == pytest.approx(80.0)  # 4000 frames more at 50 frames/s
+    assert line.eta(6000, 3590.0) == pytest.approx(10.0)  # the time budget ends first
+    assert ProgressLine("x", "r").eta(10, 1.0) is None  # no budget, no ETA
 
 
 def test_no_progress_when_disabled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import os
 import sys
 import time
 import types
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from rlstruct.runs.folder import RunFolder
-from rlstruct.runs.monitor import ResourceMonitor, resources_figure
+from rlstruct.runs.monitor import ResourceMonitor, resource_curves, resources_figure, smooth
 
 CTX = mp.get_context("fork") if sys.platform.startswith("linux") else mp.get_context("spawn")
 
@@ -93,6 +94,48 @@ def test_busy_main_process_counts_as_main():
     row = monitor.sample()
     assert row["cores_main"] > 0.5, row
     assert row["cores_workers"] < 0.5, row
+
+
+def _cpu_for(seconds: float) -> None:
+    """Keeps this process busy for ``seconds`` of its own CPU time."""
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_short_busy_intervals_read_neither_zero_nor_more_than_the_machine():
+    """Issue 38: iterations of a few ms read 0.0 (no 10 ms tick in the interval) or several
+    cores (a tick of each process in a 2 ms interval). Each row here did 3 ms of work."""
+    monitor = ResourceMonitor(gpu=False)
+    rows = []
+    for _ in range(40):
+        _cpu_for(0.003)
+        rows.append(monitor.sample(frames=len(rows)))
+    monitor.close()
+    busy = [row["cores_busy"] for row in rows]
+    assert all(0 < b <= os.cpu_count() for b in busy), busy
+    assert all(0 < row["cores_main"] <= row["cores_busy"] for row in rows), rows
+
+
+@pytest.mark.slow
+def test_busy_children_sampled_every_millisecond_never_exceed_the_cores(spinners):
+    spinners(2, arg=5.0)
+    monitor = ResourceMonitor(gpu=False)
+    rows = []
+    end = time.monotonic() + 0.4
+    while time.monotonic() < end:
+        time.sleep(0.001)
+        rows.append(monitor.sample())
+    monitor.close()
+    assert max(row["cores_busy"] for row in rows) <= os.cpu_count(), rows
+    assert rows[-1]["cores_workers"] > 0, rows[-1]  # the children's ticks were seen
+
+
+def test_the_load_average_is_a_column():
+    with ResourceMonitor(gpu=False) as monitor:
+        row = monitor.sample()
+    assert row["load_avg"] >= 0.0
+    assert abs(row["load_avg"] - os.getloadavg()[0]) < 5.0
 
 
 def test_phases_time_collect_learn_and_wait():
@@ -270,11 +313,16 @@ def test_resources_figure(tmp_path: Path):
     csv = tmp_path / "run" / "progress.csv"
     csv.parent.mkdir()
     csv.write_text(
-        "frames,steps_per_s,cores_busy,cores_main,cores_workers\n"
-        "100,nan,1.5,0.5,1.0\n200,1000,1.7,0.6,1.1\n300,1100,1.6,0.5,1.1\n"
+        "frames,wall_time,steps_per_s,cores_busy,cores_main,cores_workers,load_avg\n"
+        "100,1,nan,1.5,0.5,1.0,2.5\n200,2,1000,1.7,0.6,1.1,3.0\n300,3,1100,1.6,0.5,1.1,nan\n"
     )
     out = resources_figure(csv, tmp_path / "plots" / "resources.png")
     assert out.is_file() and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    curves = resource_curves(csv)  # what it drew: the load beside the cores, smoothed ones
+    assert curves["load_avg"] == [(100.0, 2.5), (200.0, 3.0)]
+    assert curves["cores_busy_smooth"] == smooth(curves["cores_busy"], 1)
+    assert smooth([(0, 1.0), (1, 3.0), (2, 5.0), (3, 7.0)], 2) == [
+        (0, 1.0), (1, 2.0), (2, 4.0), (3, 6.0)]
     # Columns missing altogether (a run without the monitor) still give a figure.
     bare = tmp_path / "bare.csv"
     bare.write_text("frames,steps_per_s\n100,5\n")

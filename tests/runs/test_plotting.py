@@ -4,6 +4,7 @@ runs."""
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from rlstruct.__main__ import main as cli_main
+from rlstruct.errors import RunFileError
+from rlstruct.runs.folder import read_rows
 from rlstruct.runs.logger import RunLogger
 from rlstruct.runs.plotting import find_runs, is_run_dir, plot_runs, run_curves, select_runs
 
@@ -168,3 +171,72 @@ def test_a_comparison_gives_each_env_its_axes_and_keeps_legends_off_the_data(tmp
         legend = ax.get_legend().get_window_extent()
         assert legend.x0 >= ax.get_window_extent().x1
     assert (tmp_path / "compare.png").stat().st_size > 0
+
+
+def _session(out: Path, trial: int, seed: int, lr: float) -> Path:
+    """A sweep session's run folder, as ``rlstruct sweep`` lays it out: ``trialT/sessionS/RUN``
+    (the run folders of a sweep's sessions may share their name)."""
+    config = {"env_id": "CartPole-v1", "seed": seed, "lr": lr,
+              "runs_dir": str(out / f"trial{trial}" / f"session{seed}")}
+    with RunLogger("ppo", "CartPole-v1", config, config["runs_dir"], progress=False, window=2,
+                   tensorboard=False) as run:
+        for i in range(4):
+            run.record_episodes([float(i + seed)], [i + 1], frames=(i + 1) * 10)
+            run.log(frames=(i + 1) * 10)
+    return run.dir
+
+
+def test_a_sweep_folder_plots_every_session_each_labelled_apart(tmp_path, capsys):
+    """Issue 38: `rlstruct plot SWEEP_DIR` refused the sweep's folder, and two sessions of a
+    trial got the same legend entry (the seed was not in it)."""
+    out = tmp_path / "sweep"
+    runs = [_session(out, t, s, lr) for t, lr in ((0, 0.001), (1, 0.01)) for s in (0, 1)]
+    (out / "trial0.png").write_bytes(b"")  # the sweep's own files beside the sessions
+    assert find_runs([out]) == sorted(runs)
+    assert cli_main(["plot", str(out)]) == 0 and is_png(out / "compare.png")
+    labels = select_runs([out]).labels
+    assert len(set(labels.values())) == 4, labels
+    assert all(f"seed {s}" in labels[r] for r, s in zip(runs, (0, 1, 0, 1)))
+    assert "lr=0.001" in labels[runs[0]] and "lr=0.01" in labels[runs[2]]
+    if runs[0].name == runs[1].name:  # started in the same second: the path tells them apart
+        assert labels[runs[0]].startswith(f"trial0/session0/{runs[0].name} ")
+    capsys.readouterr()
+
+
+def test_plots_against_the_wall_time(tmp_path):
+    run = write_run(tmp_path, 6)
+    curves = run_curves(run, x="wall_time")
+    clock = [float(r["wall_time"]) for r in read_rows(run / "progress.csv")]
+    assert [x for x, _ in curves["train_return_mean4"]] == clock
+    assert all(clock[0] <= x <= clock[-1] for x, _ in curves["episode_return"])
+    from rlstruct.runs.plotting import runs_figure
+
+    fig, _ = runs_figure([run], x="wall_time")
+    assert fig.axes[0].get_xlabel() == "wall time (s)"
+    assert cli_main(["plot", str(run), "--x", "wall_time", "-o", "w.png"]) == 0
+    assert is_png(tmp_path / "w.png")
+
+
+def test_plot_errors_name_the_file_not_a_traceback(tmp_path, capsys):
+    """Issue 38 (item 14): a progress.csv that is not UTF-8, and a plot that cannot be written
+    (a read-only folder, a file where a folder should be), are typed errors naming the file."""
+    run = write_run(tmp_path / "runs", 4)
+    progress = run / "progress.csv"
+    progress.write_bytes(progress.read_bytes() + "\n40,\xe9t\xe9\n".encode("latin-1"))
+    with pytest.raises(RunFileError, match="not a CSV file of UTF-8 text"):
+        plot_runs([run], tmp_path / "x.png")
+    assert cli_main(["plot", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert f"rlstruct plot: error: {progress} is not a CSV file of UTF-8" in err, err
+    assert "Traceback" not in err
+    fine = write_run(tmp_path / "more", 4)
+    (tmp_path / "afile").write_text("")
+    assert cli_main(["plot", str(fine), "-o", str(tmp_path / "afile" / "p.png")]) == 1
+    assert f"cannot write the plot {tmp_path / 'afile' / 'p.png'}" in capsys.readouterr().err
+    if os.geteuid() != 0:  # root writes into read-only folders
+        fine.chmod(0o555)
+        try:
+            assert cli_main(["plot", str(fine)]) == 1
+            assert f"cannot write the plot {fine / 'returns.png'}" in capsys.readouterr().err
+        finally:
+            fine.chmod(0o755)

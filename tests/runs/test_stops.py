@@ -416,7 +416,7 @@ def test_a_torchrun_rank_killed_by_sigkill_is_named_in_the_summary(tmp_path, epo
                                     "--n-processes", "2")], ids=["backend", "learner_ranks"])
 def test_sigterm_under_ray_keeps_the_runs_handler_and_checkpoints(tmp_path, flags):
     # ray.init installs sys.exit(signum) on SIGTERM: the run's own handler must be back.
-    pytest.importorskip("ray", reason="Ray is not installed: pip install rlstruct[ray]")
+    pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'")
     with session(algo("ppo", *flags), tmp_path, env={"RAY_USAGE_STATS_ENABLED": "0"}) as s:
         s.wait_rows(2, timeout=200)
         rc = s.signal(signal.SIGTERM)

@@ -17,8 +17,8 @@ from conftest import REPO
 
 from rlstruct.runs.lock import LOCK_NAME
 
-NEEDS_RAY = "the script starts a Ray cluster: pip install 'rlstruct[ray]'"
-NEEDS_ATARI = "the script trains on Pong: pip install 'rlstruct[atari]'"
+NEEDS_RAY = "the script starts a Ray cluster: pip install -e '.[ray]'"
+NEEDS_ATARI = "the script trains on Pong: pip install -e '.[atari]'"
 
 CLUSTERS = "guide-clusters.md"
 #: A small run: enough frames for a few iterations, a time budget as a backstop.

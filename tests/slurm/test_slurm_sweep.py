@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-pytest.importorskip("submitit", reason="pip install 'rlstruct[slurm]'")
+pytest.importorskip("submitit", reason="pip install -e '.[slurm]'")
 
 
 @pytest.mark.timeout(300)

@@ -130,3 +130,48 @@ def test_the_wheel_installs_the_command_and_trains_outside_the_checkout(tmp_path
     assert trained.returncode == 0, trained.stderr[-3000:]
     (run_dir,) = (work / "runs").iterdir()
     assert (run_dir / "summary.json").is_file()
+
+
+# ------------------------------------------------------------------ install advice
+#: The package written as a name an index would serve (``rlstruct[ray]``, ``"rlstruct[ray]"``,
+#: ``pip install rlstruct``): rlstruct is on no package index, so pip answers "from versions:
+#: none". A clone's path (``-e "$HOME/src/rlstruct[ray]"``) or a wheel's is fine. This file's own
+#: examples are left out of the scan.
+_NAME = "rl" + "struct"
+BARE_ADVICE = re.compile(
+    rf"(?<![\w/.$-])[\"']?{_NAME}\[[\w,]*\]"  # the name with extras, no path before it
+    rf"|pip3? install\s+[\"']?{_NAME}[\"']?(?=[\s`)'\";]|$)",  # the bare name
+    re.M,
+)
+#: The text files whose words reach a user: pages, help texts, messages, scripts, tests' skips.
+ADVICE_SUFFIXES = {".md", ".py", ".toml", ".txt", ".cfg", ".sh", ".rst", ".yml", ".yaml"}
+
+
+def bare_install_advice(text: str) -> list[str]:
+    """The places of ``text`` that tell to install rlstruct from a package index."""
+    return [m[0] for m in BARE_ADVICE.finditer(text)]
+
+
+def test_the_install_advice_check_finds_a_package_index_name():
+    text = ("pip install 'rlstruct[ray]'\n(pip install rlstruct[mujoco])\n"
+            '    "needs Ray: pip install "\n    "rlstruct[ray]"\npip install rlstruct\n'
+            "pip install -e '.[ray]' and pip install -e \"$HOME/src/rlstruct[ray]\" and "
+            "pip install 'dist/rlstruct-0.1.0-py3-none-any.whl[ray]' and import rlstruct\n")
+    assert bare_install_advice(text) == ["'rlstruct[ray]", "rlstruct[mujoco]", '"rlstruct[ray]',
+                                         "pip install rlstruct"]
+
+
+def test_no_text_tells_to_install_rlstruct_from_a_package_index():
+    """README, docs, help texts, error messages, tutorials, benchmarks, tests, Makefile and CI
+    scripts say what works: ``pip install -e '.[EXTRA]'`` in a clone, or the wheel's path."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
+                             timeout=60)
+    if tracked.returncode != 0:
+        pytest.skip(f"not a git checkout: {tracked.stderr.strip()}")
+    paths = [REPO / p for p in tracked.stdout.splitlines()]
+    paths = [p for p in paths if p.is_file() and p != Path(__file__).resolve() and (
+        p.suffix in ADVICE_SUFFIXES or p.name == "Makefile" or ".ci" in p.parts)]
+    assert len(paths) > 100
+    found = {str(p.relative_to(REPO)): advice for p in paths
+             if (advice := bare_install_advice(p.read_text(encoding="utf-8", errors="replace")))}
+    assert not found, f"install advice that names rlstruct as an index package: {found}"

@@ -392,8 +392,8 @@ def test_pipelined_and_learner_group_runs_give_their_policy(algo, tmp_path):
 
 @pytest.mark.timeout(300)
 def test_an_atari_policy_acts_on_stacked_uint8_frames(tmp_path):
-    pytest.importorskip("ale_py", reason="needs the atari extra: pip install rlstruct[atari]")
-    pytest.importorskip("cv2", reason="needs the atari extra: pip install rlstruct[atari]")
+    pytest.importorskip("ale_py", reason="needs the atari extra: pip install -e '.[atari]'")
+    pytest.importorskip("cv2", reason="needs the atari extra: pip install -e '.[atari]'")
     from rlstruct.algos import ppo
     from rlstruct.envs.atari import make_atari_gym_env
 

@@ -238,13 +238,19 @@ def test_usage_errors_exit_with_2_and_one_message(argv, message, capsys, tmp_pat
     assert list(tmp_path.iterdir()) == []  # nothing was written
 
 
-def test_importing_the_command_line_imports_no_algorithm():
-    code = ("import sys, rlstruct.__main__; "
-            "print(sorted(m for m in sys.modules if m.startswith('rlstruct.algos.')))")
+def test_importing_the_command_line_and_its_help_import_no_algorithm():
+    """``rlstruct --help`` took 4-5 s on a loaded machine: it imported the eight algorithms and
+    had tyro parse every Config (issue 38); it shows the commands without them."""
+    code = ("import contextlib, io, sys, rlstruct.__main__ as cli\n"
+            "print(sorted(m for m in sys.modules if m.startswith('rlstruct.algos.')))\n"
+            "with contextlib.redirect_stdout(io.StringIO()) as out, "
+            "contextlib.suppress(SystemExit):\n    cli.main(['--help'])\n"
+            "print(sorted(m for m in sys.modules if m.startswith('rlstruct.algos.')))\n"
+            "print('help lists train:', '• train ' in out.getvalue())")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
+    assert done.stdout.splitlines() == ["[]", "[]", "help lists train: True"], done.stdout
 
 
 def test_train_runs_the_algorithms_main_with_its_config(monkeypatch):

@@ -16,7 +16,7 @@ connection is :mod:`~rlstruct.parallel.ray_cluster`'s; the wire format
 (:mod:`~rlstruct.batchers.ray.wire`) and option checks (:mod:`~rlstruct.batchers.ray.options`)
 need no Ray. Nothing else in rlstruct imports Ray (``from rlstruct.batchers import RayBatcher``
 imports it on demand). Without Ray installed the module still imports, and ``RayBatcher(...)``
-raises an ImportError that says ``pip install rlstruct[ray]``.
+raises an ImportError that says how to install the ``ray`` extra.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from rlstruct.batchers.ray.remote import free_resources, kill_actor, read_answer
 from rlstruct.batchers.ray.updates import UpdateLog
 from rlstruct.batchers.ray.wire import to_wire, write_rows
 from rlstruct.dicttensor import DeviceLike, DictTensor
-from rlstruct.errors import WorkerError
+from rlstruct.errors import WorkerError, install_hint
 from rlstruct.parallel.ray_cluster import SESSION as _SESSION
 from rlstruct.parallel.ray_cluster import ray, require_ray
 from rlstruct.parallel.transport import to_cpu_bytes
@@ -50,7 +50,7 @@ from rlstruct.trajectories import Trajectories
 __all__ = ["RayBatcher", "INSTALL_HINT"]
 
 #: What the ImportError says when Ray is missing.
-INSTALL_HINT = "RayBatcher needs Ray, an optional extra: pip install rlstruct[ray]"
+INSTALL_HINT = f"RayBatcher needs Ray, an optional extra: {install_hint('ray')}"
 
 
 def _require_ray() -> None:
@@ -114,7 +114,7 @@ class RayBatcher(WorkerPool):
         startup_seconds: how long the constructor took, cluster start included.
 
     Raises:
-        ImportError: Ray is not installed (``pip install rlstruct[ray]``).
+        ImportError: Ray is not installed (``pip install -e '.[ray]'``).
         ConfigError: a bad argument (every bad field listed), before any actor starts; or
             actors that a local cluster it started could never place (a GPU it lacks).
         TypeError: a factory or argument that cannot be pickled, before any actor starts.
