@@ -92,8 +92,8 @@ class Run(RunLoop):
         n_resumes: how many times this run was resumed (0: a fresh run).
         contents: what checkpoints hold (:class:`~rlstruct.runs.contents.CheckpointContents`).
         launch: how the run was launched, and its learner ranks (config.json, summary.json).
-        monitor: per iteration: seconds collecting/learning/waiting, cores, memory, GPU use.
-        signals: the :class:`~rlstruct.runs.signals.StopSignals` of SIGTERM and Ctrl-C.
+        monitor, signals: per iteration, seconds collecting/learning/waiting, cores, memory,
+            GPU use; the :class:`~rlstruct.runs.signals.StopSignals` of SIGTERM and Ctrl-C.
         summary: the outcome, set on exit (see :meth:`__exit__`).
     """
 
@@ -119,16 +119,14 @@ class Run(RunLoop):
         self._groups: list[Any] = []  # a stop collects their batch in flight first
         self._stack = contextlib.ExitStack()
         self.launch: dict[str, Any] = self.resolved.launch
-        # One session per folder; a failure before the first iteration leaves it as it was.
-        self._guard = FolderGuard(cfg.resume)
+        self._guard = FolderGuard(cfg.resume)  # one session per folder (rlstruct.runs.lock)
         try:
             self.logger = RunLogger(
                 algo, cfg.env_id, cfg, cfg.runs_dir, total_frames=cfg.max_frames,
                 time_budget=cfg.time_budget, window=cfg.target_window, code_dir=code_dir(cfg),
-                resume_dir=cfg.resume,
-                resume_frames=self.frames, resume_wall_time=r.get("wall_time", 0.0),
-                best_score=r.get("best_score"), launch=self.launch,
-                session=session_record(cfg, self.frames, self.launch))
+                resume_dir=cfg.resume, resume_frames=self.frames,
+                resume_wall_time=r.get("wall_time", 0.0), best_score=r.get("best_score"),
+                launch=self.launch, session=session_record(cfg, self.frames, self.launch))
         except BaseException:
             self._guard.close(failed_early=True)
             raise
