@@ -33,9 +33,15 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from rlstruct.errors import ConfigError
+from rlstruct.errors import (
+    ConfigError,
+    LearnerError,
+    LearnerTimeoutError,
+    RLStructError,
+    WorkerError,
+)
 
-__all__ = ["FolderLock", "FolderSnapshot", "FolderGuard", "LOCK_NAME"]
+__all__ = ["FolderLock", "FolderSnapshot", "FolderGuard", "LOCK_NAME", "removes_folder"]
 
 #: The lock file's name inside a run folder.
 LOCK_NAME = ".lock"
@@ -111,8 +117,10 @@ class FolderGuard:
     run was refused by a typed error (a :class:`~rlstruct.errors.RLStructError`: a mistake of
     the user's, such as a Ray cluster that cannot be joined, a layout the algorithm cannot run,
     an env or agent that fails in the first segment) is removed, since it holds nothing but
-    what the start wrote: a mistake leaves no folder. (An untyped error, a bug, keeps the
-    folder and its ``summary.json``.)
+    what the start wrote: a mistake leaves no folder (:func:`removes_folder`). A worker or
+    learner process that failed (a :class:`~rlstruct.errors.WorkerError`, a hang included, or
+    a :class:`~rlstruct.errors.LearnerError`) and an untyped error (a bug) keep the folder and
+    its ``summary.json``: the record a Slurm job or a sweep reads.
 
     Args:
         resume: the folder being resumed (locked and snapshot now), or None for a fresh run
@@ -143,3 +151,10 @@ class FolderGuard:
             shutil.rmtree(self.folder, ignore_errors=True)
             with contextlib.suppress(OSError):  # the runs folder too, if that leaves it empty
                 self.folder.parent.rmdir()
+
+
+def removes_folder(exc: BaseException | None) -> bool:
+    """Whether a fresh run that ``exc`` ended before its first iteration leaves no folder (see
+    :class:`FolderGuard`): a typed error, but not a failed worker or learner process."""
+    return isinstance(exc, RLStructError) and not isinstance(
+        exc, (WorkerError, LearnerError, LearnerTimeoutError))

@@ -44,7 +44,7 @@ from rlstruct.checks import CheckDevice
 from rlstruct.dicttensor import DictTensor
 from rlstruct.envs.base import VecEnv
 from rlstruct.envs.registry import env_dims, env_shape, env_spaces
-from rlstruct.errors import ConfigError, RLStructError
+from rlstruct.errors import ConfigError
 from rlstruct.learners.base import LearnerGroupBase, OptimizerFactory
 from rlstruct.learners.torchrun import serve_rank
 from rlstruct.runs import checkpoint as ckpt
@@ -52,7 +52,7 @@ from rlstruct.runs.config import RunConfig, code_dir, config_to_dict, session_re
 from rlstruct.runs.contents import CheckpointContents
 from rlstruct.runs.evaluator import Evaluator
 from rlstruct.runs.groups import learner_group
-from rlstruct.runs.lock import FolderGuard
+from rlstruct.runs.lock import FolderGuard, removes_folder
 from rlstruct.runs.logger import RunLogger
 from rlstruct.runs.loop import RunLoop
 from rlstruct.runs.monitor import ResourceMonitor
@@ -335,7 +335,7 @@ class Run(RunLoop):
                     self.signals.restore()
                     self._write_summary(end.finish, recorded)
                     self._guard.close(not end.finish and self.iteration == self._resumed_at,
-                                      isinstance(exc, RLStructError))
+                                      removes_folder(exc))
         if end.finish:
             print(describe(self.algo, self.summary, self.logger.train_column))
             print(f"outputs in {self.logger.dir}", flush=True)

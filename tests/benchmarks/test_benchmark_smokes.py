@@ -150,6 +150,16 @@ def _atari(data: dict[str, Any], stdout: str) -> None:
         assert data["median"]["sb3"]["steps_per_s"] > 0
 
 
+def _frame_buffer(data: dict[str, Any], stdout: str) -> None:
+    assert data["transitions"] == 20_000 and data["n_frames"] >= data["transitions"]
+    assert data["bytes_per_transition"] < data["plain_bytes_per_transition"] / 4  # frames once
+    assert data["sample32_median_ms"] > 0 and data["adds_per_s"] > 0
+    assert [t["name"] for t in data["targets"]] == ["resident GB per 1M transitions",
+                                                    "sample(32) ms"]
+    for target in data["targets"]:
+        assert target["verdict"] in ("PASS", "MISS") and target["name"] in stdout
+
+
 @dataclass(frozen=True)
 class Smoke:
     """One script's smoke run: its arguments (``--json FILE`` is added), its deadline, the
@@ -173,6 +183,7 @@ SMOKES = {
     "tune_vs_grid": Smoke("tune_vs_grid.py", ("--quick", "--learner", "--batch-size", "512"),
                           220, _tune_vs_grid),
     "atari": Smoke("atari.py", ("--quick",), 380, _atari, needs=("ale_py", "cv2")),
+    "frame_buffer": Smoke("frame_buffer.py", ("--quick",), 120, _frame_buffer),
 }
 
 

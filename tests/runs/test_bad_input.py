@@ -174,3 +174,12 @@ def test_a_start_that_fails_with_a_typed_error_before_its_first_iteration_leaves
         for _traj in run.segments(batcher):
             pass
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_worker_that_fails_before_the_first_iteration_keeps_the_folder_and_its_summary(
+        tmp_path):
+    # A failed worker (a crash, a hang) is a record a Slurm job or a sweep reads: not removed.
+    with pytest.raises(WorkerError, match="worker 1 died"), Run("test", small(tmp_path)) as run:
+        raise WorkerError("worker 1 died", worker=1)
+    summary = json.loads((run.logger.dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and "worker 1 died" in json.dumps(summary)
