@@ -56,18 +56,20 @@ from rlstruct.parallel import startup
 startup.install_if_command()  # a command's SIGTERM and Ctrl-C are graceful from here on
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlstruct import keys
-from rlstruct.agent import Agent
-from rlstruct.agent_replay import replay_agent, replay_agent_stateless
-from rlstruct.batchers import Batcher, RestartPolicy, SerialBatcher
-from rlstruct.blocks import functional
-from rlstruct.checks import CheckDevice
-from rlstruct.dicttensor import DictTensor, masked_dicttensor, masked_tensor
-from rlstruct.learners.thread import LearnerThread
-from rlstruct.temporal import TemporalDictTensor
-from rlstruct.trajectories import Trajectories
+if TYPE_CHECKING:  # the names below, for type checkers; at run time they load at first use
+    from rlstruct import keys
+    from rlstruct.agent import Agent
+    from rlstruct.agent_replay import replay_agent, replay_agent_stateless
+    from rlstruct.batchers import Batcher, RestartPolicy, SerialBatcher
+    from rlstruct.blocks import functional
+    from rlstruct.checks import CheckDevice
+    from rlstruct.dicttensor import DictTensor, masked_dicttensor, masked_tensor
+    from rlstruct.learners.thread import LearnerThread
+    from rlstruct.runs.policy import load_policy
+    from rlstruct.temporal import TemporalDictTensor
+    from rlstruct.trajectories import Trajectories
 
 __version__ = "0.1.0"
 
@@ -90,15 +92,34 @@ __all__ = [
     "load_policy",
 ]
 
-#: Names exported here but defined in a higher layer: imported at first use (PEP 562), so that
-#: ``import rlstruct`` imports only the core.
-_LAZY = {"load_policy": "rlstruct.runs.policy"}
+#: Where each public name lives: imported at first use (PEP 562), so that ``import rlstruct``
+#: (what every ``rlstruct`` command runs first) imports neither torch nor gymnasium until a name
+#: is used: ``rlstruct --help`` answers in a fraction of a second. ``load_policy`` is of a
+#: higher layer (:mod:`rlstruct.runs.policy`).
+_LAZY = {
+    "DictTensor": "rlstruct.dicttensor", "masked_tensor": "rlstruct.dicttensor",
+    "masked_dicttensor": "rlstruct.dicttensor", "TemporalDictTensor": "rlstruct.temporal",
+    "Trajectories": "rlstruct.trajectories", "Agent": "rlstruct.agent",
+    "replay_agent": "rlstruct.agent_replay", "replay_agent_stateless": "rlstruct.agent_replay",
+    "CheckDevice": "rlstruct.checks", "Batcher": "rlstruct.batchers",
+    "SerialBatcher": "rlstruct.batchers", "RestartPolicy": "rlstruct.batchers",
+    "LearnerThread": "rlstruct.learners.thread", "load_policy": "rlstruct.runs.policy",
+}
+#: Public submodules, imported at first use like the names.
+_MODULES = {"keys": "rlstruct.keys", "functional": "rlstruct.blocks.functional"}
 
 
 def __getattr__(name: str) -> Any:
-    """``load_policy`` (:mod:`rlstruct.runs.policy`), imported at first use."""
-    if name in _LAZY:
+    """A public name (:data:`_LAZY`) or submodule (:data:`_MODULES`), imported at first use."""
+    if name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    elif name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value  # later lookups skip __getattr__
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -238,19 +238,24 @@ def test_usage_errors_exit_with_2_and_one_message(argv, message, capsys, tmp_pat
     assert list(tmp_path.iterdir()) == []  # nothing was written
 
 
-def test_importing_the_command_line_and_its_help_import_no_algorithm():
+def test_importing_the_command_line_and_its_help_import_no_algorithm_nor_torch():
     """``rlstruct --help`` took 4-5 s on a loaded machine: it imported the eight algorithms and
-    had tyro parse every Config (issue 38); it shows the commands without them."""
+    had tyro parse every Config, and ``import rlstruct`` imported torch and gymnasium (issue
+    38); it shows the commands without them (the package's names load at first use)."""
+    heavy = "sorted(m for m in sys.modules if m.startswith(('rlstruct.algos.', 'torch', 'gym')))"
     code = ("import contextlib, io, sys, rlstruct.__main__ as cli\n"
-            "print(sorted(m for m in sys.modules if m.startswith('rlstruct.algos.')))\n"
+            f"print({heavy})\n"
             "with contextlib.redirect_stdout(io.StringIO()) as out, "
             "contextlib.suppress(SystemExit):\n    cli.main(['--help'])\n"
-            "print(sorted(m for m in sys.modules if m.startswith('rlstruct.algos.')))\n"
-            "print('help lists train:', '• train ' in out.getvalue())")
+            f"print({heavy})\n"
+            "print('help lists train:', '• train ' in out.getvalue())\n"
+            "import rlstruct\n"
+            "print(rlstruct.DictTensor.__module__, 'torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["[]", "[]", "help lists train: True"], done.stdout
+    assert done.stdout.splitlines() == ["[]", "[]", "help lists train: True",
+                                        "rlstruct.dicttensor True"], done.stdout
 
 
 def test_train_runs_the_algorithms_main_with_its_config(monkeypatch):
