@@ -13,7 +13,7 @@
   ``summary.json`` (a learner group's batch still in flight is collected first,
   :func:`settle_groups`), closes everything and raises :class:`Terminated`, which the command
   line (:func:`~rlstruct.runs.resolve.run_cli`) turns into one line and exit code
-  :data:`EXIT_CODES` (0 after SIGTERM, 130 after Ctrl-C).
+  :data:`~rlstruct.parallel.startup.EXIT_CODES` (0 after SIGTERM, 130 after Ctrl-C).
 - **More SIGTERMs** are ignored: as with Kubernetes and systemd, one SIGTERM starts the grace
   period and SIGKILL is the force. A process-group kill, or ``scancel`` together with a
   forwarding trap, delivers SIGTERM twice, and the final checkpoint is what the stop is for.
@@ -46,8 +46,9 @@ from typing import Any
 from rlstruct.errors import LearnerError
 from rlstruct.parallel.startup import EXIT_CODES, Terminated
 
-__all__ = ["Terminated", "StopSignals", "Ending", "EXIT_CODES", "STOP_GRACE_S", "settle_groups",
-           "exit_code", "final_checkpoint", "lost_rank", "kill_descendants"]
+# EXIT_CODES is imported from rlstruct.parallel.startup (documented there), not re-exported.
+__all__ = ["Terminated", "StopSignals", "Ending", "STOP_GRACE_S", "settle_groups", "exit_code",
+           "final_checkpoint", "lost_rank", "kill_descendants"]
 
 #: Seconds a deferred stop waits for the loop body (a learn phase) before it interrupts it;
 #: the final checkpoint then has as long again, well within the 30 s after which Slurm
