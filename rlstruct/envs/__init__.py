@@ -4,8 +4,9 @@
 ``GymEnvInf`` (auto-reset) step gymnasium envs on the CPU; ``DeviceEnv`` moves their tensors to
 another device; ``EnvPoolEnv`` steps an envpool batch (the ``envpool`` extra); ``make_atari_env``
 builds preprocessed Atari envs (the ``atari`` extra); :mod:`rlstruct.envs.torch` holds envs
-written as batched tensor maths on any device. The debug envs of :mod:`rlstruct.envs.debug` are
-registered with gymnasium as ``rlstruct/Counter-v0`` and ``rlstruct/Repeat-v0`` on import
+written as batched tensor maths on any device. The debug envs of :mod:`rlstruct.envs.debug`
+and the partially observed CartPole of :mod:`rlstruct.envs.pomdp` are registered with gymnasium
+as ``rlstruct/Counter-v0``, ``rlstruct/Repeat-v0`` and ``rlstruct/CartPoleNoVel-v1`` on import
 (idempotent; the only import-time effect of this package).
 """
 
@@ -23,8 +24,10 @@ from rlstruct.envs.debug import (
 from rlstruct.envs.device import DeviceEnv
 from rlstruct.envs.envpool import EnvPoolEnv
 from rlstruct.envs.gym import EnvFactory, GymEnv, GymEnvInf
+from rlstruct.envs.pomdp import CARTPOLE_NOVEL_ID, register_pomdp_envs
 
 register_debug_envs()
+register_pomdp_envs()
 
 __all__ = [
     "VecEnv",
@@ -41,4 +44,6 @@ __all__ = [
     "make_counter_env",
     "make_repeat_env",
     "register_debug_envs",
+    "CARTPOLE_NOVEL_ID",
+    "register_pomdp_envs",
 ]

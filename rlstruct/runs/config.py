@@ -103,6 +103,9 @@ class RunConfig:
     evaluation plays gymnasium's env); or an ALE id with Atari preprocessing (84x84 grey, frame
     skip 4, 4 stacked uint8 frames; the atari extra: pip install -e '.[atari]'; no evaluation
     runs)"""
+    frame_stack: int = 4
+    """--env-backend atari: the preprocessed frames stacked in one observation (1: the current
+    frame alone, for a recurrent model, as CleanRL's ppo_atari_lstm)"""
     layout_file: Annotated[str | None, tyro.conf.arg(aliases=("--layout",))] = None
     """a layout file of `rlstruct tune` (tune.json): its batcher_device, n_processes,
     n_envs, pipeline and n_timesteps replace the config's"""
@@ -173,6 +176,11 @@ class RunConfig:
             problems.append(f"precision must be fp32, bf16 or auto, got {self.precision!r}")
         if not 0 < self.gamma <= 1:
             problems.append(f"gamma must be in (0, 1], got {self.gamma}")
+        if self.frame_stack < 1:
+            problems.append(f"frame_stack must be >= 1, got {self.frame_stack}")
+        elif self.frame_stack != 4 and self.env_backend != "atari":
+            problems.append(f"--frame-stack {self.frame_stack} applies to --env-backend atari "
+                            f"only, not {self.env_backend}")
         return problems + self.layout.problems()
 
     def world_problems(self, obs_shape: tuple[int, ...], action_space: Any) -> list[str]:

@@ -50,6 +50,7 @@ def training_env(
             from rlstruct.envs.atari import make_atari_env
 
             create_env = make_atari_env
+            env_args["frame_stack"] = cfg.frame_stack
     if cfg.env_module:  # every process that builds an env imports them first
         create_env = EnvModules(create_env, cfg.env_module)
     return create_env, env_args

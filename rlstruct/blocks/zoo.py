@@ -1,0 +1,208 @@
+"""The model zoo: one place where every algorithm gets its actor-critic (``--model``).
+
+=============  ==========================================================================
+``--model``    the network
+=============  ==========================================================================
+``mlp``        separate actor and critic MLPs on flattened observations
+               (:class:`~rlstruct.blocks.nets.HeadActorCritic`)
+``cnn``        the Nature CNN on stacked uint8 frames ``(C, 84, 84)``, divided by 255
+               inside, with actor and critic heads on its 512 features
+               (:class:`~rlstruct.blocks.nets.CNNActorCritic`)
+``mlp-lstm``   a recurrent actor and a recurrent critic: each a tanh encoder, an LSTM
+``mlp-gru``    (or GRU) cell, and its head over ``[encoding, memory]``
+``cnn-lstm``   the Nature CNN, one LSTM (or GRU) cell over its features, and actor and
+``cnn-gru``    critic heads on the cell's output (CleanRL's ``ppo_atari_lstm`` network)
+=============  ==========================================================================
+
+Feed-forward models are ``forward(frame) -> (params (n, P), value (n,))``. Recurrent ones
+(:class:`RecurrentActorCritic`) are ``forward(frame, state (n, S)) -> (params, value,
+state')`` with ``state_size = S``: an LSTM's ``(h, c)`` (and the two towers of an MLP model)
+are one tensor side by side, so a batcher stores it as ``agent_state/h`` and ``replay_agent``
+restarts from it (:mod:`rlstruct.blocks.recurrent` has the agent).
+
+Examples:
+    >>> from gymnasium import spaces
+    >>> from rlstruct.blocks.distributions import space_spec
+    >>> net = actor_critic("mlp-lstm", (3,), space_spec(spaces.Discrete(2)), 16)
+    >>> state = torch.zeros(5, net.state_size)
+    >>> params, value, state = net(torch.zeros(5, 3), state)
+    >>> params.shape, value.shape, state.shape, is_recurrent(net)
+    (torch.Size([5, 2]), torch.Size([5]), torch.Size([5, 64]), True)
+    >>> is_recurrent(actor_critic("mlp", (3,), space_spec(spaces.Discrete(2)), 16))
+    False
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from gymnasium.spaces import Space
+from torch import Tensor, nn
+
+from rlstruct.blocks.distributions import ActionHead, make_head, space_from_spec
+from rlstruct.blocks.nets import CNNActorCritic, head_actor_critic, linear, nature_cnn
+
+__all__ = [
+    "MODELS", "RECURRENT_MODELS", "CORES", "Core", "RecurrentActorCritic", "actor_critic",
+    "is_recurrent", "model_problems",
+]
+
+#: Every ``--model`` of the actor-critic algorithms.
+MODELS = ("mlp", "cnn", "mlp-lstm", "mlp-gru", "cnn-lstm", "cnn-gru")
+#: The recurrent ones (their state travels as ``agent_state``).
+RECURRENT_MODELS = ("mlp-lstm", "mlp-gru", "cnn-lstm", "cnn-gru")
+#: The recurrent cells.
+CORES = ("lstm", "gru")
+
+
+def is_recurrent(model: nn.Module) -> bool:
+    """Whether ``model`` carries a state (``state_size > 0``)."""
+    return getattr(model, "state_size", 0) > 0
+
+
+def model_problems(model: str, obs_shape: tuple[int, ...] | None, env_id: str,
+                   allowed: tuple[str, ...] = MODELS) -> list[str]:
+    """What is wrong with ``--model model`` for observations ``obs_shape`` (``None``: not
+    known yet), as sentences; empty when nothing is."""
+    if model not in allowed:
+        return [f"--model {model!r} is not one of this algorithm's models {allowed}"]
+    if obs_shape is not None and model.startswith("cnn") and len(obs_shape) != 3:
+        return [f"--model {model} takes image frames (C, H, W), but {env_id}'s observations "
+                f"are {tuple(obs_shape)}: use --model mlp, or an Atari env with "
+                "--env-backend atari"]
+    return []
+
+
+class Core(nn.Module):
+    """An LSTM or GRU cell whose state is one tensor: ``forward(x (n, F), state (n, S)) ->
+    (out (n, H), state' (n, S))``; ``S = 2 H`` for an LSTM (``h`` then ``c``), ``H`` for a
+    GRU. Orthogonal weights, zero biases (CleanRL's LSTM initialisation)."""
+
+    def __init__(self, kind: str, n_in: int, hidden: int) -> None:
+        super().__init__()
+        if kind not in CORES:
+            raise ValueError(f"kind must be one of {CORES}, got {kind!r}")
+        self.kind, self.hidden = kind, hidden
+        self.cell = nn.LSTMCell(n_in, hidden) if kind == "lstm" else nn.GRUCell(n_in, hidden)
+        self.state_size = 2 * hidden if kind == "lstm" else hidden
+        for name, p in self.cell.named_parameters():
+            if name.startswith("bias"):
+                nn.init.zeros_(p)
+            else:
+                nn.init.orthogonal_(p, 1.0)
+
+    def forward(self, x: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        state = state.to(x.dtype)
+        if self.kind == "gru":
+            h = self.cell(x, state)
+            return h, h
+        h, c = self.cell(x, tuple(state.chunk(2, -1)))
+        return h, torch.cat([h, c], -1)
+
+
+class _Tower(nn.Module):
+    """``encoder -> core``; the output is ``[encoding, memory]`` with ``skip`` (the current
+    observation reaches the head directly), else the memory alone."""
+
+    def __init__(self, encoder: nn.Module, n_features: int, core: str, hidden: int,
+                 skip: bool) -> None:
+        super().__init__()
+        self.encoder, self.core, self.skip = encoder, Core(core, n_features, hidden), skip
+        self.n_out = n_features + hidden if skip else hidden
+
+    def forward(self, x: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        x = self.encoder(x)
+        with torch.autocast(x.device.type, enabled=False):  # the cell in float32
+            x = x.float()
+            h, state = self.core(x, state)
+        return (torch.cat([x, h], -1) if self.skip else h), state
+
+
+class RecurrentActorCritic(nn.Module):
+    """A recurrent actor-critic: ``forward(frame, state (n, S)) -> (params (n, P), value (n,),
+    state' (n, S))``, ``value(frame, state) -> (n,)``; ``state_size = S``, zeros at an
+    episode's start.
+
+    With ``cnn``, frames are uint8 ``(n, C, H, W)`` through one Nature CNN (divided by 255)
+    and one cell; actor and critic heads read the cell's output. Without, flattened float
+    observations go through two towers, the actor's and the critic's, each a tanh encoder and
+    a cell with a skip (a shared torso would let the value loss's gradients drown the
+    policy's); their states lie side by side.
+
+    Args:
+        obs_shape: one observation's shape.
+        action_space: the action space (or its ``space_spec``).
+        hidden: the encoder's width (MLP) and the cell's state width.
+        core: ``"lstm"`` or ``"gru"``.
+        cnn: the Nature CNN encoder.
+    """
+
+    def __init__(self, obs_shape: tuple[int, ...], action_space: Space | dict[str, object],
+                 hidden: int, core: str = "lstm", cnn: bool = False) -> None:
+        super().__init__()
+        self.cnn = cnn
+        space = space_from_spec(action_space)
+        if cnn:
+            towers = [_Tower(nature_cnn(obs_shape[0]), 512, core, hidden, skip=False)]
+        else:
+            obs_dim = math.prod(obs_shape)
+            towers = [
+                _Tower(nn.Sequential(linear(obs_dim, hidden, math.sqrt(2)), nn.Tanh()),
+                       hidden, core, hidden, skip=True)
+                for _ in range(2)
+            ]
+        self.towers = nn.ModuleList(towers)
+        self.actor = make_head(space, towers[0].n_out)
+        self.critic = linear(towers[-1].n_out, 1, 1.0)
+        self._sizes = [t.core.state_size for t in towers]
+        self.state_size = sum(self._sizes)
+
+    @property
+    def head(self) -> ActionHead:
+        """The policy head (its params are the logits of a categorical one)."""
+        return self.actor
+
+    def forward(self, frame: Tensor, state: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        x = frame.float() / 255.0 if self.cnn else frame.flatten(1).float()
+        outs, states = zip(*(tower(x, s) for tower, s in
+                             zip(self.towers, state.split(self._sizes, -1), strict=True)))
+        with torch.autocast(x.device.type, enabled=False):  # the heads in float32
+            params = self.actor(outs[0].float())
+            value = self.critic(outs[-1].float()).squeeze(-1)
+        return params, value, torch.cat(states, -1)
+
+    def value(self, frame: Tensor, state: Tensor) -> Tensor:
+        """``V(frame)`` under ``state``, ``(n,)``."""
+        return self(frame, state)[1]
+
+
+def actor_critic(model: str, obs_shape: tuple[int, ...], action_space: Space | dict[str, object],
+                 hidden: int, **mlp_options: object) -> nn.Module:
+    """The actor-critic ``--model model`` names (see the module doc), from plain values only,
+    so that a checkpoint records the call and ``rlstruct evaluate`` repeats it.
+
+    Args:
+        model: one of :data:`MODELS`.
+        obs_shape: one observation's shape (``(C, H, W)`` for a CNN).
+        action_space: the action space, or its ``space_spec``.
+        hidden: the MLPs' width, or the recurrent cell's.
+        **mlp_options: passed to :func:`~rlstruct.blocks.nets.head_actor_critic` for ``mlp``
+            (``normalize_obs``, ``activation``, ``log_std_init``...).
+
+    Raises:
+        ValueError: ``model`` is not one of :data:`MODELS`, or ``mlp_options`` are given for
+            another model than ``mlp``.
+    """
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {MODELS}, got {model!r}")
+    if mlp_options and model != "mlp":
+        raise ValueError(f"options {sorted(mlp_options)} apply to --model mlp only, not {model}")
+    if model == "mlp":
+        return head_actor_critic(math.prod(obs_shape), action_space, hidden,
+                                 **mlp_options)  # type: ignore[arg-type]
+    if model == "cnn":
+        space = space_from_spec(action_space)
+        return CNNActorCritic(int(space.n), in_channels=obs_shape[0])  # type: ignore[attr-defined]
+    torso, core = model.split("-")
+    return RecurrentActorCritic(obs_shape, action_space, hidden, core, cnn=torso == "cnn")
