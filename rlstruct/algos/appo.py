@@ -39,21 +39,22 @@ Run: ``python -m rlstruct.algos.appo --help``; ``python -m rlstruct.algos.appo -
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 import tyro
-from torch import Tensor
+from torch import Tensor, nn
 
-from rlstruct import Agent, DictTensor, LearnerThread, Trajectories, replay_agent_stateless
+from rlstruct import Agent, DictTensor, LearnerThread, Trajectories
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.algos.presets import APPO_PRESETS
-from rlstruct.blocks.nets import CNNActorCritic, MLPActorCritic
+from rlstruct.blocks import vtrace_replay as vr
+from rlstruct.blocks import zoo
+from rlstruct.blocks.distributions import space_spec
 from rlstruct.blocks.optim import adam, gradient_step
-from rlstruct.blocks.sampling import ActorAgent, greedy_info
+from rlstruct.blocks.sampling import greedy_info
 from rlstruct.envs import GymEnvInf
 from rlstruct.learners.thread import LatestWeights
 from rlstruct.runs.layout import LayoutConfig
@@ -75,7 +76,7 @@ class Config(RunConfig):
     """passes over each segment (10 over 2 x 16 envs x 32 steps: half the gradient steps per
     frame of 20 over 2 x 8 envs, in about as many frames; docs/algorithms.md)"""
     minibatch_size: int = 256
-    """transitions per gradient step"""
+    """transitions per gradient step (a recurrent model: whole segments, a multiple of T)"""
     clip_coef: float = 0.2
     """eps: the ratio pi / mu (mu: the policy that collected) is clipped to [1 - eps, 1 + eps]"""
     vf_coef: float = 0.5
@@ -87,8 +88,9 @@ class Config(RunConfig):
     c_bar: float = 0.8
     """V-trace: truncation of the trace coefficients (below 1 it also shortens the traces
     on-policy, like GAE's lambda)"""
-    model: Literal["mlp", "cnn"] = "mlp"
-    """mlp on flattened observations, or the Nature CNN on stacked frames (--env-backend atari)"""
+    model: Literal["mlp", "cnn", "mlp-lstm", "mlp-gru", "cnn-lstm", "cnn-gru"] = "mlp"
+    """the zoo's actor-critic (rlstruct/blocks/zoo.py): mlp, the Nature CNN on stacked frames
+    (--env-backend atari), or a recurrent one, replayed from each segment's stored state"""
     queue: int = 0
     """0: learn in the main thread while the pipelined workers collect the next segment (one
     update of lag); N: in a learner thread, which collection waits for when N segments behind"""
@@ -109,56 +111,63 @@ class Config(RunConfig):
         if self.layout.pipeline < 2:
             problems.append(f"APPO learns while the workers collect: need --pipeline >= 2, got "
                             f"{self.layout.pipeline}")
-        return problems
+        return problems + zoo.model_problems(self.model, None, self.env_id) + (
+            vr.minibatch_problems(self.minibatch_size, self.n_timesteps, self.layout)
+            if self.model in zoo.RECURRENT_MODELS else [])
 
-
-# --------------------------------------------------------------------------------------- model
-ActorCritic = MLPActorCritic  # separate actor and critic MLPs (rlstruct/blocks/nets.py)
+    def world_problems(self, obs_shape: tuple[int, ...], action_space: Any) -> list[str]:
+        """``--model cnn*`` on observations that are not image frames."""
+        return zoo.model_problems(self.model, obs_shape, self.env_id)
 
 
 # --------------------------------------------------------------------------------------- agent
-def BehaviourAgent(model: ActorCritic) -> ActorAgent:  # noqa: N802 - a create_agent factory
+def BehaviourAgent(model: nn.Module) -> Agent:  # noqa: N802 - a create_agent factory
     """Samples ``a ~ softmax(logits)`` (the argmax with ``agent_info["greedy"]``) and stores
-    ``action`` and its behaviour log-probability ``logp``; replayed on the learner (through
-    ``CheckDevice`` with ``--check-devices``) it returns differentiable ``logits`` and ``value``."""
-    return ActorAgent(model, store_value=False)
+    ``action`` and its behaviour log-probability ``logp`` (and a recurrent model's state ``h``);
+    replayed on the learner (through ``CheckDevice`` with ``--check-devices``) it returns
+    differentiable ``logits`` and ``value`` (rlstruct/blocks/vtrace_replay.py)."""
+    return vr.behaviour_agent(model)
 
 
 # --------------------------------------------------------------------------------------- loss
-def vtrace_batch(model: ActorCritic, traj: Trajectories, cfg: Config) -> tuple[DictTensor, Tensor]:
+def vtrace_batch(agent: Agent, traj: Trajectories,
+                 cfg: Config) -> tuple[DictTensor | Trajectories, Tensor]:
     """The segment's ``N`` valid steps as transitions with the behaviour ``logp`` (mu), the
     V-trace ``advantage`` and value ``target`` under the current policy pi_old; and the
     importance weights ``pi_old / mu`` of the valid steps, ``(N,)``. One batched forward pass,
-    no gradient."""
-    steps = traj.trajectories
-    shape = steps[K.NEXT_REWARD].shape
-    with torch.no_grad():
-        logits, value = model(steps[K.OBS_FRAME].flatten(0, 1))
-        next_value = model.value(steps[K.NEXT_FRAME].flatten(0, 1)).view(shape)
-        logp = F.categorical_log_prob(logits, steps[K.STORED_ACTION].flatten(0, 1)).view(shape)
+    no gradient. A recurrent model's segment is replayed from its stored state and stays
+    Trajectories (its rows, each with its state, are what its minibatches take)."""
+    steps, recurrent = traj.trajectories, zoo.is_recurrent(agent.model)
+    logits, value, next_value = vr.evaluate_segment(agent, traj)
+    logp = F.categorical_log_prob(logits, steps[K.STORED_ACTION])
     log_rho = logp - steps[K.STORED_LOGP]
     targets, advantages = F.vtrace(
-        steps[K.NEXT_REWARD], value.view(shape), next_value, steps[K.NEXT_TERMINATED],
+        steps[K.NEXT_REWARD], value, next_value, steps[K.NEXT_TERMINATED],
         steps[K.NEXT_TRUNCATED], steps.lengths, log_rho, cfg.gamma, cfg.rho_bar, cfg.c_bar,
     )
-    batch = steps.get([K.OBS_FRAME, K.STORED_ACTION, K.STORED_LOGP])
+    batch = steps.get([K.OBS_FRAME, K.STORED_ACTION, K.STORED_LOGP]
+                      + ([K.OBS_INITIAL_STATE] if recurrent else []))
     batch.set("advantage", advantages)
     batch.set("target", targets)
-    return batch.to_transitions(), log_rho.exp()[steps.mask()]
+    rho = log_rho.exp()[steps.mask()]
+    return (Trajectories(traj.info, batch) if recurrent else batch.to_transitions()), rho
 
 
-def appo_loss(agent: Agent, minibatch: DictTensor, cfg: Config) -> tuple[Tensor, dict[str, Tensor]]:
-    """The APPO loss of a minibatch of transitions; returns ``(loss, detached stats)``."""
-    new = replay_agent_stateless(agent, minibatch)
-    logp = F.categorical_log_prob(new["logits"], minibatch[K.STORED_ACTION])
-    advantage = F.normalize_advantages(minibatch["advantage"])
-    policy = F.clipped_surrogate(logp, minibatch[K.STORED_LOGP], advantage, cfg.clip_coef).mean()
-    values = 0.5 * (new[K.VALUE] - minibatch["target"]).square().mean()
+def appo_loss(agent: Agent, minibatch: DictTensor | Trajectories,
+              cfg: Config) -> tuple[Tensor, dict[str, Tensor]]:
+    """The APPO loss of a minibatch of transitions (or of whole rows, for a recurrent model);
+    returns ``(loss, detached stats)``."""
+    new, data = vr.replay_transitions(agent, minibatch, [K.STORED_ACTION, K.STORED_LOGP,
+                                                      "advantage", "target"])
+    logp = F.categorical_log_prob(new["logits"], data[K.STORED_ACTION])
+    advantage = F.normalize_advantages(data["advantage"])
+    policy = F.clipped_surrogate(logp, data[K.STORED_LOGP], advantage, cfg.clip_coef).mean()
+    values = 0.5 * (new[K.VALUE] - data["target"]).square().mean()
     logits = new["logits"] if cfg.ent_coef else new["logits"].detach()  # no unused backward
     entropy = F.categorical_entropy(logits).mean()
     loss = policy + cfg.vf_coef * values - cfg.ent_coef * entropy
     with torch.no_grad():
-        ratio = (logp - minibatch[K.STORED_LOGP]).exp()
+        ratio = (logp - data[K.STORED_LOGP]).exp()
         clipped = ((ratio - 1).abs() > cfg.clip_coef).float().mean()
     stats = {"policy_loss": policy.detach(), "value_loss": values.detach(),
              "entropy": entropy.detach(), "clip_fraction": clipped}
@@ -183,21 +192,20 @@ class Learner:
         self.frames += int(traj.lengths.sum())
         lr = cfg.lr * max(0.0, 1 - self.frames / cfg.max_frames) if cfg.anneal_lr else cfg.lr
         self.optimizer.param_groups[0]["lr"] = lr
-        batch, rho = vtrace_batch(self.model, traj.to(self.device), cfg)
+        batch, rho = vtrace_batch(self.agent, traj.to(self.device), cfg)
         totals: dict[str, Tensor] = {}
+        n = 0  # minibatches per epoch
         for _ in range(cfg.n_epochs):
-            totals = {}
-            order = torch.randperm(batch.n_elems(), device=batch.device())
-            for rows in order.split(cfg.minibatch_size):
-                loss, stats = appo_loss(self.agent, batch.index(rows), cfg)
+            totals, n = {}, 0
+            for minibatch in vr.minibatches(batch, cfg.minibatch_size, cfg.n_timesteps):
+                loss, stats = appo_loss(self.agent, minibatch, cfg)
                 gradient_step(self.optimizer, loss, cfg.max_grad_norm)
-                totals = {k: totals.get(k, 0.0) + v for k, v in stats.items()}
+                totals, n = {k: totals.get(k, 0.0) + v for k, v in stats.items()}, n + 1
         self.weights.put(self.model.state_dict())
         if self.thread is not None:
             self.thread.count_publication()
-        n = math.ceil(batch.n_elems() / cfg.minibatch_size)
         clipped = float((rho > cfg.rho_bar * (1 + 1e-4)).float().mean())
-        return {**{k: float(v) / n for k, v in totals.items()}, "lr": lr,
+        return {**{k: float(v) / max(n, 1) for k, v in totals.items()}, "lr": lr,
                 "rho_mean": float(rho.mean()), "rho_clipped": clipped}
 
 
@@ -206,9 +214,8 @@ def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("appo", cfg) as run:
         cfg = run.cfg  # resolved: the layout file applied, --resume auto picked
-        model = (run.model(CNNActorCritic, run.n_actions, in_channels=run.obs_shape[0])
-                 if cfg.model == "cnn" else run.model(ActorCritic, run.obs_dim, run.n_actions,
-                                                      cfg.hidden))  # on the CPU
+        model = run.model(zoo.actor_critic, cfg.model, tuple(run.obs_shape),  # on the CPU
+                          space_spec(run.action_space), cfg.hidden)
         batcher = run.training_batcher(BehaviourAgent, {"model": model}, GymEnvInf,
                                        cfg.n_timesteps)
         run.evaluator(BehaviourAgent, {"model": model}, agent_info=greedy_info())

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from rlstruct.runs.presets import Preset
 
-__all__ = ["PPO_PRESETS", "APPO_PRESETS", "DQN_PRESETS", "SAC_PRESETS", "TRPO_PRESETS"]
+__all__ = ["PPO_PRESETS", "APPO_PRESETS", "IMPALA_PRESETS", "DQN_PRESETS", "SAC_PRESETS",
+           "TRPO_PRESETS"]
 
 #: rl-zoo's and CleanRL's Atari settings (8 envs, T=128, 4 epochs of 4 minibatches of 256, lr
 #: 2.5e-4 annealed, clip 0.1) with the Nature CNN, laid out for 2 cores: the workers collect,
@@ -60,15 +61,42 @@ PPO_MUJOCO = Preset(
 #: PPO's presets: ``--preset atari`` and ``--preset mujoco``.
 PPO_PRESETS = {"atari": PPO_ATARI, "mujoco": PPO_MUJOCO}
 
-#: APPO on Atari: the PPO preset's settings (V-trace targets instead of GAE; APPO always
-#: pipelines, so the workers collect while the learner learns, on one thread beside them).
+#: APPO on Atari: PPO's Atari settings (CleanRL's ``ppo_atari.py`` and rl-zoo's ``ppo.yml``
+#: ``atari`` entry: 8 envs, T=128, 4 epochs of minibatches of 256, lr 2.5e-4 annealed, clip 0.1,
+#: entropy 0.01, gamma 0.99), on PongNoFrameskip-v4 as those two run Atari (NoFrameskip-v4 ids),
+#: with V-trace targets instead of GAE (APPO's own, so no published APPO run is reproduced).
+#: APPO always pipelines: the workers collect while the learner learns, on one thread beside
+#: them on 2 cores.
 APPO_PRESETS = {"atari": Preset(
-    "Atari (ALE/Pong-v5 unless --env-id): Nature CNN, PPO's Atari settings with V-trace",
-    dict(env_id="ALE/Pong-v5", env_backend="atari", model="cnn", n_processes=2, n_envs=4,
+    "Atari (PongNoFrameskip-v4 unless --env-id): Nature CNN, PPO's Atari settings with V-trace",
+    dict(env_id="PongNoFrameskip-v4", env_backend="atari", model="cnn", n_processes=2, n_envs=4,
          n_timesteps=128, n_epochs=4, minibatch_size=256, lr=2.5e-4, anneal_lr=True,
          clip_coef=0.1, ent_coef=0.01, vf_coef=0.5, gamma=0.99, max_grad_norm=0.5,
          target_return=None, max_frames=10_000_000, time_budget=86_400.0, eval_every=0,
          checkpoint_every=100, n_threads=1, pipeline=2, precision="auto"),
+)}
+
+#: IMPALA on Atari: TorchBeast's MonoBeast defaults (facebookresearch/torchbeast,
+#: ``torchbeast/monobeast.py``): batches of 8 unrolls of 80 steps, RMSprop lr 4.8e-4 (alpha
+#: 0.99, eps 0.01, no momentum) decayed linearly to 0, entropy cost 0.0006, baseline cost 0.5,
+#: gamma 0.99, gradients clipped at a norm of 40, rewards clamped to [-1, 1], V-trace with
+#: rho_bar = c_bar = 1, the losses SUMMED over the batch (not averaged), no advantage
+#: normalisation, on PongNoFrameskip-v4. MonoBeast's 4 actors become 2 workers of 4 envs (the
+#: 8 rows of a batch) beside the learner thread on 2 cores. Differences: the net is the Nature
+#: CNN with actor and critic heads on its 512 features (MonoBeast's AtariNet has the same
+#: trunk but also feeds the last action and clipped reward to its heads); the optimizer is
+#: ``torch.optim.RMSprop``, MonoBeast's own (the IMPALA paper's TensorFlow RMSprop puts eps
+#: inside the square root); MonoBeast decays the rate over ``--total_steps`` (its default of
+#: 100k is a smoke value; its README's Pong run takes 30M), here over max_frames, 10M as the
+#: other Atari presets.
+IMPALA_PRESETS = {"atari": Preset(
+    "Atari (PongNoFrameskip-v4 unless --env-id): Nature CNN, TorchBeast MonoBeast's settings",
+    dict(env_id="PongNoFrameskip-v4", env_backend="atari", model="cnn", n_processes=2,
+         n_envs=4, n_timesteps=80, lr=4.8e-4, optimizer="rmsprop", anneal_lr=True,
+         reduction="sum", ent_coef=0.0006, vf_coef=0.5, gamma=0.99, max_grad_norm=40.0,
+         clip_reward=True, rho_bar=1.0, c_bar=1.0, normalize_advantages=False,
+         target_return=None, max_frames=10_000_000, time_budget=604_800.0, eval_every=0,
+         checkpoint_every=500, n_threads=1, pipeline=2, queue=1, precision="auto"),
 )}
 
 #: DQN on Atari: CleanRL's ``dqn_atari.py`` (10M frames, lr 1e-4, a buffer of 1M, batches of 32,

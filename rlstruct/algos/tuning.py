@@ -21,6 +21,7 @@ from rlstruct.algos import ppo as _ppo
 from rlstruct.blocks.distributions import space_spec
 from rlstruct.blocks.nets import head_actor_critic
 from rlstruct.blocks.optim import adam, gradient_step
+from rlstruct.blocks.zoo import actor_critic
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
 from rlstruct.learners.local import LocalLearner
@@ -83,8 +84,8 @@ def a2c(**overrides: Any) -> AlgoSetup:
 def impala(**overrides: Any) -> AlgoSetup:
     """IMPALA's actor-critic, behaviour agent and V-trace step (here in the collecting thread,
     where ``main`` runs it in a learner thread: the same cost per batch)."""
-    return _setup(_impala, lambda obs_dim, space, cfg: _impala.ActorCritic(obs_dim, space.n,
-                                                                          cfg.hidden),
+    return _setup(_impala, lambda obs_dim, space, cfg: actor_critic(
+        cfg.model, (obs_dim,), space_spec(space), cfg.hidden),
                   _impala.BehaviourAgent, _impala_learner, **overrides)
 
 

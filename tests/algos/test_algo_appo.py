@@ -1,28 +1,37 @@
 """rlstruct/algos/appo.py: the V-trace batch and the clipped loss written out, the learner's
-epochs and
-publications, a smoke run and a learning test on a frame budget."""
+epochs and publications, a smoke run and a learning test on a frame budget; the zoo's
+recurrent models on minibatches of whole rows; the Atari preset."""
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 
 import pytest
 import torch
+from gymnasium import spaces
 from support.algo_runs import check_run_dir, evaluated_rows, run_algo
 from support.trajectory_builders import collect
 
+from rlstruct import Trajectories
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.algos import appo
+from rlstruct.blocks import vtrace_replay as vr
+from rlstruct.blocks import zoo
+from rlstruct.blocks.distributions import space_spec
+from rlstruct.errors import ConfigError
+from rlstruct.runs.layout import LayoutConfig
+from rlstruct.runs.resolve import resolve
 
 
-def segments(n: int = 2) -> tuple[appo.ActorCritic, list]:
+def segments(n: int = 2) -> tuple[torch.nn.Module, list]:
     torch.manual_seed(0)
-    model = appo.ActorCritic(obs_dim=4, n_actions=2, hidden=16)
+    model = zoo.actor_critic("mlp", (4,), space_spec(spaces.Discrete(2)), 16)
     return model, collect(appo.BehaviourAgent, model, n_segments=n, n_timesteps=8)
 
 
-def written_out(model: appo.ActorCritic, traj, cfg: appo.Config, logp_mu: torch.Tensor):
+def written_out(model: torch.nn.Module, traj, cfg: appo.Config, logp_mu: torch.Tensor):
     """pi_old's logp, targets and advantages of the valid steps, from the model and F.vtrace."""
     steps = traj.trajectories
     b, t = steps.lengths.shape[0], steps.n_timesteps()
@@ -43,7 +52,7 @@ def written_out(model: appo.ActorCritic, traj, cfg: appo.Config, logp_mu: torch.
 def test_the_batch_holds_vtrace_targets_and_advantages_of_the_valid_steps():
     model, (traj, _) = segments()
     cfg = appo.Config()
-    batch, rho = appo.vtrace_batch(model, traj, cfg)
+    batch, rho = appo.vtrace_batch(appo.BehaviourAgent(model), traj, cfg)
     logp, targets, adv = written_out(model, traj, cfg, traj.trajectories[K.STORED_LOGP])
     assert batch.n_elems() == int(traj.lengths.sum()) == rho.numel()
     torch.testing.assert_close(batch[K.STORED_LOGP], logp)  # mu, which is pi_old here
@@ -57,25 +66,25 @@ def test_a_stale_behaviour_policy_enters_through_the_importance_weights():
     mu = traj.trajectories[K.STORED_LOGP] + 0.5  # mu gave the actions more probability
     traj.trajectories[K.STORED_LOGP] = mu
     cfg = appo.Config(c_bar=0.9)
-    batch, rho = appo.vtrace_batch(model, traj, cfg)
+    batch, rho = appo.vtrace_batch(appo.BehaviourAgent(model), traj, cfg)
     _, targets, adv = written_out(model, traj, cfg, mu)
     torch.testing.assert_close(batch[K.STORED_LOGP], mu[traj.trajectories.mask()])  # clip: mu
     torch.testing.assert_close(rho, torch.full_like(rho, float(torch.tensor(-0.5).exp())))
     torch.testing.assert_close(batch["target"], targets)
     torch.testing.assert_close(batch["advantage"], adv)
-    on_policy, _ = appo.vtrace_batch(model, segments()[1][0], cfg)
+    on_policy, _ = appo.vtrace_batch(appo.BehaviourAgent(model), segments()[1][0], cfg)
     assert not torch.allclose(on_policy["advantage"], batch["advantage"])
 
 
 def test_loss_is_the_clipped_objective_plus_value_and_entropy_terms():
     model, (traj, _) = segments()
     cfg = appo.Config(ent_coef=0.1, vf_coef=0.7, clip_coef=0.1)
-    batch, _ = appo.vtrace_batch(model, traj, cfg)
+    batch, _ = appo.vtrace_batch(appo.BehaviourAgent(model), traj, cfg)
     rows = torch.arange(0, batch.n_elems(), 2)
     mb = batch.index(rows)
     with torch.no_grad():  # move the policy so that some ratios leave the trust region
         for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
+            p.add_(0.1 * torch.randn_like(p))
     loss, stats = appo.appo_loss(appo.BehaviourAgent(model), mb, cfg)
     logits, value = model(mb[K.OBS_FRAME])
     log_probs = logits.log_softmax(-1)
@@ -143,3 +152,94 @@ def test_learns_cartpole_on_a_frame_budget(tmp_path):
     assert best >= 200, best
     entropy = [float(r["entropy"]) for r in rows if r["entropy"] not in ("", "nan")]
     assert min(entropy) > 0.05, min(entropy)  # no collapse to a deterministic policy
+
+
+# ------------------------------------------------------------------------------ the model zoo
+def test_the_model_flag_takes_every_model_of_the_zoo():
+    assert typing.get_args(typing.get_type_hints(appo.Config)["model"]) == zoo.MODELS
+
+
+def recurrent_segments(n: int = 3, t: int = 8) -> tuple[torch.nn.Module, list]:
+    torch.manual_seed(0)
+    model = zoo.actor_critic("mlp-lstm", (2,), space_spec(spaces.Discrete(2)), 16)
+    with torch.no_grad():  # a policy far from uniform (the head's initial gain is 0.01)
+        for p in model.actor.parameters():
+            p.mul_(100.0)
+    return model, collect(appo.BehaviourAgent, model, n_segments=n, n_timesteps=t,
+                          env="rlstruct/CartPoleNoVel-v1")
+
+
+def test_a_recurrent_batch_keeps_its_rows_and_replays_the_behaviour_policy():
+    model, trajs = recurrent_segments()
+    traj, agent = trajs[-1], appo.BehaviourAgent(model)
+    batch, rho = appo.vtrace_batch(agent, traj, appo.Config())
+    assert isinstance(batch, Trajectories) and torch.equal(batch.info["agent_state/h"],
+                                                          traj.info["agent_state/h"])
+    torch.testing.assert_close(rho, torch.ones_like(rho))  # replayed from the stored state
+    rows = [mb.n_elems() for mb in vr.minibatches(batch, 16, 8)]
+    assert rows == [2, 2]  # minibatches of whole rows: 16 transitions / T = 8
+    loss, stats = appo.appo_loss(agent, batch.index(torch.tensor([1, 3])), appo.Config())
+    assert float(stats["clip_fraction"]) == 0.0  # pi = mu: every ratio is 1
+    loss.backward()
+    assert all(p.grad is not None for n, p in model.named_parameters() if ".core.cell." in n)
+
+
+def test_the_recurrent_learner_steps_per_row_minibatch_and_publishes_only_weights():
+    model, trajs = recurrent_segments()
+    cfg = appo.Config(model="mlp-lstm", n_epochs=2, minibatch_size=16, n_timesteps=8)
+    learner = appo.Learner(appo.BehaviourAgent(model), cfg, torch.device("cpu"))
+    stats = learner(trajs[-1])
+    assert learner.optimizer.state_dict()["state"][0]["step"] == 2 * 2  # 4 rows, 2 per step
+    assert stats["rho_mean"] == pytest.approx(1.0)
+    weights = learner.weights.take()
+    assert weights is not None and set(weights) == set(model.state_dict())
+
+
+def test_recurrent_minibatches_of_partial_segments_are_refused():
+    with pytest.raises(ConfigError, match=r"minibatch_size \(100\) must be a multiple of "
+                                          r"n_timesteps \(32\)"):
+        resolve(appo.Config(model="mlp-gru", minibatch_size=100, n_timesteps=32))
+    with pytest.raises(ConfigError, match=r"the 6 rows of a segment .* minibatches of 4 rows"):
+        resolve(appo.Config(model="mlp-gru", minibatch_size=128, n_timesteps=32,
+                            layout=LayoutConfig(pipeline=2, n_processes=2, n_envs=3)))
+    assert appo.Config(model="mlp-gru").problems() == []  # the defaults: 256 / 32 into 2 x 16
+    assert appo.Config(minibatch_size=100).problems() == []  # feed-forward: any size
+
+
+def test_a_cnn_on_flat_observations_is_refused_before_a_run_folder_exists(tmp_path):
+    with pytest.raises(ConfigError, match=r"--model cnn-gru takes image frames"):
+        appo.main(appo.Config(model="cnn-gru", runs_dir=str(tmp_path)))
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.timeout(120)
+def test_a_recurrent_model_runs_a_few_iterations_on_cartpole_novel(tmp_path):
+    summary = appo.main(appo.Config(
+        env_id="rlstruct/CartPoleNoVel-v1", model="mlp-gru", n_timesteps=16, minibatch_size=32,
+        n_epochs=2, max_frames=512, layout=LayoutConfig(pipeline=2, n_processes=1, n_envs=4),
+        eval_every=0, target_return=None, runs_dir=str(tmp_path)))
+    assert summary["frames"] >= 512 and summary["stopped_by"] == "max_frames"
+    rows = check_run_dir(Path(summary["run_dir"]))
+    assert {"policy_loss", "clip_fraction", "rho_mean"} <= set(rows[0])
+    latest = torch.load(Path(summary["run_dir"]) / "checkpoints" / "latest.pt")
+    assert latest["config"]["model"] == "mlp-gru"
+
+
+# ------------------------------------------------------------------------------ Atari preset
+def test_the_atari_preset_names_pong_and_resolves():
+    cfg = appo.Config.from_preset("atari")
+    assert (cfg.env_id, cfg.env_backend, cfg.model) == ("PongNoFrameskip-v4", "atari", "cnn")
+    assert cfg.problems() == []
+
+
+@pytest.mark.timeout(240)
+def test_the_atari_preset_runs_a_few_iterations(tmp_path):
+    pytest.importorskip("ale_py", reason="needs the atari extra: pip install -e '.[atari]'")
+    pytest.importorskip("cv2", reason="needs the atari extra: pip install -e '.[atari]'")
+    cfg = appo.Config.from_preset("atari", n_processes=1, n_envs=2, n_timesteps=16,
+                                  minibatch_size=16, max_frames=96, learner_device="cpu",
+                                  runs_dir=str(tmp_path))
+    summary = appo.main(cfg)
+    assert summary["frames"] >= 96 and summary["stopped_by"] == "max_frames"
+    latest = torch.load(Path(summary["run_dir"]) / "checkpoints" / "latest.pt")
+    assert "trunk.0.weight" in latest["model"]

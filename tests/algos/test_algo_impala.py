@@ -1,24 +1,30 @@
 """rlstruct/algos/impala.py: the V-trace loss written out, the learner thread's publications, a
-smoke
-run, a learning test, the configuration checks and the GPU layout."""
+smoke run, a learning test, the configuration checks and the GPU layout; the zoo's recurrent
+models replayed from their stored state; the Atari preset."""
 
 from __future__ import annotations
 
 import re
+import typing
 from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
+from gymnasium import spaces
 from support.algo_runs import check_run_dir, evaluated_rows, run_algo
 from support.trajectory_builders import collect
 
-from rlstruct import CheckDevice
+from rlstruct import CheckDevice, DictTensor, Trajectories
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.algos import impala
+from rlstruct.blocks import zoo
+from rlstruct.blocks.distributions import space_spec
 from rlstruct.blocks.optim import adam
+from rlstruct.blocks.recurrent import RecurrentAgent
 from rlstruct.blocks.sampling import ActorAgent
+from rlstruct.blocks.vtrace_replay import replay_segment
 from rlstruct.errors import ConfigError, DeviceContractError, LearnerError
 from rlstruct.learners.local import LocalLearner
 from rlstruct.learners.rank import algorithm_learn
@@ -26,9 +32,9 @@ from rlstruct.runs.layout import LayoutConfig
 from rlstruct.runs.resolve import resolve
 
 
-def segments(n: int = 2) -> tuple[impala.ActorCritic, list]:
+def segments(n: int = 2) -> tuple[torch.nn.Module, list]:
     torch.manual_seed(0)
-    model = impala.ActorCritic(obs_dim=4, n_actions=2, hidden=16)
+    model = zoo.actor_critic("mlp", (4,), space_spec(spaces.Discrete(2)), 16)
     return model, collect(impala.BehaviourAgent, model, n_segments=n, n_timesteps=8)
 
 
@@ -167,3 +173,114 @@ def test_gpu_learner(tmp_path):
     cfg = impala.Config(layout=LayoutConfig(learner_device="cuda:0", n_envs=4, pipeline=2),
                         max_frames=3000, eval_every=2, runs_dir=str(tmp_path))
     check_run_dir(Path(impala.main(cfg)["run_dir"]))
+
+
+# ------------------------------------------------------------------------------ the model zoo
+def test_the_model_flag_takes_every_model_of_the_zoo():
+    assert typing.get_args(typing.get_type_hints(impala.Config)["model"]) == zoo.MODELS
+
+
+def recurrent_segments(model_name: str, n: int = 3, t: int = 8) -> tuple[torch.nn.Module, list]:
+    """``n`` consecutive segments of rlstruct/CartPoleNoVel-v1 played by a recurrent model:
+    the later ones start from a non-zero stored state and hold episode starts inside."""
+    torch.manual_seed(0)
+    model = zoo.actor_critic(model_name, (2,), space_spec(spaces.Discrete(2)), 16)
+    with torch.no_grad():  # a policy far from uniform (the head's initial gain is 0.01)
+        for p in model.actor.parameters():
+            p.mul_(100.0)
+    return model, collect(impala.BehaviourAgent, model, n_segments=n, n_timesteps=t,
+                          env="rlstruct/CartPoleNoVel-v1")
+
+
+@pytest.mark.parametrize("model_name", ["mlp-lstm", "mlp-gru"])
+def test_the_learner_replays_the_behaviour_logp_from_the_stored_state(model_name):
+    model, trajs = recurrent_segments(model_name, n=4, t=12)
+    agent = impala.BehaviourAgent(model)
+    assert isinstance(agent, RecurrentAgent)
+    traj = trajs[-1]
+    steps, start = traj.trajectories, traj.info["agent_state/h"]
+    assert bool(start.abs().sum(-1).gt(0).all())  # the memory the actors had, not zeros
+    assert bool(steps[K.OBS_INITIAL_STATE][:, 1:].any())  # episodes start inside the segment
+    logits, value, next_value = replay_segment(agent, traj)
+    logp = F.categorical_log_prob(logits, steps[K.STORED_ACTION])
+    mask = steps.mask()
+    torch.testing.assert_close(logp[mask], steps[K.STORED_LOGP][mask])  # rho = 1
+    assert logits.requires_grad and value.requires_grad and not next_value.requires_grad
+    inside = ~(steps[K.NEXT_TERMINATED] | steps[K.NEXT_TRUNCATED])[:, :-1]
+    torch.testing.assert_close(next_value[:, :-1][inside], value[:, 1:][inside].detach())
+    _loss, stats = impala.vtrace_loss(agent, traj, impala.Config())
+    assert stats["rho_mean"] == pytest.approx(1.0) and stats["rho_clipped"] == 0.0
+    # from zeros (not the stored state) the replay would not be the behaviour policy
+    fresh = Trajectories(DictTensor({"agent_state/h": torch.zeros_like(start)}), steps)
+    stale = F.categorical_log_prob(replay_segment(agent, fresh)[0], steps[K.STORED_ACTION])
+    assert not torch.allclose(stale[mask], steps[K.STORED_LOGP][mask])
+
+
+def test_a_recurrent_learner_steps_through_the_cell_and_publishes_only_the_weights():
+    model, trajs = recurrent_segments("mlp-lstm")
+    learner = impala.Learner(local_learner(model, impala.BehaviourAgent))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    stats = learner(trajs[-1])
+    weights = learner.weights.take()
+    assert weights is not None and set(weights) == set(before)  # nothing new: no agent state
+    cell = [k for k in before if ".core.cell." in k]
+    assert cell and all(not torch.equal(weights[k], before[k]) for k in cell)
+    assert stats["rho_mean"] == pytest.approx(1.0)
+
+
+def test_summed_losses_are_the_averaged_ones_times_the_valid_steps():
+    model, (traj, _) = segments()
+    agent, n = impala.BehaviourAgent(model), int(traj.lengths.sum())
+    mean, _ = impala.vtrace_loss(agent, traj, impala.Config(normalize_advantages=False))
+    total, _ = impala.vtrace_loss(agent, traj, impala.Config(normalize_advantages=False,
+                                                             reduction="sum"))
+    torch.testing.assert_close(total, mean * n)
+
+
+def test_bad_model_combinations_are_refused_before_a_run_folder_exists(tmp_path):
+    with pytest.raises(ConfigError, match=r"--model cnn-lstm takes image frames .*\(4,\)"):
+        impala.main(impala.Config(model="cnn-lstm", runs_dir=str(tmp_path)))
+    with pytest.raises(ConfigError, match=r"'transformer' is not one of"):
+        resolve(impala.Config(model="transformer"))  # type: ignore[arg-type]
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.timeout(120)
+def test_a_recurrent_model_learns_on_cartpole_novel_for_a_few_iterations(tmp_path):
+    summary = impala.main(impala.Config(
+        env_id="rlstruct/CartPoleNoVel-v1", model="mlp-gru", n_timesteps=16, max_frames=640,
+        layout=LayoutConfig(pipeline=2, n_processes=1, n_envs=4), eval_every=0,
+        target_return=None, runs_dir=str(tmp_path)))
+    assert summary["frames"] >= 640 and summary["stopped_by"] == "max_frames"
+    rows = check_run_dir(Path(summary["run_dir"]))
+    assert max(float(r["learned"]) for r in rows if r["learned"] != "nan") >= 3
+    latest = torch.load(Path(summary["run_dir"]) / "checkpoints" / "latest.pt")
+    assert latest["config"]["model"] == "mlp-gru" and any(".core.cell." in k
+                                                          for k in latest["model"])
+
+
+# ------------------------------------------------------------------------------ Atari preset
+def test_the_atari_preset_is_torchbeast_s_and_resolves():
+    cfg = impala.Config.from_preset("atari")
+    assert (cfg.env_id, cfg.env_backend, cfg.model) == ("PongNoFrameskip-v4", "atari", "cnn")
+    assert (cfg.n_timesteps, cfg.layout.n_processes * cfg.layout.n_envs) == (80, 8)
+    assert (cfg.lr, cfg.optimizer, cfg.ent_coef, cfg.max_grad_norm) == (4.8e-4, "rmsprop",
+                                                                         0.0006, 40.0)
+    assert cfg.clip_reward and cfg.reduction == "sum" and cfg.problems() == []
+    optimizer = impala.make_optimizer(cfg)([torch.zeros(2, requires_grad=True)], device="cpu")
+    assert isinstance(optimizer, torch.optim.RMSprop)
+    assert {k: optimizer.defaults[k] for k in ("alpha", "eps", "momentum")} == {
+        "alpha": 0.99, "eps": 0.01, "momentum": 0}
+
+
+@pytest.mark.timeout(240)
+def test_the_atari_preset_runs_a_few_iterations(tmp_path):
+    pytest.importorskip("ale_py", reason="needs the atari extra: pip install -e '.[atari]'")
+    pytest.importorskip("cv2", reason="needs the atari extra: pip install -e '.[atari]'")
+    cfg = impala.Config.from_preset("atari", n_processes=1, n_envs=2, n_timesteps=16,
+                                    max_frames=96, learner_device="cpu", runs_dir=str(tmp_path))
+    summary = impala.main(cfg)
+    assert summary["frames"] >= 96 and summary["stopped_by"] == "max_frames"
+    latest = torch.load(Path(summary["run_dir"]) / "checkpoints" / "latest.pt")
+    assert "trunk.0.weight" in latest["model"] and latest["config"]["optimizer"] == "rmsprop"
+    assert "square_avg" in next(iter(latest["optimizer"]["state"].values()))  # RMSprop's
