@@ -9,13 +9,14 @@ import typing
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
 from support.algo_runs import check_run_dir, evaluated_rows, run_algo
 from support.trajectory_builders import collect
 
-from rlstruct import CheckDevice, DictTensor, Trajectories
+from rlstruct import CheckDevice, DictTensor, Trajectories, load_policy
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.algos import impala
@@ -257,6 +258,8 @@ def test_a_recurrent_model_learns_on_cartpole_novel_for_a_few_iterations(tmp_pat
     latest = torch.load(Path(summary["run_dir"]) / "checkpoints" / "latest.pt")
     assert latest["config"]["model"] == "mlp-gru" and any(".core.cell." in k
                                                           for k in latest["model"])
+    policy = load_policy(summary["run_dir"], seed=0)  # rebuilt from the checkpoint alone
+    assert policy.recurrent and policy.act(np.zeros((3, 2), np.float32)).shape == (3,)
 
 
 # ------------------------------------------------------------------------------ Atari preset
