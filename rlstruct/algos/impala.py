@@ -17,6 +17,11 @@ segment,
    it to the learner (``put`` blocks when the learner is ``--queue`` batches behind: memory stays
    bounded), and passes the newest published weights to the batcher and the evaluator.
 
+``--model`` is any model of the zoo (rlstruct/blocks/zoo.py). A recurrent one acts through a
+``RecurrentAgent``; the learner replays each segment step by step from the state stored at its
+start (rlstruct/blocks/vtrace_replay.py), so its logits are the behaviour policy's while the
+weights have not moved (rho = 1), and ``V'`` comes from ``bootstrap_values``.
+
 The learner runs beside the collection, so which weights collect which segment depends on
 timing: runs are not bitwise reproducible (the synchronous algorithms are).
 
