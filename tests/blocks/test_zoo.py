@@ -5,6 +5,7 @@ ValueError, and a factory partial that pickles and that a checkpoint records and
 
 from __future__ import annotations
 
+import functools
 import pickle
 from functools import partial
 
@@ -53,9 +54,16 @@ def observations(model: str, n: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(n, *VECTOR, generator=torch.Generator().manual_seed(seed))
 
 
-def build(model: str, space: dict = DISCRETE) -> torch.nn.Module:
+@functools.cache
+def _build(model: str, space: str) -> torch.nn.Module:
     torch.manual_seed(0)
-    return actor_critic(model, obs_shape(model), space, HIDDEN)
+    return actor_critic(model, obs_shape(model), BOX if space == "box" else DISCRETE, HIDDEN)
+
+
+def build(model: str, space: str = "discrete") -> torch.nn.Module:
+    """The model, built once per module (an orthogonal 3136x512 layer takes a while); no test
+    changes its weights."""
+    return _build(model, space)
 
 
 def run(net: torch.nn.Module, x: torch.Tensor, state: torch.Tensor | None = None) -> tuple:
@@ -93,7 +101,7 @@ def test_every_model_gives_params_value_and_state_of_its_shapes(model):
 
 @pytest.mark.parametrize("model", ["mlp", "mlp-lstm", "mlp-gru"])
 def test_the_mlp_models_take_a_box_action_space(model):
-    net = build(model, BOX)
+    net = build(model, "box")
     params = run(net, observations(model, 4))[0]
     assert params.shape == (4, 4)  # a Gaussian's mean and log-std for 2 actions
     assert net.head.sample(params).shape == (4, 2)
@@ -182,6 +190,13 @@ def test_model_problems_name_the_model_and_what_it_takes():
     (problem,) = model_problems("cnn-gru", (2,), "rlstruct/CartPoleNoVel-v1")
     assert problem.startswith("--model cnn-gru takes image frames")
     assert "rlstruct/CartPoleNoVel-v1's observations are (2,)" in problem
+    # Frames of another size than the Nature CNN's (CarRacing's are (96, 96, 3)): said now,
+    # not as a matrix-shape error inside the first forward.
+    (problem,) = model_problems("cnn", (96, 96, 3), "CarRacing-v3")
+    assert problem == ("--model cnn takes frames (C, 84, 84), the Nature CNN's input, but "
+                       "CarRacing-v3's observations are (96, 96, 3): use an Atari env with "
+                       "--env-backend atari (84x84 frames, channels first), or resize the frames")
+    assert model_problems("cnn-gru", (1, 84, 84), "ALE/Pong-v5") == []
     (problem,) = model_problems("transformer", (4,), "CartPole-v1")
     assert problem == f"--model 'transformer' is not one of this algorithm's models {MODELS}"
     (problem,) = model_problems("mlp-lstm", (4,), "CartPole-v1", allowed=("mlp", "cnn"))
@@ -196,9 +211,21 @@ def test_actor_critic_refuses_an_unknown_model_and_misplaced_options():
         actor_critic("mlp-gru", VECTOR, DISCRETE, HIDDEN, normalize_obs=True)
     net = actor_critic("mlp", VECTOR, DISCRETE, HIDDEN, normalize_obs=True)  # mlp takes them
     assert not is_recurrent(net)
+    with pytest.raises(ValueError, match=r"--model cnn takes a Discrete action space, got "
+                                         r"Box\(.*use cnn-lstm or cnn-gru"):
+        actor_critic("cnn", IMAGE, BOX, HIDDEN)
+    assert actor_critic("cnn-gru", IMAGE, BOX, HIDDEN).head.sample(
+        torch.zeros(1, 4)).shape == (1, 2)  # the recurrent CNNs' heads take a Box
 
 
-@pytest.mark.parametrize("model", ["mlp", "mlp-lstm", "cnn-gru"])
+def test_the_nature_cnn_reads_84x84_frames_only():
+    """Why model_problems asks for (C, 84, 84): other frames fail inside the forward."""
+    net = build("cnn-lstm")
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        net(torch.zeros(1, 4, 96, 96, dtype=torch.uint8), torch.zeros(1, net.state_size))
+
+
+@pytest.mark.parametrize("model", ["mlp", "mlp-lstm"])
 def test_the_factory_partial_pickles_and_a_checkpoint_records_and_rebuilds_it(model, tmp_path):
     factory = partial(actor_critic, model, obs_shape(model), DISCRETE, HIDDEN)
     again = pickle.loads(pickle.dumps(factory))  # what learner ranks and workers receive
