@@ -24,7 +24,8 @@ PRESETS = [(m, name, env) for m in ALGOS for name, p in m.Config.presets.items()
 def test_the_issue_s_presets_exist():
     assert {a.__name__.rsplit(".", 1)[1]: sorted(a.Config.presets) for a in ALGOS
             if a.Config.presets} == {"ppo": ["atari", "mujoco"], "appo": ["atari"],
-                                     "dqn": ["atari"], "sac": ["mujoco"], "trpo": ["mujoco"]}
+                                     "dqn": ["atari"], "sac": ["mujoco"], "trpo": ["mujoco"],
+                                     "a2c": ["atari"]}
 
 
 @pytest.mark.parametrize(("algo", "name", "env"), PRESETS,
