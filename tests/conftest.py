@@ -76,6 +76,7 @@ def no_leftover_processes():
 XDIST_GROUPS = {
     "slurm/": "slurm",
     "batchers/test_ray.py": "ray",
+    "batchers/test_recurrent_batchers.py": "ray",
     "learners/test_learner_ray.py": "ray",
     "tools/test_policy.py": "trained-policies",
 }

@@ -144,3 +144,21 @@ TRPO_PRESETS = {"mujoco": Preset(
          checkpoint_every=100),
     per_env={"HalfCheetah-v5": dict(max_kl=0.04)},
 )}
+
+#: A2C on Atari: rl-zoo's ``hyperparams/a2c.yml`` ``atari`` (16 envs, 4 stacked frames,
+#: ``ent_coef`` 0.01, ``vf_coef`` 0.25, ``RMSpropTFLike`` with eps 1e-5, 10M frames) over SB3's
+#: A2C defaults (lr 7e-4, 5 steps, gamma 0.99, GAE lambda 1, gradients clipped at 0.5, RMSprop
+#: alpha 0.99, advantages not normalised), the Nature CNN. rlstruct's A2C value loss is SB3's,
+#: the mean of ``(V - R)^2`` (not PPO's half of it): ``vf_coef`` is rl-zoo's as it stands.
+#: ``--optimizer rmsprop`` is RMSprop as TensorFlow has it (rlstruct/blocks/optim.py: eps inside
+#: the square root, the square average starting at ones). Laid out for 2 cores as PPO's preset:
+#: 2 workers x 8 envs collect, then the learner learns on both cores (no policy lag, as in SB3).
+A2C_PRESETS = {"atari": Preset(
+    "Atari (PongNoFrameskip-v4 unless --env-id): Nature CNN, rl-zoo's A2C settings",
+    dict(env_id="PongNoFrameskip-v4", env_backend="atari", model="cnn", frame_stack=4,
+         n_processes=2, n_envs=8, n_timesteps=5, lr=7e-4, optimizer="rmsprop", gamma=0.99,
+         gae_lambda=1.0, ent_coef=0.01, vf_coef=0.25, max_grad_norm=0.5,
+         normalize_advantages=False, target_return=None, max_frames=10_000_000,
+         time_budget=86_400.0, eval_every=0, checkpoint_every=2_000, n_threads=2, pipeline=1,
+         precision="auto"),
+)}

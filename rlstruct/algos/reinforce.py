@@ -12,13 +12,16 @@ one ``execute`` covers every episode. With a smaller ``T`` the loop runs ``execu
 no env runs and each segment cut bootstraps from the critic, like a truncated episode, whose
 return bootstraps from ``V`` of its TRUE final observation (``_observation/frame``).
 
+The model is the zoo's (``--model mlp``, separate actor and critic MLPs, or ``cnn``, the Nature
+CNN on stacked Atari frames; rlstruct/blocks/zoo.py): ``forward(frame) -> (logits, V)``.
+
 Run: ``python -m rlstruct.algos.reinforce --help``; ``python -m rlstruct.algos.reinforce --seed 1``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import gymnasium as gym
 import torch
@@ -28,9 +31,10 @@ from rlstruct import Agent, DictTensor, Trajectories, replay_agent_stateless
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.batchers import Batcher, SerialBatcher
-from rlstruct.blocks.nets import mlp
+from rlstruct.blocks.distributions import space_spec
 from rlstruct.blocks.optim import adam, gradient_step
 from rlstruct.blocks.sampling import CategoricalSampler, greedy_info
+from rlstruct.blocks.zoo import actor_critic, model_problems
 from rlstruct.envs import GymEnv
 from rlstruct.runs.resolve import Resolved, run_cli
 from rlstruct.runs.run import Run, RunConfig
@@ -59,27 +63,25 @@ class Config(RunConfig):
     """weight of the entropy bonus"""
     normalize_advantages: bool = True
     """normalise advantages over the batch's valid steps (mean 0, std 1)"""
+    model: Literal["mlp", "cnn"] = "mlp"
+    """the zoo's actor-critic: separate actor (logits) and critic (the baseline V) MLPs, or the
+    Nature CNN on stacked uint8 frames (--env-backend atari)"""
 
-
-# --------------------------------------------------------------------------------------- model
-def actor_critic(obs_dim: int, n_actions: int, hidden: int) -> nn.ModuleDict:
-    """A separate ``actor`` (logits) and ``critic`` (the baseline V): the value loss's scale
-    never disturbs the policy's features."""
-    return nn.ModuleDict({
-        "actor": mlp(obs_dim, hidden, n_actions, out_gain=0.01),
-        "critic": mlp(obs_dim, hidden, 1, out_gain=1.0),
-    })
+    def world_problems(self, obs_shape: tuple[int, ...], action_space: Any) -> list[str]:
+        return super().world_problems(obs_shape, action_space) + model_problems(
+            self.model, obs_shape, self.env_id, allowed=("mlp", "cnn"))
 
 
 # --------------------------------------------------------------------------------------- agent
 class PolicyAgent(Agent):
-    """Samples ``a ~ softmax(actor(frame))``; rows with ``agent_info["greedy"]`` take the argmax.
+    """Samples ``a ~ softmax(logits)`` of a zoo model ``model(frame) -> (logits (n, A), V
+    (n,))``; rows with ``agent_info["greedy"]`` take the argmax.
 
     ``call_replay`` (used by ``replay_agent_stateless`` on the learner) evaluates the STORED
     actions instead: their log-probability, the policy's entropy, ``V(s)`` and ``V(s')``.
     """
 
-    def __init__(self, model: nn.ModuleDict) -> None:
+    def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.sample = CategoricalSampler()
 
@@ -87,10 +89,12 @@ class PolicyAgent(Agent):
         self.sample.seed(seed)
 
     def logits(self, frame: Tensor) -> Tensor:
-        return self.model.actor(frame.flatten(1).float())
+        """The policy's logits ``(n, A)`` of frames ``(n, *obs)``."""
+        return self.model(frame)[0]
 
     def value(self, frame: Tensor) -> Tensor:
-        return self.model.critic(frame.flatten(1).float()).squeeze(-1)
+        """The baseline ``V`` ``(n,)`` of frames ``(n, *obs)``."""
+        return self.model.value(frame)
 
     def __call__(
         self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
@@ -102,13 +106,13 @@ class PolicyAgent(Agent):
         self, trajectories: Trajectories, t: int, state: DictTensor
     ) -> tuple[DictTensor, DictTensor]:
         steps = trajectories.trajectories
-        logits = self.logits(steps[K.OBS_FRAME][:, t])
+        logits, value = self.model(steps[K.OBS_FRAME][:, t])
         with torch.no_grad():  # V(s') is a target: no gradient flows into it
             next_value = self.value(steps[K.NEXT_FRAME][:, t])
         out = {
             "logp": F.categorical_log_prob(logits, steps[K.STORED_ACTION][:, t]),
             "entropy": F.categorical_entropy(logits),
-            "value": self.value(steps[K.OBS_FRAME][:, t]),
+            "value": value,
             "next_value": next_value,
         }
         return DictTensor(out), state
@@ -183,7 +187,8 @@ def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("reinforce", cfg) as run:
         cfg = run.cfg  # resolved: the layout file applied, --resume auto picked
-        model = run.model(actor_critic, run.obs_dim, run.n_actions, cfg.hidden)  # CPU
+        model = run.model(actor_critic, cfg.model, tuple(run.obs_shape),  # on the CPU
+                          space_spec(run.action_space), cfg.hidden)
         n_timesteps = cfg.n_timesteps or gym.spec(cfg.env_id).max_episode_steps or 1000
         batcher = run.training_batcher(PolicyAgent, {"model": model}, GymEnv, n_timesteps,
                                        pipelined=False)

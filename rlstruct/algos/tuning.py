@@ -52,8 +52,8 @@ def _ppo_learner(model: Any, cfg: Any) -> Any:
 
 
 def _a2c_learner(model: Any, cfg: Any) -> Any:
-    agent = _a2c.A2CAgent(model)
-    optimizer = adam(model.parameters(), cfg.lr, "cpu")  # as in a2c.main
+    agent = _a2c.agent_class(cfg.model)(model)
+    optimizer = _a2c.make_optimizer(cfg)(model.parameters(), device="cpu")  # as in a2c.main
 
     def learn(traj: Trajectories) -> None:
         traj = traj.to("cpu")
@@ -75,10 +75,13 @@ def ppo(**overrides: Any) -> AlgoSetup:
 
 
 def a2c(**overrides: Any) -> AlgoSetup:
-    """A2C's model (the GRU one with ``recurrent=True``), agent and gradient step."""
-    net = _a2c.GRUActorCritic if overrides.get("recurrent") else _a2c.MLPActorCritic
-    return _setup(_a2c, lambda obs_dim, space, cfg: net(obs_dim, space, cfg.hidden),
-                  _a2c.A2CAgent, _a2c_learner, **overrides)
+    """A2C's model of the zoo (``model="mlp-gru"``: a recurrent one), agent and gradient
+    step."""
+    def model(obs_dim: int, space: Any, cfg: Any) -> Any:
+        return actor_critic(cfg.model, (obs_dim,), space_spec(space), cfg.hidden)
+
+    return _setup(_a2c, model, _a2c.agent_class(overrides.get("model", "mlp")), _a2c_learner,
+                  **overrides)
 
 
 def impala(**overrides: Any) -> AlgoSetup:

@@ -14,10 +14,11 @@ Example:
     True
 
 Every algorithm builds :func:`adam` (``torch.optim.Adam``, fused where the device allows it)
-and steps it with :func:`gradient_step`. A hand-written Adam over one flat buffer was measured
-against it on the real workloads (``benchmarks/optimizers.py`` of commit e9b5192) and
-removed: slower on PPO's Nature CNN, and its gain on MLPs did not pay for the build-order
-coupling it brought.
+or, for A2C's rl-zoo settings, :func:`rmsprop_tf` (:class:`RMSpropTF`, RMSprop as TensorFlow
+and SB3's ``RMSpropTFLike`` take it), and steps it with :func:`gradient_step`. A hand-written
+Adam over one flat buffer was measured against it on the real workloads
+(``benchmarks/optimizers.py`` of commit e9b5192) and removed: slower on PPO's Nature CNN, and
+its gain on MLPs did not pay for the build-order coupling it brought.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from torch import Tensor, nn
 from rlstruct.devices import resolve_device
 from rlstruct.dicttensor import DeviceLike
 
-__all__ = ["adam", "Optimizer", "gradient_step"]
+__all__ = ["adam", "Optimizer", "RMSpropTF", "gradient_step", "rmsprop_tf"]
 
 _FUSED_DEVICE_TYPES = ("cpu", "cuda")
 
@@ -58,6 +59,79 @@ def adam(
     """
     fused = resolve_device(device).type in _FUSED_DEVICE_TYPES
     return torch.optim.Adam(params, lr=lr, eps=eps, fused=fused)
+
+
+class RMSpropTF(torch.optim.Optimizer):
+    """RMSprop as TensorFlow defines it (what SB2's and rl-zoo's A2C Atari results used).
+
+    For each parameter ``p`` with gradient ``g``: ``v <- alpha v + (1 - alpha) g^2`` and
+    ``p <- p - lr g / sqrt(v + eps)``. Two differences from ``torch.optim.RMSprop``: ``eps`` is
+    inside the square root (torch adds it after: ``sqrt(v) + eps``), and ``v`` starts at ONES
+    (torch: zeros), so the first steps are about ``lr g``, not ``lr g / |g| sqrt(1 - alpha)``
+    (ten times larger with ``alpha = 0.99``). No momentum, no centring, no weight decay.
+
+    Args:
+        params: the parameters (or parameter groups).
+        lr: the learning rate.
+        alpha: the square average's smoothing constant.
+        eps: added to the square average inside the square root.
+
+    Example:
+        >>> w = torch.nn.Parameter(torch.tensor([1.0]))
+        >>> opt = RMSpropTF([w], lr=0.1, alpha=0.9, eps=0.0)
+        >>> w.grad = torch.tensor([2.0])
+        >>> opt.step()  # v = 0.9 * 1 + 0.1 * 4 = 1.3; w = 1 - 0.1 * 2 / sqrt(1.3)
+        >>> round(w.item(), 5), round(opt.state[w]["square_avg"].item(), 5)
+        (0.82459, 1.3)
+    """
+
+    def __init__(self, params: Iterable[Tensor] | Iterable[dict], lr: float,
+                 alpha: float = 0.99, eps: float = 1e-5) -> None:
+        if lr < 0 or eps < 0 or not 0 <= alpha < 1:
+            raise ValueError(f"need lr >= 0, eps >= 0 and 0 <= alpha < 1; got {lr}, {eps}, "
+                             f"{alpha}")
+        super().__init__(params, {"lr": lr, "alpha": alpha, "eps": eps})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """One update of every parameter that has a gradient; returns ``closure()``'s loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, alpha, eps = group["lr"], group["alpha"], group["eps"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["square_avg"] = torch.ones_like(p, memory_format=torch.preserve_format)
+                square_avg = state["square_avg"]
+                square_avg.mul_(alpha).addcmul_(p.grad, p.grad, value=1 - alpha)
+                p.addcdiv_(p.grad, square_avg.add(eps).sqrt_(), value=-lr)
+        return loss
+
+
+def rmsprop_tf(
+    params: Iterable[Tensor] | Iterable[dict], lr: float, device: DeviceLike | None = None,
+    alpha: float = 0.99, eps: float = 1e-5,
+) -> RMSpropTF:
+    """:class:`RMSpropTF` over ``params``, with :func:`adam`'s signature (``device`` is unused:
+    the update runs where the parameters are), so a learner group builds either.
+
+    Args:
+        params: the parameters (or parameter groups).
+        lr: the learning rate.
+        device: where the parameters live (unused).
+        alpha: the square average's smoothing constant (SB3's A2C: 0.99).
+        eps: inside the square root (rl-zoo's A2C Atari: 1e-5).
+
+    Returns:
+        The optimizer.
+    """
+    del device
+    return RMSpropTF(params, lr, alpha, eps)
 
 
 def gradient_step(

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 
 import torch
-from gymnasium.spaces import Space
+from gymnasium.spaces import Discrete, Space
 from torch import Tensor, nn
 
 from rlstruct.blocks.distributions import ActionHead, make_head, space_from_spec
@@ -54,6 +54,8 @@ MODELS = ("mlp", "cnn", "mlp-lstm", "mlp-gru", "cnn-lstm", "cnn-gru")
 RECURRENT_MODELS = ("mlp-lstm", "mlp-gru", "cnn-lstm", "cnn-gru")
 #: The recurrent cells.
 CORES = ("lstm", "gru")
+#: The frame size ``(H, W)`` of the Nature CNN (its last layer reads 7x7 feature maps).
+_NATURE_FRAME = (84, 84)
 
 
 def is_recurrent(model: nn.Module) -> bool:
@@ -67,10 +69,16 @@ def model_problems(model: str, obs_shape: tuple[int, ...] | None, env_id: str,
     known yet), as sentences; empty when nothing is."""
     if model not in allowed:
         return [f"--model {model!r} is not one of this algorithm's models {allowed}"]
-    if obs_shape is not None and model.startswith("cnn") and len(obs_shape) != 3:
+    if obs_shape is None or not model.startswith("cnn"):
+        return []
+    if len(obs_shape) != 3:
         return [f"--model {model} takes image frames (C, H, W), but {env_id}'s observations "
                 f"are {tuple(obs_shape)}: use --model mlp, or an Atari env with "
                 "--env-backend atari"]
+    if tuple(obs_shape[1:]) != _NATURE_FRAME:
+        return [f"--model {model} takes frames (C, 84, 84), the Nature CNN's input, but "
+                f"{env_id}'s observations are {tuple(obs_shape)}: use an Atari env with "
+                "--env-backend atari (84x84 frames, channels first), or resize the frames"]
     return []
 
 
@@ -191,8 +199,9 @@ def actor_critic(model: str, obs_shape: tuple[int, ...], action_space: Space | d
             (``normalize_obs``, ``activation``, ``log_std_init``...).
 
     Raises:
-        ValueError: ``model`` is not one of :data:`MODELS`, or ``mlp_options`` are given for
-            another model than ``mlp``.
+        ValueError: ``model`` is not one of :data:`MODELS`, ``mlp_options`` are given for
+            another model than ``mlp``, or ``cnn`` is given another action space than a
+            ``Discrete`` one.
     """
     if model not in MODELS:
         raise ValueError(f"model must be one of {MODELS}, got {model!r}")
@@ -203,6 +212,9 @@ def actor_critic(model: str, obs_shape: tuple[int, ...], action_space: Space | d
                                  **mlp_options)  # type: ignore[arg-type]
     if model == "cnn":
         space = space_from_spec(action_space)
-        return CNNActorCritic(int(space.n), in_channels=obs_shape[0])  # type: ignore[attr-defined]
+        if not isinstance(space, Discrete):
+            raise ValueError(f"--model cnn takes a Discrete action space, got {space}: use "
+                             "cnn-lstm or cnn-gru, whose heads take any action space")
+        return CNNActorCritic(int(space.n), in_channels=obs_shape[0])
     torso, core = model.split("-")
     return RecurrentActorCritic(obs_shape, action_space, hidden, core, cnn=torso == "cnn")

@@ -22,11 +22,11 @@ from the policy (DQN: epsilon-greedy with the run's final ``eps_end``), from a g
 policy's own (``seed``). Lists, torch tensors and arrays of another dtype are accepted where
 ``torch.can_cast`` allows it (float64 or ints for a float32 Box; never floats for uint8 frames).
 
-A recurrent policy (``rlstruct train a2c --recurrent``) keeps its memory between calls, one row
-per observation of the batch: call :meth:`Policy.reset` when an episode starts again. Each thread
-that calls :meth:`Policy.act` has a memory of its own, so threads sharing one policy play their
-episodes as if each had the policy alone; :meth:`Policy.session` gives a memory of its own to
-each of several episodes played in one thread (``session.act(obs)``, ``session.reset()``).
+A recurrent policy (``rlstruct train a2c --model mlp-gru``) keeps its memory between calls, one
+row per observation of the batch: call :meth:`Policy.reset` when an episode starts again. Each
+thread that calls :meth:`Policy.act` has a memory of its own, so threads sharing one policy play
+their episodes as if each had the policy alone; :meth:`Policy.session` gives a memory of its own
+to each of several episodes played in one thread (``session.act(obs)``, ``session.reset()``).
 
 Observations are checked before the model sees them: a shape that is neither the space's nor a
 batch of it, ragged rows or a value that is not an array of numbers raise

@@ -8,11 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from gymnasium.spaces import Discrete
 from support.algo_runs import check_run_dir, evaluated_rows, run_algo
 from support.trajectory_builders import steps
 
 from rlstruct import DictTensor, Trajectories, replay_agent_stateless
 from rlstruct.algos import reinforce
+from rlstruct.blocks.distributions import space_spec
+from rlstruct.blocks.zoo import actor_critic
 from rlstruct.runs.layout import LayoutConfig
 
 
@@ -78,11 +81,16 @@ def test_reinforce_loss_matches_a_python_loop_and_ignores_padding(norm):
     torch.testing.assert_close(value.grad, expected_grad)
 
 
+def _model(n_actions: int) -> torch.nn.Module:
+    """The zoo's ``--model mlp`` (what reinforce.main builds) for 3-d observations."""
+    return actor_critic("mlp", (3,), space_spec(Discrete(n_actions)), 8)
+
+
 def test_replay_gives_logp_entropy_and_values_of_the_stored_steps():
-    model = reinforce.actor_critic(obs_dim=3, n_actions=2, hidden=8)
+    model = _model(n_actions=2)
     with torch.no_grad():  # a uniform policy: logp = -ln 2, entropy = ln 2
-        model.actor[-1].weight.zero_()
-        model.actor[-1].bias.zero_()
+        model.head.logits.weight.zero_()
+        model.head.logits.bias.zero_()
     frame, next_frame = torch.randn(2, 3, 3), torch.randn(2, 3, 3)
     action = torch.tensor([[0, 1, 1], [1, 0, 0]])
     traj = Trajectories(
@@ -98,7 +106,7 @@ def test_replay_gives_logp_entropy_and_values_of_the_stored_steps():
 
 
 def test_agent_samples_reproducibly_and_acts_greedily_on_request():
-    model = reinforce.actor_critic(obs_dim=3, n_actions=4, hidden=8)
+    model = _model(n_actions=4)
     obs = DictTensor({"frame": torch.randn(64, 3)})
     state = DictTensor(batch_size=64)
     a, b = reinforce.PolicyAgent(model), reinforce.PolicyAgent(model)
@@ -164,3 +172,11 @@ def test_gpu_layout(tmp_path):
         max_frames=2000, eval_every=1, runs_dir=str(tmp_path),
     )
     check_run_dir(Path(reinforce.main(cfg)["run_dir"]))
+
+
+def test_the_cnn_is_refused_for_flat_observations_before_a_run_folder_exists(tmp_path):
+    from rlstruct.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--model cnn takes image frames .* \(4,\)"):
+        reinforce.main(reinforce.Config(model="cnn", runs_dir=str(tmp_path)))
+    assert not any(tmp_path.iterdir())

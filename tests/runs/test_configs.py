@@ -63,7 +63,7 @@ def test_flags_parse_into_the_typed_config():
     assert cfg.target_return is None and cfg.lr == 3e-4 and cfg.anneal_lr is False
     assert cfg.adv_norm == "batch" and cfg.seed == 3
     assert cfg.layout == LayoutConfig(learner_device="cpu", n_processes=1, check_devices=True)
-    assert tyro.cli(a2c.Config, args=["--recurrent"]).recurrent
+    assert tyro.cli(a2c.Config, args=["--model", "mlp-gru"]).model == "mlp-gru"
 
 
 @pytest.mark.parametrize(

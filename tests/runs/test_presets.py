@@ -25,7 +25,7 @@ def test_the_issue_s_presets_exist():
     assert {a.__name__.rsplit(".", 1)[1]: sorted(a.Config.presets) for a in ALGOS
             if a.Config.presets} == {"ppo": ["atari", "mujoco"], "appo": ["atari"],
                                      "dqn": ["atari"], "impala": ["atari"], "sac": ["mujoco"],
-                                     "trpo": ["mujoco"]}
+                                     "trpo": ["mujoco"], "a2c": ["atari"]}
 
 
 @pytest.mark.parametrize(("algo", "name", "env"), PRESETS,

@@ -30,7 +30,7 @@ RUNS = {
     "reinforce": ("reinforce", "CartPole-v1", 300, {}),
     "a2c": ("a2c", "CartPole-v1", 300, {}),
     "a2c-box": ("a2c", "Pendulum-v1", 300, {}),
-    "a2c-recurrent": ("a2c", "CartPole-v1", 300, {"recurrent": True}),
+    "a2c-recurrent": ("a2c", "CartPole-v1", 300, {"model": "mlp-gru"}),
     "ppo": ("ppo", "CartPole-v1", 300, {}),
     "ppo-box": ("ppo", "Pendulum-v1", 300, {}),
     "dqn": ("dqn", "CartPole-v1", 200, {"learning_starts": 64}),
