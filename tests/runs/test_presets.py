@@ -23,7 +23,7 @@ PRESETS = [(m, name, env) for m in ALGOS for name, p in m.Config.presets.items()
 
 def test_the_issue_s_presets_exist():
     assert {a.__name__.rsplit(".", 1)[1]: sorted(a.Config.presets) for a in ALGOS
-            if a.Config.presets} == {"ppo": ["atari", "mujoco"], "appo": ["atari"],
+            if a.Config.presets} == {"ppo": ["atari", "atari-lstm", "mujoco"], "appo": ["atari"],
                                      "dqn": ["atari"], "sac": ["mujoco"], "trpo": ["mujoco"]}
 
 
