@@ -106,7 +106,10 @@ class Config(RunConfig):
         return problems
 
     def world_problems(self, obs_shape: tuple[int, ...], action_space: Any) -> list[str]:
-        return model_problems(self.model, obs_shape, self.env_id)  # a CNN on images only
+        box = self.model.startswith("cnn") and type(action_space).__name__ != "Discrete"
+        return model_problems(self.model, obs_shape, self.env_id) + ([  # a CNN: images, Discrete
+            f"ppo needs Discrete actions; {self.env_id} has {action_space} (--model "
+            f"{self.model}; --model mlp and the mlp-* models take Box actions)"] if box else [])
 
     def mlp_options(self) -> dict[str, Any]:
         """The options of ``--model mlp`` (:func:`~rlstruct.blocks.nets.head_actor_critic`)."""
@@ -125,10 +128,7 @@ class Config(RunConfig):
 
 # --------------------------------------------------------------------------------------- model
 def model_factory(run: Run, cfg: Config) -> partial[torch.nn.Module]:
-    """The zoo's ``--model`` (:func:`~rlstruct.blocks.zoo.actor_critic`; CNNs take Discrete
-    actions); built from plain values, so checkpoints record it."""
-    if cfg.model.startswith("cnn"):
-        run.n_actions  # noqa: B018 (a ConfigError for Box actions)
+    """The zoo's ``--model`` (:func:`~rlstruct.blocks.zoo.actor_critic`), from plain values."""
     options = cfg.mlp_options() if cfg.model == "mlp" else {}
     return partial(actor_critic, cfg.model, tuple(run.obs_shape), space_spec(run.action_space),
                    cfg.hidden, **options)
