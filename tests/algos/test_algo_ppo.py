@@ -398,6 +398,14 @@ def test_recurrent_minibatches_are_whole_rows_with_their_start_state():
         seg.row_minibatches(traj, 3)
 
 
+def test_row_split_counts_minibatches_of_whole_rows():
+    assert seg.row_split(8, 128, 256, None) == (4, None)  # CleanRL's Atari LSTM: 2 rows each
+    assert seg.row_split(8, 32, 256, None) == (1, None)  # rl-zoo's CartPoleNoVel: one of 256
+    assert seg.row_split(4, 4, 256, None) == (1, None)  # at least one
+    n, problem = seg.row_split(6, 128, 256, 4)
+    assert n == 4 and "n_minibatches 4 must divide the batch's 6 env rows" in problem
+
+
 @pytest.mark.parametrize("model_name", ["mlp-lstm", "mlp-gru"])
 def test_recurrent_replay_at_the_first_epoch_reproduces_the_stored_logp(model_name):
     model, (_, traj) = recurrent_batches(model_name)
