@@ -168,7 +168,7 @@ def _memory_task(data: dict[str, Any], stdout: str) -> None:
     for r in rows:
         assert r["status"] == "ok" and r["frames"] >= data["max_steps"] and r["wall_s"] > 0, r
         assert r["best_mean"] is None or 0 < r["best_mean"] < 475  # 2k steps solve nothing
-        assert ("--model mlp-lstm" in r["command"]) == (r["variant"] == "recurrent")
+        assert ("--model mlp-gru" in r["command"]) == (r["variant"] == "recurrent")
         assert f"{r['variant']:<13} seed 0: not solved" in stdout
 
 
