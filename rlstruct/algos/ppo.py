@@ -3,28 +3,29 @@
 One iteration:
 
 1. **Collect**: the training batcher steps ``B = n_processes * n_envs`` auto-reset envs
-   (``GymEnvInf``) for ``T`` steps. The policy head is picked from the action space
-   (``rlstruct.blocks.distributions``: softmax for Discrete; a diagonal Gaussian for Box, rescaled
-   and clipped into the bounds); the agent stores the env's ``action``, the head's unclipped
-   ``sample``, its log-probability ``logp`` and the critic's ``value`` at every step.
-2. **Advantages**, once per batch: the critic values the TRUE next observations
-   (``_observation/frame``, the final observation at an episode end, never the reset one) in one
-   batched call, and ``F.gae`` gives GAE(lambda): terminated steps do not bootstrap; truncated
-   steps and segment cuts bootstrap from that next value (on scaled rewards with
-   ``--normalize-reward``).
-3. **Learn**: ``n_epochs`` passes over the batch's ``N`` valid steps (``to_transitions()``) in
-   shuffled minibatches. Each minibatch replays the agent on the learner device in one batched
-   call (``replay_agent_stateless`` takes transitions directly) for new head params and
-   values, and minimises ``-min(r A, clip(r, 1-eps, 1+eps) A) + vf_coef L_V - ent_coef H``,
-   ``r = exp(logp_new - logp_old)``. Advantages are normalised per minibatch (``--adv-norm``).
-   With ``--normalize-obs`` the running statistics (the model's buffers) then take in the batch.
-4. **Publish**: ``run.publish``. With ``--pipeline 2`` the workers collect the next segment
-   while the learner learns on this one (one update of policy lag; the clip tolerates it).
-Run: ``rlstruct train ppo --help``; ``rlstruct train ppo --preset atari`` (Pong).
+   (``GymEnvInf``) for ``T`` steps with a model of the zoo (``--model``,
+   :mod:`rlstruct.blocks.zoo`; the policy head fits the action space); the agent stores the
+   env's ``action``, the head's unclipped ``sample``, its ``logp`` and the critic's ``value``
+   (a recurrent model also its state after each step, ``action/h``, and the batcher the state
+   at the segment's start, ``agent_state/h``).
+2. **Advantages**, once per batch: GAE(lambda) (``F.gae``) from the stored values and the
+   critic's values of the TRUE next observations (``_observation/frame``, never the reset
+   one): terminated steps do not bootstrap; truncated steps and segment cuts do (on scaled
+   rewards with ``--normalize-reward``). A recurrent model values them under ``action/h``.
+3. **Learn**: ``n_epochs`` passes over the batch in shuffled minibatches: of ``minibatch_size``
+   valid transitions replayed in one batched call (``replay_agent_stateless``), or, for a
+   recurrent model, of whole env rows replayed from ``agent_state/h``
+   (:mod:`rlstruct.blocks.segment_minibatches`, ``--n-minibatches``). Each minimises
+   ``-min(r A, clip(r, 1-eps, 1+eps) A) + vf_coef L_V - ent_coef H`` over its valid steps,
+   ``r = exp(logp_new - logp_old)``, advantages normalised per minibatch (``--adv-norm``);
+   then the ``--normalize-obs`` statistics take in the batch.
+4. **Publish**: ``run.publish``; with ``--pipeline 2`` the workers collect the next segment
+   meanwhile (one update of lag: the batch is relabelled first). ``rlstruct train ppo --help``.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -37,11 +38,14 @@ from rlstruct import Agent, DictTensor, Trajectories, replay_agent_stateless
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.algos.presets import PPO_PRESETS
-from rlstruct.blocks import normalization
+from rlstruct.blocks import segment_minibatches as seg  # the batch's advantages, minibatches
 from rlstruct.blocks.distributions import space_spec
-from rlstruct.blocks.nets import CNNActorCritic, HeadActorCritic, head_actor_critic
+from rlstruct.blocks.nets import HeadActorCritic
 from rlstruct.blocks.optim import Optimizer, adam, gradient_step
+from rlstruct.blocks.recurrent import RecurrentAgent
 from rlstruct.blocks.sampling import PolicyAgent, greedy_info
+from rlstruct.blocks.segment_minibatches import gae_advantages, relabel
+from rlstruct.blocks.zoo import MODELS, RECURRENT_MODELS, actor_critic, model_problems
 from rlstruct.envs import GymEnvInf
 from rlstruct.runs.resolve import Resolved, run_cli
 from rlstruct.runs.run import Run, RunConfig
@@ -71,8 +75,11 @@ class Config(RunConfig):
     """weight of the entropy bonus"""
     adv_norm: Literal["minibatch", "batch", "off"] = "minibatch"
     """normalise advantages per minibatch, once per batch, or not at all"""
-    model: Literal["mlp", "cnn"] = "mlp"
-    """mlp on flattened observations, or the Nature CNN on stacked frames (--env-backend atari)"""
+    model: Literal[MODELS] = "mlp"  # type: ignore[valid-type]
+    """the zoo's actor-critic (rlstruct/blocks/zoo.py): mlp; cnn (Nature CNN, --env-backend
+    atari); mlp-lstm, mlp-gru, cnn-lstm, cnn-gru (recurrent: minibatches of whole env rows)"""
+    n_minibatches: int | None = None
+    """recurrent models: minibatches of rows/n_minibatches whole rows (None: B*T/minibatch_size)"""
     normalize_obs: bool = False
     """mlp: normalise observations with running statistics (sent with the weights)"""
     log_std_init: float = 0.0
@@ -87,25 +94,49 @@ class Config(RunConfig):
 
     def problems(self) -> list[str]:  # listed with the shared fields' problems, all at once
         bad = self.n_epochs < 1 or self.minibatch_size < 1 or not 0 < self.clip_coef < 1
-        return super().problems() + ([
+        problems = super().problems() + model_problems(self.model, None, self.env_id) + ([
             f"need n_epochs >= 1, minibatch_size >= 1 and 0 < clip_coef < 1; got "
             f"{self.n_epochs}, {self.minibatch_size} and {self.clip_coef}"] if bad else [])
+        mlp_only = [f"--{k.replace('_', '-')} {v}" for k, v in self.mlp_options().items()
+                    if v != getattr(Config, k)]
+        if mlp_only and self.model != "mlp":
+            problems.append(f"{', '.join(mlp_only)} apply to --model mlp only, not {self.model}")
+        if self.model in RECURRENT_MODELS:
+            problems += self.row_problems()
+        return problems
+
+    def world_problems(self, obs_shape: tuple[int, ...], action_space: Any) -> list[str]:
+        box = self.model.startswith("cnn") and type(action_space).__name__ != "Discrete"
+        return model_problems(self.model, obs_shape, self.env_id) + ([  # a CNN: images, Discrete
+            f"ppo needs Discrete actions; {self.env_id} has {action_space} (--model "
+            f"{self.model}; --model mlp and the mlp-* models take Box actions)"] if box else [])
+
+    def mlp_options(self) -> dict[str, Any]:
+        """The options of ``--model mlp`` (:func:`~rlstruct.blocks.nets.head_actor_critic`)."""
+        return {k: getattr(self, k) for k in ("log_std_init", "normalize_obs", "activation",
+                                              "normalize_reward", "init")}
+
+    def row_problems(self) -> list[str]:
+        """A recurrent model learns on whole rows, on one learner (ranks: not split yet)."""
+        rows = (self.layout.n_processes or os.cpu_count() or 1) * self.layout.n_envs
+        problem = seg.row_split(rows, self.n_timesteps, self.minibatch_size, self.n_minibatches)[1]
+        ranks = self.layout.n_learners > 1 or self.layout.learner_backend == "ray"
+        return [p for p in (problem, f"--model {self.model}: recurrent PPO learns in one process"
+                            "; --n-learners and --learner-backend ray take feed-forward models"
+                            if ranks else None) if p]
 
 
 # --------------------------------------------------------------------------------------- model
-def model_factory(run: Run, cfg: Config) -> partial[HeadActorCritic | CNNActorCritic]:
-    """Actor and critic MLPs (the actor ends in the action space's policy head), or the Nature
-    CNN (Discrete actions); built from plain values, so checkpoints record it."""
-    if cfg.model == "cnn":
-        return partial(CNNActorCritic, run.n_actions, in_channels=run.obs_shape[0])
-    return partial(head_actor_critic, run.obs_dim, space_spec(run.action_space), cfg.hidden,
-                   cfg.log_std_init, cfg.normalize_obs, cfg.activation, cfg.normalize_reward,
-                   cfg.init)
+def model_factory(run: Run, cfg: Config) -> partial[torch.nn.Module]:
+    """The zoo's ``--model`` (:func:`~rlstruct.blocks.zoo.actor_critic`), from plain values."""
+    options = cfg.mlp_options() if cfg.model == "mlp" else {}
+    return partial(actor_critic, cfg.model, tuple(run.obs_shape), space_spec(run.action_space),
+                   cfg.hidden, **options)
 
 
 # --------------------------------------------------------------------------------------- agent
-# Memoryless (rlstruct/blocks/sampling.py): stores the env's action, the head's unclipped sample,
-# its logp and the value; replayed on the learner it returns the head's params and the value.
+# Memoryless (blocks/sampling.py): stores the env's action, the head's unclipped sample, logp
+# and value; replayed, the head's params and the value. Recurrent: RecurrentAgent, plus its state.
 PPOAgent = PolicyAgent
 
 
@@ -126,40 +157,13 @@ def value_loss(value: Tensor, value_old: Tensor, returns: Tensor, clip: float | 
     return 0.5 * loss
 
 
-def scaled_rewards(model: Any, traj: Trajectories, gamma: float) -> Tensor:
-    """The rewards ``(B, T)``; with ``--normalize-reward`` scaled by the returns' running std
-    (``normalization.scale_rewards``; ``model.discounted`` carries each row's return on)."""
-    steps, norm = traj.trajectories, getattr(model, "reward_norm", None)
-    if norm is None:
-        return steps[K.NEXT_REWARD]
-    done = steps[K.NEXT_TERMINATED] | steps[K.NEXT_TRUNCATED]
-    scaled, model.discounted = normalization.scale_rewards(
-        norm, getattr(model, "discounted", None), steps[K.NEXT_REWARD], done, steps.lengths, gamma)
-    return scaled
-
-
-def gae_advantages(
-    model: HeadActorCritic, traj: Trajectories, gamma: float, lam: float, current: bool = False
-) -> tuple[Tensor, Tensor]:
-    """GAE ``(advantages, returns)``, each ``(B, T)``, from the stored values and the critic's
-    values of the true next observations (no gradient), on :func:`scaled_rewards`. With
-    ``current`` (the stored values are this model's) step ``t``'s next value is step ``t+1``'s
-    stored one, and the critic runs only where the next observation is not in the batch: an
-    episode's end and a row's last step (a forward pass over the batch saved)."""
-    steps = traj.trajectories
-    value, done = steps[K.STORED_VALUE], steps[K.NEXT_TERMINATED] | steps[K.NEXT_TRUNCATED]
-    t = torch.arange(value.shape[1], device=value.device)
-    need = (done | (t >= steps.lengths.unsqueeze(1) - 1)) if current else torch.ones_like(done)
-    next_value = torch.cat([value[:, 1:], value[:, -1:]], 1).clone()
-    with torch.no_grad():
-        next_value[need] = model.value(steps[K.NEXT_FRAME][need]).to(value.dtype)
-    return F.gae(scaled_rewards(model, traj, gamma), value, next_value, steps[K.NEXT_TERMINATED],
-                 steps[K.NEXT_TRUNCATED], steps.lengths, gamma, lam)
-
-
-def ppo_loss(agent: Agent, minibatch: DictTensor, cfg: Config) -> tuple[Tensor, dict[str, Tensor]]:
-    """The PPO loss of a minibatch of transitions; returns ``(loss, detached stats)``."""
-    new, head = replay_agent_stateless(agent, minibatch), agent.model.head
+def ppo_loss(agent: Agent, minibatch: DictTensor | Trajectories,
+             cfg: Config) -> tuple[Tensor, dict[str, Tensor]]:
+    """The PPO loss of a minibatch of transitions, or of whole rows (Trajectories) replayed
+    from their stored start state, over their valid steps; returns ``(loss, detached stats)``."""
+    recurrent, head = isinstance(minibatch, Trajectories), agent.model.head
+    new, minibatch = (seg.replay_valid_steps(agent, minibatch) if recurrent else  # type: ignore
+                      (replay_agent_stateless(agent, minibatch), minibatch))
     logp = head.log_prob(new["params"], minibatch[K.STORED_SAMPLE])
     advantage = minibatch["advantage"]
     if cfg.adv_norm == "minibatch":
@@ -175,51 +179,46 @@ def ppo_loss(agent: Agent, minibatch: DictTensor, cfg: Config) -> tuple[Tensor, 
         stats = {
             "policy_loss": policy.mean(), "value_loss": values.mean(), "entropy": entropy.detach(),
             "approx_kl": (ratio - 1 - log_ratio).mean(),  # Schulman's unbiased estimator
-            "clip_fraction": ((ratio - 1).abs() > cfg.clip_coef).float().mean(),
-        }
+            "clip_fraction": ((ratio - 1).abs() > cfg.clip_coef).float().mean()}
     return loss, stats
-
-
-def relabel(agent: Agent, traj: Trajectories) -> Trajectories:
-    """``logp`` and ``value`` of the stored actions recomputed by the current model: with
-    ``--pipeline 2`` the batch was collected one update ago, and the clip range must be measured
-    from the policy being improved (or the first epoch starts outside it)."""
-    steps, shape = traj.trajectories, traj.trajectories[K.STORED_VALUE].shape
-    with torch.no_grad():
-        params, value = agent.model(steps[K.OBS_FRAME].flatten(0, 1))
-        logp = agent.model.head.log_prob(params, steps[K.STORED_SAMPLE].flatten(0, 1))
-    steps.set(K.STORED_LOGP, logp.view(shape))
-    steps.set(K.STORED_VALUE, value.view(shape))
-    return traj
 
 
 def learn(
     agent: Agent, optimizer: Optimizer, traj: Trajectories, cfg: Config,
     step: Any = gradient_step, out_of_time: Callable[[], bool] = lambda: False,
 ) -> dict[str, float]:
-    """``n_epochs`` of minibatch steps over one batch, stopping early once ``out_of_time()``;
-    returns the last epoch's mean stats. With ``--n-learners N`` each rank runs it on B/N rows,
-    minibatches of minibatch_size/N, and ``step`` averages the gradients over the ranks."""
+    """``n_epochs`` of minibatch steps over one batch (a recurrent model's: whole rows,
+    ``row_split``), stopping early once ``out_of_time()``; returns the last epoch's mean stats.
+    With ``--n-learners N`` each rank runs it on B/N rows, minibatches of minibatch_size/N, and
+    ``step`` averages the gradients over the ranks."""
+    recurrent = cfg.model in RECURRENT_MODELS
     if cfg.layout.pipeline > 1:  # collected one update ago: clip around the current policy
-        traj = relabel(agent, traj)  # (otherwise the stored values are this model's already)
-    advantage, returns = gae_advantages(agent.model, traj, cfg.gamma, cfg.gae_lambda, current=True)
-    steps = traj.trajectories.get([K.OBS_FRAME, K.STORED_SAMPLE, K.STORED_LOGP, K.STORED_VALUE])
+        traj = (seg.relabel_recurrent if recurrent else relabel)(agent, traj)
+    gae = seg.recurrent_gae if recurrent else partial(gae_advantages, current=True)
+    advantage, returns = gae(agent.model, traj, cfg.gamma, cfg.gae_lambda)
+    keys = [K.OBS_FRAME, K.STORED_SAMPLE, K.STORED_LOGP, K.STORED_VALUE]
+    steps = traj.trajectories.get(keys + ([K.OBS_INITIAL_STATE] if recurrent else []))
+    if cfg.adv_norm == "batch":  # over the valid steps
+        advantage = F.normalize_advantages(advantage, steps.mask())
     steps.set("advantage", advantage)
     steps.set("return", returns)
-    batch = steps.to_transitions()  # the N valid steps, row by row: a minibatch is a row index
-    if cfg.adv_norm == "batch":
-        batch["advantage"] = F.normalize_advantages(batch["advantage"])
+    batch = Trajectories(traj.info, steps) if recurrent else steps.to_transitions()
     for _ in range(cfg.n_epochs):
         totals: dict[str, Tensor] = {}
-        order = torch.randperm(batch.n_elems(), device=batch.device())
-        for n, rows in enumerate(order.split(cfg.minibatch_size), 1):
-            loss, stats = ppo_loss(agent, batch.index(rows), cfg)
+        if recurrent:  # whole rows, replayed from their start state
+            minibatches = seg.row_minibatches(batch, seg.row_split(
+                batch.n_elems(), cfg.n_timesteps, cfg.minibatch_size, cfg.n_minibatches)[0])
+        else:  # the N valid steps, row by row: a minibatch is a row index
+            order = torch.randperm(batch.n_elems(), device=batch.device())
+            minibatches = [batch.index(rows) for rows in order.split(cfg.minibatch_size)]
+        for n, minibatch in enumerate(minibatches, 1):
+            loss, stats = ppo_loss(agent, minibatch, cfg)
             step(optimizer, loss, cfg.max_grad_norm)
             totals = {k: totals.get(k, 0.0) + v for k, v in stats.items()}
             if out_of_time():  # the time budget holds within a long learn phase too
                 return {k: float(v) / n for k, v in totals.items()}
     if isinstance(agent.model, HeadActorCritic):  # the statistics the next batch is taken with
-        agent.model.observe(batch[K.OBS_FRAME])
+        agent.model.observe(steps.to_transitions()[K.OBS_FRAME])
     return {k: float(v) / n for k, v in totals.items()}
 
 
@@ -230,10 +229,11 @@ def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
         cfg = run.cfg  # resolved: the layout file applied, --resume auto picked
         make_model = model_factory(run, cfg)  # picklable: the learner ranks build theirs
         model = run.model(make_model)  # on the CPU: the batchers copy it
-        batcher = run.training_batcher(PPOAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
-        run.evaluator(PPOAgent, {"model": model}, agent_info=greedy_info())
+        make_agent = RecurrentAgent if cfg.model in RECURRENT_MODELS else PPOAgent
+        batcher = run.training_batcher(make_agent, {"model": model}, GymEnvInf, cfg.n_timesteps)
+        run.evaluator(make_agent, {"model": model}, agent_info=greedy_info())
         group = run.learner_group(make_model, model, partial(adam, lr=cfg.lr, eps=1e-5), learn,
-                                  PPOAgent, per_rank=("minibatch_size",))  # --n-learners N
+                                  make_agent, per_rank=("minibatch_size",))  # --n-learners N
         # 1. Each segment the workers collected with the current policy, until the stop test.
         for traj in run.segments(batcher):
             # 2-3. Advantages and n_epochs of minibatch steps, replaying on the learner device

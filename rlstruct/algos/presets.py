@@ -57,9 +57,29 @@ PPO_MUJOCO = Preset(
     },
 )
 
+#: CleanRL's ``ppo_atari_lstm.py`` (vwxyzjn/cleanrl, cleanrl/ppo_atari_lstm.py): 8 envs x 128
+#: steps, lr 2.5e-4 annealed, 4 epochs of 4 minibatches (2 whole env rows each), gamma 0.99,
+#: GAE lambda 0.95, clip 0.1, value clipping at the same 0.1 (``clip_vloss``), ent 0.01, vf 0.5,
+#: max grad norm 0.5, advantages normalised per minibatch, 10M frames; ONE 84x84 frame per
+#: observation (its ``FrameStack(1)``) through the Nature CNN's 512 features, an LSTM of 128 and
+#: the actor and critic heads (``--model cnn-lstm``, rlstruct/blocks/zoo.py). CleanRL's default
+#: env is Breakout; its published Pong figure (19.78 at 10M) is on PongNoFrameskip-v4, the env
+#: here. Laid out as PPO_ATARI for 2 cores: 2 workers of 4 envs collect, then the learner
+#: learns on both cores (2 threads, the CNN in bfloat16 where the CPU has it, the cell and heads
+#: in float32).
+PPO_ATARI_LSTM = Preset(
+    "Atari (PongNoFrameskip-v4 unless --env-id): one frame, Nature CNN + LSTM 128, CleanRL's "
+    "ppo_atari_lstm settings",
+    dict(env_id="PongNoFrameskip-v4", env_backend="atari", frame_stack=1, model="cnn-lstm",
+         hidden=128, n_processes=2, n_envs=4, n_timesteps=128, n_epochs=4, n_minibatches=4,
+         minibatch_size=256, lr=2.5e-4, anneal_lr=True, clip_coef=0.1, value_clip=0.1,
+         ent_coef=0.01, vf_coef=0.5, gamma=0.99, gae_lambda=0.95, max_grad_norm=0.5,
+         adv_norm="minibatch", target_return=None, max_frames=10_000_000, time_budget=172_800.0,
+         eval_every=0, checkpoint_every=100, n_threads=2, pipeline=1, precision="auto"),
+)
 
-#: PPO's presets: ``--preset atari`` and ``--preset mujoco``.
-PPO_PRESETS = {"atari": PPO_ATARI, "mujoco": PPO_MUJOCO}
+#: PPO's presets: ``--preset atari``, ``--preset atari-lstm`` and ``--preset mujoco``.
+PPO_PRESETS = {"atari": PPO_ATARI, "atari-lstm": PPO_ATARI_LSTM, "mujoco": PPO_MUJOCO}
 
 #: APPO on Atari: PPO's Atari settings (CleanRL's ``ppo_atari.py`` and rl-zoo's ``ppo.yml``
 #: ``atari`` entry: 8 envs, T=128, 4 epochs of minibatches of 256, lr 2.5e-4 annealed, clip 0.1,

@@ -332,6 +332,8 @@ def _env_problems(
     except Exception as err:  # noqa: BLE001 - an env that cannot be made is a listed problem
         return None, [f"env_id {cfg.env_id!r} cannot be made: {type(err).__name__}: {err}"]
     shape = tuple(observations.shape or (1,))
+    if cfg.env_backend == "atari":  # the probe stacks 4 frames; the training envs frame_stack
+        shape = (cfg.frame_stack, *shape[1:])
     problems = observation_problems(cfg, observations)
     kinds = {"Discrete": gym.spaces.Discrete, "Box": gym.spaces.Box}
     if not any(isinstance(space, kinds[k]) for k in cfg.action_spaces):

@@ -18,8 +18,10 @@ from support.trajectory_builders import collect, gae_by_loops, steps
 from rlstruct import DictTensor, Trajectories, replay_agent_stateless
 from rlstruct import keys as K
 from rlstruct.algos import ppo
-from rlstruct.blocks.distributions import make_head
+from rlstruct.blocks import segment_minibatches as seg
+from rlstruct.blocks.distributions import make_head, space_spec
 from rlstruct.blocks.nets import HeadActorCritic
+from rlstruct.blocks.recurrent import RecurrentAgent
 from rlstruct.errors import ConfigError, DeviceContractError
 from rlstruct.runs.layout import LayoutConfig
 
@@ -359,3 +361,152 @@ def test_next_values_from_the_batch_equal_the_critic_on_every_next_observation()
         torch.testing.assert_close(fast, full, atol=1e-5, rtol=1e-5)
         assert calls and calls[0] < 40 * 3  # the critic ran on fewer than every step
     assert ends > 0  # episode ends were inside the batches (CartPole under a random policy)
+
+
+# ----------------------------------------------------------------------------- recurrent models
+NOVEL = "rlstruct/CartPoleNoVel-v1"
+
+
+def recurrent_batches(model_name: str = "mlp-lstm", n_segments: int = 2, n_envs: int = 4):
+    """A zoo recurrent model and consecutive CartPoleNoVel segments its agent collected (the
+    second starts from a stored, nonzero state)."""
+    import rlstruct.envs  # noqa: F401 (registers rlstruct/CartPoleNoVel-v1)
+    from rlstruct.blocks.zoo import actor_critic as zoo_model
+
+    torch.manual_seed(0)
+    model = zoo_model(model_name, (2,), space_spec(spaces.Discrete(2)), 16)
+    segments = collect(RecurrentAgent, model, n_segments=n_segments, n_timesteps=12,
+                       env=NOVEL, n_envs=n_envs)
+    return model, segments
+
+
+def test_recurrent_minibatches_are_whole_rows_with_their_start_state():
+    _, (_, traj) = recurrent_batches()
+    assert traj.info["agent_state/h"].abs().sum() > 0  # the second segment's memory
+    parts = seg.row_minibatches(traj, 2)
+    assert [p.n_elems() for p in parts] == [2, 2]
+    frames = traj.trajectories[K.OBS_FRAME]
+    seen = []
+    for part in parts:
+        for b in range(part.n_elems()):  # each row is one whole row of the batch, state included
+            (row,) = [i for i in range(4) if part.trajectories[K.OBS_FRAME][b].equal(frames[i])]
+            assert part.info["agent_state/h"][b].equal(traj.info["agent_state/h"][row])
+            assert int(part.trajectories.lengths[b]) == int(traj.trajectories.lengths[row])
+            seen.append(row)
+    assert sorted(seen) == [0, 1, 2, 3]
+    with pytest.raises(ConfigError, match=r"n_minibatches \(3\) must divide the batch's 4 "):
+        seg.row_minibatches(traj, 3)
+
+
+def test_row_split_counts_minibatches_of_whole_rows():
+    assert seg.row_split(8, 128, 256, None) == (4, None)  # CleanRL's Atari LSTM: 2 rows each
+    assert seg.row_split(8, 32, 256, None) == (1, None)  # rl-zoo's CartPoleNoVel: one of 256
+    assert seg.row_split(4, 4, 256, None) == (1, None)  # at least one
+    n, problem = seg.row_split(6, 128, 256, 4)
+    assert n == 4 and "n_minibatches 4 must divide the batch's 6 env rows" in problem
+
+
+@pytest.mark.parametrize("model_name", ["mlp-lstm", "mlp-gru"])
+def test_recurrent_replay_at_the_first_epoch_reproduces_the_stored_logp(model_name):
+    model, (_, traj) = recurrent_batches(model_name)
+    agent = RecurrentAgent(model)
+    for part in seg.row_minibatches(traj, 2):
+        new, stored = seg.replay_valid_steps(agent, part)
+        logp = model.head.log_prob(new["params"], stored[K.STORED_SAMPLE])
+        torch.testing.assert_close(logp, stored[K.STORED_LOGP])  # ratio 1
+        torch.testing.assert_close(new["value"], stored[K.STORED_VALUE])
+        assert new["params"].requires_grad
+    cfg = ppo.Config(model=model_name, n_minibatches=2)
+    steps_ = traj.trajectories.clone()
+    steps_.set("advantage", torch.randn(steps_[K.STORED_VALUE].shape))
+    steps_.set("return", torch.randn(steps_[K.STORED_VALUE].shape))
+    _, stats = ppo.ppo_loss(agent, Trajectories(traj.info, steps_), cfg)
+    assert abs(float(stats["approx_kl"])) < 1e-6 and float(stats["clip_fraction"]) == 0.0
+
+
+def test_recurrent_advantages_bootstrap_under_the_stored_state():
+    model, (traj,) = recurrent_batches(n_segments=1)
+    adv, ret = seg.recurrent_gae(model, traj, gamma=0.9, lam=0.8)
+    stored = traj.trajectories
+    with torch.no_grad():  # every next value recomputed under the stored state after the step
+        next_value = model.value(stored[K.NEXT_FRAME].flatten(0, 1),
+                                 stored["action/h"].flatten(0, 1)).view(adv.shape)
+    inside = ~(stored[K.NEXT_TERMINATED] | stored[K.NEXT_TRUNCATED])
+    inside[:, -1] = False
+    torch.testing.assert_close(next_value[:, :-1][inside[:, :-1]],
+                               stored[K.STORED_VALUE][:, 1:][inside[:, :-1]])
+    exp_adv, exp_ret = gae_by_loops(
+        stored[K.NEXT_REWARD], stored[K.STORED_VALUE], next_value, stored[K.NEXT_TERMINATED],
+        stored[K.NEXT_TRUNCATED], stored.lengths.tolist(), 0.9, 0.8)
+    torch.testing.assert_close(adv, exp_adv)
+    torch.testing.assert_close(ret, exp_ret)
+
+
+@pytest.mark.parametrize("pipeline", [1, 2])
+def test_recurrent_learn_changes_the_model_and_relabels_a_stale_batch(pipeline):
+    model, (_, traj) = recurrent_batches()
+    stored = traj.trajectories[K.STORED_LOGP].clone()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # the learner moved on since the collection
+    before = [p.detach().clone() for p in model.parameters()]
+    cfg = ppo.Config(model="mlp-lstm", n_epochs=2, n_minibatches=2, value_clip=0.2,
+                     adv_norm="batch", layout=layout(pipeline=pipeline))
+    stats = ppo.learn(RecurrentAgent(model), torch.optim.Adam(model.parameters(), 1e-3), traj,
+                      cfg)
+    assert all(math.isfinite(v) for v in stats.values())
+    assert any(not p.equal(q) for p, q in zip(model.parameters(), before))
+    relabelled = not torch.allclose(traj.trajectories[K.STORED_LOGP], stored)
+    assert relabelled == (pipeline == 2)  # the batch's logp are the learner's own before it learns
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    (dict(model="mlp-lstm", normalize_obs=True), "--normalize-obs True apply to --model mlp only"),
+    (dict(model="cnn-gru", activation="relu"), "--activation relu apply to --model mlp only"),
+    (dict(model="mlp-gru", n_minibatches=3), "n_minibatches 3 must divide the batch's 2 env rows"),
+    (dict(model="mlp-lstm", layout=layout(n_learners=2)), "recurrent PPO learns in one process"),
+    (dict(model="cnn-lstm"), r"--model cnn-lstm takes image frames \(C, H, W\).*\(4,\)"),
+])
+def test_options_that_do_not_apply_are_refused_before_a_run_folder_exists(tmp_path, kw, match):
+    with pytest.raises(ConfigError, match=match):
+        ppo.main(ppo.Config(runs_dir=str(tmp_path), **{"layout": layout(), **kw}))
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.timeout(180)
+def test_recurrent_smoke_run_on_cartpole_without_velocities(tmp_path):
+    cfg = ppo.Config(env_id=NOVEL, model="mlp-gru", layout=layout(n_envs=4), n_timesteps=16,
+                     max_frames=384, n_epochs=2, n_minibatches=2, eval_every=0,
+                     runs_dir=str(tmp_path))
+    summary = ppo.main(cfg)
+    assert summary["frames"] >= 384 and summary["stopped_by"] == "max_frames"
+    rows = check_run_dir(Path(summary["run_dir"]))
+    assert math.isfinite(float(rows[0]["approx_kl"]))  # (evaluations run asynchronously)
+    checkpoint = torch.load(Path(summary["run_dir"]) / "checkpoints" / "latest.pt")
+    assert "towers.0.core.cell.weight_hh" in checkpoint["model"]  # the GRU was trained
+
+
+def test_the_atari_lstm_preset_is_cleanrl_s_on_one_frame():
+    cfg = ppo.Config.from_preset("atari-lstm")
+    assert (cfg.env_id, cfg.model, cfg.frame_stack, cfg.hidden) == (
+        "PongNoFrameskip-v4", "cnn-lstm", 1, 128)
+    rows = cfg.layout.n_processes * cfg.layout.n_envs
+    assert (rows, cfg.n_timesteps, cfg.n_minibatches, cfg.n_epochs) == (8, 128, 4, 4)
+    assert (cfg.clip_coef, cfg.value_clip, cfg.ent_coef, cfg.lr) == (0.1, 0.1, 0.01, 2.5e-4)
+    assert cfg.problems() == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_the_atari_lstm_preset_runs_two_iterations_on_pong(tmp_path):
+    pytest.importorskip("ale_py", reason="needs the atari extra: pip install -e '.[atari]'")
+    pytest.importorskip("cv2", reason="needs the atari extra: pip install -e '.[atari]'")
+    from rlstruct.runs.presets import build_preset  # the preset as --preset atari-lstm applies it
+
+    cfg = build_preset(ppo.Config, "atari-lstm", dict(
+        n_envs=2, n_timesteps=16, max_frames=128, n_epochs=1, runs_dir=str(tmp_path)))
+    summary = ppo.main(cfg)
+    assert summary["frames"] >= 128 and summary["iterations"] >= 1, summary  # learned on one
+    checkpoint = torch.load(Path(summary["run_dir"]) / "checkpoints" / "latest.pt")
+    assert checkpoint["model"]["towers.0.encoder.0.weight"].shape[1] == 1  # one frame in
+    assert "towers.0.core.cell.weight_hh" in checkpoint["model"]

@@ -160,6 +160,18 @@ def _frame_buffer(data: dict[str, Any], stdout: str) -> None:
         assert target["verdict"] in ("PASS", "MISS") and target["name"] in stdout
 
 
+def _memory_task(data: dict[str, Any], stdout: str) -> None:
+    rows = data["rows"]
+    assert data["env_id"] == "rlstruct/CartPoleNoVel-v1" and data["target"] == 475.0
+    assert [(r["algo"], r["variant"]) for r in rows] == [("ppo", "recurrent"),
+                                                         ("ppo", "feed-forward")]
+    for r in rows:
+        assert r["status"] == "ok" and r["frames"] >= data["max_steps"] and r["wall_s"] > 0, r
+        assert r["best_mean"] is None or 0 < r["best_mean"] < 475  # 2k steps solve nothing
+        assert ("--model mlp-gru" in r["command"]) == (r["variant"] == "recurrent")
+        assert f"{r['variant']:<13} seed 0: not solved" in stdout
+
+
 @dataclass(frozen=True)
 class Smoke:
     """One script's smoke run: its arguments (``--json FILE`` is added), its deadline, the
@@ -184,6 +196,7 @@ SMOKES = {
                           220, _tune_vs_grid),
     "atari": Smoke("atari.py", ("--quick",), 380, _atari, needs=("ale_py", "cv2")),
     "frame_buffer": Smoke("frame_buffer.py", ("--quick",), 120, _frame_buffer),
+    "memory_task": Smoke("memory_task.py", ("--quick",), 240, _memory_task),
 }
 
 
