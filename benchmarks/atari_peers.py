@@ -56,7 +56,7 @@ def rlstruct_cmd(algo: str, tmp: str, seconds: float, buffer_size: int,
 def run_rlstruct(algo: str, seconds: float, buffer_size: int,
                  learning_starts: int) -> dict[str, float]:
     """One rlstruct run: frames/s and cores busy over its progress rows after learning starts
-    (and after its first two rows, the start-up)."""
+    (and after its first row, the start-up)."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = rlstruct_cmd(algo, tmp, seconds, buffer_size, learning_starts)
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 300, cwd=tmp)
@@ -64,7 +64,7 @@ def run_rlstruct(algo: str, seconds: float, buffer_size: int,
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stderr[-2000:]}")
         rows = list(csv.DictReader(next(Path(tmp).glob("*/progress.csv")).open()))
     start = learning_starts if algo == "dqn" else 0
-    rows = [r for r in rows[2:] if float(r["frames"]) > start]
+    rows = [r for r in rows[1:] if float(r["frames"]) > start]
     if len(rows) < 2:
         raise RuntimeError(f"{algo}: under two progress rows after learning started in "
                            f"{seconds} s: raise --seconds")
@@ -151,7 +151,7 @@ def main() -> None:
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args()
     if args.quick:
-        args.seconds, args.buffer_size, args.learning_starts = 15.0, 5_000, 500
+        args.seconds, args.buffer_size, args.learning_starts = 40.0, 5_000, 256
     print(f"load average before: {os.getloadavg()}", flush=True)
     rows: dict[str, dict[str, Any]] = {}
     for algo in args.algos:

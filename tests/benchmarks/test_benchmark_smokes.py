@@ -8,6 +8,7 @@ the checks read the structure, the rows, the verdict words and the printed table
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -172,6 +173,19 @@ def _memory_task(data: dict[str, Any], stdout: str) -> None:
         assert f"{r['variant']:<13} seed 0: not solved" in stdout
 
 
+def _atari_peers(data: dict[str, Any], stdout: str) -> None:
+    assert list(data["rows"]) == ["dqn"] and "x SB3" in stdout
+    mine = data["rows"]["dqn"]["rlstruct"]
+    assert mine["frames_per_s"] > 0 and mine["rows"] >= 2  # rows after learning started
+    assert 0 < mine["cores_busy"] <= (os.cpu_count() or 1) + 0.5
+    try:
+        import stable_baselines3  # noqa: F401
+    except ImportError:
+        assert "stable-baselines3: not installed" in stdout and data["rows"]["dqn"]["sb3"] is None
+    else:
+        assert data["rows"]["dqn"]["sb3"]["frames_per_s"] > 0 and data["rows"]["dqn"]["ratio"] > 0
+
+
 @dataclass(frozen=True)
 class Smoke:
     """One script's smoke run: its arguments (``--json FILE`` is added), its deadline, the
@@ -196,6 +210,8 @@ SMOKES = {
                           220, _tune_vs_grid),
     "atari": Smoke("atari.py", ("--quick",), 380, _atari, needs=("ale_py", "cv2")),
     "frame_buffer": Smoke("frame_buffer.py", ("--quick",), 120, _frame_buffer),
+    "atari_peers": Smoke("atari_peers.py", ("--quick", "--algos", "dqn"), 300, _atari_peers,
+                         needs=("ale_py", "cv2")),
     "memory_task": Smoke("memory_task.py", ("--quick",), 240, _memory_task),
 }
 
