@@ -47,6 +47,16 @@ def device(request: pytest.FixtureRequest) -> torch.device:
 LEAK_GRACE_S = 3.0
 
 
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for the test, as in each worker (``n_threads=1``): a replay's or another
+    process's matrix products then run the same kernels as the acting ones, bit for bit."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
 @pytest.fixture(autouse=True)
 def no_leftover_processes():
     """Fails the test that leaves a process behind, and kills it, so the next test starts clean

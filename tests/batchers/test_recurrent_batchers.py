@@ -17,7 +17,7 @@ from rlstruct.blocks.recurrent import RecurrentAgent
 from rlstruct.blocks.zoo import actor_critic
 from rlstruct.envs import CARTPOLE_NOVEL_ID, GymEnvInf
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("one_torch_thread")]
 
 T = 24
 SEGMENTS = 4
@@ -32,15 +32,6 @@ def make_agent(hidden: int = 16) -> RecurrentAgent:
 
 def novel_env(n_envs: int, seed: int) -> GymEnvInf:
     return GymEnvInf(CARTPOLE_NOVEL_ID, n_envs=n_envs, seed=seed)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread here, as in each worker (``n_threads=1``): the same kernels act."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
 
 
 def new_weights() -> dict[str, torch.Tensor]:

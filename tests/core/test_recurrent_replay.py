@@ -22,7 +22,7 @@ from rlstruct.envs import CARTPOLE_NOVEL_ID, GymEnvInf
 from rlstruct.temporal import TemporalDictTensor
 from rlstruct.trajectories import Trajectories
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_torch_thread")]
 
 T = 24
 SEGMENTS = 3
@@ -68,15 +68,6 @@ CASES = {
     "mlp-gru": (novel_env, (2,), 16),
     "cnn-lstm": (image_env, (1, 84, 84), 8),
 }
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread: the replay's matrix products are then the acting ones, bit for bit."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
 
 
 def collect(model: str, n_envs: int = 3) -> tuple[RecurrentAgent, list[Trajectories]]:
