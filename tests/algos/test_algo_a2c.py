@@ -293,6 +293,9 @@ def test_the_optimizer_flag_picks_the_optimizer():
 
 # ----------------------------------------------------------------------------- Atari preset
 def test_the_atari_preset_is_rl_zoo_s_a2c_on_two_workers():
+    pytest.importorskip("ale_py", reason="resolving an Atari env needs the atari extra: "
+                        "pip install -e '.[atari]'")
+    pytest.importorskip("cv2", reason="needs the atari extra: pip install -e '.[atari]'")
     from rlstruct.runs.resolve import parse
 
     cfg = parse(a2c.Config, ["--preset", "atari", "--seed", "3"]).cfg
