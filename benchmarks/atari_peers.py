@@ -151,7 +151,7 @@ def main() -> None:
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args()
     if args.quick:
-        args.seconds, args.buffer_size, args.learning_starts = 20.0, 5_000, 256
+        args.seconds, args.buffer_size, args.learning_starts = 40.0, 5_000, 256
     print(f"load average before: {os.getloadavg()}", flush=True)
     rows: dict[str, dict[str, Any]] = {}
     for algo in args.algos:
