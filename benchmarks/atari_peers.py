@@ -17,7 +17,7 @@ SB3 runs as its users run it: ``make_atari_env`` (``DummyVecEnv``, ``AtariWrappe
 ``VecFrameStack(4)``, torch's default threads. Each side runs ``--seconds`` in a fresh process;
 cores busy is the process tree's CPU time over the measured window. The table gives each
 side's frames/s, cores busy and the ratio, from one run; ``--quick`` is a smoke run of a few
-seconds (figures meaningless), for the test suite.
+iterations (figures meaningless), for the test suite.
 
 Run: ``python benchmarks/atari_peers.py [--algos dqn a2c] [--seconds 120] [--json out.json]``
 """
@@ -42,10 +42,13 @@ ENV_ID = "PongNoFrameskip-v4"
 
 
 def rlstruct_cmd(algo: str, tmp: str, seconds: float, buffer_size: int,
-                 learning_starts: int) -> list[str]:
-    """The ``rlstruct train`` line of one side (the preset, with the measure's overrides)."""
+                 learning_starts: int, max_frames: int | None = None) -> list[str]:
+    """The ``rlstruct train`` line of one side (the preset, with the measure's overrides); with
+    ``max_frames`` (the smoke run) the run stops there, whatever its start-up took."""
     cmd = [str(Path(sys.executable).with_name("rlstruct")), "train", algo, "--preset", "atari",
            "--time-budget", str(seconds), "--runs-dir", tmp]
+    if max_frames is not None:
+        cmd += ["--max-frames", str(max_frames)]
     if not Path(cmd[0]).exists():
         cmd[:1] = [sys.executable, "-m", "rlstruct"]
     if algo == "dqn":
@@ -53,12 +56,12 @@ def rlstruct_cmd(algo: str, tmp: str, seconds: float, buffer_size: int,
     return cmd
 
 
-def run_rlstruct(algo: str, seconds: float, buffer_size: int,
-                 learning_starts: int) -> dict[str, float]:
+def run_rlstruct(algo: str, seconds: float, buffer_size: int, learning_starts: int,
+                 max_frames: int | None = None) -> dict[str, float]:
     """One rlstruct run: frames/s and cores busy over its progress rows after learning starts
     (and after its first row, the start-up)."""
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = rlstruct_cmd(algo, tmp, seconds, buffer_size, learning_starts)
+        cmd = rlstruct_cmd(algo, tmp, seconds, buffer_size, learning_starts, max_frames)
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 300, cwd=tmp)
         if res.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stderr[-2000:]}")
@@ -150,12 +153,17 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="a smoke run (seconds, not figures)")
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args()
+    # The smoke run: a few iterations after learning starts (DQN's 8 envs x 32 steps a row;
+    # A2C's 16 x 5), however long a loaded machine's start-up takes; SB3 10 s.
+    max_frames = None
     if args.quick:
-        args.seconds, args.buffer_size, args.learning_starts = 40.0, 5_000, 256
+        args.seconds, args.buffer_size, args.learning_starts = 10.0, 5_000, 256
+        max_frames = args.learning_starts + 5 * 256
     print(f"load average before: {os.getloadavg()}", flush=True)
     rows: dict[str, dict[str, Any]] = {}
     for algo in args.algos:
-        mine = run_rlstruct(algo, args.seconds, args.buffer_size, args.learning_starts)
+        mine = run_rlstruct(algo, 600.0 if args.quick else args.seconds, args.buffer_size,
+                            args.learning_starts, max_frames)
         print(f"rlstruct {algo}: {json.dumps(mine)} (load {os.getloadavg()[0]:.2f})", flush=True)
         peer = _sb3_subprocess(algo, args.seconds, args.buffer_size, args.learning_starts)
         print(f"sb3 {algo}: {json.dumps(peer) if peer else 'stable-baselines3: not installed'} "
