@@ -32,8 +32,8 @@ C = TypeVar("C", bound="RunConfig")
 
 #: RunConfig fields a resumed run may set differently from the run it continues.
 RESUMABLE = ("resume", "max_frames", "time_budget", "target_return", "eval_every", "eval_envs",
-             "checkpoint_every", "n_threads", "runs_dir", "layout", "layout_file", "env_module",
-             "worker_timeout")
+             "checkpoint_every", "progress_every_s", "n_threads", "runs_dir", "layout",
+             "layout_file", "env_module", "worker_timeout")
 
 
 @dataclass
@@ -79,6 +79,10 @@ class RunConfig:
     """episodes per evaluation"""
     checkpoint_every: int = 50
     """save checkpoints/latest.pt every this many iterations (and at the end)"""
+    progress_every_s: float = 1.0
+    """the least seconds between two progress.csv rows (0: a row every iteration): an iteration
+    that ends sooner is counted in the next row, whose monitor columns cover the whole interval;
+    a row also comes with each evaluation's result, each checkpoint and the run's end"""
     n_threads: int = 1
     """torch threads of the learner (the cores are shared with the workers)"""
     precision: Literal["fp32", "bf16", "auto"] = "fp32"
@@ -156,6 +160,9 @@ class RunConfig:
                     for name in positive if getattr(self, name) < 1]
         if self.n_timesteps < self.min_timesteps:
             problems.append(f"n_timesteps must be >= {self.min_timesteps}, got {self.n_timesteps}")
+        if not self.progress_every_s >= 0:  # nan too
+            problems.append(f"progress_every_s must be >= 0 (0: a row every iteration), got "
+                            f"{self.progress_every_s}")
         if self.eval_every < 0:
             problems.append(f"eval_every must be >= 0 (0: never), got {self.eval_every}")
         if not self.max_grad_norm >= 0:

@@ -135,7 +135,7 @@ class RunFolder:
 
     @property
     def progress_file(self) -> Path:
-        """``progress.csv``: one row per iteration."""
+        """``progress.csv``: one row per iteration, at most one every ``progress_every_s``."""
         return self.path / "progress.csv"
 
     @property

@@ -64,6 +64,9 @@ class RunLoop:
         self.solved_at: tuple[int, float] | None = None
         self.evaluation: Evaluator | None = None
         self._tracker = EpisodeTracker()
+        self._row_at = -math.inf  # time.monotonic() of the last progress row
+        #: the iteration of the last progress row (the run's end writes one where it differs)
+        self.row_iteration: int | None = None
 
     def checkpoint(self) -> None:
         """Saves a checkpoint (:meth:`Run.checkpoint <rlstruct.runs.run.Run.checkpoint>`)."""
@@ -191,6 +194,11 @@ class RunLoop:
         (``eval_return`` only when an evaluation finished, nan otherwise) and saves a
         checkpoint every ``checkpoint_every`` iterations.
 
+        A row is written at most every ``progress_every_s`` seconds (SAC ends an iteration per
+        frame): an iteration that ends sooner writes none, unless it is the first, brings an
+        evaluation's result or saves a checkpoint; the next row counts its frames, and the
+        monitor's columns cover every iteration since the previous row.
+
         Raises:
             RunFolderError: the run folder was removed while the run was going on.
         """
@@ -203,7 +211,13 @@ class RunLoop:
                 eval_return = self.eval_return = result
             if self.iteration % self.cfg.eval_every == 0:
                 self.evaluation.start(weights)
-        metrics = {**metrics, **self.monitor.sample(self.frames)}
-        self.logger.log(self.frames, iteration=self.iteration, eval_return=eval_return, **metrics)
-        if self.iteration % self.cfg.checkpoint_every == 0:
+        checkpoint = self.iteration % self.cfg.checkpoint_every == 0
+        now = time.monotonic()
+        if (checkpoint or not math.isnan(eval_return) or self.row_iteration is None
+                or now - self._row_at >= self.cfg.progress_every_s):
+            metrics = {**metrics, **self.monitor.sample(self.frames)}
+            self.logger.log(self.frames, iteration=self.iteration, eval_return=eval_return,
+                            **metrics)
+            self._row_at, self.row_iteration = now, self.iteration
+        if checkpoint:
             self.checkpoint()

@@ -1,8 +1,9 @@
 """Resource use per training iteration: time per phase, cores busy, memory, GPU use.
 
-A :class:`ResourceMonitor` is sampled by the training loop itself, once per iteration
-(:meth:`ResourceMonitor.sample`); it never starts a thread. Each sample returns named columns
-for ``progress.csv`` covering the interval since the previous sample:
+A :class:`ResourceMonitor` is sampled by the training loop itself, once per progress row
+(:meth:`ResourceMonitor.sample`: each iteration, at most every ``progress_every_s``); it never
+starts a thread. Each sample returns named columns for ``progress.csv`` covering the interval
+since the previous sample:
 
 - ``collect_s``, ``learn_s``: wall seconds spent inside ``with monitor.phase("collect")`` (the
   Run scaffold wraps ``batcher.get()``) and ``phase("learn")`` (the loop body); any other phase

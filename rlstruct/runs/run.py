@@ -317,7 +317,8 @@ class Run(RunLoop):
                     self.stopped_by = "interrupted" if end.raised or end.by_signal else "loop_end"
                 if end.by_signal:
                     self._cause = lost_rank(self._groups)
-                if self.logger.n_rows == 0 or self.logger.frames != self.frames:
+                if (self.logger.n_rows == 0 or self.logger.frames != self.frames
+                        or self.row_iteration not in (None, self.iteration)):
                     self.logger.log(self.frames, iteration=self.iteration, eval_return=math.nan,
                                     **self.monitor.sample(self.frames))
                 # A stop before the first iteration may come before the algorithm registered all

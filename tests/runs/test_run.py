@@ -54,6 +54,7 @@ def config(tmp_path: Path, **kw) -> Cfg:
     kw.setdefault("layout", LayoutConfig(learner_device="cpu", n_processes=1, n_envs=2))
     kw.setdefault("eval_every", 0)
     kw.setdefault("env_id", REPEAT)
+    kw.setdefault("progress_every_s", 0.0)  # a row every iteration (the tests count them)
     return Cfg(n_timesteps=5, runs_dir=str(tmp_path / "runs"), **kw)
 
 
@@ -128,6 +129,24 @@ def test_solved_run_stops_at_the_target_and_every_output_agrees(tmp_path, capsys
     out = capsys.readouterr().out
     assert "test: solved after 40 frames" in out and "train_return_mean4 10.00" in out
     assert f"outputs in {s['run_dir']}" in out
+
+
+def test_rows_come_at_most_every_progress_every_s_and_at_checkpoints_and_the_end(tmp_path):
+    """SAC ends an iteration per frame: rows at most every progress_every_s seconds (here an
+    hour: only the first iteration's, each checkpoint's and the run's end), each counting the
+    frames of the iterations it skipped."""
+    run = train(config(tmp_path, max_frames=100, checkpoint_every=4, progress_every_s=3600.0))
+    assert run.summary["frames"] == 100 and run.iteration == 9  # the 10th segment stops it
+    rows = check_run_dir(Path(run.summary["run_dir"]))
+    assert [int(r["iteration"]) for r in rows] == [1, 4, 8, 9]
+    assert [int(r["frames"]) for r in rows] == [10, 40, 80, 100]
+
+
+@pytest.mark.parametrize("every", [-1.0, math.nan])
+def test_a_negative_progress_interval_is_refused(tmp_path, every):
+    with pytest.raises(ConfigError, match="progress_every_s must be >= 0"):
+        train(config(tmp_path, progress_every_s=every))
+    assert not (tmp_path / "runs").exists()
 
 
 def test_frame_budget_stop_and_the_window_names_the_column(tmp_path):
