@@ -130,8 +130,8 @@ class WandbTracker:
                 {"frames": frames, **{p.stem: self._wandb.Image(str(p)) for p in found}}))
 
     def log_videos(self, paths: Sequence[Path], frames: int) -> None:
-        """Logs the videos ``paths`` (``.mp4`` files) as ``eval_video`` (one per call: the
-        first; the others as ``eval_video_1``...), at ``frames``."""
+        """Logs the videos ``paths`` (``.mp4`` files) at ``frames``: the first as
+        ``eval_video``, any others as ``eval_video_1``, ``eval_video_2``..."""
         if self._active and paths:
             self._guard("log of the video", lambda: self._run.log({"frames": frames, **{
                 "eval_video" + (f"_{i}" if i else ""): self._wandb.Video(str(p))
@@ -181,8 +181,8 @@ class WandbTracker:
             call()
         except Exception as err:  # noqa: BLE001 - tracking never makes a run fail
             self._active = False
-            _warn(f"wandb {what} failed: {type(err).__name__}: {err}; the run goes on "
-                  "without wandb")
+            _warn(f"wandb {what} failed: {type(err).__name__}: {str(err).rstrip('. ')}; the "
+                  "run goes on without wandb")
 
 
 def log_videos(run_dir: Path, videos: Sequence[Path], frames: int) -> bool:

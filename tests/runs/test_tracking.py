@@ -29,6 +29,7 @@ from rlstruct.runs.tracking import (
     log_videos,
     run_tags,
     tracking_options,
+    tracking_problems,
 )
 
 
@@ -136,6 +137,7 @@ def test_a_wandb_init_that_raises_is_one_warning_and_the_run_finishes(
 
 def test_wandb_missing_is_refused_before_any_run_folder(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
+    assert tracking_problems(ppo.Config()) == []  # without --wandb, wandb is not needed
     with pytest.raises(ConfigError, match=r"--wandb needs wandb.*pip install 'rlstruct\[wandb\]'"):
         ppo.main(small(tmp_path))
     assert not (tmp_path / "runs").exists()
@@ -234,3 +236,44 @@ def test_a_resumed_run_continues_its_wandb_run_and_gets_the_video(fake_wandb, tm
     assert (evaluation["project"], evaluation["group"]) == ("proj", "grp")
     assert fake_wandb.run.logged[-1] == {"frames": 640, "eval_video": ("video", str(video))}
     assert not log_videos(tmp_path / "elsewhere", [video], frames=640)  # an untracked run
+
+
+def test_the_logger_sends_its_rows_and_finishes_the_run_on_ctrl_c(fake_wandb, tmp_path):
+    from rlstruct.runs.logger import RunLogger
+
+    with pytest.raises(KeyboardInterrupt), RunLogger(
+            "ppo", "CartPole-v1", {"lr": 0.1}, tmp_path, progress=False, tensorboard=False,
+            tracking=OPTIONS) as logger:
+        logger.record_episodes([10.0, 20.0])
+        logger.log(frames=128, loss=0.5)
+        logger.log(frames=256, loss=0.25, eval_return=float("nan"))
+        raise KeyboardInterrupt
+    run = fake_wandb.run
+    assert [(r["frames"], r["loss"], r["train_return_mean20"]) for r in run.logged[:2]] == [
+        (128, 0.5, 15.0), (256, 0.25, 15.0)]
+    assert "eval_return" not in run.logged[1]
+    assert run.finished.is_set()
+    (init,) = fake_wandb.inits
+    assert init["name"] == logger.dir.name
+    returns = logger.folder.returns_plot  # drawn when matplotlib is installed
+    assert run.logged[2:] == ([{"frames": 256, "returns": ("image", str(returns))}]
+                              if returns.is_file() else [])
+
+
+def test_rlstruct_evaluate_sends_its_video_to_the_runs_wandb_run(fake_wandb, tmp_path, capsys,
+                                                                 monkeypatch):
+    import rlstruct.tools.evaluate
+    from rlstruct.__main__ import main
+
+    def evaluate(run_dir, checkpoint, episodes, device, seed, video_dir):  # moviepy's part
+        Path(video_dir).mkdir()
+        (Path(video_dir) / "rl-video-episode-0.mp4").write_bytes(b"\0" * 64)
+        return [9.0], {"algo": "ppo", "frames": 512, "config": {"env_id": "CartPole-v1"}}
+
+    monkeypatch.setattr(rlstruct.tools.evaluate, "evaluate", evaluate)
+    WandbTracker(OPTIONS, tmp_path, {}).finish()  # the training run, tracked
+    assert main(["evaluate", str(tmp_path), "--video", str(tmp_path / "v")]) == 0
+    assert "video logged to the run's wandb run" in capsys.readouterr().out
+    video = tmp_path / "v" / "rl-video-episode-0.mp4"
+    assert fake_wandb.run.logged[-1] == {"frames": 512, "eval_video": ("video", str(video))}
+    assert fake_wandb.inits[0]["id"] == fake_wandb.inits[1]["id"]
