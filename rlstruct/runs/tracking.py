@@ -75,7 +75,8 @@ def tracking_options(algo: str, cfg: Any) -> TrackingOptions | None:
 
 def tracking_problems(cfg: Any) -> list[str]:
     """What keeps the config's tracking from running (empty: nothing): ``--wandb`` without
-    wandb installed, or an empty project name."""
+    wandb installed, or an empty project name. (A wandb whose import fails otherwise is the
+    run's warning, as any other wandb error.)"""
     if not getattr(cfg, "wandb", False):
         return []
     if not cfg.wandb_project:
@@ -85,6 +86,8 @@ def tracking_problems(cfg: Any) -> list[str]:
     except ImportError as err:
         return [f"--wandb needs wandb, which cannot be imported ({err}): pip install "
                 f"'rlstruct[wandb]' where rlstruct is installed, or {install_hint('wandb')}"]
+    except Exception:  # noqa: BLE001 - an install that breaks on import: the run's warning
+        pass
     return []
 
 
