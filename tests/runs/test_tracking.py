@@ -114,10 +114,11 @@ def test_a_tracked_run_logs_its_rows_config_and_plots(offline_wandb, tmp_path):
     history = [h for h in logged["history"] if "loss" in h or "iteration" in h]
     assert [h["frames"] for h in history] == [int(r["frames"]) for r in rows]
     assert history[0]["train_return_mean20"] == pytest.approx(float(rows[0]["train_return_mean20"]))
-    plots = [h for h in logged["history"] if "returns/_type" in h]
-    assert [(p["returns/_type"], p["frames"]) for p in plots] == [("image-file", summary["frames"])]
-    assert any(p.name.startswith("returns") for p in
-               (tmp_path / "wandb_home").glob("wandb/offline-run-*/files/media/images/*.png"))
+    plots = [(h["returns/_type"], h["frames"]) for h in logged["history"] if "returns/_type" in h]
+    drawn = (run_dir / "returns.png").is_file()  # with matplotlib
+    assert plots == ([("image-file", summary["frames"])] if drawn else [])
+    images = (tmp_path / "wandb_home").glob("wandb/offline-run-*/files/media/images/returns*.png")
+    assert len(list(images)) == drawn
 
 
 def test_a_wandb_init_that_raises_is_one_warning_and_the_run_finishes(
