@@ -84,7 +84,8 @@ class EvaluateCommand:
     seed: int | None = None
     """the envs' seed (None: the run's seed + 2000)"""
     video: Annotated[Path | None, tyro.conf.arg(metavar="{None}|DIR")] = None
-    """record the first episode into DIR (needs moviepy)"""
+    """record the first episode into DIR (needs moviepy); a run trained with --wandb also gets
+    it in its wandb run"""
 
 
 @dataclass
@@ -204,8 +205,14 @@ def _evaluate(argv: Sequence[str]) -> int:
         print(f"{PROG} evaluate: error: {err}", file=sys.stderr)
         return 1
     print(describe(returns, state, args.checkpoint))
-    for video in sorted(args.video.glob("*.mp4")) if args.video is not None else []:
+    videos = sorted(args.video.glob("*.mp4")) if args.video is not None else []
+    for video in videos:
         print(f"video: {video}")
+    if videos:  # a run tracked with --wandb gets its video (rlstruct.runs.tracking)
+        from rlstruct.runs.tracking import log_videos
+
+        if log_videos(args.run_dir, videos, int(state.get("frames", 0))):
+            print(f"video logged to the run's wandb run ({args.run_dir / 'wandb.json'})")
     return 0
 
 

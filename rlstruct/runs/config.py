@@ -33,7 +33,8 @@ C = TypeVar("C", bound="RunConfig")
 #: RunConfig fields a resumed run may set differently from the run it continues.
 RESUMABLE = ("resume", "max_frames", "time_budget", "target_return", "eval_every", "eval_envs",
              "checkpoint_every", "progress_every_s", "n_threads", "runs_dir", "layout",
-             "layout_file", "env_module", "worker_timeout")
+             "layout_file", "env_module", "worker_timeout", "wandb", "wandb_project",
+             "wandb_group")
 
 
 @dataclass
@@ -91,6 +92,14 @@ class RunConfig:
     CUDA, or a CPU with AVX512-BF16 or AMX)"""
     runs_dir: str = "runs"
     """folder of the run directories"""
+    wandb: bool = False
+    """also log the run to Weights & Biases (the wandb extra): every progress.csv row (frames
+    as the step), config.json, the plots at the end; a wandb error is a warning and the run goes
+    on. WANDB_MODE=offline: no network (wandb sync later). TensorBoard is written either way"""
+    wandb_project: str = "rlstruct"
+    """--wandb: the wandb project; the run's tags are its algorithm, env id and preset"""
+    wandb_group: str | None = None
+    """--wandb: the wandb group of the run (a sweep's name, say; None: none)"""
     n_timesteps: int = 32
     """T: steps per env and segment"""
     hidden: int = 64

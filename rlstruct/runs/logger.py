@@ -18,6 +18,8 @@
                       :mod:`rlstruct.runs.plotting`)
 ``resources.png``     cores, memory and GPU use per iteration, when the rows hold them
 ``events.out.*``      TensorBoard scalars, when ``tensorboard`` is installed
+``wandb.json``        the id of the run's wandb run, with ``tracking`` (``--wandb``: every row,
+                      config.json and the plots go to wandb too; :mod:`rlstruct.runs.tracking`)
 ===================== ========================================================================
 
 A metric that has no value on a row is written ``nan`` there (an ``eval_return`` only on the
@@ -67,6 +69,7 @@ from rlstruct.runs.folder import RunFolder
 from rlstruct.runs.json_safe import json_safe
 from rlstruct.runs.progress import ProgressLine
 from rlstruct.runs.progress_csv import ProgressCsv
+from rlstruct.runs.tracking import TrackingOptions, WandbTracker
 
 __all__ = ["RunLogger", "git_commit", "safe_name"]
 
@@ -106,6 +109,9 @@ class RunLogger:
         launch: how the run was launched (``{"launcher": "torchrun", "world_size": 2}``),
             recorded in ``config.json`` (a resume records its own in its ``resumes`` entry).
         session: this session's entry of config.json's ``sessions`` list (None: no list).
+        tracking: the wandb run to mirror the folder into
+            (:class:`~rlstruct.runs.tracking.WandbTracker`: every row, config.json's content,
+            the plots); None: no wandb. A wandb error is a warning, never the run's.
 
     Attributes:
         folder: the :class:`~rlstruct.runs.folder.RunFolder` (created at construction);
@@ -136,6 +142,7 @@ class RunLogger:
         best_score: float | None = None,
         launch: Mapping[str, Any] | None = None,
         session: Mapping[str, Any] | None = None,
+        tracking: TrackingOptions | None = None,
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -173,6 +180,8 @@ class RunLogger:
             else:
                 self._tb = SummaryWriter(log_dir=str(self.dir))
                 self._tb.add_text("config", f"```\n{json.dumps(meta, indent=2)}\n```")
+        self._tracker = (WandbTracker(tracking, self.dir, meta) if tracking is not None
+                         else None)
         self._progress = (ProgressLine(f"{algo} {env}", self.train_column, total_frames,
                                        progress_interval, time_budget=time_budget)
                           if progress else None)
@@ -306,6 +315,8 @@ class RunLogger:
             for name, value in row.items():
                 if name != "frames" and isinstance(value, (int, float)) and not math.isnan(value):
                     self._tb.add_scalar(name, value, global_step=frames)
+        if self._tracker is not None:
+            self._tracker.log(row)
         if self._progress is not None:
             self._progress.show(row, self._last_eval, now)
         return row
@@ -333,7 +344,9 @@ class RunLogger:
     # ------------------------------------------------------------------ closing
 
     def close(self) -> None:
-        """Flush and close the files, write ``returns.png``, close TensorBoard (idempotent)."""
+        """Flush and close the files, write ``returns.png``, close TensorBoard, send the plots
+        to wandb and finish its run (bounded: :meth:`WandbTracker.finish
+        <rlstruct.runs.tracking.WandbTracker.finish>`) (idempotent)."""
         if self._closed:
             return
         self._closed = True
@@ -345,7 +358,13 @@ class RunLogger:
             self._csv.close()
             if self._tb is not None:
                 self._tb.close()
-            self._plot()
+            try:
+                self._plot()
+            finally:
+                if self._tracker is not None:
+                    self._tracker.log_images([self.folder.returns_plot,
+                                              self.folder.resources_plot], self.frames)
+                    self._tracker.finish()
 
     def __enter__(self) -> RunLogger:
         return self

@@ -12,6 +12,7 @@ checks only its own values. :func:`resolve`, run once per start-up before anythi
 - imports the env modules and looks the env id up (with close matches), then makes one env to
   read its spaces and checks the observation and action spaces against what the algorithm
   takes (:func:`observation_problems`; an env whose ``close()`` raises is named as such);
+- checks that wandb can be imported for ``--wandb`` (:mod:`rlstruct.runs.tracking`);
 - reads torchrun's variables (``WORLD_SIZE``) for the learner-rank checks, and whether the
   learner ranks can split the batch;
 - resolves every device named (one :func:`~rlstruct.devices.resolve_device` per device spec)
@@ -53,6 +54,7 @@ from rlstruct.runs.layout import LayoutConfig
 from rlstruct.runs.layout_file import apply_layout
 from rlstruct.runs.presets import command_line_config
 from rlstruct.runs.signals import exit_code
+from rlstruct.runs.tracking import tracking_problems
 
 __all__ = ["Resolved", "resolve", "parse", "run_cli", "algo_name", "newest_checkpointed_run",
            "pipeline_problems", "observation_problems", "RESUME_AUTO", "DEVICE_FIELDS"]
@@ -158,7 +160,7 @@ def resolve(cfg: C | Resolved[C], algo: str | None = None) -> Resolved[C]:
             apply_layout(cfg, cfg.layout_file)
         except ConfigError as err:
             problems.append(str(err))
-    problems += cfg.problems()
+    problems += cfg.problems() + tracking_problems(cfg)  # --wandb needs wandb
     world, rank = torchrun_world(), 0
     if world > 1:
         try:

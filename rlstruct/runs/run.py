@@ -59,6 +59,7 @@ from rlstruct.runs.monitor import ResourceMonitor
 from rlstruct.runs.outcome import RunRecord, describe, run_summary, write_summary
 from rlstruct.runs.resolve import Resolved, resolve
 from rlstruct.runs.signals import StopSignals, Terminated, final_checkpoint, lost_rank
+from rlstruct.runs.tracking import tracking_options
 from rlstruct.runs.training_env import training_env
 
 __all__ = ["Run", "Terminated", "env_dims", "env_shape", "env_spaces"]  # RunConfig: config.py
@@ -126,7 +127,8 @@ class Run(RunLoop):
                 time_budget=cfg.time_budget, window=cfg.target_window, code_dir=code_dir(cfg),
                 resume_dir=cfg.resume, resume_frames=self.frames,
                 resume_wall_time=r.get("wall_time", 0.0), best_score=r.get("best_score"),
-                launch=self.launch, session=session_record(cfg, self.frames, self.launch))
+                launch=self.launch, session=session_record(cfg, self.frames, self.launch),
+                tracking=tracking_options(algo, cfg))
         except BaseException:
             self._guard.close(failed_early=True)
             raise
