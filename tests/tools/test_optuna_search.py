@@ -10,9 +10,12 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import shlex
+import signal
 import sqlite3
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -24,6 +27,7 @@ import tyro  # noqa: E402
 
 from rlstruct.algos.ppo import Config  # noqa: E402
 from rlstruct.errors import ConfigError  # noqa: E402
+from rlstruct.parallel.startup import Terminated  # noqa: E402
 from rlstruct.tools.optuna_search import optuna_search  # noqa: E402
 from rlstruct.tools.optuna_space import parse_space, read_space  # noqa: E402
 from rlstruct.tools.optuna_study import STUDY_COLUMNS, objective_value  # noqa: E402
@@ -246,12 +250,12 @@ def test_a_study_writes_its_outputs_and_resumes(fake, tmp_path):
     assert (out / "optuna_history.png").stat().st_size > 0
     assert (out / "optuna_importances.png").stat().st_size > 0
 
-    again = optuna_search(n_trials=5, out=out, prune=False, **fake)  # resume: 2 more trials
+    again = optuna_search(n_trials=4, out=out, prune=False, **fake)  # resumed: one more trial
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{out / 'study.db'}")
-    assert len(study.trials) == 5 and len(again.results) == 2
-    assert [r["trial"] for r in read_rows(out / "summary.csv")] == ["0", "1", "2", "3", "4"]
-    assert (out / "trial4" / "session0").is_dir()
-    assert optuna_search(n_trials=5, out=out, **fake).results == []  # the study is done
+    assert len(study.trials) == 4 and [r.trial for r in again.results] == [3]
+    assert [r["trial"] for r in read_rows(out / "summary.csv")] == ["0", "1", "2", "3"]
+    assert (out / "trial3" / "session0").is_dir()
+    assert optuna_search(n_trials=4, out=out, **fake).results == []  # the study is done
     with pytest.raises(ConfigError, match="was made with objective 'frames_to_solve'"):
         optuna_search(n_trials=6, out=out, objective="final_return", **fake)
     with pytest.raises(ConfigError, match="algo_args"):
@@ -268,8 +272,10 @@ def test_one_trial_draws_no_importances_and_another_studys_folders_are_refused(f
                                                         "--lr ")
     assert (out / "optuna_history.png").is_file()
     assert not (out / "optuna_importances.png").exists()
+    journal = tmp_path / "other.journal"  # another study, in Optuna's journal file
     with pytest.raises(ConfigError, match="trial0, which the study's next trials would take"):
-        optuna_search(n_trials=1, out=out, storage=f"sqlite:///{tmp_path / 'other.db'}", **fake)
+        optuna_search(n_trials=1, out=out, storage=f"journal:{journal}", **fake)
+    assert journal.stat().st_size > 0
 
 
 def test_the_pruner_stops_a_bad_trial_gracefully(fake, tmp_path, monkeypatch):
@@ -293,6 +299,33 @@ def test_the_pruner_stops_a_bad_trial_gracefully(fake, tmp_path, monkeypatch):
     row = read_rows(out / "summary.csv")[1]
     assert row["state"] == "PRUNED" and row["status"] == "interrupted"
     assert result.failed == 0 and result.best["trial"] == 0
+
+
+def test_sigterm_stops_the_search_gracefully_and_a_rerun_goes_on(fake, tmp_path, monkeypatch):
+    out = tmp_path / "search"
+    progress = out / "trial0" / "session0" / "fake_run" / "progress.csv"
+    monkeypatch.setenv("FAKE_ROW_S", "0.2")
+
+    def sigterm_once_running():
+        deadline = time.monotonic() + 30
+        while not progress.is_file() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=sigterm_once_running, daemon=True).start()
+    kwargs = {**fake, "algo_args": ["--max-frames", "6000"]}
+    with pytest.raises(Terminated):
+        optuna_search(n_trials=1, out=out, **kwargs)
+    storage = f"sqlite:///{out / 'study.db'}"
+    (trial,) = optuna.load_study(study_name="ppo-optuna", storage=storage).trials
+    assert trial.state.name == "FAIL" and trial.user_attrs["error"] == "search interrupted"
+    (row,) = read_rows(out / "summary.csv")
+    assert row["status"] == "interrupted" and row["state"] == "FAIL"  # the run's own stop
+    assert row["error"].startswith("sweep interrupted")
+    monkeypatch.setenv("FAKE_ROW_S", "0.01")
+    again = optuna_search(n_trials=1, out=out, **kwargs)  # the failed trial does not count
+    assert [r.trial for r in again.results] == [1] and again.best["trial"] == 1
 
 
 # ------------------------------------------------------------------------------ real algorithm
