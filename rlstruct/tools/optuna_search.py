@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from rlstruct.errors import ConfigError
+from rlstruct.parallel.startup import Terminated
 from rlstruct.tools.optuna_space import Param, read_space
 from rlstruct.tools.optuna_study import (
     OBJECTIVES,
@@ -81,7 +82,6 @@ from rlstruct.tools.sessions import (
     latched,
     poll,
     signals_blocked,
-    sigterm_raises,
     start,
     stop_all,
 )
@@ -186,12 +186,11 @@ def optuna_search(
     Args:
         algo: the algorithm (``rlstruct.algos.<algo>``); its ``Config`` checks the space.
         space: the space file (JSON, :mod:`rlstruct.tools.optuna_space`).
-        n_trials: trials the study should hold complete or pruned; this process starts at most
-            as many.
+        n_trials: complete or pruned trials the study should hold (this process starts <= as many).
         out: the search folder (default ``sweeps/<study_name>``).
         storage: an Optuna storage URL, or ``journal:PATH`` (default ``sqlite:///OUT/study.db``).
         study_name: the study (default ``<algo>-optuna``).
-        objective: one of :data:`OBJECTIVES`.
+        objective: one of :data:`~rlstruct.tools.optuna_study.OBJECTIVES`.
         seeds: one session per seed in every trial.
         algo_args: the fixed flags, given to every session before the trial's.
         max_parallel, cores_per_session, gpus, cuda_offset, timeout, python, module, poll_s,
@@ -227,12 +226,14 @@ def optuna_search(
                 gpus, int(os.environ.get("CUDA_OFFSET") or 0) if cuda_offset is None
                 else cuda_offset, timeout, report_every, prune, poll_s, quiet,
                 dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
-    with sigterm_raises():
+    # a signal stops the loop between two steps, not inside a storage call; a second one while
+    # the sessions stop SIGKILLs them at once
+    with latched() as received:
         try:
-            _loop(s)
+            _loop(s, received)
         except BaseException:
-            with latched() as received:
-                _interrupt(s, received)
+            received.clear()
+            _interrupt(s, received)
             raise
     best = write_outputs(study, out, algo, url, objective, quiet)
     return SearchResult(best, s.results, s.failed)
@@ -282,10 +283,16 @@ def _check_search(objective: str, n_trials: int, report_every: int, startup: int
 
 
 # ------------------------------------------------------------------------------ the loop
-def _loop(s: _Search) -> None:
+def _loop(s: _Search, received: list[int]) -> None:
     """Starts trials and sessions, polls them, reports and prunes, until the study holds
-    ``n_trials`` finished trials or this process started as many and all ended."""
+    ``n_trials`` finished trials or this process started as many and all ended.
+
+    Raises:
+        Terminated: a signal came (``received``: the signals latched meanwhile).
+    """
     while True:
+        if received:
+            raise Terminated(received[0])
         _start_trials(s)
         running = _running(s)
         for t in s.active:
@@ -298,7 +305,8 @@ def _loop(s: _Search) -> None:
             _poll_trial(s, t)
         if not s.active and not _can_start(s):
             return
-        time.sleep(s.poll_s)
+        if not received:
+            time.sleep(s.poll_s)
 
 
 def _running(s: _Search) -> int:

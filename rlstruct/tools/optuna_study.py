@@ -255,6 +255,7 @@ def _plots(study: Any, out: Path, objective: str, n_complete: int, quiet: bool) 
     for name, plot in drawn:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ExperimentalWarning)
+            warnings.filterwarnings("ignore", "Target and region quantiles")  # few trials
             try:
                 axes = plot(study, target_name=objective)
             except (ValueError, RuntimeError, ImportError) as err:
