@@ -39,7 +39,8 @@ from rlstruct.parallel.startup import Terminated
 from rlstruct.runs.folder import is_run_dir, read_run
 
 __all__ = ["SessionResult", "Job", "run_sessions", "start", "kill", "finish", "find_run_dir",
-           "session_outcome", "stop_all", "latched", "sigterm_raises", "STOP_GRACE_S"]
+           "session_outcome", "stop_all", "latched", "sigterm_raises", "signals_blocked", "poll",
+           "STOP_GRACE_S"]
 
 #: Seconds the sessions of a stopped sweep have to end gracefully (a run's stop: its learn
 #: phase, up to 10 s, then its final checkpoint) before SIGKILL; within the 30 s after which
@@ -142,7 +143,7 @@ def _run(pending: list[Job], running: list[Job], max_parallel: int, timeout: flo
     while pending or running:
         while pending and len(running) < max_parallel:
             job = pending.pop(0)
-            with _signals_blocked():  # a signal now would leave a session untracked
+            with signals_blocked():  # a signal now would leave a session untracked
                 start(job, env)
                 running.append(job)
             if not quiet:
@@ -150,7 +151,7 @@ def _run(pending: list[Job], running: list[Job], max_parallel: int, timeout: flo
                       f"{job.result.session} (seed {job.result.seed}, "
                       f"{job.result.device})", flush=True)
         for job in list(running):
-            code = _poll(job, timeout)
+            code = poll(job, timeout)
             if code is None:
                 continue
             running.remove(job)
@@ -225,7 +226,7 @@ def latched() -> Iterator[list[int]]:
 
 
 @contextlib.contextmanager
-def _signals_blocked() -> Iterator[None]:
+def signals_blocked() -> Iterator[None]:
     """SIGTERM and SIGINT held back in the block (delivered after it), in this thread."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
     try:
@@ -234,9 +235,14 @@ def _signals_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def _poll(job: Job, timeout: float | None) -> int | None:
+def poll(job: Job, timeout: float | None) -> int | None:
     """``job``'s exit status (-1: it never started), None while it runs; a session past
-    ``timeout`` is killed first."""
+    ``timeout`` seconds is killed first (:func:`kill`) and its error says so.
+
+    Args:
+        job: a started session (:func:`start`).
+        timeout: seconds it may run (None: no limit).
+    """
     code = job.proc.poll() if job.proc is not None else -1
     if code is None and timeout is not None and time.monotonic() - job.started > timeout:
         kill(job)

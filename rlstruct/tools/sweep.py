@@ -39,10 +39,9 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import importlib.util
 import json
+import logging
 import os
-import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -52,7 +51,6 @@ from typing import Annotated, Any, Literal, NoReturn
 
 import tyro
 
-from rlstruct.devices import session_device
 from rlstruct.errors import ConfigError
 from rlstruct.runs.plotting import MA_WINDOW, trial_figure
 from rlstruct.runs.signals import exit_code
@@ -66,6 +64,14 @@ from rlstruct.tools.sessions import (
     session_outcome,
     sigterm_raises,
 )
+from rlstruct.tools.sweep_plan import (
+    SUMMARY_COLUMNS,
+    algo_module,
+    check_arguments,
+    override_flags,
+    session_jobs,
+    usable_cores,
+)
 
 __all__ = [
     "SessionResult", "SUMMARY_COLUMNS", "SweepCommand", "sweep", "main", "override_flags",
@@ -73,37 +79,6 @@ __all__ = [
 ]
 
 PROG = "rlstruct sweep"
-
-#: The columns of ``summary.csv``, in order.
-SUMMARY_COLUMNS = (
-    "trial", "session", "seed", "device", "overrides", "returncode", "status", "solved",
-    "frames_to_solve", "time_to_solve", "frames", "wall_time", "final_train_return",
-    "eval_return", "run_dir", "error",
-)
-
-
-def override_flags(overrides: Mapping[str, Any]) -> list[str]:
-    """Command-line flags of a trial's overrides, in tyro's spelling.
-
-    Example:
-        >>> override_flags({"n_epochs": 4, "anneal_lr": False, "value_clip": None})
-        ['--n-epochs', '4', '--no-anneal-lr', '--value-clip', 'None']
-
-    Raises:
-        ConfigError: a key is not an identifier.
-    """
-    flags: list[str] = []
-    for key, value in overrides.items():
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(key)):
-            raise ConfigError(f"trial override {key!r} is not a config field name")
-        name = str(key).replace("_", "-")
-        if isinstance(value, bool):
-            flags.append(f"--{name}" if value else f"--no-{name}")
-        elif isinstance(value, (list, tuple)):
-            flags += [f"--{name}", *map(str, value)]
-        else:
-            flags += [f"--{name}", str(value)]
-    return flags
 
 
 def sweep(
@@ -165,17 +140,17 @@ def sweep(
     seeds = [int(s) for s in seeds]
     trial_list = [dict(t) for t in trials] if trials else [{}]
     out = Path(out) if out is not None else _default_folder(algo)
-    module = _algo_module(algo, module)
+    module = algo_module(algo, module)
     rotate = gpus if launcher == "local" else 0  # slurm: each job gets its own GPUs
     if launcher == "slurm":  # refused before the sweep folder exists
         _require_submitit()
-    _check_arguments(seeds, rotate, cores_per_session, max_parallel, ma_window,
+    check_arguments(seeds, rotate, cores_per_session, max_parallel, ma_window,
                      [out / f"trial{t}" / f"session{s}" for t in range(len(trial_list))
                       for s in range(len(seeds))])
     cuda_offset = int(os.environ.get("CUDA_OFFSET") or 0) if cuda_offset is None else cuda_offset
-    max_parallel = max_parallel or max(1, _usable_cores() // cores_per_session)  # None: cores
+    max_parallel = max_parallel or max(1, usable_cores() // cores_per_session)  # None: cores
     out.mkdir(parents=True, exist_ok=True)
-    jobs = _session_jobs([python or sys.executable, "-m", module, *algo_args], trial_list, seeds,
+    jobs = session_jobs([python or sys.executable, "-m", module, *algo_args], trial_list, seeds,
                          out, rotate, cuda_offset)
     _write_json(out / "sweep.json", {
         "algo": algo, "module": module, "seeds": seeds, "trials": trial_list,
@@ -209,27 +184,6 @@ def _require_submitit() -> None:
     require_submitit()
 
 
-def _session_jobs(prefix: list[str], trials: list[dict[str, Any]], seeds: list[int], out: Path,
-                  gpus: int, cuda_offset: int) -> list[Job]:
-    """One job per (trial, seed), ordered by trial then session: its command (``prefix``, the
-    trial's overrides, the seed, one thread, its folder as ``--runs-dir`` and, with ``gpus``,
-    its learner device) and its result, not run yet."""
-    jobs: list[Job] = []
-    for t, overrides in enumerate(trials):
-        flags = override_flags(overrides)
-        for s, seed in enumerate(seeds):
-            folder = out / f"trial{t}" / f"session{s}"
-            device = session_device(t, s, len(seeds), gpus, cuda_offset) if gpus else None
-            cmd = [*prefix, *flags, "--seed", str(seed), "--n-threads", "1", "--runs-dir",
-                   str(folder)]
-            if device is not None:
-                cmd += ["--learner-device", str(device)]
-            result = SessionResult(t, s, seed, str(device) if device else "default",
-                                   json.dumps(overrides, sort_keys=True))
-            jobs.append(Job(result, cmd, folder))
-    return jobs
-
-
 def _on_slurm(jobs: list[Job], out: Path, cores_per_session: int, gpus: int,
                   slurm_time: int, slurm_partition: str | None, timeout: float | None,
                   quiet: bool) -> None:
@@ -244,49 +198,6 @@ def _on_slurm(jobs: list[Job], out: Path, cores_per_session: int, gpus: int,
         finish(job, -1 if code is None else code)
 
 
-def _check_arguments(seeds: list[int], gpus: int, cores_per_session: int,
-                     max_parallel: int | None, ma_window: int,
-                     folders: list[Path]) -> None:
-    """Every problem with the sweep's arguments at once, as one ConfigError."""
-    problems = []
-    taken = [str(f) for f in folders if f.exists()]
-    if taken:
-        problems.append(f"{len(taken)} session folder(s) exist already ({taken[0]}, ...): each "
-                        "session's run must be the one run in its folder; give a new --out")
-    if not seeds:
-        problems.append("give at least one seed")
-    if len(set(seeds)) != len(seeds):
-        problems.append(f"seeds must be distinct, got {seeds}")
-    if gpus < 0:
-        problems.append(f"gpus must be >= 0, got {gpus}")
-    if cores_per_session < 1:
-        problems.append(f"cores_per_session must be >= 1, got {cores_per_session}")
-    if max_parallel is not None and max_parallel < 1:
-        problems.append(f"max_parallel must be >= 1, got {max_parallel}")
-    if ma_window < 1:
-        problems.append(f"ma_window must be >= 1, got {ma_window}")
-    if gpus > 0:
-        import torch
-
-        found = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if found < gpus:
-            where = (f"this machine has {found} CUDA device{'s' if found != 1 else ''}"
-                     if found else "CUDA is not available on this machine")
-            problems.append(f"gpus={gpus} (--gpus) asks for {gpus} GPUs but {where}; give at "
-                            f"most {found}, or run the sweep where the GPUs are")
-    if problems:
-        raise ConfigError("sweep: " + "; ".join(problems))
-
-
-def _algo_module(algo: str, module: str | None) -> str:
-    """The module a sweep's sessions run: ``module``, else ``rlstruct.algos.<algo>``, which must
-    exist (a ConfigError otherwise)."""
-    if module is None and not _module_exists(f"rlstruct.algos.{algo}"):
-        raise ConfigError(f"sweep: no algorithm {algo!r} (no module rlstruct.algos.{algo}; "
-                          "rlstruct train --help lists them)")
-    return module or f"rlstruct.algos.{algo}"
-
-
 def _default_folder(algo: str) -> Path:
     """``sweeps/<algo>_<YYYYmmdd-HHMMSS>``."""
     return Path("sweeps") / f"{algo}_{time.strftime('%Y%m%d-%H%M%S')}"
@@ -294,21 +205,6 @@ def _default_folder(algo: str) -> Path:
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
-
-
-def _module_exists(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # a parent package is missing, or a bad name
-        return False
-
-
-# ------------------------------------------------------------------------------ subprocesses
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def _write_outputs(out: Path, jobs: list[Job], n_trials: int, quiet: bool,
@@ -350,7 +246,7 @@ class SweepCommand:
     """one session per seed"""
     trials: str | None = None
     """JSON list of config overrides, one trial each, e.g. '[{"lr": 0.001}, {"lr": 0.0003}]'
-    (None: one trial without overrides)"""
+    (None: one trial without overrides); with --search optuna: the number of trials"""
     max_parallel: int | None = None
     """sessions at once (None: usable cores // --cores-per-session)"""
     cores_per_session: int = 1
@@ -372,6 +268,28 @@ class SweepCommand:
     """slurm: each job's time limit, in minutes"""
     slurm_partition: str | None = None
     """slurm: the partition (None: the default)"""
+    search: Literal["grid", "optuna"] = "grid"
+    """grid: the --trials given; optuna: --trials N configs drawn from --space by Optuna (the
+    optuna extra), pruned by the median, kept in --storage (rlstruct.tools.optuna_search)"""
+    space: Path | None = None
+    """optuna: the search space, a JSON file (examples/ppo_cartpole_space.json)"""
+    storage: str | None = None
+    """optuna: the study's storage URL, or journal:PATH (None: sqlite:///OUT/study.db)"""
+    study_name: str | None = None
+    """optuna: the study (None: ALGO-optuna; OUT defaults to sweeps/NAME); the same storage and
+    name continue it"""
+    objective: Literal["frames_to_solve", "time_to_solve", "final_return", "eval_return"] = (
+        "frames_to_solve")
+    """optuna: a trial's score, the mean over its seeds (to_solve: minimised, unsolved runs
+    score 2x their frames or seconds; returns: maximised)"""
+    sampler_seed: int = 0
+    """optuna: the TPE sampler's seed (plus the study's trial count)"""
+    report_every: int = 10_000
+    """optuna: frames between the train returns a trial reports to the pruner"""
+    prune: bool = True
+    """optuna: stop the trials the MedianPruner prunes (SIGTERM, final checkpoint)"""
+    prune_startup_trials: int = 2
+    """optuna: complete trials before any is pruned"""
     algo_args: tyro.conf.Suppress[tuple[str, ...]] = ()
     """the flags after --, given to every session (not a flag: split off before parsing)"""
 
@@ -410,6 +328,10 @@ def run(args: SweepCommand) -> int:
         SystemExit: with code 2 on a usage error (bad ``--trials``, a ConfigError of
             :func:`sweep`), after one message on stderr.
     """
+    if args.search == "optuna":
+        return _run_optuna(args)
+    if args.space is not None:
+        _usage_error("--space is the search space of --search optuna")
     trials = None
     if args.trials is not None:
         try:
@@ -435,6 +357,53 @@ def run(args: SweepCommand) -> int:
               file=sys.stderr, flush=True)
         return code
     return 0 if all(r.ok for r in results) else 1
+
+
+def _run_optuna(args: SweepCommand) -> int:
+    """Runs a parsed ``rlstruct sweep --search optuna`` command line.
+
+    Args:
+        args: the parsed flags (:class:`~rlstruct.tools.sweep.SweepCommand`), ``algo_args``
+            included; ``--trials`` is the number of trials.
+
+    Returns:
+        The exit code: 0 when the study has a best trial and no trial of this process failed,
+        1 otherwise, 130 on Ctrl-C, 0 after SIGTERM.
+
+    Raises:
+        SystemExit: with code 2 on a usage error (no ``--space``, ``--trials`` not a number,
+            ``--launcher slurm``, a ConfigError of
+            :func:`~rlstruct.tools.optuna_search.optuna_search`), after one message.
+    """
+    from rlstruct.tools.optuna_search import optuna_search
+    from rlstruct.tools.optuna_study import require_optuna
+
+    if args.space is None:
+        _usage_error("--search optuna needs --space FILE, the search space (JSON)")
+    if args.trials is None or not args.trials.strip().isdigit():
+        _usage_error(f"--search optuna takes --trials N, a number of trials, got {args.trials!r}")
+    if args.launcher != "local":
+        _usage_error("--search optuna runs its sessions here: on Slurm, run one search per job "
+                     "on one --storage (docs/guide-clusters.md)")
+    try:
+        require_optuna().logging.set_verbosity(logging.WARNING)  # the sweep says what happens
+        result = optuna_search(
+            args.algo, args.space, int(args.trials), out=args.out, storage=args.storage,
+            study_name=args.study_name, objective=args.objective, seeds=args.seeds,
+            algo_args=args.algo_args, max_parallel=args.max_parallel,
+            cores_per_session=args.cores_per_session, gpus=args.gpus,
+            cuda_offset=args.cuda_offset, timeout=args.timeout, sampler_seed=args.sampler_seed,
+            report_every=args.report_every, prune=args.prune,
+            prune_startup_trials=args.prune_startup_trials)
+    except ConfigError as err:
+        _usage_error(str(err))
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
+        code = exit_code(stop)
+        print(f"sweep: stopped by {str(stop).removeprefix('signal ') or 'SIGINT'} (exit code "
+              f"{code}); the running sessions were stopped, each with its final checkpoint, "
+              "their trials marked failed and the summary written", file=sys.stderr, flush=True)
+        return code
+    return 0 if result.best is not None and not result.failed else 1
 
 
 def _usage_error(message: str) -> NoReturn:

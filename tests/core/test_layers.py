@@ -174,8 +174,10 @@ def test_every_rlstruct_module_has_a_layer():
 NAMED_UPWARD = {
     ("rlstruct", "rlstruct.runs.policy"):
         "load_policy, the one name the top level exports lazily (docs/design.md)",
-    ("rlstruct.tools.sweep", "rlstruct.algos"):
+    ("rlstruct.tools.sweep_plan", "rlstruct.algos"):
         "a sweep's sessions run the program `python -m rlstruct.algos.ALGO`; find_spec checks it",
+    ("rlstruct.tools.optuna_search", "rlstruct.algos"):
+        "an Optuna search checks its space file against the algorithm's Config, before any session",
 }
 
 
