@@ -156,6 +156,17 @@ def test_a_recurrent_file_carries_its_state_as_policy_act_does(runs, fmt, tmp_pa
         assert_same_actions(action, expected, logits, policy, "logits")
 
 
+@pytest.mark.gpu
+def test_a_cuda_policy_exports_a_file_that_runs_on_the_cpu(runs, tmp_path):
+    policy = load_policy(runs["ppo-box"], device="cuda:0")
+    path = write_policy(policy, "torchscript", tmp_path / "policy.pt")
+    assert all(p.device.type == "cuda" for p in policy.agent.model.parameters())  # untouched
+    obs = observations(policy.observation_space, N_OBS)
+    action, _ = runner(path, "torchscript")(obs)
+    np.testing.assert_allclose(action, load_policy(runs["ppo-box"]).act(obs), rtol=1e-4,
+                               atol=1e-5)
+
+
 # ------------------------------------------------------------------------- the command line
 def test_the_command_writes_into_the_run_folder_or_out(runs, tmp_path, capsys):
     from rlstruct.__main__ import main
