@@ -172,6 +172,7 @@ def test_the_command_writes_into_the_run_folder_or_out(runs, tmp_path, capsys):
     from rlstruct.__main__ import main
 
     run_dir = runs["ppo"]
+    capsys.readouterr()  # what training printed, if it trained here
     assert main(["export", str(run_dir), "--format", "torchscript"]) == 0
     line = capsys.readouterr().out.strip()
     assert line == (f"{run_dir / 'policy.pt'}: obs (batch, 4) float32 -> action (batch,) int64, "
@@ -190,6 +191,7 @@ def test_the_command_defaults_to_policy_onnx(runs, capsys):
     from rlstruct.__main__ import main
 
     run_dir = runs["dqn"]
+    capsys.readouterr()  # what training printed, if it trained here
     assert main(["export", str(run_dir), "--format", "onnx"]) == 0
     assert capsys.readouterr().out.startswith(f"{run_dir / 'policy.onnx'}: obs (batch, 4)")
     assert read_signature(run_dir / "policy.onnx")["outputs"][1]["name"] == "q_values"
@@ -286,12 +288,13 @@ def test_the_guides_examples_run_on_exported_files_without_rlstruct(runs, tmp_pa
     pytest.importorskip("onnxruntime", reason="the export extra: pip install -e '.[export]'")
     blocks = re.findall(r"^```python\n(.*?)^```", GUIDE.read_text(), re.M | re.S)
     assert len(blocks) == 3
+    files = {name: str(export(runs, run, fmt, tmp_path)[1])
+             for name, (run, fmt) in GUIDE_FILES.items()}
+    capsys.readouterr()  # what training printed, if it trained here
     for block in blocks:
         assert not re.search(r"^\s*(import|from) rlstruct", block, re.M), block
-        for name, (run, fmt) in GUIDE_FILES.items():
-            if name in block:
-                _, path = export(runs, run, fmt, tmp_path)
-                block = block.replace(name, str(path))
+        for name, path in files.items():
+            block = block.replace(name, path)
         assert "runs/" not in block
         exec(compile(block, str(GUIDE), "exec"), {})  # the page's own code
     out = capsys.readouterr().out.splitlines()
