@@ -12,6 +12,10 @@ Commands (``rlstruct COMMAND --help`` shows each one's flags):
         directories (``runs/``, a sweep's folder): every run found is drawn on one figure.
         Default OUT: ``RUN/returns.png`` for one run directory, ``FOLDER/compare.png`` for one
         folder of runs, ``./compare.png`` otherwise.
+    export RUN_DIR --format onnx|torchscript [--out FILE] [--checkpoint latest|best]   write
+        the saved greedy policy to one file that runs without rlstruct (onnxruntime, or
+        ``torch.jit.load``); default FILE: ``RUN_DIR/policy.onnx`` or ``RUN_DIR/policy.pt``
+        (:mod:`rlstruct.tools.export`).
     sweep ALGO [options] [-- algorithm flags]   run an algorithm over seeds (sessions) and
         config variants (trials) in parallel processes, GPUs in rotation; writes a summary CSV
         and trial graphs (:mod:`rlstruct.tools.sweep`).
@@ -21,7 +25,8 @@ Commands (``rlstruct COMMAND --help`` shows each one's flags):
 
 One library builds the whole command line: tyro. Each command is a dataclass whose fields are
 its flags (an algorithm's ``Config``, :class:`EvaluateCommand`, :class:`PlotCommand`,
-:class:`~rlstruct.tools.sweep.SweepCommand`, :class:`~rlstruct.tools.tune.cli.TuneCommand`), and
+:class:`ExportCommand`, :class:`~rlstruct.tools.sweep.SweepCommand`,
+:class:`~rlstruct.tools.tune.cli.TuneCommand`), and
 :func:`command_tree` is tyro's subcommand tree over them. ``rlstruct --help`` (and a word no
 command takes) is answered from :func:`overview_tree`: the same subcommands and help lines,
 without the flags of the commands that import the algorithms (``train``, ``sweep``, ``tune``),
@@ -47,7 +52,7 @@ import tyro
 
 from rlstruct.parallel import startup
 
-__all__ = ["ALGOS", "COMMANDS", "EvaluateCommand", "PlotCommand", "command_tree",
+__all__ = ["ALGOS", "COMMANDS", "EvaluateCommand", "PlotCommand", "ExportCommand", "command_tree",
            "overview_tree", "main", "train"]
 
 PROG = "rlstruct"
@@ -61,6 +66,7 @@ COMMANDS: dict[str, str] = {
     "train": "train an algorithm: rlstruct train ALGO [flags] (python -m rlstruct.algos.ALGO)",
     "evaluate": "play a saved policy greedily and print its mean ± std return",
     "plot": "plot the returns of runs against frames or wall time into a PNG",
+    "export": "write a saved policy to an ONNX or TorchScript file that runs without rlstruct",
     "sweep": "run an algorithm over seeds and config variants in parallel processes",
     "tune": "measure batcher layouts and write the best to a --layout file",
 }
@@ -105,6 +111,26 @@ class PlotCommand:
     """the x axis: frames, or wall_time (seconds since the run started)"""
 
 
+@dataclass
+class ExportCommand:
+    """Write a run's saved greedy policy to one file that runs without rlstruct: ONNX (with
+    onnxruntime; the export extra) or TorchScript (with torch.jit.load). Observation in; the
+    greedy action and the head's logits (categorical), mean (Gaussian) or Q values (DQN) out;
+    a recurrent model also takes its state (zeros at an episode's start) and gives the next.
+
+    Example: rlstruct export runs/ppo_CartPole-v1_20261125-101500 --format onnx
+    """
+
+    run_dir: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]
+    """a run directory"""
+    format: Literal["onnx", "torchscript"]
+    """the file's format"""
+    out: Annotated[Path | None, tyro.conf.arg(metavar="{None}|FILE")] = None
+    """the file to write (None: RUN_DIR/policy.onnx, or RUN_DIR/policy.pt for torchscript)"""
+    checkpoint: Literal["latest", "best"] = "latest"
+    """which checkpoint"""
+
+
 def _usage_error(prog: str, message: str) -> NoReturn:
     print(f"{prog}: error: {message}", file=sys.stderr)
     raise SystemExit(2)
@@ -133,7 +159,7 @@ def command_tree() -> Any:
     from rlstruct.tools.tune.cli import TuneCommand
 
     types = {"train": _train_tree(), "evaluate": EvaluateCommand, "plot": PlotCommand,
-             "sweep": SweepCommand, "tune": TuneCommand}
+             "export": ExportCommand, "sweep": SweepCommand, "tune": TuneCommand}
     return Union[tuple(  # noqa: UP007 (a Union built at run time)
         Annotated[types[name], tyro.conf.subcommand(name, description=help_text)]
         for name, help_text in COMMANDS.items())]
@@ -141,14 +167,14 @@ def command_tree() -> Any:
 
 def overview_tree() -> Any:
     """The command line's subcommands with their help lines, for ``rlstruct --help``: the
-    evaluate and plot commands with their flags, and ``train``, ``sweep`` and ``tune`` as
+    evaluate, plot and export commands with their flags, and ``train``, ``sweep`` and ``tune`` as
     placeholders without flags (their flags are the algorithms' and need them imported: see
     ``rlstruct COMMAND --help``). Imports no algorithm.
 
     Returns:
         A ``Union`` of ``Annotated`` dataclasses for :func:`tyro.cli`.
     """
-    types = {"evaluate": EvaluateCommand, "plot": PlotCommand}
+    types = {"evaluate": EvaluateCommand, "plot": PlotCommand, "export": ExportCommand}
     for name in ("train", "sweep", "tune"):
         placeholder = dataclasses.make_dataclass(f"{name.title()}Overview", [])
         placeholder.__doc__ = f"{COMMANDS[name]} (rlstruct {name} --help: its flags)"
@@ -239,6 +265,20 @@ def _plot(argv: Sequence[str]) -> int:
     return 0
 
 
+def _export(argv: Sequence[str]) -> int:
+    args = tyro.cli(ExportCommand, args=list(argv), prog=f"{PROG} export")
+    from rlstruct.errors import CheckpointError, ConfigError
+    from rlstruct.tools.export import describe, export_policy, read_signature
+
+    try:
+        path = export_policy(args.run_dir, args.format, args.out, args.checkpoint)
+    except (CheckpointError, ConfigError) as err:
+        print(f"{PROG} export: error: {err}", file=sys.stderr)
+        return 1
+    print(describe(path, read_signature(path)))
+    return 0
+
+
 def _sweep(argv: Sequence[str]) -> int:
     from rlstruct.tools.sweep import main as sweep_main
 
@@ -252,7 +292,8 @@ def _tune(argv: Sequence[str]) -> int:
 
 
 _RUN: dict[str, Callable[[Sequence[str]], int]] = {
-    "train": train, "evaluate": _evaluate, "plot": _plot, "sweep": _sweep, "tune": _tune}
+    "train": train, "evaluate": _evaluate, "plot": _plot, "export": _export, "sweep": _sweep,
+    "tune": _tune}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -276,7 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             # no command, --help, or a word no command takes: tyro's tree shows the help or
             # the error
             tyro.cli(overview_tree(), args=argv, prog=PROG,
-                     description="rlstruct: train, evaluate, plot, sweep and tune from the shell")
+                     description="rlstruct: train, evaluate, plot, export, sweep and tune from "
+                     "the shell")
             _usage_error(PROG, f"name a command: one of {', '.join(COMMANDS)}")
     except KeyboardInterrupt as stop:
         code = startup.EXIT_CODES.get(getattr(stop, "signum", signal.SIGINT), 130)

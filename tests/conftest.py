@@ -89,6 +89,7 @@ XDIST_GROUPS = {
     "batchers/test_recurrent_batchers.py": "ray",
     "learners/test_learner_ray.py": "ray",
     "tools/test_policy.py": "trained-policies",
+    "tools/test_export.py": "exported-policies",
 }
 
 

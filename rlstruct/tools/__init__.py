@@ -1,2 +1,3 @@
 """The commands of ``rlstruct`` beside ``train``: evaluate a saved policy (:mod:`.evaluate`),
-sweep seeds and trials (:mod:`.sweep`), tune a batcher layout (:mod:`.tune`)."""
+export it to an ONNX or TorchScript file (:mod:`.export`), sweep seeds and trials
+(:mod:`.sweep`), tune a batcher layout (:mod:`.tune`)."""

@@ -8,7 +8,9 @@
   simulator);
 - ``EvalRaises-v0``: CartPole whose reset raises for a seed of the evaluation's (a run's
   evaluation seeds its envs from ``seed + 1000``, ``2**20`` seeds a run seed): the training
-  envs work, the evaluation's fail.
+  envs work, the evaluation's fail;
+- ``Frames-v0``: stacked uint8 frames ``(4, 84, 84)`` of random pixels (the Nature CNN's
+  input, without Atari), ``Discrete(3)`` actions, reward 1 for action 0, 16 steps an episode.
 """
 
 from __future__ import annotations
@@ -91,8 +93,27 @@ class EvalRaises(gym.Wrapper):
         return self.env.reset(seed=seed, options=options)
 
 
+class Frames(gym.Env):
+    """Random uint8 frames ``(4, 84, 84)`` from the env's seeded RNG (see the module notes)."""
+
+    observation_space = spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    action_space = spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._frame(), {}
+
+    def _frame(self) -> np.ndarray:
+        return self.np_random.integers(0, 256, (4, 84, 84), dtype=np.uint8)
+
+    def step(self, action):
+        self.t += 1
+        return self._frame(), float(action == 0), self.t >= 16, False, {}
+
+
 for _name, _cls in (("DictObs-v0", DictObs), ("TupleObs-v0", TupleObs),
                     ("CloseRaises-v0", CloseRaises), ("HangingStep-v0", HangingStep),
-                    ("EvalRaises-v0", EvalRaises)):
+                    ("EvalRaises-v0", EvalRaises), ("Frames-v0", Frames)):
     if _name not in gym.registry:
         gym.register(_name, entry_point=_cls, max_episode_steps=500)

@@ -150,7 +150,7 @@ def test_sigterm_ends_the_run_like_ctrl_c(tmp_path):
 
 
 # ----------------------------------------------------------------------------- --help
-COMMANDS = ("train", "evaluate", "plot", "sweep", "tune")
+COMMANDS = ("train", "evaluate", "plot", "export", "sweep", "tune")
 
 
 def help_of(argv: list[str], capsys) -> str:
@@ -202,7 +202,7 @@ def test_train_algo_help_is_the_algorithms_own(capsys):
     assert "presets (--preset NAME" in out and "  atari: " in out
 
 
-@pytest.mark.parametrize("command", ["evaluate", "plot", "sweep", "tune"])
+@pytest.mark.parametrize("command", ["evaluate", "plot", "export", "sweep", "tune"])
 def test_each_commands_help_names_the_command(command, capsys):
     out = help_of([command], capsys)
     assert out.startswith(f"usage: rlstruct {command} ")
@@ -210,7 +210,7 @@ def test_each_commands_help_names_the_command(command, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    ([], "Expected one of {train, evaluate, plot, sweep, tune}"),
+    ([], "Expected one of {train, evaluate, plot, export, sweep, tune}"),
     (["bogus"], "Unrecognized options: bogus"),
     (["train"], "Expected one of {reinforce, a2c, ppo"),
     (["train", "nope"], "Unrecognized options: nope"),
@@ -219,6 +219,7 @@ def test_each_commands_help_names_the_command(command, capsys):
     (["evaluate"], "rlstruct evaluate"),
     (["evaluate", ".", "--episodes", "0"], "rlstruct evaluate: error: --episodes must be >= 1"),
     (["plot"], "rlstruct plot: error: give at least one PATH"),
+    (["export", ".", "--format", "tflite"], "rlstruct export"),
     (["sweep", "ppo", "--trials", "[1]"], "rlstruct sweep: error: --trials must be a JSON list"),
     (["sweep", "nope"], "rlstruct sweep: error: sweep: no algorithm 'nope'"),
     (["tune", "--algo", "a:b", "--keep-batch", "--batch-size", "8"], "exclude each other"),
