@@ -73,8 +73,8 @@ def test_readme_policy_lines_run_on_a_trained_run(tmp_path):
 def test_readme_training_loop_runs_with_a_small_budget(tmp_path):
     """The README's own training loop with ``Run``, as written, imported as a module (its
     ``__main__`` part left out) and its ``main`` called with a budget of 2,048 frames: the run
-    stops on the frame budget, and its folder holds the config, progress rows (at most one a second)
-    and a checkpoint."""
+    stops on the frame budget, and its folder holds the config, progress rows (at most one a
+    second) and a checkpoint."""
     code = readme_block("run.segments(batcher)")
     for call in ("Run(", "run.training_batcher(", "run.publish(", "run.end_iteration("):
         assert call in code, f"the README's loop no longer calls {call}...)"
