@@ -36,10 +36,11 @@ demo: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 
-# The suite runs in TEST_WORKERS pytest-xdist processes (2: the 2-core machine CI runs on; the
-# tests that share a cluster or trained runs stay in one worker, tests/conftest.py); the 40
+# The suite runs in TEST_WORKERS pytest-xdist processes (3 on the 2-core machine CI runs on: many
+# tests wait on subprocesses, clusters and Slurm jobs, so a third worker fills the idle core time;
+# the tests that share a cluster or trained runs stay in one worker, tests/conftest.py); the 40
 # slowest tests are listed at the end, so CI's log says where the time went.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 test: venv lint
