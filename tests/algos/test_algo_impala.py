@@ -251,7 +251,7 @@ def test_a_recurrent_model_runs_a_few_iterations_on_cartpole_novel(tmp_path):
     summary = impala.main(impala.Config(
         env_id="rlstruct/CartPoleNoVel-v1", model="mlp-gru", n_timesteps=16, max_frames=640,
         layout=LayoutConfig(pipeline=2, n_processes=1, n_envs=4), eval_every=0,
-        target_return=None, runs_dir=str(tmp_path)))
+        target_return=None, runs_dir=str(tmp_path), progress_every_s=0.0))  # a row each
     assert summary["frames"] >= 640 and summary["stopped_by"] == "max_frames"
     rows = check_run_dir(Path(summary["run_dir"]))
     assert max(float(r["learned"]) for r in rows if r["learned"] != "nan") >= 3
