@@ -84,8 +84,8 @@ def tracking_problems(cfg: Any) -> list[str]:
     try:
         importlib.import_module("wandb")
     except ImportError as err:
-        return [f"--wandb needs wandb, which cannot be imported ({err}): pip install "
-                f"'rlstruct[wandb]' where rlstruct is installed, or {install_hint('wandb')}"]
+        return [f"--wandb needs wandb, which cannot be imported ({err}): "
+                f"{install_hint('wandb')}"]
     except Exception:  # noqa: BLE001 - an install that breaks on import: the run's warning
         pass
     return []
