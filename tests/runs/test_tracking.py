@@ -139,7 +139,7 @@ def test_a_wandb_init_that_raises_is_one_warning_and_the_run_finishes(
 def test_wandb_missing_is_refused_before_any_run_folder(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
     assert tracking_problems(ppo.Config()) == []  # without --wandb, wandb is not needed
-    with pytest.raises(ConfigError, match=r"--wandb needs wandb.*pip install 'rlstruct\[wandb\]'"):
+    with pytest.raises(ConfigError, match=r"--wandb needs wandb.*pip install -e '\.\[wandb\]'"):
         ppo.main(small(tmp_path))
     assert not (tmp_path / "runs").exists()
 
