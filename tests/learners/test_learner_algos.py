@@ -212,7 +212,8 @@ def test_trpo_runs_with_two_learner_ranks_from_the_command_line(tmp_path):
 
     run_dir, _ = run_algo("trpo", ["--n-learners", "2", "--max-frames", "4096", "--eval-every",
                                    "0", "--learner-device", "cpu", "--n-processes", "1",
-                                   "--n-envs", "4", "--n-timesteps", "256"],
+                                   "--n-envs", "4", "--n-timesteps", "256",
+                                   "--progress-every-s", "0"],  # a row each update (counted)
                           cwd=tmp_path, timeout=240)
     rows = check_run_dir(run_dir)
     learned = [r for r in rows if r.get("n_allreduce") not in (None, "", "nan")]
@@ -234,7 +235,7 @@ def test_torchrun_trpo_is_one_run_of_two_ranks(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "rlstruct.algos.trpo", "--max-frames", "4096", "--eval-every", "0",
            "--n-processes", "1", "--n-envs", "4", "--n-timesteps", "256",
-           "--runs-dir", str(tmp_path / "runs")]
+           "--progress-every-s", "0", "--runs-dir", str(tmp_path / "runs")]  # a row each update
     [done] = _run([(cmd, {"PYTHONPATH": str(ROOT)})], cwd=tmp_path, timeout=240)
     assert done.returncode == 0, done.stdout
     [run_dir] = (tmp_path / "runs").iterdir()  # one run: rank 0's
