@@ -48,6 +48,9 @@ DONE = "done"
 INITIAL_STATE = "initial_state"
 LAST_ACTION = "last_action"
 ENV_STEP = "env_step"
+# The legal actions of a Discrete action space, where the env gives them (a leaf of a Dict
+# observation, or gymnasium's ``info``): bool ``(A,)`` per env, True where the action is legal.
+ACTION_MASK = "action_mask"
 # Leaf key the agent must return.
 ACTION_KEY = "action"
 
