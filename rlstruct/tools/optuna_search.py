@@ -193,19 +193,12 @@ def optuna_search(
         objective: one of :data:`~rlstruct.tools.optuna_study.OBJECTIVES`.
         seeds: one session per seed in every trial.
         algo_args: the fixed flags, given to every session before the trial's.
-        max_parallel: as :func:`rlstruct.tools.sweep.sweep`'s ``max_parallel``.
-        cores_per_session: as :func:`rlstruct.tools.sweep.sweep`'s ``cores_per_session``.
-        gpus: as :func:`rlstruct.tools.sweep.sweep`'s ``gpus``.
-        cuda_offset: as :func:`rlstruct.tools.sweep.sweep`'s ``cuda_offset``.
-        timeout: as :func:`rlstruct.tools.sweep.sweep`'s ``timeout``.
         sampler_seed: the TPESampler's seed (plus the study's trial count at the start).
         report_every: frames between the intermediate values a trial reports to the pruner.
         prune: prune with the MedianPruner (False: every trial runs to its end).
         prune_startup_trials: completed trials before the pruner prunes.
-        python: as :func:`rlstruct.tools.sweep.sweep`'s ``python``.
-        module: as :func:`rlstruct.tools.sweep.sweep`'s ``module``.
-        poll_s: as :func:`rlstruct.tools.sweep.sweep`'s ``poll_s``.
-        quiet: as :func:`rlstruct.tools.sweep.sweep`'s ``quiet``.
+        quiet: as :func:`~rlstruct.tools.sweep.sweep`'s; so are ``max_parallel``, ``gpus``,
+            ``cores_per_session``, ``cuda_offset``, ``timeout``, ``python``, ``module``, ``poll_s``.
 
     Returns:
         The best trial (as ``best.json``), this process's sessions and its failed trials.
