@@ -29,8 +29,8 @@ from rlstruct import Agent, DictTensor, Trajectories, replay_agent_stateless
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.algos.presets import DQN_PRESETS
+from rlstruct.blocks import masks
 from rlstruct.blocks.frame_buffer import FrameReplayBuffer
-from rlstruct.blocks.masks import epsilon_greedy, mask_logits, observation_mask, with_next_mask
 from rlstruct.blocks.nets import QNetwork  # where checkpoints of earlier versions name it
 from rlstruct.blocks.optim import Optimizer, adam, gradient_step
 from rlstruct.blocks.replay_buffer import ReplayBuffer, ReplayCheckpoint, replay_memory_problems
@@ -41,7 +41,7 @@ from rlstruct.runs.resolve import Resolved, run_cli
 from rlstruct.runs.run import Run, RunConfig
 
 STORED_KEYS = (K.OBS_FRAME, K.STORED_ACTION, K.NEXT_FRAME, K.NEXT_REWARD, K.NEXT_TERMINATED,
-               K.NEXT_TRUNCATED, K.NEXT_ACTION_MASK)  # all legal where the env gives no mask
+               K.NEXT_TRUNCATED)
 
 
 @dataclass
@@ -115,7 +115,8 @@ class QAgent(Agent):
         if self.generator is None or self.generator.device != q.device:
             self.generator = torch.Generator(q.device).manual_seed(self._seed)
         epsilon = agent_info["epsilon"] if "epsilon" in agent_info else None  # noqa: SIM401
-        action = epsilon_greedy(q, observation_mask(observation), epsilon, self.generator)
+        mask = masks.observation_mask(observation)
+        action = masks.epsilon_greedy(q, mask, epsilon, self.generator)
         return DictTensor({K.ACTION_KEY: action}), state
 
     def call_replay(
@@ -162,7 +163,7 @@ def dqn_loss(
     q_taken = q.gather(-1, action.unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
         chooser = next_q_online if double else next_q_target
-        best = mask_logits(chooser, next_mask).argmax(-1, keepdim=True)
+        best = masks.mask_logits(chooser, next_mask).argmax(-1, keepdim=True)
         next_value = next_q_target.gather(-1, best)  # (N, 1): td_targets reads (B, T) steps
         target = F.td_targets(reward[:, None], next_value, terminated[:, None], truncated[:, None],
                               gamma).squeeze(1)
@@ -201,7 +202,7 @@ def learn(
     loss, stats = dqn_loss(
         out["q"], sample[K.STORED_ACTION], sample[K.NEXT_REWARD], sample[K.NEXT_TERMINATED],
         sample[K.NEXT_TRUNCATED], next_q_online, next_q_target, gamma=cfg.gamma,
-        double=cfg.double, next_mask=sample[K.NEXT_ACTION_MASK],
+        double=cfg.double, next_mask=masks.next_mask(sample),
     )
     gradient_step(optimizer, loss, cfg.max_grad_norm)
     return stats
@@ -222,13 +223,13 @@ def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
         target = copy.deepcopy(model).requires_grad_(False)
         optimizer = adam(model.parameters(), cfg.lr, run.device)
         buffer = (FrameReplayBuffer if cfg.model == "cnn" else ReplayBuffer)(
-            cfg.buffer_size, device=run.device, keys=STORED_KEYS)
+            cfg.buffer_size, device=run.device, keys=(*STORED_KEYS, K.NEXT_ACTION_MASK))
         run.checkpoint_state(model=model, target=target, optimizer=optimizer)
         run.resume_state(**{"buffer": buffer} if cfg.checkpoint_buffer else {})  # --resume
         n_rows, n_updates, stats = batcher.n_elems(), 0, {}
         # 1. Store each segment and start the next one (the workers collect it meanwhile).
         for traj in run.segments(batcher, agent_info=epsilon(0, n_rows, cfg)):
-            buffer.add(with_next_mask(traj, run.n_actions))
+            buffer.add(masks.with_next_mask(traj, run.n_actions))
             run.publish(batcher, model.state_dict(), agent_info=epsilon(run.frames, n_rows, cfg))
             # 2. Gradient steps on uniform samples of the buffer, on the learner device.
             for _ in range(cfg.updates_per_batch if len(buffer) >= cfg.learning_starts else 0):

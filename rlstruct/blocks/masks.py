@@ -35,7 +35,7 @@ from rlstruct.errors import SpaceError
 from rlstruct.trajectories import Trajectories
 
 __all__ = ["masked_logit", "mask_logits", "observation_mask", "stored_mask", "mask_head_params",
-           "legal_uniform", "mask_keys", "epsilon_greedy", "with_next_mask"]
+           "legal_uniform", "mask_keys", "next_mask", "epsilon_greedy", "with_next_mask"]
 
 
 def masked_logit(dtype: torch.dtype) -> float:
@@ -73,6 +73,12 @@ def stored_mask(steps: DictTensor, t: int | None = None) -> Tensor | None:
         return None
     mask = steps[K.OBS_ACTION_MASK]
     return mask if t is None else mask[:, t]
+
+
+def next_mask(steps: DictTensor) -> Tensor | None:
+    """The stored ``_observation/action_mask`` (the next observations' legal actions) of
+    transitions ``(N, A)`` or trajectories ``(B, T, A)``; ``None`` when absent."""
+    return steps[K.NEXT_ACTION_MASK] if K.NEXT_ACTION_MASK in steps else None  # noqa: SIM401
 
 
 def mask_head_params(head: ActionHead, params: Tensor, mask: Tensor | None) -> Tensor:
