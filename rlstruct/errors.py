@@ -141,7 +141,7 @@ def _observation_error(args: tuple[Any, ...], state: dict[str, Any]) -> Observat
     return err
 
 
-class ActionMaskError(ObservationError):
+class ActionMaskError(RLStructError, ValueError):
     """An env's action mask (``info["action_mask"]`` or an ``action_mask`` observation leaf)
     allows no action, or does not have one entry per action, in an observation an agent would
     act on. The message names the env by its GLOBAL index and the ``env_step``; ``env_index``

@@ -29,6 +29,8 @@
     truncated after ``episode_length`` steps. A masked agent earns ``episode_length`` per
     episode from its first step; an unmasked one survives a step with probability
     ``n_legal / n_actions``, whatever it learns. ``n_illegal`` counts the illegal actions taken.
+    ``"rlstruct/MaskedChoiceHidden-v0"`` is the same task with the mask withheld
+    (``hide_mask=True``): what an agent faces without masks.
 
 The ``make_*_env(n_envs, seed, ...)`` factories are top-level, hence picklable for worker
 batchers. :func:`register_debug_envs` (called by ``import rlstruct.envs``) registers both ids
@@ -53,6 +55,7 @@ __all__ = [
     "COUNTER_ID",
     "REPEAT_ID",
     "MASKED_CHOICE_ID",
+    "MASKED_CHOICE_HIDDEN_ID",
     "MaskedChoiceEnv",
     "CounterEnv",
     "RepeatEnv",
@@ -65,6 +68,7 @@ __all__ = [
 COUNTER_ID = "rlstruct/Counter-v0"
 REPEAT_ID = "rlstruct/Repeat-v0"
 MASKED_CHOICE_ID = "rlstruct/MaskedChoice-v0"
+MASKED_CHOICE_HIDDEN_ID = "rlstruct/MaskedChoiceHidden-v0"
 
 #: An episode length: an int, a list cycled over episodes, or ``f(env_id, episode) -> int``.
 EpisodeLength = int | Sequence[int] | Callable[[int, int], int]
@@ -236,10 +240,11 @@ class MaskedChoiceEnv(gym.Env):
         episode_length: steps before truncation.
         penalty: the reward of an illegal action (which also terminates the episode).
         dict_obs: give the mask as a leaf of a Dict observation instead of in ``info``.
+        hide_mask: give no mask at all (the same legal actions and penalty).
     """
 
     def __init__(self, n_actions: int = 16, n_legal: int = 2, episode_length: int = 20,
-                 penalty: float = -10.0, dict_obs: bool = False) -> None:
+                 penalty: float = -10.0, dict_obs: bool = False, hide_mask: bool = False) -> None:
         if not 1 <= n_legal <= n_actions:
             raise ConfigError(f"n_legal must be in [1, n_actions={n_actions}], got {n_legal}")
         self.n_actions, self.n_legal = int(n_actions), int(n_legal)
@@ -249,7 +254,7 @@ class MaskedChoiceEnv(gym.Env):
         self.observation_space: spaces.Space = spaces.Dict(
             {"observation": box, "action_mask": spaces.MultiBinary(self.n_actions)}
         ) if dict_obs else box
-        self._t, self.n_illegal = 0, 0
+        self._t, self.n_illegal, self.hide_mask = 0, 0, bool(hide_mask)
         self._mask = np.ones(self.n_actions, np.int8)
 
     def _observe(self) -> tuple[Any, dict[str, Any]]:
@@ -258,7 +263,7 @@ class MaskedChoiceEnv(gym.Env):
         box = np.array([self._t / self.episode_length, 1.0], np.float32)
         if self.dict_obs:
             return {"observation": box, "action_mask": self._mask.copy()}, {}
-        return box, {"action_mask": self._mask.copy()}
+        return box, {} if self.hide_mask else {"action_mask": self._mask.copy()}
 
     def reset(self, *, seed: int | None = None,
               options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
@@ -327,12 +332,15 @@ def make_repeat_env(
 
 
 def register_debug_envs() -> None:
-    """Registers ``rlstruct/Counter-v0``, ``rlstruct/Repeat-v0`` and
-    ``rlstruct/MaskedChoice-v0`` with gymnasium (idempotent)."""
-    for env_id, entry_point in (
-        (COUNTER_ID, "rlstruct.envs.debug:CounterEnv"),
-        (REPEAT_ID, "rlstruct.envs.debug:RepeatEnv"),
-        (MASKED_CHOICE_ID, "rlstruct.envs.debug:MaskedChoiceEnv"),
+    """Registers ``rlstruct/Counter-v0``, ``rlstruct/Repeat-v0``,
+    ``rlstruct/MaskedChoice-v0`` and ``rlstruct/MaskedChoiceHidden-v0`` with gymnasium
+    (idempotent)."""
+    masked = "rlstruct.envs.debug:MaskedChoiceEnv"
+    for env_id, entry_point, kwargs in (
+        (COUNTER_ID, "rlstruct.envs.debug:CounterEnv", {}),
+        (REPEAT_ID, "rlstruct.envs.debug:RepeatEnv", {}),
+        (MASKED_CHOICE_ID, masked, {}),
+        (MASKED_CHOICE_HIDDEN_ID, masked, {"hide_mask": True}),
     ):
         if env_id not in gym.registry:
-            gym.register(id=env_id, entry_point=entry_point)
+            gym.register(id=env_id, entry_point=entry_point, kwargs=kwargs)
