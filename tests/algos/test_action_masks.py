@@ -65,3 +65,14 @@ def test_masked_ppo_solves_what_unmasked_ppo_cannot(tmp_path):
     last = lambda r: sum(r[-100:]) / len(r[-100:])  # noqa: E731
     assert last(masked) == 20.0
     assert last(unmasked) < 0.0  # an illegal action within a few steps, whatever it learned
+
+
+@pytest.mark.timeout(120)
+def test_trpo_refuses_masks_it_would_not_honour(tmp_path):
+    from rlstruct.algos import trpo
+    from rlstruct.errors import ConfigError
+
+    cfg = trpo.Config(env_id=MASKED_CHOICE_ID, max_frames=2000, eval_every=0, target_return=None,
+                      runs_dir=str(tmp_path), layout=LayoutConfig(n_processes=1, n_envs=2))
+    with pytest.raises(ConfigError, match="trpo does not honour .*action masks"):
+        trpo.main(cfg)
