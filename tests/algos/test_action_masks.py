@@ -74,5 +74,5 @@ def test_trpo_refuses_masks_it_would_not_honour(tmp_path):
 
     cfg = trpo.Config(env_id=MASKED_CHOICE_ID, max_frames=2000, eval_every=0, target_return=None,
                       runs_dir=str(tmp_path), layout=LayoutConfig(n_processes=1, n_envs=2))
-    with pytest.raises(ConfigError, match="trpo does not honour .*action masks"):
+    with pytest.raises(ConfigError, match=r"trpo does not honour .*action masks"):
         trpo.main(cfg)

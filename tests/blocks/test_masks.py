@@ -186,3 +186,14 @@ def test_agents_act_legally_and_replay_the_stored_masks(kind):
         K.FRAME: torch.randn(8, 3), K.ACTION_MASK: _masks(8, 9),
         K.INITIAL_STATE: torch.ones(8, dtype=torch.bool)}), greedy_info())[0][K.ACTION_KEY]
     assert bool(_masks(8, 9)[torch.arange(8), greedy].all())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_masks_on_cuda_with_cpu_masks():
+    mask, q = _masks(64, seed=6), torch.randn(64, A, device="cuda")
+    g = torch.Generator("cuda").manual_seed(0)
+    action = epsilon_greedy(q, mask, torch.full((64,), 0.5), g)
+    assert action.device.type == "cuda" and bool(mask[torch.arange(64), action.cpu()].all())
+    head = CategoricalHead(4, A).cuda()
+    sample = head.sample(mask_logits(q, mask), g)
+    assert bool(mask[torch.arange(64), sample.cpu()].all())
