@@ -85,7 +85,8 @@ class GymEnv(GymVecEnv):
 
     Raises:
         ConfigError: bad ``env``, ``n_envs``, ``seed``, ``make_kwargs``, offset or ``obs_dtype``
-            (not a float dtype, or observations that are not a float ``Box``).
+            (not a float dtype, or observations that are not a float ``Box``), or
+            ``action_mask=True`` for an action space that is not ``Discrete``.
         SpaceError: unsupported observation or action space, or envs with different spaces.
 
     Examples:
@@ -121,6 +122,8 @@ class GymEnv(GymVecEnv):
             SpaceError: an observation has another dtype than its space (no silent cast).
             RewardError: a reward is not a real scalar number.
             ObservationError: a float observation holds NaN or an infinity (``check_obs``).
+            ActionMaskError: an action mask allows no action in an observation an agent acts
+                on, or an env's ``info`` no longer gives it (:mod:`rlstruct.envs.masks`).
         """
         run, a = self._begin_step(action)
         arrays = self._step_obs(run, a, self._step_envs(run, a))
@@ -175,6 +178,8 @@ class GymEnvInf(GymVecEnv):
             SpaceError: an observation has another dtype than its space (no silent cast).
             RewardError: a reward is not a real scalar number.
             ObservationError: a float observation holds NaN or an infinity (``check_obs``).
+            ActionMaskError: an action mask allows no action in an observation an agent acts
+                on, or an env's ``info`` no longer gives it (:mod:`rlstruct.envs.masks`).
         """
         run, a = self._begin_step(action)
         t1 = self._step_obs(run, a, self._step_envs(run, a))

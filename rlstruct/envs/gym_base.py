@@ -85,6 +85,9 @@ class GymVecEnv(VecEnv):
             if obs_dtype is not None:
                 self._envs = [cast_observations(e, obs_dtype) for e in self._envs]
             self._setup_spaces(int(seed))
+            # The info route of the action mask (rlstruct.envs.masks): None until the first
+            # reset decides (action_mask=None), then whether info["action_mask"] is recorded.
+            self._mask_info = self._mask_route(action_mask)
         except BaseException:
             self.close()
             raise
@@ -103,9 +106,6 @@ class GymVecEnv(VecEnv):
         self._check_obs = bool(check_obs)
         self._env_info_keys = None if env_info_keys is None else tuple(env_info_keys)
         self._info_keys = tuple(info_keys)
-        # The info route of the action mask (rlstruct.envs.masks): None until the first reset
-        # decides (action_mask=None), then whether info["action_mask"] is recorded.
-        self._mask_info = self._mask_route(action_mask)
 
         self._allocate_staging(n)
         self._frame_only = len(self._leaves) == 1 and self._leaves[0].path == ()
@@ -223,6 +223,7 @@ class GymVecEnv(VecEnv):
             KeyMismatchError: ``env_info`` lacks one of ``env_info_keys``.
             ObservationError: a float reset observation holds NaN or an infinity
                 (``check_obs``).
+            ActionMaskError: a reset observation's action mask allows no action.
         """
         self._check_open()
         self._options = env_info_options(env_info, self._n, self._env_info_keys)

@@ -57,9 +57,9 @@ def info_mask(info: Mapping[str, Any], n_actions: int, k: int, offset: int) -> n
         ActionMaskError: ``info`` lacks ``action_mask``, or it is not ``A`` numbers.
     """
     if K.ACTION_MASK not in info:
-        raise _error(f"env {offset + k}: info lacks 'action_mask', which its first reset gave "
-                     "(an env that gives its action mask in info gives it at every reset "
-                     "and step)", k)
+        raise _error(f"env {offset + k}: info lacks 'action_mask' (an env whose VecEnv records "
+                     "its action mask, found at the first reset or asked with action_mask=True, "
+                     "gives it at every reset and step)", k)
     try:
         mask = np.asarray(info[K.ACTION_MASK]).astype(bool, copy=False)
     except (TypeError, ValueError):
