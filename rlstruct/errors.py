@@ -19,6 +19,7 @@ __all__ = [
     "ActionError",
     "RewardError",
     "ObservationError",
+    "ActionMaskError",
     "ConfigError",
     "NonFiniteError",
     "CheckpointError",
@@ -138,6 +139,14 @@ def _observation_error(args: tuple[Any, ...], state: dict[str, Any]) -> Observat
     err.args = args
     err.__dict__.update(state)
     return err
+
+
+class ActionMaskError(RLStructError, ValueError):
+    """An env's action mask (``info["action_mask"]`` or an ``action_mask`` observation leaf)
+    allows no action, or does not have one entry per action, in an observation an agent would
+    act on. The message names the env by its GLOBAL index and the ``env_step``; ``env_index``
+    is its LOCAL index.
+    """
 
 
 class ConfigError(RLStructError, ValueError):

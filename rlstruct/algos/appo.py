@@ -50,8 +50,8 @@ from rlstruct import Agent, DictTensor, LearnerThread, Trajectories
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.algos.presets import APPO_PRESETS
+from rlstruct.blocks import masks, zoo
 from rlstruct.blocks import vtrace_replay as vr
-from rlstruct.blocks import zoo
 from rlstruct.blocks.distributions import space_spec
 from rlstruct.blocks.optim import adam, gradient_step
 from rlstruct.blocks.sampling import greedy_info
@@ -145,7 +145,7 @@ def vtrace_batch(agent: Agent, traj: Trajectories,
         steps[K.NEXT_REWARD], value, next_value, steps[K.NEXT_TERMINATED],
         steps[K.NEXT_TRUNCATED], steps.lengths, log_rho, cfg.gamma, cfg.rho_bar, cfg.c_bar,
     )
-    batch = steps.get([K.OBS_FRAME, K.STORED_ACTION, K.STORED_LOGP]
+    batch = steps.get([K.OBS_FRAME, K.STORED_ACTION, K.STORED_LOGP] + masks.mask_keys(steps)
                       + ([K.OBS_INITIAL_STATE] if recurrent else []))
     batch.set("advantage", advantages)
     batch.set("target", targets)

@@ -29,6 +29,7 @@ from rlstruct import Agent, DictTensor, Trajectories, replay_agent_stateless
 from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.algos.presets import DQN_PRESETS
+from rlstruct.blocks import masks
 from rlstruct.blocks.frame_buffer import FrameReplayBuffer
 from rlstruct.blocks.nets import QNetwork  # where checkpoints of earlier versions name it
 from rlstruct.blocks.optim import Optimizer, adam, gradient_step
@@ -95,8 +96,9 @@ class Config(RunConfig, ReplayCheckpoint):
 # --------------------------------------------------------------------------------------- agent
 class QAgent(Agent):
     """Epsilon-greedy on ``Q(s, .)``, epsilon read per row from ``agent_info["epsilon"]``
-    (absent: greedy). ``call_replay`` returns ``Q(s, .)``, and ``Q(s', .)`` for double DQN's
-    choice of a* (``double``; without it the online net never sees s')."""
+    (absent: greedy), among the legal actions of the observation's ``action_mask`` if any.
+    ``call_replay`` returns ``Q(s, .)``, and ``Q(s', .)`` for double DQN's choice of a*
+    (``double``; without it the online net never sees s')."""
 
     def __init__(self, model: QNetwork, double: bool = True) -> None:
         self.model, self.double = model, double
@@ -110,16 +112,11 @@ class QAgent(Agent):
         self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
     ) -> tuple[DictTensor, DictTensor]:
         q = self.model(observation[K.FRAME])
-        n, n_actions = q.shape
         if self.generator is None or self.generator.device != q.device:
             self.generator = torch.Generator(q.device).manual_seed(self._seed)
-        action = q.argmax(-1)
-        if "epsilon" in agent_info:
-            epsilon = agent_info["epsilon"].to(q.device)
-            # One draw of each per row and step, explored or not: a stable random stream.
-            explore = torch.rand(n, generator=self.generator, device=q.device) < epsilon
-            random = torch.randint(n_actions, (n,), generator=self.generator, device=q.device)
-            action = torch.where(explore, random, action)
+        epsilon = agent_info["epsilon"] if "epsilon" in agent_info else None  # noqa: SIM401
+        mask = masks.observation_mask(observation)
+        action = masks.epsilon_greedy(q, mask, epsilon, self.generator)
         return DictTensor({K.ACTION_KEY: action}), state
 
     def call_replay(
@@ -145,6 +142,7 @@ def dqn_loss(
     *,
     gamma: float,
     double: bool,
+    next_mask: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The Huber TD loss over ``N`` transitions (a buffer sample).
 
@@ -156,6 +154,7 @@ def dqn_loss(
         next_q_target: ``(N, A)`` Q(s', .) of the target network.
         gamma: discount.
         double: double DQN's a* (else the target network's own argmax).
+        next_mask: ``(N, A)`` the legal actions of s' (a* is one of them), or None: all.
 
     Returns:
         ``(loss, stats)``: stats holds the floats ``loss``, ``q`` (mean Q(s, a)) and
@@ -164,7 +163,7 @@ def dqn_loss(
     q_taken = q.gather(-1, action.unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
         chooser = next_q_online if double else next_q_target
-        best = chooser.argmax(-1, keepdim=True)
+        best = masks.mask_logits(chooser, next_mask).argmax(-1, keepdim=True)
         next_value = next_q_target.gather(-1, best)  # (N, 1): td_targets reads (B, T) steps
         target = F.td_targets(reward[:, None], next_value, terminated[:, None], truncated[:, None],
                               gamma).squeeze(1)
@@ -203,7 +202,7 @@ def learn(
     loss, stats = dqn_loss(
         out["q"], sample[K.STORED_ACTION], sample[K.NEXT_REWARD], sample[K.NEXT_TERMINATED],
         sample[K.NEXT_TRUNCATED], next_q_online, next_q_target, gamma=cfg.gamma,
-        double=cfg.double,
+        double=cfg.double, next_mask=masks.next_mask(sample),
     )
     gradient_step(optimizer, loss, cfg.max_grad_norm)
     return stats
@@ -224,13 +223,13 @@ def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
         target = copy.deepcopy(model).requires_grad_(False)
         optimizer = adam(model.parameters(), cfg.lr, run.device)
         buffer = (FrameReplayBuffer if cfg.model == "cnn" else ReplayBuffer)(
-            cfg.buffer_size, device=run.device, keys=STORED_KEYS)
+            cfg.buffer_size, device=run.device, keys=(*STORED_KEYS, K.NEXT_ACTION_MASK))
         run.checkpoint_state(model=model, target=target, optimizer=optimizer)
         run.resume_state(**{"buffer": buffer} if cfg.checkpoint_buffer else {})  # --resume
         n_rows, n_updates, stats = batcher.n_elems(), 0, {}
         # 1. Store each segment and start the next one (the workers collect it meanwhile).
         for traj in run.segments(batcher, agent_info=epsilon(0, n_rows, cfg)):
-            buffer.add(traj)
+            buffer.add(masks.with_next_mask(traj, run.n_actions))
             run.publish(batcher, model.state_dict(), agent_info=epsilon(run.frames, n_rows, cfg))
             # 2. Gradient steps on uniform samples of the buffer, on the learner device.
             for _ in range(cfg.updates_per_batch if len(buffer) >= cfg.learning_starts else 0):

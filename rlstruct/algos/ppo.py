@@ -40,6 +40,7 @@ from rlstruct import keys as K
 from rlstruct.algos.presets import PPO_PRESETS
 from rlstruct.blocks import segment_minibatches as seg  # the batch's advantages, minibatches
 from rlstruct.blocks.distributions import space_spec
+from rlstruct.blocks.masks import mask_keys
 from rlstruct.blocks.nets import HeadActorCritic
 from rlstruct.blocks.optim import Optimizer, adam, gradient_step
 from rlstruct.blocks.recurrent import RecurrentAgent
@@ -135,8 +136,8 @@ def model_factory(run: Run, cfg: Config) -> partial[torch.nn.Module]:
 
 
 # --------------------------------------------------------------------------------------- agent
-# Memoryless (blocks/sampling.py): stores the env's action, the head's unclipped sample, logp
-# and value; replayed, the head's params and the value. Recurrent: RecurrentAgent, plus its state.
+# Memoryless (blocks/sampling.py): stores the env's action, the head's sample, logp, value;
+# replayed, params (masked: blocks/masks.py) and value. Recurrent: RecurrentAgent, plus its state.
 PPOAgent = PolicyAgent
 
 
@@ -174,8 +175,7 @@ def ppo_loss(agent: Agent, minibatch: DictTensor | Trajectories,
     entropy = head.entropy(new["params"]).mean()
     loss = policy.mean() + cfg.vf_coef * values.mean() - cfg.ent_coef * entropy
     with torch.no_grad():
-        log_ratio = logp - minibatch[K.STORED_LOGP]
-        ratio = log_ratio.exp()
+        ratio = (log_ratio := logp - minibatch[K.STORED_LOGP]).exp()
         stats = {
             "policy_loss": policy.mean(), "value_loss": values.mean(), "entropy": entropy.detach(),
             "approx_kl": (ratio - 1 - log_ratio).mean(),  # Schulman's unbiased estimator
@@ -196,7 +196,7 @@ def learn(
         traj = (seg.relabel_recurrent if recurrent else relabel)(agent, traj)
     gae = seg.recurrent_gae if recurrent else partial(gae_advantages, current=True)
     advantage, returns = gae(agent.model, traj, cfg.gamma, cfg.gae_lambda)
-    keys = [K.OBS_FRAME, K.STORED_SAMPLE, K.STORED_LOGP, K.STORED_VALUE]
+    keys = [K.OBS_FRAME, K.STORED_SAMPLE, K.STORED_LOGP, K.STORED_VALUE, *mask_keys(traj)]
     steps = traj.trajectories.get(keys + ([K.OBS_INITIAL_STATE] if recurrent else []))
     if cfg.adv_norm == "batch":  # over the valid steps
         advantage = F.normalize_advantages(advantage, steps.mask())

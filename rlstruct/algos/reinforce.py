@@ -32,6 +32,7 @@ from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.batchers import Batcher, SerialBatcher
 from rlstruct.blocks.distributions import space_spec
+from rlstruct.blocks.masks import mask_logits, observation_mask, stored_mask
 from rlstruct.blocks.optim import adam, gradient_step
 from rlstruct.blocks.sampling import CategoricalSampler, greedy_info
 from rlstruct.blocks.zoo import actor_critic, model_problems
@@ -75,7 +76,8 @@ class Config(RunConfig):
 # --------------------------------------------------------------------------------------- agent
 class PolicyAgent(Agent):
     """Samples ``a ~ softmax(logits)`` of a zoo model ``model(frame) -> (logits (n, A), V
-    (n,))``; rows with ``agent_info["greedy"]`` take the argmax.
+    (n,))``; rows with ``agent_info["greedy"]`` take the argmax. The logits are masked by the
+    observation's ``action_mask`` (replayed: the stored one), if any (blocks/masks.py).
 
     ``call_replay`` (used by ``replay_agent_stateless`` on the learner) evaluates the STORED
     actions instead: their log-probability, the policy's entropy, ``V(s)`` and ``V(s')``.
@@ -99,7 +101,8 @@ class PolicyAgent(Agent):
     def __call__(
         self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
     ) -> tuple[DictTensor, DictTensor]:
-        action = self.sample(self.logits(observation[K.FRAME]), agent_info)
+        logits = mask_logits(self.logits(observation[K.FRAME]), observation_mask(observation))
+        action = self.sample(logits, agent_info)
         return DictTensor({K.ACTION_KEY: action}), state
 
     def call_replay(
@@ -107,6 +110,7 @@ class PolicyAgent(Agent):
     ) -> tuple[DictTensor, DictTensor]:
         steps = trajectories.trajectories
         logits, value = self.model(steps[K.OBS_FRAME][:, t])
+        logits = mask_logits(logits, stored_mask(steps, t))
         with torch.no_grad():  # V(s') is a target: no gradient flows into it
             next_value = self.value(steps[K.NEXT_FRAME][:, t])
         out = {

@@ -54,7 +54,7 @@ from rlstruct.blocks.nets import HeadActorCritic, head_actor_critic
 from rlstruct.blocks.optim import adam, gradient_step
 from rlstruct.blocks.sampling import PolicyAgent, greedy_info
 from rlstruct.envs import GymEnvInf
-from rlstruct.errors import ShapeError
+from rlstruct.errors import ConfigError, ShapeError
 from rlstruct.learners.rank import RankContext
 from rlstruct.runs.resolve import Resolved, run_cli
 from rlstruct.runs.run import Run, RunConfig
@@ -192,6 +192,8 @@ def learn(model: HeadActorCritic, optimizer: torch.optim.Optimizer, traj: Trajec
     whose :class:`RankContext` all-reduces the rest (with one learner: the identity)."""
     ctx = RankContext.of(step)
     steps = traj.trajectories
+    if K.OBS_ACTION_MASK in steps:  # policy_step rebuilds the policy from unmasked features
+        raise ConfigError(f"trpo does not honour {cfg.env_id}'s action masks yet: use ppo or a2c")
     valid = steps.get([K.OBS_FRAME]).to_transitions()[K.OBS_FRAME]  # valid steps only
     model.observe(ctx.all_gather_rows(valid))  # the whole batch's, on every rank
     reward = steps[K.NEXT_REWARD]

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from rlstruct import keys as K
 from rlstruct.agent import Agent
+from rlstruct.blocks.masks import mask_head_params, mask_keys, observation_mask
 from rlstruct.blocks.sampling import HeadSampler
 from rlstruct.dicttensor import DictTensor, masked_dicttensor
 from rlstruct.trajectories import Trajectories
@@ -74,10 +75,12 @@ class RecurrentAgent(Agent):
 
     def step(self, state: DictTensor, observation: DictTensor) -> tuple[Tensor, Tensor, Tensor]:
         """``(params (n, P), value (n,), h' (n, S))`` of one step; the state restarts from
-        zeros on the rows where ``observation["initial_state"]``."""
+        zeros on the rows where ``observation["initial_state"]``; the params of a categorical
+        head are masked by the observation's ``action_mask`` (:mod:`rlstruct.blocks.masks`)."""
         fresh = self.initial_state(DictTensor(), observation.n_elems())
         state = masked_dicttensor(state, fresh, observation[K.INITIAL_STATE])
-        return self.model(observation[K.FRAME], state[STATE])
+        params, value, h = self.model(observation[K.FRAME], state[STATE])
+        return mask_head_params(self.model.head, params, observation_mask(observation)), value, h
 
     def __call__(
         self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
@@ -97,7 +100,8 @@ class RecurrentAgent(Agent):
     ) -> tuple[DictTensor, DictTensor]:
         """``({replay_key, "value", "h"}, {"h"})`` of step ``t`` of stored trajectories
         ``(B, T, ...)``, with gradients."""
-        observation = trajectories.trajectories.get([K.OBS_FRAME, K.OBS_INITIAL_STATE])
+        steps = trajectories.trajectories
+        observation = steps.get([K.OBS_FRAME, K.OBS_INITIAL_STATE] + mask_keys(steps))
         observation = observation.temporal_index(t).truncate_key(K.OBSERVATION)
         params, value, h = self.step(state, observation)
         return DictTensor({self.replay_key: params, K.VALUE: value, STATE: h}), \

@@ -4,8 +4,10 @@ A batcher seeds its agent (``agent.seed(s)``) and then moves it to its device; a
 samples with a generator of its own must therefore create that generator lazily, on the device
 of its first logits. :class:`CategoricalSampler` does exactly that, and takes the argmax on the
 rows that ``agent_info["greedy"]`` marks (how evaluation asks for the greedy policy:
-:func:`greedy_info`). The log-probability and entropy that losses need are in
-:mod:`rlstruct.blocks.functional` (``categorical_log_prob``, ``categorical_entropy``).
+:func:`greedy_info`). The agents honour an observation's ``action_mask`` (acting) and the stored
+``observation/action_mask`` (replaying): :mod:`rlstruct.blocks.masks`. The log-probability and
+entropy that losses need are in :mod:`rlstruct.blocks.functional` (``categorical_log_prob``,
+``categorical_entropy``).
 
 Example:
     >>> import torch
@@ -32,6 +34,7 @@ from rlstruct import keys as K
 from rlstruct.agent import Agent
 from rlstruct.blocks.distributions import ActionHead
 from rlstruct.blocks.functional import categorical_log_prob
+from rlstruct.blocks.masks import mask_head_params, mask_logits, observation_mask, stored_mask
 from rlstruct.dicttensor import DictTensor
 from rlstruct.trajectories import Trajectories
 
@@ -110,7 +113,7 @@ class _ModelAgent(Agent):
         """One step for ``n`` rows: ``({"action", "logp"[, "value"]}, state)``, with ``sample``
         too for a :class:`PolicyAgent`."""
         out, value = self.model(observation[K.FRAME])
-        step = self._act(out, agent_info)
+        step = self._act(self._mask(out, observation_mask(observation)), agent_info)
         if self.store_value:
             step[K.VALUE] = value
         return DictTensor(step), state
@@ -118,6 +121,11 @@ class _ModelAgent(Agent):
     def _act(self, out: Tensor, agent_info: DictTensor) -> dict[str, Tensor]:
         """What the agent returns for the model's output ``out`` (without ``value``)."""
         raise NotImplementedError
+
+    def _mask(self, out: Tensor, mask: Tensor | None) -> Tensor:
+        """The model's output with the illegal actions' logits masked (``mask`` ``(n, A)``,
+        or None: unchanged; :mod:`rlstruct.blocks.masks`)."""
+        return mask_logits(out, mask)
 
     def call_replay(
         self, trajectories: Trajectories, t: int, state: DictTensor
@@ -127,7 +135,7 @@ class _ModelAgent(Agent):
         :class:`ActorAgent`, ``params`` for a :class:`PolicyAgent`), next_value without."""
         steps = trajectories.trajectories
         out, value = self.model(steps[K.OBS_FRAME][:, t])
-        replayed = {self._replay_key: out, K.VALUE: value}
+        replayed = {self._replay_key: self._mask(out, stored_mask(steps, t)), K.VALUE: value}
         if self.replay_next_value:
             with torch.no_grad():  # V(s') is a target: no gradient flows into it
                 replayed["next_value"] = self.model(steps[K.NEXT_FRAME][:, t])[1]
@@ -199,6 +207,10 @@ class PolicyAgent(_ModelAgent):
 
     _new_sampler = HeadSampler
     _replay_key = "params"
+
+    def _mask(self, out: Tensor, mask: Tensor | None) -> Tensor:
+        """The head's params with the mask applied (a categorical head's logits)."""
+        return mask_head_params(self.model.head, out, mask)
 
     def _act(self, params: Tensor, agent_info: DictTensor) -> dict[str, Tensor]:
         """``{"action", "sample", "logp"}`` of ``n`` rows of head params ``(n, P)``."""

@@ -32,6 +32,7 @@ from rlstruct.agent import Agent
 from rlstruct.agent_replay import replay_agent
 from rlstruct.blocks import functional as F
 from rlstruct.blocks import normalization
+from rlstruct.blocks.masks import mask_head_params, stored_mask
 from rlstruct.blocks.recurrent import STORED_STATE, bootstrap_values
 from rlstruct.dicttensor import DictTensor
 from rlstruct.errors import ConfigError
@@ -108,6 +109,9 @@ def relabel(agent: Agent, traj: Trajectories) -> Trajectories:
     steps, shape = traj.trajectories, traj.trajectories[K.STORED_VALUE].shape
     with torch.no_grad():
         params, value = agent.model(steps[K.OBS_FRAME].flatten(0, 1))
+        mask = stored_mask(steps)
+        params = mask_head_params(agent.model.head, params,
+                                  None if mask is None else mask.flatten(0, 1))
         logp = agent.model.head.log_prob(params, steps[K.STORED_SAMPLE].flatten(0, 1))
     steps.set(K.STORED_LOGP, logp.view(shape))
     steps.set(K.STORED_VALUE, value.view(shape))

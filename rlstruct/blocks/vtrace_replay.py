@@ -32,6 +32,7 @@ from rlstruct import keys as K
 from rlstruct.agent import Agent
 from rlstruct.agent_replay import replay_agent, replay_agent_stateless
 from rlstruct.batchers.make import default_processes
+from rlstruct.blocks.masks import mask_logits, stored_mask
 from rlstruct.blocks.recurrent import STATE, RecurrentAgent, bootstrap_values
 from rlstruct.blocks.sampling import ActorAgent
 from rlstruct.blocks.zoo import is_recurrent
@@ -115,13 +116,16 @@ def minibatch_problems(minibatch_size: int, n_timesteps: int, layout: Any) -> li
 def evaluate_segment(agent: Agent, traj: Trajectories) -> tuple[Tensor, Tensor, Tensor]:
     """``(logits (B, T, A), value (B, T), next_value (B, T))`` of a segment, no gradient: a
     recurrent model replayed from its stored state (:func:`replay_segment`), a feed-forward
-    one (``model(frame) -> (logits, value)`` and ``model.value``) in two batched calls."""
+    one (``model(frame) -> (logits, value)`` and ``model.value``) in two batched calls; the
+    logits masked by the stored ``observation/action_mask``, if any."""
     steps, model = traj.trajectories, agent.model
     with torch.no_grad():
         if is_recurrent(model):
             return replay_segment(agent, traj)
         shape = steps[K.NEXT_REWARD].shape
         logits, value = model(steps[K.OBS_FRAME].flatten(0, 1))
+        mask = stored_mask(steps)
+        logits = mask_logits(logits, None if mask is None else mask.flatten(0, 1))
         next_value = model.value(steps[K.NEXT_FRAME].flatten(0, 1)).view(shape)
         return logits.view(*shape, -1), value.view(shape), next_value
 

@@ -6,8 +6,10 @@ another device; ``EnvPoolEnv`` steps an envpool batch (the ``envpool`` extra); `
 builds preprocessed Atari envs (the ``atari`` extra); :mod:`rlstruct.envs.torch` holds envs
 written as batched tensor maths on any device. The debug envs of :mod:`rlstruct.envs.debug`
 and the partially observed CartPole of :mod:`rlstruct.envs.pomdp` are registered with gymnasium
-as ``rlstruct/Counter-v0``, ``rlstruct/Repeat-v0`` and ``rlstruct/CartPoleNoVel-v1`` on import
-(idempotent; the only import-time effect of this package).
+as ``rlstruct/Counter-v0``, ``rlstruct/Repeat-v0``, ``rlstruct/MaskedChoice-v0`` (an action-mask
+task, and ``rlstruct/MaskedChoiceHidden-v0`` without its mask) and ``rlstruct/CartPoleNoVel-v1``
+on import (idempotent; the only import-time effect of this package). Action masks:
+:mod:`rlstruct.envs.masks`.
 """
 
 from rlstruct.envs.atari import make_atari_env

@@ -19,6 +19,19 @@
     ``episode_length`` steps (terminated, or truncated with ``truncate=True``). An optimal policy
     earns ``episode_length`` per episode, a uniform one ``episode_length / n_symbols``.
 
+``MaskedChoiceEnv`` ("rlstruct/MaskedChoice-v0")
+    An action-mask task: ``n_legal`` of ``n_actions`` actions are legal at each step, drawn at
+    random and given as ``info["action_mask"]`` (int8 ``(A,)``, as gymnasium envs give it), or
+    as the ``action_mask`` leaf of a ``Dict({"observation": Box, "action_mask":
+    MultiBinary(A)})`` observation with ``dict_obs=True``. The observation ``Box(0, 1, (2,),
+    float32)`` (``[t / episode_length, 1]``) says nothing of which actions are legal. A legal
+    action earns 1.0; an illegal one earns ``penalty`` and terminates the episode; episodes are
+    truncated after ``episode_length`` steps. A masked agent earns ``episode_length`` per
+    episode from its first step; an unmasked one survives a step with probability
+    ``n_legal / n_actions``, whatever it learns. ``n_illegal`` counts the illegal actions taken.
+    ``"rlstruct/MaskedChoiceHidden-v0"`` is the same task with the mask withheld
+    (``hide_mask=True``): what an agent faces without masks.
+
 The ``make_*_env(n_envs, seed, ...)`` factories are top-level, hence picklable for worker
 batchers. :func:`register_debug_envs` (called by ``import rlstruct.envs``) registers both ids
 with gymnasium; it is idempotent.
@@ -41,6 +54,9 @@ from rlstruct.errors import ConfigError
 __all__ = [
     "COUNTER_ID",
     "REPEAT_ID",
+    "MASKED_CHOICE_ID",
+    "MASKED_CHOICE_HIDDEN_ID",
+    "MaskedChoiceEnv",
     "CounterEnv",
     "RepeatEnv",
     "EpisodeLength",
@@ -51,6 +67,8 @@ __all__ = [
 
 COUNTER_ID = "rlstruct/Counter-v0"
 REPEAT_ID = "rlstruct/Repeat-v0"
+MASKED_CHOICE_ID = "rlstruct/MaskedChoice-v0"
+MASKED_CHOICE_HIDDEN_ID = "rlstruct/MaskedChoiceHidden-v0"
 
 #: An episode length: an int, a list cycled over episodes, or ``f(env_id, episode) -> int``.
 EpisodeLength = int | Sequence[int] | Callable[[int, int], int]
@@ -213,6 +231,55 @@ class RepeatEnv(gym.Env):
         return self._observe(), reward, end and not self.truncate, end and self.truncate, {}
 
 
+class MaskedChoiceEnv(gym.Env):
+    """The action-mask task of the module docstring.
+
+    Args:
+        n_actions: ``A``, the size of the ``Discrete`` action space.
+        n_legal: how many actions are legal at each step (``1 <= n_legal <= A``).
+        episode_length: steps before truncation.
+        penalty: the reward of an illegal action (which also terminates the episode).
+        dict_obs: give the mask as a leaf of a Dict observation instead of in ``info``.
+        hide_mask: give no mask at all (the same legal actions and penalty).
+    """
+
+    def __init__(self, n_actions: int = 16, n_legal: int = 2, episode_length: int = 20,
+                 penalty: float = -10.0, dict_obs: bool = False, hide_mask: bool = False) -> None:
+        if not 1 <= n_legal <= n_actions:
+            raise ConfigError(f"n_legal must be in [1, n_actions={n_actions}], got {n_legal}")
+        self.n_actions, self.n_legal = int(n_actions), int(n_legal)
+        self.episode_length, self.penalty, self.dict_obs = int(episode_length), penalty, dict_obs
+        self.action_space = spaces.Discrete(self.n_actions)
+        box = spaces.Box(0.0, 1.0, (2,), np.float32)
+        self.observation_space: spaces.Space = spaces.Dict(
+            {"observation": box, "action_mask": spaces.MultiBinary(self.n_actions)}
+        ) if dict_obs else box
+        self._t, self.n_illegal, self.hide_mask = 0, 0, bool(hide_mask)
+        self._mask = np.ones(self.n_actions, np.int8)
+
+    def _observe(self) -> tuple[Any, dict[str, Any]]:
+        self._mask = np.zeros(self.n_actions, np.int8)
+        self._mask[self.np_random.choice(self.n_actions, self.n_legal, replace=False)] = 1
+        box = np.array([self._t / self.episode_length, 1.0], np.float32)
+        if self.dict_obs:
+            return {"observation": box, "action_mask": self._mask.copy()}, {}
+        return box, {} if self.hide_mask else {"action_mask": self._mask.copy()}
+
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        super().reset(seed=seed)
+        self._t = 0
+        return self._observe()
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        self._t += 1
+        legal = bool(self._mask[int(action)])
+        self.n_illegal += not legal
+        obs, info = self._observe()
+        truncated = legal and self._t >= self.episode_length
+        return obs, 1.0 if legal else float(self.penalty), not legal, truncated, info
+
+
 def make_counter_env(
     n_envs: int,
     seed: int = 0,
@@ -265,10 +332,15 @@ def make_repeat_env(
 
 
 def register_debug_envs() -> None:
-    """Registers ``rlstruct/Counter-v0`` and ``rlstruct/Repeat-v0`` with gymnasium (idempotent)."""
-    for env_id, entry_point in (
-        (COUNTER_ID, "rlstruct.envs.debug:CounterEnv"),
-        (REPEAT_ID, "rlstruct.envs.debug:RepeatEnv"),
+    """Registers ``rlstruct/Counter-v0``, ``rlstruct/Repeat-v0``,
+    ``rlstruct/MaskedChoice-v0`` and ``rlstruct/MaskedChoiceHidden-v0`` with gymnasium
+    (idempotent)."""
+    masked = "rlstruct.envs.debug:MaskedChoiceEnv"
+    for env_id, entry_point, kwargs in (
+        (COUNTER_ID, "rlstruct.envs.debug:CounterEnv", {}),
+        (REPEAT_ID, "rlstruct.envs.debug:RepeatEnv", {}),
+        (MASKED_CHOICE_ID, masked, {}),
+        (MASKED_CHOICE_HIDDEN_ID, masked, {"hide_mask": True}),
     ):
         if env_id not in gym.registry:
-            gym.register(id=env_id, entry_point=entry_point)
+            gym.register(id=env_id, entry_point=entry_point, kwargs=kwargs)

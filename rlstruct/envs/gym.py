@@ -12,8 +12,10 @@ aliases a staging array, so the returned tensors outlive the next step. ``GymEnv
 Observation keys and dtypes follow :mod:`rlstruct.envs.spaces`; every observation also holds
 ``reward`` (float32), ``terminated``, ``truncated``, ``done`` (bool), ``initial_state`` (bool, True
 in a reset observation), ``last_action`` (the action's shape and dtype; the space's default at
-reset), ``env_step`` (int64, 0 at reset) and, per name in ``info_keys``, ``info/<name>`` (float32,
-0 where the env's ``info`` lacks it). Keys, shapes and dtypes are the same at reset and at step.
+reset), ``env_step`` (int64, 0 at reset), per name in ``info_keys``, ``info/<name>`` (float32,
+0 where the env's ``info`` lacks it) and, for an env whose ``info`` gives ``action_mask``, the
+bool ``action_mask`` (:mod:`rlstruct.envs.masks`). Keys, shapes and dtypes are the same at reset
+and at step.
 
 Seeding: env ``k`` of a VecEnv built with ``seed=s`` has its ``action_space`` seeded ``s + k`` and
 gets ``reset(seed=s + k)`` on its FIRST reset only; later resets continue the env's own RNG, as
@@ -76,10 +78,15 @@ class GymEnv(GymVecEnv):
             env_step) when a float observation leaf holds NaN or an infinity, at a step or in a
             reset observation, before any agent sees it (one ``np.isfinite`` pass per float
             key and step). ``False`` lets such observations through.
+        action_mask: record ``info["action_mask"]`` (a ``Discrete`` action space's legal
+            actions) as the bool observation key ``action_mask`` ``(A,)``: ``None`` when env 0's
+            first reset ``info`` holds it, ``True`` always, ``False`` never
+            (:mod:`rlstruct.envs.masks`).
 
     Raises:
         ConfigError: bad ``env``, ``n_envs``, ``seed``, ``make_kwargs``, offset or ``obs_dtype``
-            (not a float dtype, or observations that are not a float ``Box``).
+            (not a float dtype, or observations that are not a float ``Box``), or
+            ``action_mask=True`` for an action space that is not ``Discrete``.
         SpaceError: unsupported observation or action space, or envs with different spaces.
 
     Examples:
@@ -115,6 +122,8 @@ class GymEnv(GymVecEnv):
             SpaceError: an observation has another dtype than its space (no silent cast).
             RewardError: a reward is not a real scalar number.
             ObservationError: a float observation holds NaN or an infinity (``check_obs``).
+            ActionMaskError: an action mask allows no action in an observation an agent acts
+                on, or an env's ``info`` no longer gives it (:mod:`rlstruct.envs.masks`).
         """
         run, a = self._begin_step(action)
         arrays = self._step_obs(run, a, self._step_envs(run, a))
@@ -169,6 +178,8 @@ class GymEnvInf(GymVecEnv):
             SpaceError: an observation has another dtype than its space (no silent cast).
             RewardError: a reward is not a real scalar number.
             ObservationError: a float observation holds NaN or an infinity (``check_obs``).
+            ActionMaskError: an action mask allows no action in an observation an agent acts
+                on, or an env's ``info`` no longer gives it (:mod:`rlstruct.envs.masks`).
         """
         run, a = self._begin_step(action)
         t1 = self._step_obs(run, a, self._step_envs(run, a))
@@ -211,8 +222,8 @@ class GymEnvInf(GymVecEnv):
         last[ended] = self._act.default
         nxt[K.LAST_ACTION] = last
         nxt[K.ENV_STEP] = self._t.copy()
-        for name in self._info_keys:
-            key = _INFO + name
+        for key in [_INFO + name for name in self._info_keys] + (
+                [K.ACTION_MASK] if self._mask_info else []):
             x = t1[key].copy()
             x[ended] = reset[key][ended]
             nxt[key] = x

@@ -18,6 +18,7 @@ from rlstruct import keys as K
 from rlstruct.dicttensor import DictTensor
 from rlstruct.envs.base import VecEnv
 from rlstruct.envs.factories import EnvFactory, cast_observations, make_envs, refuse_env_instances
+from rlstruct.envs.masks import check_masks, info_mask
 from rlstruct.envs.spaces import (
     ActionSpec,
     Leaf,
@@ -67,6 +68,7 @@ class GymVecEnv(VecEnv):
         check_finite: bool = False,
         obs_dtype: str | np.dtype | torch.dtype | None = None,
         check_obs: bool = True,
+        action_mask: bool | None = None,
     ) -> None:
         # First: rlstructures' GymEnv(envs, seed) (env instances, the seed second) gets an error
         # saying what changed, whatever its other arguments hold.
@@ -83,6 +85,9 @@ class GymVecEnv(VecEnv):
             if obs_dtype is not None:
                 self._envs = [cast_observations(e, obs_dtype) for e in self._envs]
             self._setup_spaces(int(seed))
+            # The info route of the action mask (rlstruct.envs.masks): None until the first
+            # reset decides (action_mask=None), then whether info["action_mask"] is recorded.
+            self._mask_info = self._mask_route(action_mask)
         except BaseException:
             self.close()
             raise
@@ -148,6 +153,25 @@ class GymVecEnv(VecEnv):
         )
         for name, a in zip(self._info_keys, self._reset_info):
             self._reset_buf[_INFO + name] = a
+        if self._mask_info:
+            self._allocate_masks(n)
+
+    def _mask_route(self, action_mask: bool | None) -> bool | None:
+        """Whether ``info["action_mask"]`` is recorded (None: the first reset decides)."""
+        if action_mask is False or any(lf.key == K.ACTION_MASK for lf in self._leaves):
+            return False  # ignored, or an observation leaf already (the Dict route)
+        if not isinstance(self.action_space, gym.spaces.Discrete):
+            if action_mask:
+                raise ConfigError(f"action_mask=True needs a Discrete action space, got "
+                                  f"{self.action_space!r}")
+            return False
+        return True if action_mask else None
+
+    def _allocate_masks(self, n: int) -> None:
+        """The staging of the info route's masks (all legal until written)."""
+        shape = (n, int(self.action_space.n))  # type: ignore[attr-defined]
+        self._step_mask, self._reset_mask = np.ones(shape, bool), np.ones(shape, bool)
+        self._reset_buf[K.ACTION_MASK] = self._reset_mask
 
     def _setup_spaces(self, seed: int) -> None:
         env0 = self._envs[0]
@@ -199,6 +223,7 @@ class GymVecEnv(VecEnv):
             KeyMismatchError: ``env_info`` lacks one of ``env_info_keys``.
             ObservationError: a float reset observation holds NaN or an infinity
                 (``check_obs``).
+            ActionMaskError: a reset observation's action mask allows no action.
         """
         self._check_open()
         self._options = env_info_options(env_info, self._n, self._env_info_keys)
@@ -270,7 +295,7 @@ class GymVecEnv(VecEnv):
                     self._check.answers(answers, run)
                     raise
                 out = [self._check.frame(obs, run)]
-                if infos:
+                if self._reads_info:
                     for j, (i_env, i) in enumerate(zip(run.tolist(), info)):
                         self._write_info(i, j, i_env, infos)
             else:
@@ -282,7 +307,7 @@ class GymVecEnv(VecEnv):
                     rew.append(r)
                     te.append(terminated)
                     tr.append(truncated)
-                    if infos:
+                    if self._reads_info:
                         self._write_info(info, j, k, infos)
                 k = -1
                 n = run.shape[0]
@@ -327,6 +352,14 @@ class GymVecEnv(VecEnv):
         obs[K.ENV_STEP] = self._t.copy() if n == self._n else self._t[run]
         for name, x in zip(self._info_keys, self._step_info):
             obs[_INFO + name] = x[:n].copy()
+        if self._mask_info:
+            obs[K.ACTION_MASK] = self._step_mask[:n].copy()
+        if K.ACTION_MASK in obs:  # the rows an agent acts on allow an action
+            try:
+                check_masks(obs[K.ACTION_MASK], run, ~obs[K.DONE], self._offset, self._t)
+            except BaseException:
+                self._running = None
+                raise
         if self._check_finite:
             self._finite_rewards(obs[K.REWARD], run)
         return obs
@@ -336,13 +369,17 @@ class GymVecEnv(VecEnv):
         seed = self._seed + k if self._unseeded[k] else None
         try:
             obs, info = self._resetters[k].reset(seed=seed, options=self._options[k])
+            if self._mask_info is None:  # the first reset: does info give the mask?
+                self._mask_info = K.ACTION_MASK in info
+                if self._mask_info:
+                    self._allocate_masks(self._n)
             self._unseeded[k] = False
             self._resetters[k] = self._steppers[k]
             if self._frame_only and exact_leaf(obs, self._leaves[0]):
                 self._reset_leaves[0][k] = obs  # what write_leaves accepts without a look
             else:
                 write_leaves(obs, self._leaves, self._reset_leaves, k, self._offset + k)
-            if self._info_keys:
+            if self._reads_info:
                 self._write_info(info, k, k, self._reset_info)
         except BaseException as e:
             self._fail(e, k, "reset")
@@ -352,7 +389,15 @@ class GymVecEnv(VecEnv):
     def _check_reset_obs(self) -> None:
         """``check_obs``: raises ObservationError for a reset observation holding NaN or an
         infinity. The whole reset staging is checked in one pass per float key (row k holds env
-        k's last reset observation; the rows not reset since were checked then)."""
+        k's last reset observation; the rows not reset since were checked then). A reset
+        observation's action mask must allow an action (ActionMaskError)."""
+        if K.ACTION_MASK in self._reset_buf:
+            try:
+                check_masks(self._reset_buf[K.ACTION_MASK], self._arange,
+                            np.ones(self._n, bool), self._offset, self._t)
+            except BaseException:
+                self._running = None
+                raise
         if self._obs_checked:
             try:
                 check_observations(
@@ -363,10 +408,20 @@ class GymVecEnv(VecEnv):
                 self._running = None
                 raise
 
+    @property
+    def _reads_info(self) -> bool:
+        """Whether the envs' ``info`` is read (``info_keys``, or the action mask)."""
+        return bool(self._info_keys) or bool(self._mask_info)
+
     def _write_info(
         self, info: Mapping[str, Any], j: int, k: int, arrays: list[np.ndarray]
     ) -> None:
+        """Writes env ``k``'s ``info`` into row ``j`` of ``arrays`` (the step's or the reset's
+        staging), and its action mask into the matching mask staging."""
         write_info(self._info_keys, info, arrays, j, k, self._offset)
+        if self._mask_info:
+            masks = self._reset_mask if arrays is self._reset_info else self._step_mask
+            masks[j] = info_mask(info, masks.shape[1], k, self._offset)
 
     def _finite_rewards(self, reward: np.ndarray, run: np.ndarray) -> None:
         """``check_finite``: raises FloatingPointError for the first NaN or infinite reward

@@ -17,6 +17,11 @@ them:
 | ``Discrete`` | a Python int | int64 ndarray ``(B,)`` |
 | ``Box``, ``MultiDiscrete``... | ndarray ``(*feat)``, the space's dtype | ``(B, *feat)`` |
 
+Action masks: a ``Dict`` observation with an ``action_mask`` leaf is honoured as it is; an env
+that gives its mask in ``info`` passes it as ``policy.act(obs, action_mask=info["action_mask"])``
+(``(A,)`` for one observation, ``(B, A)`` for a batch; nonzero: legal). Greedy and sampled
+actions are then legal ones (:mod:`rlstruct.blocks.masks`).
+
 Actions are greedy by default (the action evaluation plays); ``deterministic=False`` samples
 from the policy (DQN: epsilon-greedy with the run's final ``eps_end``), from a generator of the
 policy's own (``seed``). Lists, torch tensors and arrays of another dtype are accepted where
@@ -58,6 +63,7 @@ from rlstruct.batchers.rows import broadcast_rows
 from rlstruct.blocks.sampling import GREEDY
 from rlstruct.devices import resolve_device
 from rlstruct.dicttensor import DictTensor
+from rlstruct.envs.masks import check_masks
 from rlstruct.envs.registry import env_factory, import_env_modules
 from rlstruct.envs.spaces import (
     MISSING,
@@ -222,7 +228,7 @@ class Policy:
         episodes (other threads' and sessions' memories are kept)."""
         self._own().reset()
 
-    def act(self, obs: Any, deterministic: bool = True) -> Any:
+    def act(self, obs: Any, deterministic: bool = True, action_mask: Any = None) -> Any:
         """The action for one observation ``(*feat)``, or the actions of a batch ``(B, *feat)``,
         with the calling thread's memory (a recurrent policy; see :meth:`session`).
 
@@ -231,6 +237,10 @@ class Policy:
                 of a Discrete space...), or a batch of them ``(B, *feat)`` (see the module
                 docstring; a Dict space: a dict of these).
             deterministic: the greedy action (True) or one sampled from the policy (False).
+            action_mask: the legal actions of a ``Discrete`` action space (what an env gives
+                as ``info["action_mask"]``): ``(A,)`` for one observation, ``(B, A)`` for a
+                batch, bools or 0/1 numbers; None: all legal (or the observation's own
+                ``action_mask`` leaf).
 
         Returns:
             One action as the env takes it (a Python int for ``Discrete``, an ndarray of the
@@ -243,13 +253,17 @@ class Policy:
             SpaceError: ``obs`` is not numbers, or has a dtype that does not cast to the
                 space's without loss.
             NonFiniteError: a float observation holds NaN or an infinity.
+            ActionMaskError: a row of ``action_mask`` allows no action.
         """
-        return self._own().act(obs, deterministic)
+        return self._own().act(obs, deterministic, action_mask)
 
     @torch.no_grad()
-    def _step(self, memory: PolicySession, obs: Any, deterministic: bool) -> Any:
+    def _step(self, memory: PolicySession, obs: Any, deterministic: bool,
+              action_mask: Any = None) -> Any:
         """:meth:`act` with ``memory``'s recurrent state (updated in place)."""
         frames, n, single = self._rows(obs)
+        if action_mask is not None:
+            frames[K.ACTION_MASK] = self._mask_rows(action_mask, n, single)
         agent_info = broadcast_rows(self._infos[bool(deterministic)], n, "agent_info")
         state, fresh = self._begin(memory, agent_info, n)
         last = memory.last_action if memory.last_action is not None else torch.as_tensor(
@@ -304,6 +318,24 @@ class Policy:
             out[leaf.key] = tensor.reshape(-1, *leaf.shape)
         assert rows is not None  # a space has at least one leaf
         return out, rows[0], rows[1]
+
+    def _mask_rows(self, action_mask: Any, n: int, single: bool) -> Tensor:
+        """``action_mask`` as bool rows ``(n, A)``, checked."""
+        space = self.action_space
+        if not isinstance(space, gym.spaces.Discrete):
+            raise SpaceError(f"action_mask restricts a Discrete action space; this policy's is "
+                             f"{space}")
+        try:
+            mask = torch.as_tensor(np.asarray(action_mask)).bool()
+        except (TypeError, ValueError) as err:
+            raise ShapeError(f"action_mask is not an array of numbers: {err}") from None
+        shape = (int(space.n),) if single else (n, int(space.n))
+        if tuple(mask.shape) != shape:
+            raise ShapeError(f"action_mask has shape {tuple(mask.shape)}, expected {shape} (one "
+                             f"entry per action{'' if single else ', a row per observation'})")
+        mask = mask.reshape(n, -1)
+        check_masks(mask.numpy(), np.arange(n), np.ones(n, bool), 0, np.zeros(n, np.int64))
+        return mask
 
     def _leaf_tensor(self, value: Any, leaf: Leaf) -> Tensor:
         """``value`` (one observation or a batch of one leaf) as a CPU tensor of the leaf's
@@ -367,9 +399,9 @@ class PolicySession:
         """Forgets the memory: the next :meth:`act` starts fresh episodes."""
         self.state = self.last_action = None
 
-    def act(self, obs: Any, deterministic: bool = True) -> Any:
+    def act(self, obs: Any, deterministic: bool = True, action_mask: Any = None) -> Any:
         """:meth:`Policy.act` with this session's memory (same arguments, results, errors)."""
-        return self.policy._step(self, obs, deterministic)
+        return self.policy._step(self, obs, deterministic, action_mask)
 
 
 def _short(value: Any, n: int = 40) -> str:
