@@ -317,20 +317,11 @@ class VectorEnvAdapter(VecEnv):
         t1[K.LAST_ACTION] = torch.from_numpy(a)
         t1[K.ENV_STEP] = torch.from_numpy(self._t.copy())
         self._running = run
-        obs_t1 = DictTensor.trusted(t1, self._n, _CPU)
         was = torch.from_numpy(run.copy())
-        if not ended.shape[0]:
-            return (obs_t1, was), (DictTensor.trusted(dict(t1), self._n, _CPU), was.clone())
-        self._t[ended] = 0
-        if self._obs_checked:
-            self._check_reset_rows(fresh, ended)
-        nxt = {lf.key: torch.from_numpy(x) for lf, x in zip(self._leaves, fresh)}
-        nxt.update(self._reset_keys(done))
-        nxt[K.REWARD] = torch.from_numpy(np.where(done, np.float32(0), reward))
-        last = a.copy()
-        last[ended] = self._act.default
-        nxt[K.LAST_ACTION] = torch.from_numpy(last)
-        return (obs_t1, was), (DictTensor.trusted(nxt, self._n, _CPU), was.clone())
+        nxt = self._next_obs(t1, fresh, ended, done, a) if ended.shape[0] else dict(t1)
+        return (DictTensor.trusted(t1, self._n, _CPU), was), (
+            DictTensor.trusted(nxt, self._n, _CPU), was.clone()
+        )
 
     def set_env_id_offset(self, offset: int) -> None:
         """Sets the global index of env 0 (what error messages name; see
@@ -357,6 +348,24 @@ class VectorEnvAdapter(VecEnv):
         )
 
     # ------------------------------------------------------------------ helpers
+    def _next_obs(
+        self, t1: dict[str, Tensor], fresh: list[np.ndarray], ended: np.ndarray,
+        done: np.ndarray, a: np.ndarray,
+    ) -> dict[str, Tensor]:
+        """``obs_next`` after a step where the envs ``ended`` ended their episode: ``fresh``'s
+        leaves (the new episodes' first observations in those rows), the reset keys there and
+        ``t1``'s reward and last action in the other rows."""
+        self._t[ended] = 0
+        if self._obs_checked:
+            self._check_reset_rows(fresh, ended)
+        nxt = {lf.key: torch.from_numpy(x) for lf, x in zip(self._leaves, fresh)}
+        nxt.update(self._reset_keys(done))
+        nxt[K.REWARD] = torch.where(torch.from_numpy(done), 0.0, t1[K.REWARD])
+        last = a.copy()
+        last[ended] = self._act.default
+        nxt[K.LAST_ACTION] = torch.from_numpy(last)
+        return nxt
+
     def _reset_keys(self, rows: np.ndarray) -> dict[str, Tensor]:
         """The keys of a reset observation beyond the leaves, for ``N`` rows: a reset one in
         each row of ``rows``, the end flags False everywhere (``obs_next`` of rows that go on
