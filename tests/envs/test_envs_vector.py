@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from gymnasium.vector import AutoresetMode
+from support.vector_envs import LIMIT, cartpole_vector_env
 
 from rlstruct import DictTensor
 from rlstruct.agent import Agent
@@ -31,14 +32,10 @@ from rlstruct.errors import (
     KeyMismatchError,
 )
 
-LIMIT = 12
 MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
 
 
-def cartpole(mode: AutoresetMode | str, num_envs: int) -> gym.vector.SyncVectorEnv:
-    """The user's factory: ``num_envs`` CartPoles with a 12-step limit, in one SyncVectorEnv."""
-    make = functools.partial(gym.make, "CartPole-v1", max_episode_steps=LIMIT)
-    return gym.vector.SyncVectorEnv([make] * num_envs, autoreset_mode=mode)
+cartpole = cartpole_vector_env  # the user's factory: make(mode, num_envs) -> SyncVectorEnv
 
 
 def reference(n_envs: int, seed: int) -> GymEnvInf:
