@@ -12,6 +12,10 @@ when the adapter is built, before any reset or step.
 from __future__ import annotations
 
 import functools
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -19,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 from gymnasium.vector import AutoresetMode
+from support.toy_envs import DictObs, TupleObs
 from support.vector_envs import LIMIT, cartpole_vector_env
 
 from rlstruct import DictTensor
@@ -32,6 +37,7 @@ from rlstruct.errors import (
     KeyMismatchError,
 )
 
+REPO = Path(__file__).resolve().parents[2]
 MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
 
 
@@ -112,6 +118,73 @@ def test_no_phantom_step_and_true_final_observations(mode: AutoresetMode) -> Non
                 assert nxt["initial_state"][k] and nxt["env_step"][k] == 0
         assert torch.equal(t1["env_step"], obs["env_step"] + 1)
         obs = nxt
+
+
+def limited(cls: type) -> gym.Env:
+    return gym.wrappers.TimeLimit(cls(), LIMIT)
+
+
+@pytest.mark.parametrize("cls", [DictObs, TupleObs])
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP],
+                         ids=lambda m: m.name)
+def test_dict_and_tuple_observations_equal_gym_env_inf(cls: type, mode: AutoresetMode) -> None:
+    """A Dict or Tuple observation: batched as gymnasium batches them (a dict or tuple of
+    arrays); SAME_STEP's final observations are one dict or tuple per ended env."""
+    n, seed = 3, 5
+    factories = [functools.partial(limited, cls)] * n
+    env = VectorEnvAdapter(
+        lambda num_envs: gym.vector.SyncVectorEnv(factories, autoreset_mode=mode), n_envs=n,
+        seed=seed,
+    )
+    ref = GymEnvInf(factories, seed=seed)
+    assert_same(env.reset()[0], ref.reset()[0], "reset")
+    rng = np.random.default_rng(1)
+    ends = 0
+    for t in range(40):
+        a = act(rng.integers(0, 2, n))
+        (t1, _), (nxt, _) = env.step(a)
+        (ref_t1, _), (ref_nxt, _) = ref.step(a)
+        assert_same(t1, ref_t1, f"obs_t1 of step {t}")
+        assert_same(nxt, ref_nxt, f"obs_next of step {t}")
+        ends += int(t1["done"].sum())
+    assert ends >= 4 and "frame" not in t1  # one key per leaf
+
+
+def _example() -> Any:
+    spec = importlib.util.spec_from_file_location("vector_env_example",
+                                                  REPO / "examples" / "vector_env.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_batched_simulator_with_batched_final_observations() -> None:
+    """examples/vector_env.py's Particles: a VectorEnv of its own (no sub-envs), SAME_STEP with
+    ``info["final_obs"]`` as one batched array: each terminated row's final observation is
+    outside [-1, 1] (not the reset one), each next row starts anew."""
+    example = _example()
+    env = VectorEnvAdapter(example.Particles, n_envs=16, seed=0)
+    obs, _ = env.reset()
+    terminated = 0
+    for _ in range(60):
+        (t1, _), (nxt, _) = env.step(act(np.full(16, 2, np.int64)))  # push right: leave fast
+        term = t1["terminated"]
+        assert torch.all(t1["frame"][term][:, 0] > 1)
+        assert torch.all(nxt["frame"][term][:, 0].abs() <= 0.1)
+        assert torch.equal(nxt["initial_state"], t1["done"])
+        assert torch.equal(t1["env_step"], obs["env_step"] + 1)
+        terminated += int(term.sum())
+        obs = nxt
+    assert terminated >= 16
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_example_runs() -> None:
+    done = subprocess.run([sys.executable, str(REPO / "examples" / "vector_env.py")], cwd=REPO,
+                          capture_output=True, text=True, timeout=110)
+    assert done.returncode == 0, done.stderr
+    assert "same batch: True" in done.stdout and "autoreset_mode=SAME_STEP" in done.stdout
 
 
 def test_partial_reset_honoured_or_refused() -> None:
