@@ -12,8 +12,14 @@ contract: ``obs_t1`` holds the final observation, ``obs_next`` the new episode's
 
 prints the episode ends of a SerialBatcher's batch, checks that each final observation is one
 the episode could end on, and that a one-worker Batcher (whose worker builds its own
-``Particles`` from the same factory) collects the same batch, bit for bit. (The docs:
-docs/concepts.md, "Your own vector env".)
+``Particles`` from the same factory) collects the same batch, bit for bit. Importing the module
+registers ``Particles-v0`` with gymnasium (``Particle`` for ``gymnasium.make``, ``Particles`` as
+its ``vector_entry_point``), so the algorithms train on it from the command line:
+
+    PYTHONPATH=examples rlstruct train ppo --env-module vector_env --env-id Particles-v0 \
+        --env-backend vector --max-frames 4000 --target-return None
+
+(The docs: docs/concepts.md, "Your own vector env", and docs/algorithms.md, "Custom envs".)
 """
 
 from __future__ import annotations
@@ -75,6 +81,38 @@ class Particles(gym.vector.VectorEnv):
             info = {"final_obs": self._state.copy(), "_final_obs": done}
             self._start(done)
         return self._state.copy(), reward, terminated, truncated, info
+
+
+class Particle(gym.Env):
+    """ONE particle, as ``gymnasium.make`` gives it (what ``rlstruct train`` probes and
+    evaluates): a ``Particles`` of one env, its final observation returned at an episode end."""
+
+    def __init__(self) -> None:
+        self._batch = Particles(1)
+        self.observation_space = self._batch.single_observation_space
+        self.action_space = self._batch.single_action_space
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        obs, info = self._batch.reset(seed=seed)
+        return obs[0], info
+
+    def step(self, action: int):
+        obs, reward, terminated, truncated, info = self._batch.step(np.asarray([action]))
+        if terminated[0] or truncated[0]:
+            obs = info["final_obs"]
+        return obs[0], float(reward[0]), bool(terminated[0]), bool(truncated[0]), {}
+
+
+def register() -> None:
+    """Registers ``Particles-v0`` with both entry points (idempotent): ``gymnasium.make`` gives
+    a ``Particle``, ``gymnasium.make_vec(..., vectorization_mode="vector_entry_point")`` a
+    ``Particles`` batch, which ``rlstruct train --env-backend vector`` trains on."""
+    if "Particles-v0" not in gym.registry:
+        gym.register("Particles-v0", entry_point=Particle, vector_entry_point=Particles)
+
+
+register()  # on import: `--env-module vector_env` imports this module in every process
 
 
 class Random(Agent):

@@ -311,3 +311,50 @@ def test_batcher_worker_trajectories_equal_the_gym_env_inf_route(mode: Autoreset
     got = _collect(Batcher, VectorEnvAdapter, args, n_processes=1)
     for g, e in zip(got, _reference_batches()):
         assert g.trajectories.equal(e.trajectories) and g.info.equal(e.info)
+
+
+# ------------------------------------------------------ rlstruct train --env-backend vector
+def _no_mode(num_envs: int) -> _Plain:
+    return _Plain({}, num_envs)
+
+
+@pytest.mark.filterwarnings("ignore:.*missing AutoresetMode metadata")  # gymnasium's own
+def test_the_vector_backend_is_checked_before_the_run_starts(tmp_path: Path) -> None:
+    from rlstruct.runs.resolve import resolve
+    from rlstruct.runs.run import RunConfig
+
+    runs = str(tmp_path / "runs")
+    with pytest.raises(ConfigError, match="without a vector_entry_point"):
+        resolve(RunConfig(env_id="FrozenLake-v1", env_backend="vector", runs_dir=runs))
+    if "rlstruct-test/NoAutoresetMode-v0" not in gym.registry:
+        gym.register("rlstruct-test/NoAutoresetMode-v0",
+                     entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv",
+                     vector_entry_point=_no_mode)
+    with pytest.raises(ConfigError, match=r"no metadata\['autoreset_mode'\]"):
+        resolve(RunConfig(env_id="rlstruct-test/NoAutoresetMode-v0", env_backend="vector",
+                          runs_dir=runs))
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_rlstruct_train_on_a_registered_vector_env(tmp_path: Path) -> None:
+    """examples/vector_env.py registers Particles-v0 with a vector_entry_point: PPO trains on
+    it with --env-backend vector (one Particles batch per worker) and evaluates gymnasium.make's
+    single Particle."""
+    import json
+    import os
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO / "examples"), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-m", "rlstruct.algos.ppo", "--env-module", "vector_env", "--env-id",
+         "Particles-v0", "--env-backend", "vector", "--max-frames", "3000", "--target-return",
+         "None", "--eval-every", "1", "--n-processes", "2", "--n-envs", "4"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=220,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["frames"] >= 3000
+    assert json.loads((run_dir / "config.json").read_text())["config"]["env_backend"] == "vector"
