@@ -183,7 +183,7 @@ def _probe_vector_env(env_id: str) -> tuple[gym.Space, gym.Space]:
     """The single-env spaces of the vector env registered for ``env_id`` (one env made and
     closed here), its auto-reset mode checked: a mode the adapter cannot tell apart is a
     ConfigError before the run starts."""
-    from rlstruct.envs.vector import autoreset_mode
+    from rlstruct.envs.autoreset import autoreset_mode
 
     probe = gym.make_vec(env_id, num_envs=1, vectorization_mode="vector_entry_point")
     try:

@@ -31,6 +31,9 @@ the adapter reads it when it is built and gives the same Trajectories in each:
 A vector env that ignores ``reset_mask`` (it resets every env, e.g. gymnasium's own
 ``CartPoleVectorEnv``) is caught at the first episode end: the rows it should have left alone
 changed, and a :class:`~rlstruct.errors.BatcherStateError` says so (use ``SAME_STEP`` there).
+gymnasium 1.4's ``AsyncVectorEnv(shared_memory=False)`` in ``NEXT_STEP`` mode resets the masked
+envs but keeps their pending auto-reset, which would drop an action per episode end: it is
+refused at construction (``shared_memory=True``, gymnasium's default, works).
 A missing or unknown mode raises :class:`~rlstruct.errors.AutoresetModeError` at construction.
 
 **Seeds.** ``VectorEnvAdapter(..., seed=s)`` calls ``reset(seed=s)`` on the env's FIRST reset
@@ -61,12 +64,12 @@ from torch import Tensor
 
 from rlstruct import keys as K
 from rlstruct.dicttensor import DictTensor
+from rlstruct.envs.autoreset import autoreset_mode, refuse_stale_autoreset
 from rlstruct.envs.base import StepResult, VecEnv
 from rlstruct.envs.envpool_arrays import leaf_arrays
 from rlstruct.envs.spaces import ActionSpec, Leaf, observation_leaves, torch_dtype, write_leaves
 from rlstruct.envs.step_checks import check_observations, check_step
 from rlstruct.errors import (
-    AutoresetModeError,
     BatcherStateError,
     ConfigError,
     KeyMismatchError,
@@ -76,47 +79,13 @@ from rlstruct.errors import (
     ShapeError,
 )
 
-__all__ = ["VectorEnvAdapter", "VectorEnvFactory", "autoreset_mode"]
+__all__ = ["VectorEnvAdapter", "VectorEnvFactory"]
 
 _CPU = torch.device("cpu")
 _SOURCE = "the vector env"
 
 #: ``make_env(num_envs=n) -> gymnasium.vector.VectorEnv``: what builds the user's vector env.
 VectorEnvFactory = Callable[..., gym.vector.VectorEnv]
-
-
-def autoreset_mode(env: gym.vector.VectorEnv) -> AutoresetMode:
-    """The auto-reset mode a gymnasium vector env states in ``metadata["autoreset_mode"]``.
-
-    Args:
-        env: the vector env.
-
-    Returns:
-        The ``AutoresetMode`` (a string value such as ``"SameStep"`` is read as its member).
-
-    Raises:
-        AutoresetModeError: the metadata has no ``autoreset_mode``, or not one of gymnasium's.
-    """
-    metadata = getattr(env, "metadata", None)
-    mode = metadata.get("autoreset_mode") if isinstance(metadata, Mapping) else None
-    known = ", ".join(f"AutoresetMode.{m.name} ({m.value!r})" for m in AutoresetMode)
-    if mode is None:
-        raise AutoresetModeError(
-            f"{type(env).__name__} has no metadata['autoreset_mode'], so rlstruct cannot tell "
-            f"which step ends an episode; expected one of {known} (set it in the env's "
-            "metadata)",
-            mode=None,
-        )
-    if isinstance(mode, AutoresetMode):
-        return mode
-    try:
-        return AutoresetMode(mode)
-    except ValueError:
-        raise AutoresetModeError(
-            f"{type(env).__name__} has metadata['autoreset_mode'] = {mode!r}, which rlstruct "
-            f"does not know; expected one of {known}",
-            mode=mode,
-        ) from None
 
 
 class VectorEnvAdapter(VecEnv):
@@ -184,6 +153,7 @@ class VectorEnvAdapter(VecEnv):
             if vec.num_envs != n:
                 raise ConfigError(f"make_env(num_envs={n}) returned {vec.num_envs} envs")
             self.autoreset_mode = autoreset_mode(vec)
+            refuse_stale_autoreset(vec, self.autoreset_mode)
             self.observation_space: gym.Space = vec.single_observation_space
             self.action_space: gym.Space = vec.single_action_space
             self._leaves: list[Leaf] = observation_leaves(self.observation_space)
