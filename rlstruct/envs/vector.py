@@ -104,6 +104,9 @@ class VectorEnvAdapter(VecEnv):
         check_obs: raise :class:`~rlstruct.errors.ObservationError` when a float observation
             holds NaN or an infinity, at a step or a reset; ``False`` lets them through.
 
+    Attributes:
+        autoreset_mode: the vector env's ``gymnasium.vector.AutoresetMode``.
+
     Raises:
         ConfigError: ``make_env`` did not return a ``gymnasium.vector.VectorEnv``, or one with
             another ``num_envs``; bad ``n_envs``, ``seed`` or offset.
@@ -143,6 +146,8 @@ class VectorEnvAdapter(VecEnv):
         n = int(n_envs)
         vec = make_env(num_envs=n)
         if not isinstance(vec, gym.vector.VectorEnv):
+            if callable(getattr(vec, "close", None)):
+                vec.close()
             raise ConfigError(
                 f"make_env returned a {type(vec).__name__}, expected a gymnasium.vector.VectorEnv "
                 "(for single gymnasium envs, use GymEnvInf)"
