@@ -21,6 +21,7 @@ __all__ = [
     "ObservationError",
     "ActionMaskError",
     "ConfigError",
+    "AutoresetModeError",
     "NonFiniteError",
     "CheckpointError",
     "RunFolderError",
@@ -151,6 +152,20 @@ class ActionMaskError(RLStructError, ValueError):
 
 class ConfigError(RLStructError, ValueError):
     """A bad configuration (sizes, seeds, devices, factories), raised before anything starts."""
+
+
+class AutoresetModeError(ConfigError):
+    """A gymnasium vector env whose auto-reset mode cannot be told apart (no
+    ``metadata["autoreset_mode"]``, or a value that is not one of gymnasium's
+    ``AutoresetMode``); raised when the VecEnv adapting it is built, before any step.
+
+    Attributes:
+        mode: the value found (None where the metadata has none).
+    """
+
+    def __init__(self, message: str, *, mode: Any = None) -> None:
+        super().__init__(message)
+        self.mode = mode
 
 
 class NonFiniteError(RLStructError, ValueError):

@@ -47,9 +47,18 @@ def env_order(info: Mapping[str, Any], ids: np.ndarray, n: int) -> np.ndarray | 
     where[got] = np.arange(got.shape[0])
     return where[ids]
 
-def leaf_arrays(obs: Any, leaves: Sequence[Leaf], perm: np.ndarray | None) -> list[np.ndarray]:
+def leaf_arrays(
+    obs: Any, leaves: Sequence[Leaf], perm: np.ndarray | None, source: str = "envpool"
+) -> list[np.ndarray]:
     """One array per observation leaf of ``leaves``, rows in env order (``perm``: see
-    :func:`env_order`), exactly in the leaf's dtype, never sharing memory with envpool's.
+    :func:`env_order`), exactly in the leaf's dtype, never sharing memory with the source's
+    (envpool's, or a gymnasium vector env's: :mod:`rlstruct.envs.vector`).
+
+    Args:
+        obs: the batched observation (an array, or a dict/tuple of arrays).
+        leaves: the leaves of the single-env observation space.
+        perm: the row permutation (None: rows as they are).
+        source: what produced ``obs``, named in the messages.
 
     Raises:
         KeyMismatchError: ``obs`` lacks a leaf.
@@ -61,7 +70,7 @@ def leaf_arrays(obs: Any, leaves: Sequence[Leaf], perm: np.ndarray | None) -> li
         v = leaf_value(obs, lf)
         if v is MISSING:
             raise KeyMismatchError(
-                f"envpool's observation has no {lf.key!r} (path {list(lf.path)}), which "
+                f"{source}'s observation has no {lf.key!r} (path {list(lf.path)}), which "
                 "its observation space promises"
             )
         x = np.asarray(v)
@@ -71,12 +80,12 @@ def leaf_arrays(obs: Any, leaves: Sequence[Leaf], perm: np.ndarray | None) -> li
             x = x.astype(lf.dtype)
         if x.dtype != lf.dtype:
             raise SpaceError(
-                f"envpool returned {lf.key!r} as {x.dtype}, but its observation space says "
+                f"{source} returned {lf.key!r} as {x.dtype}, but its observation space says "
                 f"{lf.dtype} (rlstruct never casts silently)"
             )
         if x.shape[1:] != lf.shape:
             raise ShapeError(
-                f"envpool returned {lf.key!r} of shape {x.shape}, expected "
+                f"{source} returned {lf.key!r} of shape {x.shape}, expected "
                 f"(n, *{lf.shape}) from its observation space"
             )
         # One copy (or the permutation's gather): what we return never shares memory with

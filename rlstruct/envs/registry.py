@@ -82,7 +82,8 @@ def env_id_problems(env_id: str, backend: str = "gymnasium") -> list[str]:
     """What is wrong with ``env_id`` for the env ``backend`` (empty: nothing).
 
     ``gymnasium`` ids must be registered (after the env modules are imported; ``pkg.mod:Id``
-    imports ``pkg.mod`` here); an unknown one gets up to three close matches. ``torch`` ids must
+    imports ``pkg.mod`` here); an unknown one gets up to three close matches; ``vector`` ids
+    also need a ``vector_entry_point`` and an ``entry_point``. ``torch`` ids must
     have a torch-native version; ``atari`` ids are checked once ale-py registered them (a
     missing ale-py is a problem too).
     """
@@ -101,7 +102,7 @@ def env_id_problems(env_id: str, backend: str = "gymnasium") -> list[str]:
         except ImportError as err:
             return [f"--env-backend atari: {err}"]
     try:
-        env_spec(env_id)
+        spec = env_spec(env_id)
     except ModuleNotFoundError as err:
         return [f"env_id {env_id!r}: its module cannot be imported ({err})"]
     except gym.error.Error as err:
@@ -109,6 +110,12 @@ def env_id_problems(env_id: str, backend: str = "gymnasium") -> list[str]:
         return [f"env_id {env_id!r} is not registered with gymnasium{_suggest(name, gym.registry)}"
                 f" ({type(err).__name__}: {err}); an env of your own needs --env-module "
                 "pkg.mod (the module that registers it) or the id form pkg.mod:Id"]
+    if backend == "vector" and (spec.vector_entry_point is None or spec.entry_point is None):
+        return [f"env_id {env_id!r} is registered without a vector_entry_point or an "
+                "entry_point; --env-backend vector trains on gymnasium.make_vec(env_id, "
+                "vectorization_mode='vector_entry_point') and probes and evaluates "
+                "gymnasium.make(env_id): register both (gymnasium.register(id, entry_point=..., "
+                "vector_entry_point=...))"]
     return []
 
 
@@ -129,12 +136,15 @@ def env_dims(env_id: str) -> tuple[int, int]:
 
 def probe_spaces(env_id: str, backend: str = "gymnasium") -> tuple[gym.Space, gym.Space]:
     """``(observation space, action space)`` of ``env_id`` as the training envs of ``backend``
-    produce them (``"atari"``: the preprocessed frames; ``"torch"``: the torch-native env's),
-    from one env made and closed here.
+    produce them (``"atari"``: the preprocessed frames; ``"torch"``: the torch-native env's;
+    ``"vector"``: the single-env spaces of its registered vector env), from one env made and
+    closed here.
 
     Raises:
         ConfigError: ``backend`` is ``"torch"`` and ``env_id`` has no torch-native version, or
             the env was made but its ``close()`` raised (a close error, named as one).
+        AutoresetModeError: ``backend`` is ``"vector"`` and the vector env states no auto-reset
+            mode, or an unknown one (a ConfigError).
         Exception: whatever making the env raised (the caller reports it as an env that
             cannot be made).
     """
@@ -148,6 +158,8 @@ def probe_spaces(env_id: str, backend: str = "gymnasium") -> tuple[gym.Space, gy
             )
         cls = BY_GYM_ID[env_id]
         return cls.observation_space, cls.action_space
+    if backend == "vector":
+        return _probe_vector_env(env_id)
     if backend == "atari":
         from rlstruct.envs.atari import make_atari_gym_env
 
@@ -165,6 +177,20 @@ def probe_spaces(env_id: str, backend: str = "gymnasium") -> tuple[gym.Space, gy
             "evaluation's; make close() succeed, also on an env that was never reset)"
         ) from err
     return obs, actions
+
+
+def _probe_vector_env(env_id: str) -> tuple[gym.Space, gym.Space]:
+    """The single-env spaces of the vector env registered for ``env_id`` (one env made and
+    closed here), its auto-reset mode checked: a mode the adapter cannot tell apart is a
+    ConfigError before the run starts."""
+    from rlstruct.envs.autoreset import autoreset_mode
+
+    probe = gym.make_vec(env_id, num_envs=1, vectorization_mode="vector_entry_point")
+    try:
+        autoreset_mode(probe)
+        return probe.single_observation_space, probe.single_action_space
+    finally:
+        probe.close()
 
 
 def env_spaces(env_id: str, backend: str = "gymnasium") -> tuple[tuple[int, ...], gym.Space]:

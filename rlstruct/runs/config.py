@@ -110,12 +110,13 @@ class RunConfig:
     """discount factor"""
     max_grad_norm: float = 0.5
     """clip the global gradient norm to this (0: no clipping)"""
-    env_backend: Literal["gymnasium", "torch", "atari"] = "gymnasium"
+    env_backend: Literal["gymnasium", "torch", "atari", "vector"] = "gymnasium"
     """training envs: gymnasium's; rlstruct's torch-native version of env_id (batched tensor
     maths on the batcher's device: CartPole-v1, Acrobot-v1, MountainCar-v0, Pendulum-v1; the
-    evaluation plays gymnasium's env); or an ALE id with Atari preprocessing (84x84 grey, frame
+    evaluation plays gymnasium's env); an ALE id with Atari preprocessing (84x84 grey, frame
     skip 4, 4 stacked uint8 frames; the atari extra: pip install -e '.[atari]'; no evaluation
-    runs)"""
+    runs); or the vector env registered as env_id's vector_entry_point, one per worker
+    (gymnasium.make_vec, through VectorEnvAdapter; the evaluation plays gymnasium.make's env)"""
     frame_stack: int = 4
     """--env-backend atari: the preprocessed frames stacked in one observation (1: the current
     frame alone, for a recurrent model, as CleanRL's ppo_atari_lstm)"""

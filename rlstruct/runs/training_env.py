@@ -12,6 +12,7 @@ from rlstruct.envs.base import VecEnv
 from rlstruct.envs.gym import GymEnvInf
 from rlstruct.envs.registry import EnvModules
 from rlstruct.envs.torch import make_torch_env
+from rlstruct.envs.vector import VectorEnvAdapter
 from rlstruct.errors import ConfigError
 
 __all__ = ["training_env"]
@@ -22,7 +23,9 @@ def training_env(
 ) -> tuple[Callable[..., VecEnv], dict[str, Any]]:
     """``(create_env, env_args)`` of a run's training envs: the algorithm's ``create_env``
     for gymnasium envs, the torch-native env on ``batcher_device`` for ``--env-backend
-    torch``, the preprocessed Atari env for ``--env-backend atari``; wrapped so that every
+    torch``, the preprocessed Atari env for ``--env-backend atari``, the id's registered
+    vector env behind a :class:`~rlstruct.envs.VectorEnvAdapter` for ``--env-backend vector``;
+    wrapped so that every
     process that builds an env imports ``cfg.env_module`` first.
 
     Args:
@@ -46,6 +49,10 @@ def training_env(
         if cfg.env_backend == "torch":
             create_env = make_torch_env
             env_args["device"] = str(batcher_device)
+        elif cfg.env_backend == "vector":
+            create_env = VectorEnvAdapter
+            env_args = {"make_env": cfg.env_id, "n_envs": cfg.layout.n_envs,
+                        "make_kwargs": {"vectorization_mode": "vector_entry_point"}}
         else:
             from rlstruct.envs.atari import make_atari_env
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import gc
 import json
 import os
@@ -27,6 +28,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -136,6 +138,12 @@ class SlowAgent(Agent):
 
 def cartpole(n_envs: int, seed: int) -> GymEnvInf:
     return GymEnvInf("CartPole-v1", n_envs=n_envs, seed=seed)
+
+
+def cartpole_vector_env(mode: str, num_envs: int) -> gym.vector.SyncVectorEnv:
+    """A user's vector env factory (defined here: Ray actors import this module, not support)."""
+    make = functools.partial(gym.make, "CartPole-v1", max_episode_steps=12)
+    return gym.vector.SyncVectorEnv([make] * num_envs, autoreset_mode=mode)
 
 
 def episode_length(env_id: int, episode: int) -> int:
@@ -363,6 +371,26 @@ def test_equals_batcher_bitwise_for_an_agent_sampling_from_global_generators(clu
         assert torch.equal(w, torch.full_like(w, float(w[0, 0])))  # the same model everywhere
         noise = x.trajectories["action/noise"]
         assert not torch.equal(noise[:2], noise[2:])  # each actor samples its own stream
+
+
+def test_a_gymnasium_vector_env_equals_batchers_bitwise(cluster):
+    """VectorEnvAdapter as create_env: each actor builds its own vector env from the factory;
+    the batches are the Batcher's, bit for bit (SAME_STEP and NEXT_STEP)."""
+    from rlstruct.envs.vector import VectorEnvAdapter
+
+    for mode in ("SameStep", "NextStep"):
+        args = {"make_env": functools.partial(cartpole_vector_env, mode), "n_envs": 2}
+        make = {"n_processes": 2, "seeds": 3}
+        with RayBatcher(20, GlobalRNGAgent, {}, VectorEnvAdapter, args, **make) as ray_b, \
+                Batcher(20, GlobalRNGAgent, {}, VectorEnvAdapter, args, **make) as batcher:
+            ray_b.reset()
+            batcher.reset()
+            ray_b.execute()
+            batcher.execute()
+            (x, nx), (y, ny) = ray_b.get(), batcher.get()
+            assert nx == ny
+            assert_same(x, y)
+            assert x.trajectories["_observation/done"].any()
 
 
 def test_get_on_a_device_is_the_batchers_get(cluster):
