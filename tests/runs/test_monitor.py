@@ -67,8 +67,8 @@ def test_columns_present_and_plausible_with_busy_children(spinners):
                    "cores_workers", "steps_per_cpu_s", "rss_mb"):
         assert column in row, column
     assert not any(k.startswith("gpu") for k in row)
-    assert row["cores_busy"] > 0.5, row
-    assert row["cores_main"] < 0.5, row  # this process slept
+    assert reference > 0.2 and row["cores_busy"] > 0.2, (row, reference)  # the spinners ran
+    assert row["cores_main"] < 0.5 * row["cores_busy"], row  # this process slept
     # The workers' share agrees with psutil read directly on the children (10 ms ticks).
     assert abs(row["cores_workers"] - reference) < 0.15, (row, reference)
     assert math.isclose(row["cores_busy"], row["cores_main"] + row["cores_workers"],
@@ -90,10 +90,14 @@ def test_idle_tree_reads_near_zero_and_steps_per_cpu_s():
 
 def test_busy_main_process_counts_as_main():
     monitor = ResourceMonitor(gpu=False)
+    cpu0, wall0 = time.process_time(), time.monotonic()
     _spin(1.0)
     row = monitor.sample()
-    assert row["cores_main"] > 0.5, row
-    assert row["cores_workers"] < 0.5, row
+    # What this process got of the machine, read directly (a loaded machine gives it less than
+    # a core): the monitor's main share agrees with it (10 ms ticks).
+    own = (time.process_time() - cpu0) / (time.monotonic() - wall0)
+    assert own > 0.1 and abs(row["cores_main"] - own) < 0.15, (row, own)
+    assert row["cores_workers"] < 0.5 * own, row
 
 
 def _cpu_for(seconds: float) -> None:
