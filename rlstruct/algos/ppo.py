@@ -41,6 +41,7 @@ from rlstruct.algos.presets import PPO_PRESETS
 from rlstruct.blocks import segment_minibatches as seg  # the batch's advantages, minibatches
 from rlstruct.blocks.distributions import space_spec
 from rlstruct.blocks.nets import HeadActorCritic
+from rlstruct.blocks.obs_input import input_keys
 from rlstruct.blocks.optim import Optimizer, adam, gradient_step
 from rlstruct.blocks.recurrent import RecurrentAgent
 from rlstruct.blocks.sampling import PolicyAgent, greedy_info
@@ -130,13 +131,12 @@ class Config(RunConfig):
 def model_factory(run: Run, cfg: Config) -> partial[torch.nn.Module]:
     """The zoo's ``--model`` (:func:`~rlstruct.blocks.zoo.actor_critic`), from plain values."""
     options = cfg.mlp_options() if cfg.model == "mlp" else {}
-    return partial(actor_critic, cfg.model, tuple(run.obs_shape), space_spec(run.action_space),
-                   cfg.hidden, **options)
+    return run.factory(actor_critic, cfg.model, tuple(run.obs_shape),
+                       space_spec(run.action_space), cfg.hidden, **options)
 
 
 # --------------------------------------------------------------------------------------- agent
-# Memoryless (blocks/sampling.py): stores the env's action, the head's unclipped sample, logp
-# and value; replayed, the head's params and the value. Recurrent: RecurrentAgent, plus its state.
+# PolicyAgent (blocks/sampling.py) stores action, sample, logp, value; RecurrentAgent its state too.
 PPOAgent = PolicyAgent
 
 
@@ -196,7 +196,7 @@ def learn(
         traj = (seg.relabel_recurrent if recurrent else relabel)(agent, traj)
     gae = seg.recurrent_gae if recurrent else partial(gae_advantages, current=True)
     advantage, returns = gae(agent.model, traj, cfg.gamma, cfg.gae_lambda)
-    keys = [K.OBS_FRAME, K.STORED_SAMPLE, K.STORED_LOGP, K.STORED_VALUE]
+    keys = [*input_keys(traj.trajectories), K.STORED_SAMPLE, K.STORED_LOGP, K.STORED_VALUE]
     steps = traj.trajectories.get(keys + ([K.OBS_INITIAL_STATE] if recurrent else []))
     if cfg.adv_norm == "batch":  # over the valid steps
         advantage = F.normalize_advantages(advantage, steps.mask())

@@ -32,6 +32,7 @@ from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.batchers import Batcher, SerialBatcher
 from rlstruct.blocks.distributions import space_spec
+from rlstruct.blocks.obs_input import model_input
 from rlstruct.blocks.optim import adam, gradient_step
 from rlstruct.blocks.sampling import CategoricalSampler, greedy_info
 from rlstruct.blocks.zoo import actor_critic, model_problems
@@ -99,16 +100,16 @@ class PolicyAgent(Agent):
     def __call__(
         self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
     ) -> tuple[DictTensor, DictTensor]:
-        action = self.sample(self.logits(observation[K.FRAME]), agent_info)
+        action = self.sample(self.logits(model_input(observation)), agent_info)
         return DictTensor({K.ACTION_KEY: action}), state
 
     def call_replay(
         self, trajectories: Trajectories, t: int, state: DictTensor
     ) -> tuple[DictTensor, DictTensor]:
         steps = trajectories.trajectories
-        logits, value = self.model(steps[K.OBS_FRAME][:, t])
+        logits, value = self.model(model_input(steps, K.OBSERVATION)[:, t])
         with torch.no_grad():  # V(s') is a target: no gradient flows into it
-            next_value = self.value(steps[K.NEXT_FRAME][:, t])
+            next_value = self.value(model_input(steps, K.NEXT_OBSERVATION)[:, t])
         out = {
             "logp": F.categorical_log_prob(logits, steps[K.STORED_ACTION][:, t]),
             "entropy": F.categorical_entropy(logits),
@@ -187,8 +188,8 @@ def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("reinforce", cfg) as run:
         cfg = run.cfg  # resolved: the layout file applied, --resume auto picked
-        model = run.model(actor_critic, cfg.model, tuple(run.obs_shape),  # on the CPU
-                          space_spec(run.action_space), cfg.hidden)
+        model = run.model(run.factory(actor_critic, cfg.model, tuple(run.obs_shape),
+                                      space_spec(run.action_space), cfg.hidden))  # on the CPU
         n_timesteps = cfg.n_timesteps or gym.spec(cfg.env_id).max_episode_steps or 1000
         batcher = run.training_batcher(PolicyAgent, {"model": model}, GymEnv, n_timesteps,
                                        pipelined=False)

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from rlstruct import keys as K
 from rlstruct.agent import Agent
+from rlstruct.blocks.obs_input import input_keys, model_input
 from rlstruct.blocks.sampling import HeadSampler
 from rlstruct.dicttensor import DictTensor, masked_dicttensor
 from rlstruct.trajectories import Trajectories
@@ -77,7 +78,7 @@ class RecurrentAgent(Agent):
         zeros on the rows where ``observation["initial_state"]``."""
         fresh = self.initial_state(DictTensor(), observation.n_elems())
         state = masked_dicttensor(state, fresh, observation[K.INITIAL_STATE])
-        return self.model(observation[K.FRAME], state[STATE])
+        return self.model(model_input(observation), state[STATE])
 
     def __call__(
         self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
@@ -97,7 +98,8 @@ class RecurrentAgent(Agent):
     ) -> tuple[DictTensor, DictTensor]:
         """``({replay_key, "value", "h"}, {"h"})`` of step ``t`` of stored trajectories
         ``(B, T, ...)``, with gradients."""
-        observation = trajectories.trajectories.get([K.OBS_FRAME, K.OBS_INITIAL_STATE])
+        steps = trajectories.trajectories
+        observation = steps.get([*input_keys(steps.keys()), K.OBS_INITIAL_STATE])
         observation = observation.temporal_index(t).truncate_key(K.OBSERVATION)
         params, value, h = self.step(state, observation)
         return DictTensor({self.replay_key: params, K.VALUE: value, STATE: h}), \
@@ -125,5 +127,6 @@ def bootstrap_values(model: nn.Module, traj: Trajectories, value: Tensor, h: Ten
     next_value = torch.cat([value[:, 1:], value[:, -1:]], 1).detach().clone()
     if bool(need.any()):
         with torch.no_grad():
-            next_value[need] = model.value(steps[K.NEXT_FRAME][need], h[need]).to(value.dtype)
+            next_obs = model_input(steps, K.NEXT_OBSERVATION)[need]
+            next_value[need] = model.value(next_obs, h[need]).to(value.dtype)
     return next_value

@@ -32,6 +32,7 @@ from rlstruct import keys as K
 from rlstruct.agent import Agent
 from rlstruct.blocks.distributions import ActionHead
 from rlstruct.blocks.functional import categorical_log_prob
+from rlstruct.blocks.obs_input import model_input
 from rlstruct.dicttensor import DictTensor
 from rlstruct.trajectories import Trajectories
 
@@ -109,7 +110,7 @@ class _ModelAgent(Agent):
     ) -> tuple[DictTensor, DictTensor]:
         """One step for ``n`` rows: ``({"action", "logp"[, "value"]}, state)``, with ``sample``
         too for a :class:`PolicyAgent`."""
-        out, value = self.model(observation[K.FRAME])
+        out, value = self.model(model_input(observation))
         step = self._act(out, agent_info)
         if self.store_value:
             step[K.VALUE] = value
@@ -126,11 +127,11 @@ class _ModelAgent(Agent):
         trajectories ``(B, T, ...)``: the model's outputs with gradients (``logits`` for an
         :class:`ActorAgent`, ``params`` for a :class:`PolicyAgent`), next_value without."""
         steps = trajectories.trajectories
-        out, value = self.model(steps[K.OBS_FRAME][:, t])
+        out, value = self.model(model_input(steps, K.OBSERVATION)[:, t])
         replayed = {self._replay_key: out, K.VALUE: value}
         if self.replay_next_value:
             with torch.no_grad():  # V(s') is a target: no gradient flows into it
-                replayed["next_value"] = self.model(steps[K.NEXT_FRAME][:, t])[1]
+                replayed["next_value"] = self.model(model_input(steps, K.NEXT_OBSERVATION)[:, t])[1]
         return DictTensor(replayed), state
 
 
