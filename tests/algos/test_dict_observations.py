@@ -45,6 +45,7 @@ def test_every_algorithm_trains_on_a_dict_observation_and_its_policy_acts_on_one
     action = policy.act(obs)
     assert env.action_space.contains(action if algo == "sac" else int(action))
     batch = {k: np.stack([v, v, v]) for k, v in obs.items()}
+    policy.reset()  # a recurrent policy: another batch size, a fresh memory
     actions = policy.act(batch)
     assert len(actions) == 3
 
