@@ -63,7 +63,7 @@ def test_a_dict_leaf_no_model_takes_is_refused_before_the_run_folder(tmp_path):
 
 def test_a_cnn_model_on_a_dict_observation_is_refused_before_the_run_folder(tmp_path):
     runs = tmp_path / "runs"
-    with pytest.raises(ConfigError, match="--model cnn reads one image array.*--model mlp"):
+    with pytest.raises(ConfigError, match=r"--model cnn reads one image array.*--model mlp"):
         ppo.main(ppo.Config(env_id=DICT_ID, model="cnn", runs_dir=str(runs)))
     assert not runs.exists()
 

@@ -153,5 +153,5 @@ def test_the_trajectories_keep_each_keys_dtype_and_both_batchers_agree():
     assert gym.make(DICT_ID).observation_space == SPACE
     workers = _collect(Batcher)
     assert sorted(workers.keys()) == sorted(serial.keys())
-    for k in serial.keys():
+    for k in serial:
         assert torch.equal(serial[k], workers[k]), k
