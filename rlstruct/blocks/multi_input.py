@@ -7,19 +7,17 @@ Q-network, SAC's actor and critics, TRPO's actor-critic) on ``F`` features, behi
 :class:`MultiInputEncoder` that turns the observation's feature keys
 (:mod:`rlstruct.blocks.obs_input`) into those ``F`` features:
 
-=================================================  ==========================================
-leaf (its :func:`obs_spec` kind)                   features
-=================================================  ==========================================
-``Box`` of 3 dims ``(C, H, W)``, uint8 or float    a CNN, :data:`IMAGE_FEATURES` features
-(``image``)                                        (uint8 divided by 255 inside; the Nature
-                                                   CNN's convolutions from 36x36 up, two
-                                                   stride-2 3x3 ones below; the flatten size
-                                                   computed)
-``Box`` of any other rank, ``MultiBinary``         flattened, as floats
-(``vector``)
-``Discrete(n)`` (``discrete``)                     one-hot, ``n`` features
-=================================================  ==========================================
+================  ===========================================  =================================
+kind              leaf                                         features
+================  ===========================================  =================================
+``image``         ``Box`` of 3 dims ``(C, H, W)``, uint8 or    a CNN, :data:`IMAGE_FEATURES`
+                  float                                        (uint8 divided by 255 inside)
+``vector``        any other ``Box``, ``MultiBinary``           flattened, as floats
+``discrete``      ``Discrete(n)``                              one-hot, ``n`` features
+================  ===========================================  =================================
 
+An image's CNN has the Nature CNN's convolutions from 36x36 up, two stride-2 3x3 ones below
+(its flatten size computed), then a linear layer to :data:`IMAGE_FEATURES` (ReLU).
 ``MultiDiscrete`` leaves are refused (:func:`spec_problems`), and so is a space of no feature
 key. ``action_mask`` (:data:`~rlstruct.keys.ACTION_MASK`) is never a feature.
 
