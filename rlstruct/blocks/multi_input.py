@@ -160,7 +160,9 @@ class MultiInputEncoder(nn.Module):
                                   if s["kind"] == "image")
         self.n_features = feature_size(self.spec)
 
-    def forward(self, x: Mapping[str, Tensor]) -> Tensor:
+    def forward(self, x: Mapping[str, Tensor] | Tensor) -> Tensor:
+        if isinstance(x, Tensor):  # a Dict of one leaf named "frame": model_input's tensor
+            x = {next(iter(self.spec)): x}
         parts, cnns = [], iter(self.cnns)
         for key, s in self.spec.items():
             v = x[key]

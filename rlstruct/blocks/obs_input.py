@@ -4,8 +4,8 @@ An env with a one-array observation space (a ``Box``...) writes its observation 
 one with a ``Dict`` (or ``Tuple``) space writes one key per leaf (``image``, ``vector``,
 ``a/b``: :mod:`rlstruct.envs.spaces`). A model's input is then:
 
-- ``frame``, the tensor itself, where the observation has it (no copy: the one-array path of
-  every algorithm, Atari's included, is what it always was);
+- ``frame``, the tensor itself, where it is the observation's one feature key (no copy: the
+  one-array path of every algorithm, Atari's included, is what it always was);
 - else an :class:`ObsInput`, a ``dict`` of the **feature keys**: every leaf of the observation
   but the keys rlstruct adds (``reward``, ``done``, ``initial_state``... and ``info/<k>``) and
   :data:`~rlstruct.keys.ACTION_MASK` (the legal actions are never a model input). Each tensor
@@ -79,29 +79,26 @@ class ObsInput(dict):  # type: ignore[type-arg]
 
 
 def input_keys(keys: Iterable[str], prefix: str = K.OBSERVATION) -> list[str]:
-    """The full keys of the model input among ``keys``: ``[prefix + "frame"]`` where it is
-    there, else ``prefix + leaf`` for each feature key (:func:`is_feature_key`), in order."""
-    keys = list(keys)
-    if prefix + K.FRAME in keys:
-        return [prefix + K.FRAME]
+    """The full keys of the model input among ``keys``: ``prefix + leaf`` for each feature key
+    (:func:`is_feature_key`), in order (``[prefix + "frame"]`` for a one-array env)."""
     return [k for k in keys if k.startswith(prefix) and is_feature_key(k[len(prefix):])]
 
 
 def model_input(td: Any, prefix: str = "") -> Tensor | ObsInput:
     """The model's input of ``td`` (a DictTensor, a TemporalDictTensor, a replay sample) under
     ``prefix`` (``""`` for an observation, ``K.OBSERVATION``/``K.NEXT_OBSERVATION`` for stored
-    steps): ``td[prefix + "frame"]`` itself, else an :class:`ObsInput` of the feature keys.
+    steps): ``td[prefix + "frame"]`` itself where it is the one feature key, else an
+    :class:`ObsInput` of the feature keys (a Dict's leaf named ``frame`` among them).
 
     Raises:
         KeyMismatchError: ``td`` holds neither ``frame`` nor a feature key under ``prefix``.
     """
-    frame = prefix + K.FRAME
-    if frame in td:
-        return td[frame]
     found = input_keys(td.keys(), prefix)
+    if len(found) == 1 and found[0] == prefix + K.FRAME:
+        return td[found[0]]
     if not found:
-        raise KeyMismatchError(f"no model input under {prefix!r}: neither {frame!r} nor a "
-                               f"feature key among {sorted(td.keys())}")
+        raise KeyMismatchError(f"no model input under {prefix!r}: no feature key among "
+                               f"{sorted(td.keys())}")
     return ObsInput({k[len(prefix):]: td[k] for k in found})
 
 

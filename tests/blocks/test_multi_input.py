@@ -155,3 +155,18 @@ def test_the_trajectories_keep_each_keys_dtype_and_both_batchers_agree():
     assert sorted(workers.keys()) == sorted(serial.keys())
     for k in serial:
         assert torch.equal(serial[k], workers[k]), k
+
+
+def test_a_dict_leaf_named_frame_is_one_feature_key_among_the_others():
+    space = spaces.Dict({"frame": spaces.Box(0, 255, (1, 8, 8), np.uint8),
+                         "vector": spaces.Box(-1, 1, (2,), np.float32)})
+    spec = obs_spec(space)
+    obs = DictTensor({"frame": torch.zeros(3, 1, 8, 8, dtype=torch.uint8),
+                      "vector": torch.zeros(3, 2), "reward": torch.zeros(3)})
+    x = model_input(obs)
+    assert isinstance(x, ObsInput) and sorted(x) == ["frame", "vector"]
+    assert MultiInputEncoder(spec)(x).shape == (3, IMAGE_FEATURES + 2)
+    alone = obs_spec(spaces.Dict({"frame": spaces.Box(0, 1, (3,), np.float32)}))
+    frame = torch.zeros(4, 3)
+    assert model_input(DictTensor({"frame": frame})) is frame  # one leaf: the tensor
+    assert MultiInputEncoder(alone)(frame).shape == (4, 3)
