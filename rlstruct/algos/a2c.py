@@ -162,8 +162,8 @@ def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("a2c", cfg) as run:
         cfg = run.cfg  # resolved: the layout file applied, --resume auto picked
-        make_model = partial(actor_critic, cfg.model, tuple(run.obs_shape),
-                             space_spec(run.action_space), cfg.hidden)
+        make_model = run.factory(actor_critic, cfg.model, tuple(run.obs_shape),
+                                 space_spec(run.action_space), cfg.hidden)
         model = run.model(make_model)  # on the CPU: the batchers copy it
         agent = agent_class(cfg.model)
         batcher = run.training_batcher(agent, {"model": model}, GymEnvInf, cfg.n_timesteps)

@@ -53,6 +53,7 @@ from rlstruct.algos.presets import APPO_PRESETS
 from rlstruct.blocks import masks, zoo
 from rlstruct.blocks import vtrace_replay as vr
 from rlstruct.blocks.distributions import space_spec
+from rlstruct.blocks.obs_input import input_keys
 from rlstruct.blocks.optim import adam, gradient_step
 from rlstruct.blocks.sampling import greedy_info
 from rlstruct.envs import GymEnvInf
@@ -122,10 +123,9 @@ class Config(RunConfig):
 
 # --------------------------------------------------------------------------------------- agent
 def BehaviourAgent(model: nn.Module) -> Agent:  # noqa: N802 - a create_agent factory
-    """Samples ``a ~ softmax(logits)`` (the argmax with ``agent_info["greedy"]``) and stores
-    ``action`` and its behaviour log-probability ``logp`` (and a recurrent model's state ``h``);
-    replayed on the learner (through ``CheckDevice`` with ``--check-devices``) it returns
-    differentiable ``logits`` and ``value`` (rlstruct/blocks/vtrace_replay.py)."""
+    """Samples ``a ~ softmax(logits)`` (the argmax with ``agent_info["greedy"]``), stores
+    ``action``, its behaviour ``logp`` (and a recurrent model's state ``h``); replayed on the
+    learner it returns differentiable ``logits`` and ``value`` (blocks/vtrace_replay.py)."""
     return vr.behaviour_agent(model)
 
 
@@ -145,7 +145,7 @@ def vtrace_batch(agent: Agent, traj: Trajectories,
         steps[K.NEXT_REWARD], value, next_value, steps[K.NEXT_TERMINATED],
         steps[K.NEXT_TRUNCATED], steps.lengths, log_rho, cfg.gamma, cfg.rho_bar, cfg.c_bar,
     )
-    batch = steps.get([K.OBS_FRAME, K.STORED_ACTION, K.STORED_LOGP] + masks.mask_keys(steps)
+    batch = steps.get([*input_keys(steps), K.STORED_ACTION, K.STORED_LOGP] + masks.mask_keys(steps)
                       + ([K.OBS_INITIAL_STATE] if recurrent else []))
     batch.set("advantage", advantages)
     batch.set("target", targets)
@@ -214,8 +214,8 @@ def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("appo", cfg) as run:
         cfg = run.cfg  # resolved: the layout file applied, --resume auto picked
-        model = run.model(zoo.actor_critic, cfg.model, tuple(run.obs_shape),  # on the CPU
-                          space_spec(run.action_space), cfg.hidden)
+        model = run.model(run.factory(zoo.actor_critic, cfg.model, tuple(run.obs_shape),
+                                      space_spec(run.action_space), cfg.hidden))  # on the CPU
         batcher = run.training_batcher(BehaviourAgent, {"model": model}, GymEnvInf,
                                        cfg.n_timesteps)
         run.evaluator(BehaviourAgent, {"model": model}, agent_info=greedy_info())

@@ -32,6 +32,7 @@ from rlstruct.algos.presets import DQN_PRESETS
 from rlstruct.blocks import masks
 from rlstruct.blocks.frame_buffer import FrameReplayBuffer
 from rlstruct.blocks.nets import QNetwork  # where checkpoints of earlier versions name it
+from rlstruct.blocks.obs_input import cat_inputs, expand_inputs, model_input
 from rlstruct.blocks.optim import Optimizer, adam, gradient_step
 from rlstruct.blocks.replay_buffer import ReplayBuffer, ReplayCheckpoint, replay_memory_problems
 from rlstruct.devices import learner_autocast
@@ -111,7 +112,7 @@ class QAgent(Agent):
     def __call__(
         self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
     ) -> tuple[DictTensor, DictTensor]:
-        q = self.model(observation[K.FRAME])
+        q = self.model(model_input(observation))
         if self.generator is None or self.generator.device != q.device:
             self.generator = torch.Generator(q.device).manual_seed(self._seed)
         epsilon = agent_info["epsilon"] if "epsilon" in agent_info else None  # noqa: SIM401
@@ -123,25 +124,18 @@ class QAgent(Agent):
         self, trajectories: Trajectories, t: int, state: DictTensor
     ) -> tuple[DictTensor, DictTensor]:
         steps = trajectories.trajectories
+        obs = model_input(steps, K.OBSERVATION)[:, t]
         if not self.double:
-            return DictTensor({"q": self.model(steps[K.OBS_FRAME][:, t])}), state
+            return DictTensor({"q": self.model(obs)}), state
         n = steps.n_elems()
-        q = self.model(torch.cat([steps[K.OBS_FRAME][:, t], steps[K.NEXT_FRAME][:, t]]))
+        q = self.model(cat_inputs([obs, model_input(steps, K.NEXT_OBSERVATION)[:, t]]))
         return DictTensor({"q": q[:n], "next_q": q[n:]}), state
 
 
 # --------------------------------------------------------------------------------------- loss
 def dqn_loss(
-    q: Tensor,
-    action: Tensor,
-    reward: Tensor,
-    terminated: Tensor,
-    truncated: Tensor,
-    next_q_online: Tensor,
-    next_q_target: Tensor,
-    *,
-    gamma: float,
-    double: bool,
+    q: Tensor, action: Tensor, reward: Tensor, terminated: Tensor, truncated: Tensor,
+    next_q_online: Tensor, next_q_target: Tensor, *, gamma: float, double: bool,
     next_mask: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The Huber TD loss over ``N`` transitions (a buffer sample).
@@ -197,7 +191,7 @@ def learn(
     with learner_autocast(sample.device(), cfg.precision):  # --precision bf16: the CNN trunk
         out = replay_agent_stateless(agent, sample)
         with torch.no_grad():
-            next_q_target = target(sample[K.NEXT_FRAME])
+            next_q_target = target(model_input(sample, K.NEXT_OBSERVATION))
     next_q_online = out["next_q"].detach() if cfg.double else next_q_target
     loss, stats = dqn_loss(
         out["q"], sample[K.STORED_ACTION], sample[K.NEXT_REWARD], sample[K.NEXT_TERMINATED],
@@ -213,8 +207,8 @@ def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("dqn", cfg) as run:
         cfg = run.cfg  # resolved: the layout file applied, --resume auto picked
-        model = run.model(QNetwork, run.obs_dim, run.n_actions, cfg.hidden, cfg.dueling,
-                          cfg.model, run.obs_shape[0])
+        model = run.model(run.factory(QNetwork, run.obs_dim, run.n_actions, cfg.hidden,
+                                      cfg.dueling, cfg.model, run.obs_shape[0]))
         explore = DictTensor({"epsilon": torch.ones(1)})  # the schedule sets it per row
         batcher = run.training_batcher(QAgent, {"model": model}, GymEnvInf, cfg.n_timesteps,
                                        agent_info=explore, pipelined=False)
@@ -223,7 +217,8 @@ def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
         target = copy.deepcopy(model).requires_grad_(False)
         optimizer = adam(model.parameters(), cfg.lr, run.device)
         buffer = (FrameReplayBuffer if cfg.model == "cnn" else ReplayBuffer)(
-            cfg.buffer_size, device=run.device, keys=(*STORED_KEYS, K.NEXT_ACTION_MASK))
+            cfg.buffer_size, device=run.device,
+            keys=(*expand_inputs(STORED_KEYS, run.obs_spec), K.NEXT_ACTION_MASK))
         run.checkpoint_state(model=model, target=target, optimizer=optimizer)
         run.resume_state(**{"buffer": buffer} if cfg.checkpoint_buffer else {})  # --resume
         n_rows, n_updates, stats = batcher.n_elems(), 0, {}

@@ -110,8 +110,8 @@ class Config(RunConfig):
 # --------------------------------------------------------------------------------------- model
 def model_factory(run: Run, cfg: Config) -> partial[nn.Module]:
     """The zoo's actor-critic ``--model`` names, from plain values (checkpoints record it)."""
-    return partial(zoo.actor_critic, cfg.model, tuple(run.obs_shape),
-                   space_spec(run.action_space), cfg.hidden)
+    return run.factory(zoo.actor_critic, cfg.model, tuple(run.obs_shape),
+                       space_spec(run.action_space), cfg.hidden)
 
 
 def make_optimizer(cfg: Config) -> partial[Optimizer]:

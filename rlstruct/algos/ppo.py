@@ -42,6 +42,7 @@ from rlstruct.blocks import segment_minibatches as seg  # the batch's advantages
 from rlstruct.blocks.distributions import space_spec
 from rlstruct.blocks.masks import mask_keys
 from rlstruct.blocks.nets import HeadActorCritic
+from rlstruct.blocks.obs_input import input_keys
 from rlstruct.blocks.optim import Optimizer, adam, gradient_step
 from rlstruct.blocks.recurrent import RecurrentAgent
 from rlstruct.blocks.sampling import PolicyAgent, greedy_info
@@ -131,13 +132,12 @@ class Config(RunConfig):
 def model_factory(run: Run, cfg: Config) -> partial[torch.nn.Module]:
     """The zoo's ``--model`` (:func:`~rlstruct.blocks.zoo.actor_critic`), from plain values."""
     options = cfg.mlp_options() if cfg.model == "mlp" else {}
-    return partial(actor_critic, cfg.model, tuple(run.obs_shape), space_spec(run.action_space),
-                   cfg.hidden, **options)
+    return run.factory(actor_critic, cfg.model, tuple(run.obs_shape),
+                       space_spec(run.action_space), cfg.hidden, **options)
 
 
 # --------------------------------------------------------------------------------------- agent
-# Memoryless (blocks/sampling.py): stores the env's action, the head's sample, logp, value;
-# replayed, params (masked: blocks/masks.py) and value. Recurrent: RecurrentAgent, plus its state.
+# PolicyAgent (blocks/sampling.py; masks: blocks/masks.py); RecurrentAgent keeps its state too.
 PPOAgent = PolicyAgent
 
 
@@ -196,8 +196,8 @@ def learn(
         traj = (seg.relabel_recurrent if recurrent else relabel)(agent, traj)
     gae = seg.recurrent_gae if recurrent else partial(gae_advantages, current=True)
     advantage, returns = gae(agent.model, traj, cfg.gamma, cfg.gae_lambda)
-    keys = [K.OBS_FRAME, K.STORED_SAMPLE, K.STORED_LOGP, K.STORED_VALUE, *mask_keys(traj)]
-    steps = traj.trajectories.get(keys + ([K.OBS_INITIAL_STATE] if recurrent else []))
+    keys = [*input_keys(traj.trajectories), K.STORED_SAMPLE, K.STORED_LOGP, K.STORED_VALUE]
+    steps = traj.trajectories.get(keys + mask_keys(traj) + [K.OBS_INITIAL_STATE] * recurrent)
     if cfg.adv_norm == "batch":  # over the valid steps
         advantage = F.normalize_advantages(advantage, steps.mask())
     steps.set("advantage", advantage)

@@ -33,6 +33,7 @@ from rlstruct import keys as K
 from rlstruct.batchers import Batcher, SerialBatcher
 from rlstruct.blocks.distributions import space_spec
 from rlstruct.blocks.masks import mask_logits, observation_mask, stored_mask
+from rlstruct.blocks.obs_input import model_input
 from rlstruct.blocks.optim import adam, gradient_step
 from rlstruct.blocks.sampling import CategoricalSampler, greedy_info
 from rlstruct.blocks.zoo import actor_critic, model_problems
@@ -101,7 +102,7 @@ class PolicyAgent(Agent):
     def __call__(
         self, state: DictTensor, observation: DictTensor, agent_info: DictTensor
     ) -> tuple[DictTensor, DictTensor]:
-        logits = mask_logits(self.logits(observation[K.FRAME]), observation_mask(observation))
+        logits = mask_logits(self.logits(model_input(observation)), observation_mask(observation))
         action = self.sample(logits, agent_info)
         return DictTensor({K.ACTION_KEY: action}), state
 
@@ -109,10 +110,10 @@ class PolicyAgent(Agent):
         self, trajectories: Trajectories, t: int, state: DictTensor
     ) -> tuple[DictTensor, DictTensor]:
         steps = trajectories.trajectories
-        logits, value = self.model(steps[K.OBS_FRAME][:, t])
+        logits, value = self.model(model_input(steps, K.OBSERVATION)[:, t])
         logits = mask_logits(logits, stored_mask(steps, t))
         with torch.no_grad():  # V(s') is a target: no gradient flows into it
-            next_value = self.value(steps[K.NEXT_FRAME][:, t])
+            next_value = self.value(model_input(steps, K.NEXT_OBSERVATION)[:, t])
         out = {
             "logp": F.categorical_log_prob(logits, steps[K.STORED_ACTION][:, t]),
             "entropy": F.categorical_entropy(logits),
@@ -191,8 +192,8 @@ def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("reinforce", cfg) as run:
         cfg = run.cfg  # resolved: the layout file applied, --resume auto picked
-        model = run.model(actor_critic, cfg.model, tuple(run.obs_shape),  # on the CPU
-                          space_spec(run.action_space), cfg.hidden)
+        model = run.model(run.factory(actor_critic, cfg.model, tuple(run.obs_shape),
+                                      space_spec(run.action_space), cfg.hidden))  # on the CPU
         n_timesteps = cfg.n_timesteps or gym.spec(cfg.env_id).max_episode_steps or 1000
         batcher = run.training_batcher(PolicyAgent, {"model": model}, GymEnv, n_timesteps,
                                        pipelined=False)

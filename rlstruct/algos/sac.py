@@ -12,10 +12,10 @@ then takes ``utd`` gradient steps per collected frame on uniform samples of the 
     L_alpha  = -mean log(alpha) (log pi(a~|s) + H_target),   H_target = -dim(A)
     Q'_i    <- tau Q_i + (1 - tau) Q'_i                        (Polyak, after every step)
 
-Speed: ONE backward and ONE fused Adam step on the sum of the losses; twin critics batched.
-A truncated step bootstraps from the TRUE final observation (termination does not).
-``--n-learners N``: ``k`` buffer samples and their noise per batch, 1/N of the rows per rank.
-Run: ``rlstruct train sac --help``; ``rlstruct train sac --seed 1``.
+Speed: ONE backward and ONE fused Adam step on the sum of the losses; twin critics batched. A
+truncated step bootstraps from the TRUE final observation. A Dict observation: actor and critics
+each behind their own multi-input encoder. ``--n-learners N``: ``k`` buffer samples and their
+noise per batch, 1/N of the rows per rank. Run: ``rlstruct train sac --help``.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.algos.presets import SAC_PRESETS
 from rlstruct.blocks.distributions import make_head, space_from_spec, space_spec
+from rlstruct.blocks.obs_input import cat_inputs, expand_inputs, model_input
 from rlstruct.blocks.optim import adam, gradient_step
 from rlstruct.blocks.replay_buffer import ReplayBuffer, ReplayCheckpoint, replay_memory_problems
 from rlstruct.blocks.sampling import HeadSampler, greedy_info
@@ -84,8 +85,7 @@ class Config(RunConfig, ReplayCheckpoint):
     """where each part runs (default: the 4 envs in this process)"""
 
     def world_problems(self, obs_shape: tuple[int, ...], action_space: Any) -> list[str]:
-        n = int(math.prod(action_space.shape)) if action_space.shape else 1
-        return replay_memory_problems(self.buffer_size, obs_shape, 4, n)
+        return replay_memory_problems(self.buffer_size, obs_shape, 4, math.prod(action_space.shape))
 
     def problems(self) -> list[str]:
         problems = super().problems() + [f"{k} must be > 0, got {getattr(self, k)}" for k in
@@ -131,11 +131,10 @@ class TwinQ(nn.Module):
         return x.squeeze(-1)
 
 
-def sac_nets(obs_dim: int, action_space: dict, hidden: int, init_alpha: float,
-             actor: Actor | None = None) -> nn.ModuleDict:
+def sac_nets(make_actor: Any, make_critic: Any, init_alpha: float,
+             actor: nn.Module | None = None) -> nn.ModuleDict:
     """All SAC learns, one module (a learner rank's replica): actor, critic, target, temperature."""
-    actor = actor or Actor(obs_dim, action_space, hidden)
-    critic = TwinQ(obs_dim, actor.head.n_dims, hidden)
+    actor, critic = actor or make_actor(), make_critic()  # Run.factory's: picklable for ranks
     return nn.ModuleDict({"actor": actor, "critic": critic,
                           "target": copy.deepcopy(critic).requires_grad_(False),
                           "temperature": nn.ParameterDict({"log_alpha": torch.tensor(
@@ -154,7 +153,7 @@ class SACAgent(Agent):
 
     def __call__(self, state: DictTensor, observation: DictTensor,
                  agent_info: DictTensor) -> tuple[DictTensor, DictTensor]:
-        u, action = self.sample(self.model.head, self.model(observation[K.FRAME]), agent_info)
+        u, action = self.sample(self.model.head, self.model(model_input(observation)), agent_info)
         return DictTensor({K.ACTION_KEY: action, SQUASHED: self.model.head.squash(u)}), state
 
 
@@ -193,8 +192,8 @@ def learn(nets: nn.ModuleDict, optimizer: torch.optim.Optimizer, sample: DictTen
     """One gradient step on a buffer sample (all three losses), then the Polyak update. The
     reparameterisation noise is torch's global RNG, or the sample's ``noise`` (learner ranks)."""
     actor, critic, log_alpha = nets.actor, nets.critic, nets.temperature["log_alpha"]
-    frame, next_frame, n = sample[K.OBS_FRAME], sample[K.NEXT_FRAME], sample.n_elems()
-    params = actor(torch.cat([frame, next_frame]))  # s and s' in one call
+    frame, next_frame = model_input(sample, K.OBSERVATION), model_input(sample, K.NEXT_OBSERVATION)
+    n, params = sample.n_elems(), actor(cat_inputs([frame, next_frame]))  # s and s' in one call
     mean, log_std = actor.head.split(params)
     noise = sample["noise"].transpose(0, 1).flatten(0, 1) if "noise" in sample else None
     u = mean + log_std.exp() * (torch.randn_like(mean) if noise is None else noise)
@@ -216,13 +215,14 @@ def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("sac", cfg) as run:
         cfg = run.cfg  # resolved: the layout file applied, --resume auto picked
-        spec = space_spec(run.action_space)
-        actor = run.model(Actor, run.obs_dim, spec, cfg.hidden)  # on the CPU: the batchers copy it
+        make_actor = run.factory(Actor, run.obs_dim, space_spec(run.action_space), cfg.hidden)
+        actor = run.model(make_actor)  # on the CPU: the batchers copy it
         batcher = run.training_batcher(SACAgent, {"model": actor}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(SACAgent, {"model": actor}, agent_info=greedy_info())
-        make_nets = partial(sac_nets, run.obs_dim, spec, cfg.hidden, cfg.init_alpha)
+        make_nets = partial(sac_nets, make_actor, run.factory(
+            TwinQ, run.obs_dim, actor.head.n_dims, cfg.hidden), cfg.init_alpha)
         nets = make_nets(actor=actor)  # critics, targets, temperature too
-        buffer = ReplayBuffer(cfg.buffer_size, device=run.device, keys=STORED_KEYS)
+        buffer = ReplayBuffer(cfg.buffer_size, run.device, expand_inputs(STORED_KEYS, run.obs_spec))
         run.resume_state(**{"buffer": buffer} if cfg.checkpoint_buffer else {})  # --resume
         group = run.learner_group(make_nets, nets, partial(adam, lr=cfg.lr), learn,  # fused Adam
                                   stacked=True, policy="actor.")  # --n-learners N: N ranks

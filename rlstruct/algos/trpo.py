@@ -51,6 +51,7 @@ from rlstruct import keys as K
 from rlstruct.algos.presets import TRPO_PRESETS
 from rlstruct.blocks.distributions import space_spec
 from rlstruct.blocks.nets import HeadActorCritic, head_actor_critic
+from rlstruct.blocks.obs_input import input_keys, model_input
 from rlstruct.blocks.optim import adam, gradient_step
 from rlstruct.blocks.sampling import PolicyAgent, greedy_info
 from rlstruct.envs import GymEnvInf
@@ -111,8 +112,7 @@ class Config(RunConfig):
 # RunningNorm; PolicyAgent (rlstruct/blocks/sampling.py) stores action, sample, logp and value.
 def critic_adam(params: Iterable[Tensor], device: Any = None, *, lr: float,
                 n_critic: int) -> torch.optim.Optimizer:
-    """Adam over the critic: the last ``n_critic`` of ``HeadActorCritic.parameters()`` (the
-    actor's come first). A factory of the parameters, so the learner ranks build theirs."""
+    """Adam over the critic, the last ``n_critic`` of the parameters (a factory: every rank's)."""
     return adam(list(params)[-n_critic:], lr, device)
 
 
@@ -187,29 +187,29 @@ def critic_step(model: HeadActorCritic, optimizer: torch.optim.Optimizer, x: Ten
 
 def learn(model: HeadActorCritic, optimizer: torch.optim.Optimizer, traj: Trajectories,
           cfg: Config, step: Any = gradient_step) -> dict[str, float]:
-    """Statistics, advantages, one policy step and the critic's steps on one batch. With
-    ``--n-learners N`` each rank runs it on ``B / N`` trajectories with its rank's ``step``,
-    whose :class:`RankContext` all-reduces the rest (with one learner: the identity)."""
+    """Statistics, advantages, one policy step and the critic's steps on one batch; each of
+    ``--n-learners N`` ranks on ``B / N`` trajectories, its ``step`` all-reducing the rest."""
     ctx = RankContext.of(step)
     steps = traj.trajectories
     if K.OBS_ACTION_MASK in steps:  # policy_step rebuilds the policy from unmasked features
         raise ConfigError(f"trpo does not honour {cfg.env_id}'s action masks yet: use ppo or a2c")
-    valid = steps.get([K.OBS_FRAME]).to_transitions()[K.OBS_FRAME]  # valid steps only
-    model.observe(ctx.all_gather_rows(valid))  # the whole batch's, on every rank
-    reward = steps[K.NEXT_REWARD]
+    valid = model_input(steps.get(input_keys(steps)).to_transitions(), K.OBSERVATION)
+    model.observe(ctx.all_gather_rows(valid) if isinstance(valid, Tensor) else valid)  # the batch's
+    reward, obs = steps[K.NEXT_REWARD], model_input(steps, K.OBSERVATION).flatten(0, 1)
     with torch.no_grad():
-        value = model.value(steps[K.OBS_FRAME].flatten(0, 1)).view(reward.shape)
-        next_value = model.value(steps[K.NEXT_FRAME].flatten(0, 1)).view(reward.shape)
+        value = model.value(obs).view(reward.shape)
+        next_value = model.value(model_input(steps, K.NEXT_OBSERVATION).flatten(0, 1))
+        next_value = next_value.view(reward.shape)
     advantage, returns = F.gae(
         reward, value, next_value, steps[K.NEXT_TERMINATED],
         steps[K.NEXT_TRUNCATED], steps.lengths, cfg.gamma, cfg.gae_lambda,
     )
-    batch = steps.get([K.OBS_FRAME, K.STORED_SAMPLE])
+    batch = steps.get([*input_keys(steps), K.STORED_SAMPLE])
     batch.set("advantage", advantage)
     batch.set("return", returns)
     batch = batch.to_transitions()  # the N valid steps
     with torch.no_grad():
-        x = model.features(batch[K.OBS_FRAME])
+        x = model.features(model_input(batch, K.OBSERVATION))
     whole = ctx.all_gather_rows(batch["advantage"])  # normalised over the whole batch:
     adv = (batch["advantage"] - whole.mean()) / (whole.std(correction=0) + 1e-8)  # as F's
     if whole.shape[0] != x.shape[0] * ctx.world_size:  # the critic's step counts would differ
@@ -225,8 +225,8 @@ def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
     """Trains until the target return, ``max_frames`` or ``time_budget``; returns the summary."""
     with Run("trpo", cfg) as run:
         cfg = run.cfg  # resolved: the layout file applied, --resume auto picked
-        make_model = partial(head_actor_critic, run.obs_dim, space_spec(run.action_space),
-                             cfg.hidden, cfg.log_std_init, cfg.normalize_obs)  # ranks' too
+        make_model = run.factory(head_actor_critic, run.obs_dim, space_spec(run.action_space),
+                                 cfg.hidden, cfg.log_std_init, cfg.normalize_obs)  # ranks' too
         model = run.model(make_model)  # on the CPU: the batchers copy it
         batcher = run.training_batcher(PolicyAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(PolicyAgent, {"model": model}, agent_info=greedy_info())

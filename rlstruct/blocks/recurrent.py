@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from rlstruct import keys as K
 from rlstruct.agent import Agent
 from rlstruct.blocks.masks import mask_head_params, mask_keys, observation_mask
+from rlstruct.blocks.obs_input import input_keys, model_input
 from rlstruct.blocks.sampling import HeadSampler
 from rlstruct.dicttensor import DictTensor, masked_dicttensor
 from rlstruct.trajectories import Trajectories
@@ -79,7 +80,7 @@ class RecurrentAgent(Agent):
         head are masked by the observation's ``action_mask`` (:mod:`rlstruct.blocks.masks`)."""
         fresh = self.initial_state(DictTensor(), observation.n_elems())
         state = masked_dicttensor(state, fresh, observation[K.INITIAL_STATE])
-        params, value, h = self.model(observation[K.FRAME], state[STATE])
+        params, value, h = self.model(model_input(observation), state[STATE])
         return mask_head_params(self.model.head, params, observation_mask(observation)), value, h
 
     def __call__(
@@ -101,7 +102,7 @@ class RecurrentAgent(Agent):
         """``({replay_key, "value", "h"}, {"h"})`` of step ``t`` of stored trajectories
         ``(B, T, ...)``, with gradients."""
         steps = trajectories.trajectories
-        observation = steps.get([K.OBS_FRAME, K.OBS_INITIAL_STATE] + mask_keys(steps))
+        observation = steps.get([*input_keys(steps.keys()), K.OBS_INITIAL_STATE] + mask_keys(steps))
         observation = observation.temporal_index(t).truncate_key(K.OBSERVATION)
         params, value, h = self.step(state, observation)
         return DictTensor({self.replay_key: params, K.VALUE: value, STATE: h}), \
@@ -129,5 +130,6 @@ def bootstrap_values(model: nn.Module, traj: Trajectories, value: Tensor, h: Ten
     next_value = torch.cat([value[:, 1:], value[:, -1:]], 1).detach().clone()
     if bool(need.any()):
         with torch.no_grad():
-            next_value[need] = model.value(steps[K.NEXT_FRAME][need], h[need]).to(value.dtype)
+            next_obs = model_input(steps, K.NEXT_OBSERVATION)[need]
+            next_value[need] = model.value(next_obs, h[need]).to(value.dtype)
     return next_value

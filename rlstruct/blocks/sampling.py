@@ -35,6 +35,7 @@ from rlstruct.agent import Agent
 from rlstruct.blocks.distributions import ActionHead
 from rlstruct.blocks.functional import categorical_log_prob
 from rlstruct.blocks.masks import mask_head_params, mask_logits, observation_mask, stored_mask
+from rlstruct.blocks.obs_input import model_input
 from rlstruct.dicttensor import DictTensor
 from rlstruct.trajectories import Trajectories
 
@@ -112,7 +113,7 @@ class _ModelAgent(Agent):
     ) -> tuple[DictTensor, DictTensor]:
         """One step for ``n`` rows: ``({"action", "logp"[, "value"]}, state)``, with ``sample``
         too for a :class:`PolicyAgent`."""
-        out, value = self.model(observation[K.FRAME])
+        out, value = self.model(model_input(observation))
         step = self._act(self._mask(out, observation_mask(observation)), agent_info)
         if self.store_value:
             step[K.VALUE] = value
@@ -134,11 +135,11 @@ class _ModelAgent(Agent):
         trajectories ``(B, T, ...)``: the model's outputs with gradients (``logits`` for an
         :class:`ActorAgent`, ``params`` for a :class:`PolicyAgent`), next_value without."""
         steps = trajectories.trajectories
-        out, value = self.model(steps[K.OBS_FRAME][:, t])
+        out, value = self.model(model_input(steps, K.OBSERVATION)[:, t])
         replayed = {self._replay_key: self._mask(out, stored_mask(steps, t)), K.VALUE: value}
         if self.replay_next_value:
             with torch.no_grad():  # V(s') is a target: no gradient flows into it
-                replayed["next_value"] = self.model(steps[K.NEXT_FRAME][:, t])[1]
+                replayed["next_value"] = self.model(model_input(steps, K.NEXT_OBSERVATION)[:, t])[1]
         return DictTensor(replayed), state
 
 

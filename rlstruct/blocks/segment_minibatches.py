@@ -33,6 +33,7 @@ from rlstruct.agent_replay import replay_agent
 from rlstruct.blocks import functional as F
 from rlstruct.blocks import normalization
 from rlstruct.blocks.masks import mask_head_params, stored_mask
+from rlstruct.blocks.obs_input import model_input
 from rlstruct.blocks.recurrent import STORED_STATE, bootstrap_values
 from rlstruct.dicttensor import DictTensor
 from rlstruct.errors import ConfigError
@@ -97,7 +98,8 @@ def gae_advantages(
     need = (done | (t >= steps.lengths.unsqueeze(1) - 1)) if current else torch.ones_like(done)
     next_value = torch.cat([value[:, 1:], value[:, -1:]], 1).clone()
     with torch.no_grad():
-        next_value[need] = model.value(steps[K.NEXT_FRAME][need]).to(value.dtype)
+        next_obs = model_input(steps, K.NEXT_OBSERVATION)[need]
+        next_value[need] = model.value(next_obs).to(value.dtype)
     return F.gae(scaled_rewards(model, traj, gamma), value, next_value, steps[K.NEXT_TERMINATED],
                  steps[K.NEXT_TRUNCATED], steps.lengths, gamma, lam)
 
@@ -108,7 +110,7 @@ def relabel(agent: Agent, traj: Trajectories) -> Trajectories:
     from the policy being improved (or the first epoch starts outside it)."""
     steps, shape = traj.trajectories, traj.trajectories[K.STORED_VALUE].shape
     with torch.no_grad():
-        params, value = agent.model(steps[K.OBS_FRAME].flatten(0, 1))
+        params, value = agent.model(model_input(steps, K.OBSERVATION).flatten(0, 1))
         mask = stored_mask(steps)
         params = mask_head_params(agent.model.head, params,
                                   None if mask is None else mask.flatten(0, 1))

@@ -33,6 +33,7 @@ from rlstruct.agent import Agent
 from rlstruct.agent_replay import replay_agent, replay_agent_stateless
 from rlstruct.batchers.make import default_processes
 from rlstruct.blocks.masks import mask_logits, stored_mask
+from rlstruct.blocks.obs_input import model_input
 from rlstruct.blocks.recurrent import STATE, RecurrentAgent, bootstrap_values
 from rlstruct.blocks.sampling import ActorAgent
 from rlstruct.blocks.zoo import is_recurrent
@@ -123,10 +124,10 @@ def evaluate_segment(agent: Agent, traj: Trajectories) -> tuple[Tensor, Tensor, 
         if is_recurrent(model):
             return replay_segment(agent, traj)
         shape = steps[K.NEXT_REWARD].shape
-        logits, value = model(steps[K.OBS_FRAME].flatten(0, 1))
+        logits, value = model(model_input(steps, K.OBSERVATION).flatten(0, 1))
         mask = stored_mask(steps)
         logits = mask_logits(logits, None if mask is None else mask.flatten(0, 1))
-        next_value = model.value(steps[K.NEXT_FRAME].flatten(0, 1)).view(shape)
+        next_value = model.value(model_input(steps, K.NEXT_OBSERVATION).flatten(0, 1)).view(shape)
         return logits.view(*shape, -1), value.view(shape), next_value
 
 

@@ -30,7 +30,16 @@
     episode from its first step; an unmasked one survives a step with probability
     ``n_legal / n_actions``, whatever it learns. ``n_illegal`` counts the illegal actions taken.
     ``"rlstruct/MaskedChoiceHidden-v0"`` is the same task with the mask withheld
-    (``hide_mask=True``): what an agent faces without masks.
+    (``hide_mask=True``): what an agent faces without masks; ``"rlstruct/MaskedChoiceDict-v0"``
+    gives the mask as the Dict leaf (``dict_obs=True``, sb3-contrib's layout).
+``DictEnv`` ("rlstruct/Dict-v0", and "rlstruct/DictBox-v0" with Box actions)
+    A Dict observation ``{"image": Box(0, 255, (3, 16, 16), uint8), "vector": Box(-1, 1, (4,),
+    float32)}`` whose reward needs both keys: the image lights its left or right half, the
+    vector's first entry is +1 or -1 (the others are noise), and the right action is ``side``
+    when the sign is +1, ``1 - side`` when it is -1 (an XOR). Reward 1.0 for it, 0.0 else
+    (``Discrete(2)``); with ``box_action`` the action is ``Box(-1, 1, (1,))`` and the reward
+    ``1 - |a - target| / 2`` with ``target = 2 * right - 1``. A policy blind to either key earns
+    half the optimum. Episodes last ``episode_length`` steps (terminated).
 
 The ``make_*_env(n_envs, seed, ...)`` factories are top-level, hence picklable for worker
 batchers. :func:`register_debug_envs` (called by ``import rlstruct.envs``) registers both ids
@@ -56,9 +65,13 @@ __all__ = [
     "REPEAT_ID",
     "MASKED_CHOICE_ID",
     "MASKED_CHOICE_HIDDEN_ID",
+    "MASKED_CHOICE_DICT_ID",
     "MaskedChoiceEnv",
     "CounterEnv",
     "RepeatEnv",
+    "DictEnv",
+    "DICT_ID",
+    "DICT_BOX_ID",
     "EpisodeLength",
     "make_counter_env",
     "make_repeat_env",
@@ -69,6 +82,9 @@ COUNTER_ID = "rlstruct/Counter-v0"
 REPEAT_ID = "rlstruct/Repeat-v0"
 MASKED_CHOICE_ID = "rlstruct/MaskedChoice-v0"
 MASKED_CHOICE_HIDDEN_ID = "rlstruct/MaskedChoiceHidden-v0"
+MASKED_CHOICE_DICT_ID = "rlstruct/MaskedChoiceDict-v0"
+DICT_ID = "rlstruct/Dict-v0"
+DICT_BOX_ID = "rlstruct/DictBox-v0"
 
 #: An episode length: an int, a list cycled over episodes, or ``f(env_id, episode) -> int``.
 EpisodeLength = int | Sequence[int] | Callable[[int, int], int]
@@ -280,6 +296,54 @@ class MaskedChoiceEnv(gym.Env):
         return obs, 1.0 if legal else float(self.penalty), not legal, truncated, info
 
 
+class DictEnv(gym.Env):
+    """A Dict observation (a uint8 image and a float vector) whose reward needs both keys; see
+    the module docstring.
+
+    Args:
+        episode_length: steps per episode.
+        box_action: a ``Box(-1, 1, (1,))`` action (else ``Discrete(2)``).
+        size: the image's height and width.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 - gymnasium's convention
+
+    def __init__(self, episode_length: int = 8, box_action: bool = False, size: int = 16) -> None:
+        self.episode_length, self.size = int(episode_length), int(size)
+        self.observation_space = spaces.Dict({
+            "image": spaces.Box(0, 255, (3, self.size, self.size), np.uint8),
+            "vector": spaces.Box(-1.0, 1.0, (4,), np.float32)})
+        self.action_space = (spaces.Box(-1.0, 1.0, (1,), np.float32) if box_action
+                             else spaces.Discrete(2))
+        self._right, self._t = 0, 0
+
+    def _observe(self) -> dict[str, np.ndarray]:
+        side, sign = (int(x) for x in self.np_random.integers(2, size=2))
+        self._right = side if sign else 1 - side
+        image = np.zeros((3, self.size, self.size), np.uint8)
+        half = self.size // 2
+        image[:, :, half * side: half * (side + 1)] = 200
+        vector = self.np_random.uniform(-1.0, 1.0, 4).astype(np.float32)
+        vector[0] = 1.0 if sign else -1.0
+        return {"image": image, "vector": vector}
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        super().reset(seed=seed)
+        self._t = 0
+        return self._observe(), {}
+
+    def step(self, action: Any) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        if isinstance(self.action_space, spaces.Box):
+            target = 2.0 * self._right - 1.0
+            reward = 1.0 - abs(float(np.asarray(action).reshape(-1)[0]) - target) / 2.0
+        else:
+            reward = 1.0 if int(action) == self._right else 0.0
+        self._t += 1
+        return self._observe(), reward, self._t >= self.episode_length, False, {}
+
+
 def make_counter_env(
     n_envs: int,
     seed: int = 0,
@@ -332,15 +396,18 @@ def make_repeat_env(
 
 
 def register_debug_envs() -> None:
-    """Registers ``rlstruct/Counter-v0``, ``rlstruct/Repeat-v0``,
-    ``rlstruct/MaskedChoice-v0`` and ``rlstruct/MaskedChoiceHidden-v0`` with gymnasium
-    (idempotent)."""
+    """Registers ``rlstruct/Counter-v0``, ``rlstruct/Repeat-v0``, ``rlstruct/MaskedChoice-v0``,
+    ``rlstruct/MaskedChoiceHidden-v0``, ``rlstruct/MaskedChoiceDict-v0``, ``rlstruct/Dict-v0``
+    and ``rlstruct/DictBox-v0`` with gymnasium (idempotent)."""
     masked = "rlstruct.envs.debug:MaskedChoiceEnv"
     for env_id, entry_point, kwargs in (
         (COUNTER_ID, "rlstruct.envs.debug:CounterEnv", {}),
         (REPEAT_ID, "rlstruct.envs.debug:RepeatEnv", {}),
         (MASKED_CHOICE_ID, masked, {}),
         (MASKED_CHOICE_HIDDEN_ID, masked, {"hide_mask": True}),
+        (MASKED_CHOICE_DICT_ID, masked, {"dict_obs": True}),
+        (DICT_ID, "rlstruct.envs.debug:DictEnv", {}),
+        (DICT_BOX_ID, "rlstruct.envs.debug:DictEnv", {"box_action": True}),
     ):
         if env_id not in gym.registry:
             gym.register(id=env_id, entry_point=entry_point, kwargs=kwargs)

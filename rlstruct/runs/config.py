@@ -135,9 +135,11 @@ class RunConfig:
     learner_ranks: ClassVar[bool] = False
     #: The action spaces the algorithm takes (gymnasium space class names).
     action_spaces: ClassVar[tuple[str, ...]] = ("Discrete", "Box")
-    #: The observation spaces the algorithm takes (gymnasium space class names), each with at
-    #: least one dimension: the algorithms read one array, ``observation["frame"]``.
-    observation_spaces: ClassVar[tuple[str, ...]] = ("Box", "MultiBinary", "MultiDiscrete")
+    #: The observation spaces the algorithm takes (gymnasium space class names): arrays with at
+    #: least one dimension (``observation["frame"]``), and Dict/Tuple spaces, whose feature keys
+    #: a multi-input model reads (:mod:`rlstruct.blocks.multi_input`).
+    observation_spaces: ClassVar[tuple[str, ...]] = ("Box", "MultiBinary", "MultiDiscrete",
+                                                     "Dict", "Tuple")
     #: Whether learner ranks split the batch's env rows (``n_processes * n_envs``), which must
     #: then be a multiple of their number (SAC splits its samples' rows instead).
     splits_rows: ClassVar[bool] = True

@@ -42,6 +42,7 @@ from typing import Any, Generic, TypeVar
 import gymnasium as gym
 import torch
 
+from rlstruct.blocks.multi_input import feature_size, obs_spec, spec_problems
 from rlstruct.devices import is_accelerator, resolve_device
 from rlstruct.envs.registry import env_id_problems, env_module_problems, probe_spaces
 from rlstruct.errors import CheckpointError, ConfigError
@@ -86,6 +87,9 @@ class Resolved(Generic[C]):
             process's ``RANK`` (0: the driver; a rank above 0 only learns).
         checkpoint: the loaded ``checkpoints/latest.pt`` of the run to resume, or None.
         env_modules: the modules that register the env (``cfg.env_module``), imported.
+        obs_spec: the feature keys of a ``Dict``/``Tuple`` observation space
+            (:func:`~rlstruct.blocks.multi_input.obs_spec`), or None (one array, ``frame``);
+            with one, ``obs_shape`` is ``(F,)``, the multi-input encoder's features.
     """
 
     cfg: C
@@ -98,6 +102,7 @@ class Resolved(Generic[C]):
     rank: int
     checkpoint: dict[str, Any] | None
     env_modules: tuple[str, ...]
+    obs_spec: dict[str, dict[str, Any]] | None = None
 
     def __getattr__(self, name: str) -> Any:
         """A config field read on the Resolved is the resolved config's (``resolved.lr`` is
@@ -191,7 +196,7 @@ def resolve(cfg: C | Resolved[C], algo: str | None = None) -> Resolved[C]:
             if cfg.resume else f"no {algo} run on {cfg.env_id} in {cfg.runs_dir} has a "
             "checkpoint: starting a new run"), file=sys.stderr)
     return Resolved(cfg, algo, spaces[0], spaces[1], devices, learner_devices, world, rank,
-                    checkpoint, tuple(cfg.env_module))
+                    checkpoint, tuple(cfg.env_module), spaces[2])
 
 
 def parse(config_class: type[C], args: Sequence[str] | None = None,
@@ -316,11 +321,10 @@ def pipeline_problems(layout: LayoutConfig, batcher_device: torch.device) -> lis
     return []
 
 
-def _env_problems(
-    cfg: RunConfig,
-) -> tuple[tuple[tuple[int, ...], gym.Space] | None, list[str]]:
+def _env_problems(cfg: RunConfig) -> tuple[tuple[tuple[int, ...], gym.Space, Any] | None,
+                                           list[str]]:
     """The env modules, the env id, then one env made for its spaces, each checked against
-    what the algorithm takes: ``(spaces, problems)``."""
+    what the algorithm takes: ``((obs_shape, action_space, obs_spec), problems)``."""
     problems = env_module_problems(cfg.env_module)
     if problems:
         return None, problems
@@ -345,26 +349,35 @@ def _env_problems(
             f"{algo_name(cfg)} takes {takes} action spaces")
     if problems:
         return None, problems
-    return (shape, space), cfg.world_problems(shape, space)
+    spec = obs_spec(observations)
+    if spec is not None:  # the models read the multi-input encoder's F features
+        shape = (feature_size(spec),)
+    return (shape, space, spec), cfg.world_problems(shape, space)
 
 
 def observation_problems(cfg: RunConfig, space: gym.Space) -> list[str]:
     """What is wrong with the env's observation space ``space`` for the algorithm of ``cfg``
     (empty: nothing): it must be one of ``cfg.observation_spaces`` (an algorithm of one's own
-    on :class:`~rlstruct.runs.run.Run` may declare more), a ``Box``, ``MultiBinary`` or
-    ``MultiDiscrete`` with at least one dimension (the algorithms read one array,
-    ``observation["frame"]``, of shape ``(B, *feat)``)."""
+    on :class:`~rlstruct.runs.run.Run` may declare more): a ``Box``, ``MultiBinary`` or
+    ``MultiDiscrete`` with at least one dimension (one array, ``observation["frame"]``, of
+    shape ``(B, *feat)``), or a ``Dict``/``Tuple`` of leaves a multi-input model takes
+    (:func:`~rlstruct.blocks.multi_input.spec_problems`), with an MLP ``--model``."""
     takes = cfg.observation_spaces
     kind = type(space).__name__
+    if kind in takes and isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
+        model = str(getattr(cfg, "model", "mlp"))
+        return [f"{algo_name(cfg)} cannot train on {cfg.env_id}: {p}" for p in
+                spec_problems(space)] + ([
+            f"--model {model} reads one image array, but {cfg.env_id}'s observations are a "
+            f"{kind} (a multi-input encoder gives a CNN to each image key): use --model mlp "
+            "(or mlp-lstm, mlp-gru)"] if model.startswith("cnn") else [])
     arrays = isinstance(space, (gym.spaces.Box, gym.spaces.MultiBinary, gym.spaces.MultiDiscrete))
     if kind in takes and (space.shape or not arrays):
         return []
     why = "has no dimension" if kind in takes else "is not one of them"
     return [f"{algo_name(cfg)} cannot train on {cfg.env_id}: its observation space is {space} "
             f"({kind}, which {why}); {algo_name(cfg)} takes {' or '.join(takes)} observation "
-            "spaces with at least one dimension, one array per observation (Dict and Tuple "
-            "observations are not supported yet): wrap the env, e.g. with "
-            "gymnasium.wrappers.FlattenObservation for a Dict or Tuple of Boxes, or map its "
+            "spaces, arrays with at least one dimension: wrap the env, or map its "
             "observations to a Box with a gymnasium.ObservationWrapper"]
 
 

@@ -40,6 +40,7 @@ from rlstruct.agent import Agent
 from rlstruct.batchers import Batcher, SerialBatcher
 from rlstruct.batchers.deadlines import worker_waits
 from rlstruct.batchers.make import make_batcher
+from rlstruct.blocks.multi_input import model_factory
 from rlstruct.checks import CheckDevice
 from rlstruct.dicttensor import DictTensor
 from rlstruct.envs.base import VecEnv
@@ -84,6 +85,10 @@ class Run(RunLoop):
         cfg: the resolved config (saved whole in ``config.json`` and in every checkpoint).
         device: the learner device. ``world_size``: torchrun's (1: not under torchrun).
         obs_shape: the observation's shape (``(4, 84, 84)`` for Atari); ``obs_dim``: its size.
+            For a Dict observation, ``(F,)``: the features of its multi-input encoder.
+        obs_spec: the feature keys of a Dict observation
+            (:func:`~rlstruct.blocks.multi_input.obs_spec`), or None; what
+            :func:`~rlstruct.blocks.multi_input.model_factory` takes.
         action_space: the single-env action space (``Discrete``, ``Box``...), for the policy
             head (:func:`rlstruct.blocks.distributions.make_head`).
         logger: the :class:`~rlstruct.runs.logger.RunLogger` (``logger.folder``: every path).
@@ -108,6 +113,7 @@ class Run(RunLoop):
         torch.manual_seed(cfg.seed)
         self.device, self.world_size = self.resolved.learner_device, self.resolved.world_size
         self.obs_shape, self.action_space = self.resolved.obs_shape, self.resolved.action_space
+        self.obs_spec = self.resolved.obs_spec
         self.obs_dim = math.prod(self.obs_shape)
         r = self.resolved.checkpoint or {}
         super().__init__(r)  # the counters (rlstruct.runs.loop)
@@ -207,6 +213,13 @@ class Run(RunLoop):
         that ``rlstruct evaluate`` rebuilds the model without the algorithm's code: plain
         values (numbers, strings, lists, dicts); ``cls`` may be a ``functools.partial``."""
         return self.contents.model(cls, *args, **kwargs)
+
+    def factory(self, make: Callable[..., torch.nn.Module], *args: Any,
+                **kwargs: Any) -> Callable[..., torch.nn.Module]:
+        """The picklable factory of the algorithm's network ``make(*args, **kwargs)``, sized by
+        :attr:`obs_shape`/``obs_dim``; behind a multi-input encoder for a Dict observation
+        (:func:`~rlstruct.blocks.multi_input.model_factory`). Give it to :meth:`model`."""
+        return model_factory(self.obs_spec, make, *args, **kwargs)
 
     def learner(self, agent: Agent) -> Agent:
         """``agent`` moved to the learner device, wrapped in CheckDevice with ``check_devices``."""

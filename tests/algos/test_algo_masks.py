@@ -23,7 +23,7 @@ from rlstruct.blocks.distributions import space_spec
 from rlstruct.blocks.recurrent import RecurrentAgent
 from rlstruct.blocks.zoo import actor_critic
 from rlstruct.envs import GymEnvInf
-from rlstruct.envs.debug import MASKED_CHOICE_HIDDEN_ID, MASKED_CHOICE_ID
+from rlstruct.envs.debug import MASKED_CHOICE_DICT_ID, MASKED_CHOICE_HIDDEN_ID, MASKED_CHOICE_ID
 from rlstruct.runs.layout import LayoutConfig
 
 FRAMES = 20_000
@@ -65,6 +65,15 @@ def test_no_illegal_action_in_20k_steps(algo, tmp_path):
     assert len(returns) >= FRAMES // 20 - 16  # 20-step episodes, the last ones unfinished
     illegal = [r for r in returns if r != 20.0]  # an illegal action: a shorter episode, -10
     assert not illegal, f"{len(illegal)} episode(s) of {len(returns)} ended by illegal actions"
+
+
+@pytest.mark.slow  # a Dict observation: the mask leaf masks, the other leaf is the model's input
+@pytest.mark.timeout(170)
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_the_mask_as_a_dict_leaf_sb3_contrib_layout(algo, tmp_path):
+    summary, returns = train(algo, MASKED_CHOICE_DICT_ID, tmp_path, frames=4000)
+    assert summary["frames"] >= 4000 and len(returns) >= 4000 // 20 - 16
+    assert all(r == 20.0 for r in returns), [r for r in returns if r != 20.0]
 
 
 @pytest.mark.slow

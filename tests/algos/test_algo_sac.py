@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+from functools import partial
 from pathlib import Path
 
 import gymnasium as gym
@@ -142,7 +143,7 @@ def test_learn_on_replayed_pendulum_segments_moves_every_part():
     assert buffer.add(traj) == 32
     squashed = buffer.transitions()[sac.STORED_SQUASHED]
     assert squashed.abs().max() < 1  # tanh(u): what the critics read
-    nets = sac.sac_nets(3, space_spec(space), 16, init_alpha=1.0, actor=actor)
+    nets = sac.sac_nets(None, partial(sac.TwinQ, 3, 1, 16), init_alpha=1.0, actor=actor)
     critic, target, log_alpha = nets.critic, nets.target, nets.temperature["log_alpha"]
     optimizer = torch.optim.Adam([*actor.parameters(), *critic.parameters(), log_alpha], lr=0.01)
     before = [copy.deepcopy(m.state_dict()) for m in (actor, critic, target)]

@@ -393,6 +393,34 @@ def test_a_gymnasium_vector_env_equals_batchers_bitwise(cluster):
             assert x.trajectories["_observation/done"].any()
 
 
+def test_equals_batcher_bitwise_on_a_dict_observation_with_a_multi_input_model(cluster):
+    """A Dict env (a uint8 image and a float vector) and a multi-input model: the Ray batcher's
+    trajectories are Batcher's, each key in its own dtype (issue 42, item 2)."""
+    from rlstruct.blocks.distributions import space_spec
+    from rlstruct.blocks.multi_input import feature_size, model_factory, obs_spec
+    from rlstruct.blocks.sampling import PolicyAgent
+    from rlstruct.blocks.zoo import actor_critic
+    from rlstruct.envs.debug import DICT_ID, DictEnv
+
+    env = DictEnv()
+    spec = obs_spec(env.observation_space)
+    torch.manual_seed(0)
+    model = model_factory(spec, actor_critic, "mlp", (feature_size(spec),),
+                          space_spec(env.action_space), 16)()
+    args = (5, PolicyAgent, {"model": model}, GymEnvInf, {"env": DICT_ID, "n_envs": 2})
+    with RayBatcher(*args, n_processes=2, seeds=4) as r, \
+            Batcher(*args, n_processes=2, seeds=4) as b:
+        r.reset()
+        b.reset()
+        r.execute()
+        b.execute()
+        (x, nx), (y, ny) = r.get(), b.get()
+        assert nx == ny
+        assert_same(x, y)
+    assert x.trajectories["observation/image"].dtype == torch.uint8
+    assert x.trajectories["observation/vector"].dtype == torch.float32
+
+
 def test_get_on_a_device_is_the_batchers_get(cluster):
     """get(device=...) as Batcher's: the same batch, on that device (``meta`` stands in for a
     GPU: the batch lands there)."""

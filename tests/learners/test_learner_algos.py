@@ -51,7 +51,8 @@ def _samples(seed: int = 3) -> DictTensor:
 @pytest.mark.timeout(120)
 def test_two_sac_ranks_on_half_rows_equal_one_learner_on_all():
     cfg = sac.Config(batch_size=N_ROWS, hidden=16)
-    make_nets = partial(sac.sac_nets, 3, space_spec(gym.spaces.Box(-2, 2, (1,))), 16, 0.5)
+    make_nets = partial(sac.sac_nets, partial(sac.Actor, 3, space_spec(gym.spaces.Box(-2, 2, (1,))),
+                                              16), partial(sac.TwinQ, 3, 1, 16), 0.5)
     torch.manual_seed(0)
     nets, batch = make_nets(), _samples()
     initial = {k: v.clone() for k, v in nets.state_dict().items()}

@@ -142,7 +142,8 @@ def test_an_evaluation_env_that_raises_is_named_as_the_evaluations(tmp_path):
 
 # ------------------------------------------------------------ item 16: no empty folders
 BAD_STARTS = {
-    "a Dict observation space": dict(env_id="DictObs-v0", env_module=TOYS),
+    "a Dict observation of a MultiDiscrete leaf": dict(env_id="MultiDiscreteDictObs-v0",
+                                                       env_module=TOYS),
     "an env whose close raises": dict(env_id="CloseRaises-v0", env_module=TOYS),
     "an unknown env id": dict(env_id="CartPole-v9"),
     "a bad layout": dict(layout=LayoutConfig(n_envs=0, pipeline=0)),

@@ -3,6 +3,8 @@
 
 - ``DictObs-v0``: CartPole's dynamics behind a ``Dict`` observation space;
 - ``TupleObs-v0``: the same behind a ``Tuple`` observation space;
+- ``MultiDiscreteDictObs-v0``: the same with a ``MultiDiscrete`` leaf ``code`` beside ``pos``
+  (a leaf the multi-input models do not take);
 - ``CloseRaises-v0``: CartPole whose ``close()`` raises;
 - ``HangingStep-v0``: CartPole whose step sleeps for an hour from its 5th step on (a hung
   simulator);
@@ -55,6 +57,19 @@ class TupleObs(DictObs):
 
     def _split(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return obs[[0, 2]], obs[[1, 3]]
+
+
+class MultiDiscreteDictObs(DictObs):
+    """CartPole whose observations are ``{"pos": (2,), "code": MultiDiscrete([2, 3])}``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.observation_space = spaces.Dict({
+            "pos": spaces.Box(-np.inf, np.inf, (2,), np.float32),
+            "code": spaces.MultiDiscrete([2, 3])})
+
+    def _split(self, obs: np.ndarray) -> dict[str, np.ndarray]:
+        return {"pos": obs[[0, 2]], "code": np.array([0, 1], np.int64)}
 
 
 class CloseRaises(gym.Wrapper):
@@ -113,6 +128,7 @@ class Frames(gym.Env):
 
 
 for _name, _cls in (("DictObs-v0", DictObs), ("TupleObs-v0", TupleObs),
+                    ("MultiDiscreteDictObs-v0", MultiDiscreteDictObs),
                     ("CloseRaises-v0", CloseRaises), ("HangingStep-v0", HangingStep),
                     ("EvalRaises-v0", EvalRaises), ("Frames-v0", Frames)):
     if _name not in gym.registry:
