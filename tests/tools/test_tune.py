@@ -380,19 +380,52 @@ def test_tune_algo_measures_under_the_learner_with_the_batch_kept(monkeypatch):
 
     setup = AlgoSetup(_agent, {}, GymEnvInf, {"env": "CartPole-v1"}, learn=learn,
                       batch_size=512, pipelined=False)
-    assert tune_algo(setup, budget_s=5, keep_batch=True, batch_size=None, processes=(1, 2),
-                     verbose=False,
+    # the default keeps the setup's batch
+    assert tune_algo(setup, budget_s=5, batch_size=None, processes=(1, 2), verbose=False,
                      devices=()) == "result"
     assert seen["measure"].learn is learn and seen["n_rounds"] == 2
     assert seen["candidates"] and all(
         c.n_processes * c.n_envs * c.n_timesteps == 512 and c.pipeline == 1
         for c in seen["candidates"])
+    tune_algo(setup, budget_s=5, keep_batch=False, processes=(1, 2), verbose=False, devices=())
+    assert len({c.n_processes * c.n_envs * c.n_timesteps for c in seen["candidates"]}) > 1
+    tune_algo(setup, budget_s=5, batch_size=1024, processes=(1, 2), verbose=False, devices=())
+    assert {c.n_processes * c.n_envs * c.n_timesteps for c in seen["candidates"]} == {1024}
     tune_algo(setup, budget_s=5, use_learner=False, learn_s=0.01, verbose=False, devices=())
     assert seen["measure"].learn is None and seen["measure"].learn_s == 0.01
     with pytest.raises(ConfigError, match="AlgoSetup"):
         tune_algo("ppo")
     with pytest.raises(ConfigError, match="no batch_size"):
-        tune_algo(dataclasses.replace(setup, batch_size=None), keep_batch=True)
+        tune_algo(dataclasses.replace(setup, batch_size=None))
+
+
+@pytest.mark.parametrize("flags, keep, batch_size", [
+    ([], True, None),  # the default keeps the algorithm's batch
+    (["--keep-batch"], True, None),  # the old flag: the default, accepted
+    (["--batch-size", "256"], True, 256),
+    (["--vary-batch"], False, None),
+])
+def test_the_command_line_keeps_the_batch_unless_told_to_vary_it(flags, keep, batch_size,
+                                                                 monkeypatch, tmp_path):
+    import rlstruct.tools.tune.cli as cli
+
+    seen = {}
+
+    def fake_tune_algo(setup, **kwargs):
+        seen.update(kwargs)
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr(cli, "load_setup", lambda spec, **overrides: None)
+    monkeypatch.setattr(cli, "tune_algo", fake_tune_algo)
+    assert main(["--algo", "a:b", "-o", str(tmp_path / "t.json"), *flags]) == 2
+    assert seen["keep_batch"] is keep and seen["batch_size"] == batch_size
+
+
+@pytest.mark.parametrize("flags", [["--vary-batch", "--keep-batch"],
+                                   ["--vary-batch", "--batch-size", "8"]])
+def test_vary_batch_excludes_keeping_it(flags, capsys):
+    assert main(["--algo", "a:b", *flags]) == 2
+    assert "exclude each other" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("spec, match", [
@@ -432,7 +465,7 @@ def test_the_algorithms_hand_over_a_learn_step_that_trains(name):
 def test_real_tune_under_the_learner_keeps_the_batch(tmp_path, capsys):
     out = tmp_path / "tune.json"
     code = main(["--algo", "rlstruct.algos.tuning:ppo", "--hidden", "16", "--processes", "1",
-                 "--n-envs", "8,16", "--devices", "none", "--keep-batch", "--budget", "8",
+                 "--n-envs", "8,16", "--devices", "none", "--budget", "8",
                  "--probe-s", "0.2", "-o", str(out)])
     assert code == 0
     assert "the algorithm's learner, batch 512 steps" in capsys.readouterr().out

@@ -35,9 +35,11 @@ The JSON file holds :class:`~rlstruct.runs.layout.LayoutConfig`'s fields plus
 :func:`layout_from_json` and :func:`apply_layout` read it back.
 
 Changing ``n_envs``, ``n_processes`` or ``T`` changes the batch (``B = P * n_envs`` rows of
-``T`` steps), which is a hyperparameter of on-policy algorithms: ``batch_size=`` (or
-``keep_batch=True`` of :func:`tune_algo`, ``--keep-batch``) keeps ``P * n_envs * T`` fixed while
-the layout varies.
+``T`` steps), which is a hyperparameter of on-policy algorithms: :func:`tune_algo` and the
+command line keep the algorithm's ``P * n_envs * T`` fixed while the layout varies (``T``
+follows from ``P`` and ``n_envs``) unless asked otherwise (``keep_batch=False``,
+``--vary-batch``); ``batch_size=`` (``--batch-size``) keeps another size. :func:`tune` on its
+own keeps a batch only when given ``batch_size=``.
 
 One module per job: :mod:`rlstruct.tools.tune.candidates` (the layouts),
 :mod:`rlstruct.tools.tune.searches`

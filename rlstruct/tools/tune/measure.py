@@ -245,7 +245,7 @@ def _announce(n: int, budget_s: float, objective: str, real_learner: bool, learn
               batch_size: int | None) -> None:
     """Prints the line that opens a verbose :func:`tune`."""
     learner = "the algorithm's learner" if real_learner else f"fake learner {learn_s} s per batch"
-    batch = f", batch {batch_size} steps" if batch_size is not None else ""
+    batch = f", batch {batch_size} steps" if batch_size is not None else ", the batch varies"
     print(f"tuning {n} candidate layouts in {budget_s:.0f} s "
           f"(objective {objective}, {learner}{batch})")
 
@@ -272,8 +272,9 @@ class AlgoSetup:
         env_id: the env's id, written into the layout file.
         learn: the algorithm's learn step on one batch (``learn(traj)``, updating the model
             whose ``weights`` are published), measured with every candidate; None: none.
-        batch_size: the algorithm's batch, ``P * n_envs * T`` steps, kept while the layout
-            varies when :func:`tune_algo` is asked to (``keep_batch=True``).
+        batch_size: the algorithm's batch, ``P * n_envs * T`` steps, which :func:`tune_algo`
+            keeps while the layout varies (unless ``keep_batch=False``); None: the setup has
+            none, and ``tune_algo`` then needs ``batch_size=`` or ``keep_batch=False``.
     """
 
     create_agent: Callable[..., Agent]
@@ -291,7 +292,7 @@ class AlgoSetup:
 
 
 def tune_algo(setup: AlgoSetup, *, budget_s: float = 60.0, use_learner: bool = True,
-              keep_batch: bool = False, **options: Any) -> TuneResult:
+              keep_batch: bool = True, **options: Any) -> TuneResult:
     """:func:`tune` for what an algorithm hands over: its agent, env, weights, seed, and its
     learn step.
 
@@ -300,25 +301,28 @@ def tune_algo(setup: AlgoSetup, *, budget_s: float = 60.0, use_learner: bool = T
         budget_s: seconds the measurements may take.
         use_learner: measure each layout under the algorithm's learn step (when the setup
             has one); False: collection with the fake learner (``learn_s``).
-        keep_batch: keep the algorithm's batch (``setup.batch_size``) while the layout varies.
+        keep_batch: keep the algorithm's batch (``setup.batch_size``, or ``batch_size=``)
+            while the layout varies (the default: the batch is a hyperparameter of on-policy
+            algorithms); False: every ``T`` of the options, the batch varying with the layout.
         **options: keyword arguments of :func:`tune` (``candidates``, ``n_envs_options``,
             ``objective``, ``learn_s``, ``batch_size``, ...); ``pipelines`` defaults to
             ``(1,)`` for an algorithm that cannot learn from a pipelined batcher.
 
     Raises:
         ConfigError: ``setup`` is not an AlgoSetup (an algorithm's name is not enough: the
-            library does not import algorithms), ``keep_batch`` without a batch size, or see
+            library does not import algorithms), ``keep_batch`` without a batch size (the
+            setup's or ``batch_size=``), or see
             :func:`tune`.
     """
     if not isinstance(setup, AlgoSetup):
         raise ConfigError(f"tune_algo takes the AlgoSetup an algorithm hands over (e.g. "
                           f"rlstruct.algos.tuning.ppo()), got {setup!r}")
-    if keep_batch:
+    if keep_batch and options.get("batch_size") is None:
         if setup.batch_size is None:
             raise ConfigError(f"keep_batch=True but the setup of {setup.name or 'the algorithm'}"
-                              " has no batch_size")
-        if options.get("batch_size") is None:
-            options["batch_size"] = setup.batch_size
+                              " has no batch_size: give batch_size=, or keep_batch=False to "
+                              "let the batch vary")
+        options["batch_size"] = setup.batch_size
     if use_learner and setup.learn is not None and not options.get("learn_s"):
         options.setdefault("learn", setup.learn)
     if not setup.pipelined:
