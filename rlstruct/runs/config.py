@@ -122,7 +122,7 @@ class RunConfig:
     frame alone, for a recurrent model, as CleanRL's ppo_atari_lstm)"""
     layout_file: Annotated[str | None, tyro.conf.arg(aliases=("--layout",))] = None
     """a layout file of `rlstruct tune` (tune.json): its batcher_device, n_processes,
-    n_envs, pipeline and n_timesteps replace the config's"""
+    n_envs, pipeline, n_timesteps and n_threads (when it has them) replace the config's"""
     layout: Annotated[LayoutConfig, tyro.conf.OmitArgPrefixes] = field(
         default_factory=LayoutConfig
     )

@@ -130,6 +130,10 @@ class TuneCommand:
     """values of T"""
     pipeline: IntsOrNone = None
     """pipeline depths (None: 1,2 for algorithms that support it)"""
+    n_threads: IntsOrNone = None
+    """learner torch threads to try, e.g. 1,2 (None: 1, 2, 4, ... up to the usable cores when
+    the algorithm's learner is measured, 1 otherwise); the pick's is written to the file and
+    --layout sets the run's --n-threads from it"""
     devices: str | None = None
     """comma-separated GPU devices for a SerialBatcher (None: cuda:0 when there is one; 'none'
     for none)"""
@@ -183,6 +187,8 @@ def run(args: TuneCommand) -> int:
         n_rounds=args.rounds, batch_size=args.batch_size)
     if args.pipeline is not None:
         options["pipelines"] = list(args.pipeline)
+    if args.n_threads is not None:
+        options["n_threads_options"] = list(args.n_threads)
     try:
         setup = load_setup(args.algo, **overrides)
         result = tune_algo(setup, budget_s=args.budget, keep_batch=not args.vary_batch,
