@@ -329,8 +329,8 @@ def tune_algo(setup: AlgoSetup, *, budget_s: float = 60.0, use_learner: bool = T
     if keep_batch and options.get("batch_size") is None:
         if setup.batch_size is None:
             raise ConfigError(f"keep_batch=True but the setup of {setup.name or 'the algorithm'}"
-                              " has no batch_size: give batch_size=, or keep_batch=False to "
-                              "let the batch vary")
+                              " has no batch_size: give batch_size= (--batch-size N), or "
+                              "keep_batch=False (--vary-batch) to let the batch vary")
         options["batch_size"] = setup.batch_size
     if use_learner and setup.learn is not None and not options.get("learn_s"):
         options.setdefault("learn", setup.learn)
