@@ -458,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
                         "0: torch's default)")
     p.add_argument("--frames", type=int, default=None,
                    help="frame budget of the rows without a target (HalfCheetah; default 100k)")
-    p.add_argument("--tune-args", default="--keep-batch --budget 60",
+    p.add_argument("--tune-args", default="--budget 60",
                    help="options of the `rlstruct tune --algo "
                         "rlstruct.algos.tuning:ppo` run that writes the ppo_tuned row's layout "
                         "(default: %(default)s)")

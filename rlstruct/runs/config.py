@@ -26,7 +26,8 @@ from rlstruct.runs.json_safe import json_safe
 from rlstruct.runs.layout import LayoutConfig
 from rlstruct.runs.presets import Preset, build_preset
 
-__all__ = ["RunConfig", "RESUMABLE", "code_dir", "config_to_dict", "session_record"]
+__all__ = ["RunConfig", "RESUMABLE", "code_dir", "config_to_dict", "layout_source",
+           "session_record"]
 
 C = TypeVar("C", bound="RunConfig")
 
@@ -122,7 +123,7 @@ class RunConfig:
     frame alone, for a recurrent model, as CleanRL's ppo_atari_lstm)"""
     layout_file: Annotated[str | None, tyro.conf.arg(aliases=("--layout",))] = None
     """a layout file of `rlstruct tune` (tune.json): its batcher_device, n_processes,
-    n_envs, pipeline and n_timesteps replace the config's"""
+    n_envs, pipeline, n_timesteps and n_threads (when it has them) replace the config's"""
     layout: Annotated[LayoutConfig, tyro.conf.OmitArgPrefixes] = field(
         default_factory=LayoutConfig
     )
@@ -240,14 +241,35 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
     raise TypeError(f"config_to_dict needs a dataclass instance or a mapping, got {type(cfg)}")
 
 
+def layout_source(cfg: RunConfig) -> str:
+    """Where a config's layout came from: ``"file"`` (``--layout FILE``, a file of ``rlstruct
+    tune``), ``"default"`` (the algorithm config's own layout), ``"preset"`` (the layout of
+    ``--preset``) or ``"flags"`` (any other: layout flags, or fields set in code).
+
+    Args:
+        cfg: the config (a resolved one keeps ``layout_file``, whose fields it applied).
+    """
+    if cfg.layout_file is not None:
+        return "file"
+    default = next(f for f in dataclasses.fields(cfg) if f.name == "layout").default_factory
+    if cfg.layout == default():  # type: ignore[misc]
+        return "default"
+    if cfg.preset in cfg.presets and cfg.layout == build_preset(
+            type(cfg), cfg.preset, {"env_id": cfg.env_id}).layout:
+        return "preset"
+    return "flags"
+
+
 def session_record(cfg: RunConfig, frames: int, launch: dict[str, Any]) -> dict[str, Any]:
     """This session's entry of ``config.json``'s ``sessions`` list (one per session, the
     first included; ``config`` keeps the first session's whole config): when it started, the
-    frames it started from, its ``argv``, its launch and the fields a resume may set anew
+    frames it started from, its ``argv``, its launch, where its layout came from
+    (:func:`layout_source`) and the fields a resume may set anew
     (:data:`~rlstruct.runs.config.RESUMABLE`: the frame and time budgets, the target...)."""
     values = json_safe(cfg)  # as config.json writes the config
     return {"time": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             "frames": frames, "argv": list(sys.argv), "launch": dict(launch),
+            "layout_source": layout_source(cfg),
             "settings": {name: values[name] for name in RESUMABLE if name in values}}
 
 

@@ -2,8 +2,9 @@
 --out``), read by :func:`read_layout` and applied to a run config by :func:`apply_layout`
 (``--layout``).
 
-The file holds :class:`~rlstruct.runs.layout.LayoutConfig`'s fields plus ``n_timesteps`` (and the
-measurements under ``"tuned"``).
+The file holds :class:`~rlstruct.runs.layout.LayoutConfig`'s fields plus ``n_timesteps``, the
+learner's ``n_threads`` when the tuner chose it (a run's field, ``--n-threads``, not the
+layout's), and the measurements under ``"tuned"``.
 """
 
 from __future__ import annotations
@@ -27,17 +28,19 @@ TUNED_FIELDS: tuple[str, ...] = ("batcher_device", "n_processes", "n_envs", "pip
 
 @dataclass
 class TunedLayout:
-    """A layout file read back: the layout and ``T``.
+    """A layout file read back: the layout, ``T`` and the learner's threads.
 
     Attributes:
         layout: the LayoutConfig (tuned fields from the file, others as written there).
-        n_timesteps: ``T`` of the pick.
+        n_timesteps: ``T`` of the pick (0: the file has none).
         tuned: the measurements stored with it (objective, steps/s, ...).
+        n_threads: the learner's torch threads of the pick (0: the file has none).
     """
 
     layout: LayoutConfig
     n_timesteps: int
     tuned: dict[str, Any] = field(default_factory=dict)
+    n_threads: int = 0
 
     def batcher_kwargs(self) -> dict[str, Any]:
         """The layout keyword arguments of :func:`~rlstruct.batchers.make.make_batcher`
@@ -49,8 +52,9 @@ class TunedLayout:
 
 
 def write_layout(path: str | os.PathLike, pick: TunedLayout) -> Path:
-    """Writes a layout file: ``pick.layout``'s fields, ``n_timesteps``, and ``"tuned"`` (the
-    measurements); :func:`read_layout` reads it back as the same :class:`TunedLayout`.
+    """Writes a layout file: ``pick.layout``'s fields, ``n_timesteps``, ``n_threads`` (when
+    set) and ``"tuned"`` (the measurements); :func:`read_layout` reads it back as the same
+    :class:`TunedLayout`.
 
     Args:
         path: the file.
@@ -62,6 +66,8 @@ def write_layout(path: str | os.PathLike, pick: TunedLayout) -> Path:
     """
     data: dict[str, Any] = dataclasses.asdict(pick.layout)
     data["n_timesteps"] = pick.n_timesteps
+    if pick.n_threads:
+        data["n_threads"] = pick.n_threads
     data["tuned"] = dict(pick.tuned)
     path = Path(path)
     path.write_text(json.dumps(data, indent=2) + "\n")
@@ -70,8 +76,8 @@ def write_layout(path: str | os.PathLike, pick: TunedLayout) -> Path:
 
 def read_layout(path: str | os.PathLike) -> TunedLayout:
     """Reads a file of :func:`write_layout` (or any JSON of
-    LayoutConfig fields and an optional ``n_timesteps``; a missing field keeps LayoutConfig's
-    default).
+    LayoutConfig fields and optional ``n_timesteps`` and ``n_threads``; a missing field keeps
+    LayoutConfig's default).
 
     Raises:
         ConfigError: not a JSON object, an unknown key, or a field of the wrong type.
@@ -85,11 +91,12 @@ def read_layout(path: str | os.PathLike) -> TunedLayout:
     data = dict(data)
     tuned = data.pop("tuned", {})
     n_timesteps = data.pop("n_timesteps", None)
+    n_threads = data.pop("n_threads", None)
     fields = {f.name: f for f in dataclasses.fields(LayoutConfig)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise ConfigError(f"{path}: unknown layout keys {unknown}; expected {sorted(fields)}, "
-                          "n_timesteps and tuned")
+                          "n_timesteps, n_threads and tuned")
     defaults = LayoutConfig()
     for name, value in data.items():
         want = type(getattr(defaults, name))
@@ -99,7 +106,11 @@ def read_layout(path: str | os.PathLike) -> TunedLayout:
         n_timesteps = 0
     elif type(n_timesteps) is not int or n_timesteps < 1:
         raise ConfigError(f"{path}: n_timesteps must be an int >= 1, got {n_timesteps!r}")
-    return TunedLayout(LayoutConfig(**data), n_timesteps, tuned)
+    if n_threads is None:
+        n_threads = 0
+    elif type(n_threads) is not int or n_threads < 1:
+        raise ConfigError(f"{path}: n_threads must be an int >= 1, got {n_threads!r}")
+    return TunedLayout(LayoutConfig(**data), n_timesteps, tuned, n_threads)
 
 
 def layout_from_json(path: str | os.PathLike) -> LayoutConfig:
@@ -112,8 +123,8 @@ def apply_layout(cfg: Any, path: str | os.PathLike) -> Any:
     """Sets the tuned fields of a run config from a layout file, in place, and returns it.
 
     ``cfg.layout``'s ``batcher_device``, ``n_processes``, ``n_envs`` and ``pipeline``, and
-    ``cfg.n_timesteps`` when the file has one; the learner and evaluation devices and
-    ``check_devices`` stay the config's.
+    ``cfg.n_timesteps`` and ``cfg.n_threads`` when the file has them; the learner and
+    evaluation devices and ``check_devices`` stay the config's.
 
     Args:
         cfg: a :class:`~rlstruct.runs.run.RunConfig` (anything with ``layout`` and ``n_timesteps``).
@@ -124,4 +135,6 @@ def apply_layout(cfg: Any, path: str | os.PathLike) -> Any:
         cfg.layout, **{name: getattr(tuned.layout, name) for name in TUNED_FIELDS})
     if tuned.n_timesteps:
         cfg.n_timesteps = tuned.n_timesteps
+    if tuned.n_threads:
+        cfg.n_threads = tuned.n_threads
     return cfg

@@ -321,6 +321,13 @@ class RunLogger:
             self._progress.show(row, self._last_eval, now)
         return row
 
+    def warn(self, text: str) -> None:
+        """Shows a warning line in the progress output (stderr without a progress line)."""
+        if self._progress is not None:
+            self._progress.warn(text)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
     def checkpoint(self, state: dict[str, Any], score: float | None = None) -> None:
         """Save ``state`` to ``checkpoints/latest.pt``, and to ``best.pt`` when ``score`` is best
         (:meth:`CheckpointWriter.save <rlstruct.runs.checkpoint.CheckpointWriter.save>`).

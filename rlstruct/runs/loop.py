@@ -15,6 +15,7 @@ import gymnasium as gym
 from rlstruct.batchers import Batcher, SerialBatcher
 from rlstruct.dicttensor import DictTensor
 from rlstruct.errors import ConfigError
+from rlstruct.runs.contention import ContentionWatch
 from rlstruct.runs.episodes import EpisodeTracker
 from rlstruct.runs.evaluator import Evaluator
 from rlstruct.runs.logger import RunLogger
@@ -67,6 +68,9 @@ class RunLoop:
         self._row_at = -math.inf  # time.monotonic() of the last progress row
         #: the iteration of the last progress row (the run's end writes one where it differs)
         self.row_iteration: int | None = None
+        #: the one-time warning of a run starved of cores (rlstruct.runs.contention); the run
+        #: sets the cores its layout asks for
+        self.contention = ContentionWatch(None)
 
     def checkpoint(self) -> None:
         """Saves a checkpoint (:meth:`Run.checkpoint <rlstruct.runs.run.Run.checkpoint>`)."""
@@ -216,8 +220,11 @@ class RunLoop:
         if (checkpoint or not math.isnan(eval_return) or self.row_iteration is None
                 or now - self._row_at >= self.cfg.progress_every_s):
             metrics = {**metrics, **self.monitor.sample(self.frames)}
-            self.logger.log(self.frames, iteration=self.iteration, eval_return=eval_return,
-                            **metrics)
+            row = self.logger.log(self.frames, iteration=self.iteration,
+                                  eval_return=eval_return, **metrics)
+            warning = self.contention.update(row)
+            if warning is not None:
+                self.logger.warn(warning)
             self._row_at, self.row_iteration = now, self.iteration
         if checkpoint:
             self.checkpoint()

@@ -7,7 +7,8 @@ The line shows the frames (of the frame budget), the wall time, the speed, the t
 the last evaluation, the cores the run keeps busy, the machine's load average (``load``: the
 processes that run or wait for a core, over the last minute; above the core count, the run
 competes for the machine), and an ETA: when the frame budget is reached at this session's mean
-speed, or the time budget runs out, whichever comes first.
+speed, or the time budget runs out, whichever comes first. :meth:`ProgressLine.warn` puts a
+warning on a line of its own (a run starved of cores, :mod:`rlstruct.runs.contention`).
 
 Example:
     >>> import io
@@ -95,6 +96,15 @@ class ProgressLine:
             self.stream.write(line + "\n")
         self.stream.flush()
         self._last_render = now
+
+    def warn(self, text: str) -> None:
+        """Writes ``text`` as a line of its own (on a terminal, the line being rewritten ends
+        first, and the next row starts a new one)."""
+        if self._line_len:
+            self.stream.write("\n")
+            self._line_len = 0
+        self.stream.write(text + "\n")
+        self.stream.flush()
 
     def eta(self, frames: float, wall_time: float) -> float | None:
         """Seconds until the run ends at ``frames`` and ``wall_time``: the frame budget at this

@@ -50,6 +50,7 @@ from rlstruct.learners.base import LearnerGroupBase, OptimizerFactory
 from rlstruct.learners.torchrun import serve_rank
 from rlstruct.runs import checkpoint as ckpt
 from rlstruct.runs.config import RunConfig, code_dir, config_to_dict, session_record
+from rlstruct.runs.contention import ContentionWatch, asked_cores
 from rlstruct.runs.contents import CheckpointContents
 from rlstruct.runs.evaluator import Evaluator
 from rlstruct.runs.groups import learner_group
@@ -117,6 +118,8 @@ class Run(RunLoop):
         self.obs_dim = math.prod(self.obs_shape)
         r = self.resolved.checkpoint or {}
         super().__init__(r)  # the counters (rlstruct.runs.loop)
+        self.contention = ContentionWatch(asked_cores(
+            cfg.layout, cfg.n_threads, self.device.type == "cpu"), n_threads=cfg.n_threads)
         self.start -= r.get("wall_time", 0.0)  # the clock and the time budget go on
         self._resumed_at = self.iteration
         self.n_resumes: int = r.get("resumes", -1) + 1

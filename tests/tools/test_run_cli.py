@@ -222,7 +222,7 @@ def test_each_commands_help_names_the_command(command, capsys):
     (["export", ".", "--format", "tflite"], "rlstruct export"),
     (["sweep", "ppo", "--trials", "[1]"], "rlstruct sweep: error: --trials must be a JSON list"),
     (["sweep", "nope"], "rlstruct sweep: error: sweep: no algorithm 'nope'"),
-    (["tune", "--algo", "a:b", "--keep-batch", "--batch-size", "8"], "exclude each other"),
+    (["tune", "--algo", "a:b", "--vary-batch", "--batch-size", "8"], "exclude each other"),
 ])
 def test_usage_errors_exit_with_2_and_one_message(argv, message, capsys, tmp_path,
                                                    monkeypatch):

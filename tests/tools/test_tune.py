@@ -28,6 +28,7 @@ from rlstruct.tools.tune import (
     tune_algo,
     tuned_layout,
 )
+from rlstruct.tools.tune.candidates import thread_options
 from rlstruct.tools.tune.searches import paired_winner
 
 GRID = candidate_grid(processes=(1, 2, 4), n_envs_options=(8, 16, 32, 64),
@@ -190,8 +191,63 @@ def test_table_lists_measured_candidates_best_first():
 
 def test_axes_cover_every_field_of_a_candidate():
     names = {f.name for f in dataclasses.fields(Candidate)}
-    assert names == {"n_processes", "device", "n_envs", "n_timesteps", "pipeline"}
-    assert AXES == ("workers", "n_envs", "n_timesteps", "pipeline")
+    assert names == {"n_processes", "device", "n_envs", "n_timesteps", "pipeline", "n_threads"}
+    assert AXES == ("workers", "n_envs", "n_timesteps", "pipeline", "n_threads")
+
+
+# ----------------------------------------------------------------------------- learner threads
+def test_the_grid_has_a_learner_threads_axis():
+    assert thread_options(1) == [1] and thread_options(6) == [1, 2, 4, 6]
+    grid = candidate_grid(processes=(1, 2), n_envs_options=(8,), n_timesteps_options=(16,),
+                          pipelines=(1,), devices=(), n_threads_options=(1, 2))
+    assert sorted((c.n_processes, c.n_threads) for c in grid) == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert Candidate(2, 8, 16, n_threads=2).label == "Batcher 2x8 T=16 thr2"
+    assert Candidate(2, 8, 16).label == "Batcher 2x8 T=16"
+    with pytest.raises(ConfigError, match="n_threads must be >= 1"):
+        Candidate(1, 8, 16, n_threads=0)
+
+
+def test_the_search_finds_the_learner_threads_that_a_loaded_machine_wants():
+    """A shared machine: a second learner thread halves the speed (the Pong case of issue 41)."""
+    grid = candidate_grid(processes=(1, 2, 4), n_envs_options=(8, 16, 32, 64),
+                          n_timesteps_options=(16, 32, 64), pipelines=(1, 2), devices=(),
+                          n_threads_options=(1, 2))
+
+    def loaded(c):
+        return speed(c) * (1.0 if c.n_threads == 1 else 0.5)
+
+    result = search(grid, FakeMeasure(loaded), budget_s=40.0, probe_s=0.5)
+    assert result.best.n_threads == 1 and result.best.label == "Batcher 2x32 T=32 pipe2"
+    result = search(grid, FakeMeasure(lambda c: speed(c) * c.n_threads), budget_s=40.0,
+                    probe_s=0.5)
+    assert result.best.n_threads == 2
+
+
+def test_each_candidate_is_measured_under_its_learner_threads():
+    from rlstruct.envs import GymEnvInf
+
+    seen = []
+    measure = BatcherMeasure(_agent, {}, GymEnvInf, {"env": "CartPole-v1"},
+                             learn=lambda traj: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    assert measure(Candidate(1, 2, 8, n_threads=2), 0.01).error is None
+    assert seen and set(seen) == {2}
+    seen.clear()
+    assert measure(Candidate(1, 2, 8, n_threads=1), 0.01).error is None
+    assert set(seen) == {1} and torch.get_num_threads() == before
+
+
+def test_the_layout_file_carries_the_learner_threads(tmp_path):
+    path = write_layout(tmp_path / "tune.json", tuned_layout(Candidate(2, 8, 16, n_threads=3)))
+    assert json.loads(path.read_text())["n_threads"] == 3
+    assert read_layout(path).n_threads == 3
+    cfg = apply_layout(RunConfig(n_threads=2), path)
+    assert cfg.n_threads == 3 and cfg.n_timesteps == 16
+    # a file without n_threads (an older tuner's, or written by hand) keeps the config's
+    older = tmp_path / "older.json"
+    older.write_text('{"n_envs": 4, "n_timesteps": 8}')
+    assert read_layout(older).n_threads == 0
+    assert apply_layout(RunConfig(n_threads=2), older).n_threads == 2
 
 
 # ----------------------------------------------------------------------------- layout files
@@ -248,6 +304,8 @@ def _agent():
     ('{"n_envs": 8, "colour": 1}', "unknown layout keys"),
     ('{"n_envs": "8"}', "n_envs must be a int"),
     ('{"n_timesteps": 0}', "n_timesteps"),
+    ('{"n_threads": 0}', "n_threads must be an int >= 1"),
+    ('{"n_threads": 1.5}', "n_threads must be an int >= 1"),
     ("[1, 2]", "JSON object"),
     ("{", "cannot read"),
 ])
@@ -265,7 +323,8 @@ def test_real_tune_on_cartpole_writes_a_valid_layout(tmp_path, capsys):
     out = tmp_path / "tune.json"
     code = main(["--algo", "rlstruct.algos.tuning:ppo", "--processes", "1,2", "--n-envs", "8",
                  "--n-timesteps", "16", "--pipeline", "1,2", "--devices", "none",
-                 "--budget", "10", "--probe-s", "0.2", "--no-learner", "-o", str(out)])
+                 "--budget", "10", "--probe-s", "0.2", "--no-learner", "--vary-batch",
+                 "-o", str(out)])
     assert code == 0
     printed = capsys.readouterr().out
     assert "steps/s" in printed and "cores busy" in printed and str(out) in printed
@@ -380,19 +439,76 @@ def test_tune_algo_measures_under_the_learner_with_the_batch_kept(monkeypatch):
 
     setup = AlgoSetup(_agent, {}, GymEnvInf, {"env": "CartPole-v1"}, learn=learn,
                       batch_size=512, pipelined=False)
-    assert tune_algo(setup, budget_s=5, keep_batch=True, batch_size=None, processes=(1, 2),
-                     verbose=False,
+    # the default keeps the setup's batch
+    assert tune_algo(setup, budget_s=5, batch_size=None, processes=(1, 2), verbose=False,
                      devices=()) == "result"
     assert seen["measure"].learn is learn and seen["n_rounds"] == 2
     assert seen["candidates"] and all(
         c.n_processes * c.n_envs * c.n_timesteps == 512 and c.pipeline == 1
         for c in seen["candidates"])
+    tune_algo(setup, budget_s=5, keep_batch=False, processes=(1, 2), verbose=False, devices=())
+    assert len({c.n_processes * c.n_envs * c.n_timesteps for c in seen["candidates"]}) > 1
+    tune_algo(setup, budget_s=5, batch_size=1024, processes=(1, 2), verbose=False, devices=())
+    assert {c.n_processes * c.n_envs * c.n_timesteps for c in seen["candidates"]} == {1024}
     tune_algo(setup, budget_s=5, use_learner=False, learn_s=0.01, verbose=False, devices=())
     assert seen["measure"].learn is None and seen["measure"].learn_s == 0.01
     with pytest.raises(ConfigError, match="AlgoSetup"):
         tune_algo("ppo")
     with pytest.raises(ConfigError, match="no batch_size"):
-        tune_algo(dataclasses.replace(setup, batch_size=None), keep_batch=True)
+        tune_algo(dataclasses.replace(setup, batch_size=None))
+
+
+def test_tune_algo_searches_learner_threads_only_under_a_threaded_learner(monkeypatch):
+    import rlstruct.tools.tune.measure as measure_module
+    from rlstruct.envs import GymEnvInf
+
+    seen = {}
+    monkeypatch.setattr(measure_module, "search",
+                        lambda candidates, measure, **kw: seen.update(candidates=candidates))
+    monkeypatch.setattr(measure_module, "thread_options", lambda: [1, 2, 4])
+    setup = AlgoSetup(_agent, {}, GymEnvInf, {"env": "CartPole-v1"}, learn=lambda traj: None,
+                      batch_size=512)
+
+    def threads(setup, **kwargs):
+        tune_algo(setup, budget_s=5, processes=(1, 2), verbose=False, devices=(), **kwargs)
+        return {c.n_threads for c in seen["candidates"]}
+
+    assert threads(setup) == {1, 2, 4}
+    assert threads(setup, n_threads_options=(2,)) == {2}
+    assert threads(setup, use_learner=False) == {1}
+    assert threads(dataclasses.replace(setup, learner_threads=False)) == {1}
+
+
+@pytest.mark.parametrize("flags, keep, batch_size", [
+    ([], True, None),  # the default keeps the algorithm's batch
+    (["--keep-batch"], True, None),  # the old flag: the default, accepted
+    (["--batch-size", "256"], True, 256),
+    (["--vary-batch"], False, None),
+])
+def test_the_command_line_keeps_the_batch_unless_told_to_vary_it(flags, keep, batch_size,
+                                                                 monkeypatch, tmp_path):
+    import rlstruct.tools.tune.cli as cli
+
+    seen = {}
+
+    def fake_tune_algo(setup, **kwargs):
+        seen.update(kwargs)
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr(cli, "load_setup", lambda spec, **overrides: None)
+    monkeypatch.setattr(cli, "tune_algo", fake_tune_algo)
+    assert main(["--algo", "a:b", "-o", str(tmp_path / "t.json"), *flags]) == 2
+    assert seen["keep_batch"] is keep and seen["batch_size"] == batch_size
+    assert "n_threads_options" not in seen  # tune_algo's default: 1 up to the cores
+    assert main(["--algo", "a:b", "--n-threads", "1,2", *flags]) == 2
+    assert seen["n_threads_options"] == [1, 2]
+
+
+@pytest.mark.parametrize("flags", [["--vary-batch", "--keep-batch"],
+                                   ["--vary-batch", "--batch-size", "8"]])
+def test_vary_batch_excludes_keeping_it(flags, capsys):
+    assert main(["--algo", "a:b", *flags]) == 2
+    assert "exclude each other" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("spec, match", [
@@ -432,10 +548,11 @@ def test_the_algorithms_hand_over_a_learn_step_that_trains(name):
 def test_real_tune_under_the_learner_keeps_the_batch(tmp_path, capsys):
     out = tmp_path / "tune.json"
     code = main(["--algo", "rlstruct.algos.tuning:ppo", "--hidden", "16", "--processes", "1",
-                 "--n-envs", "8,16", "--devices", "none", "--keep-batch", "--budget", "8",
+                 "--n-envs", "8,16", "--devices", "none", "--budget", "8",
                  "--probe-s", "0.2", "-o", str(out)])
     assert code == 0
     assert "the algorithm's learner, batch 512 steps" in capsys.readouterr().out
     tuned = read_layout(out)
     assert tuned.layout.n_envs * tuned.n_timesteps == 512  # PPO's 2 x 8 x 32, kept
     assert tuned.tuned["learner"] == "algorithm" and tuned.tuned["steps_per_s"] > 0
+    assert tuned.n_threads >= 1  # the learner's threads were searched, the pick's recorded

@@ -3,7 +3,9 @@
 A *layout* is where and how the training batcher collects: a :class:`~rlstruct.SerialBatcher`
 (``n_processes=1``, on the CPU or on a GPU) or a :class:`~rlstruct.Batcher` with ``P`` worker
 processes, ``n_envs`` envs per process, ``T = n_timesteps`` steps per segment, and ``pipeline``
-(1: synchronous; 2: the workers collect the next segment while the learner learns).
+(1: synchronous; 2: the workers collect the next segment while the learner learns), and the
+learner's torch threads ``n_threads`` (a run's ``--n-threads``: searched when the algorithm's
+learner is measured, since on a shared machine fewer threads can be faster).
 
 Each candidate is measured by :class:`BatcherMeasure`: build the batcher (constructor and
 ``reset``: the *start-up*), collect one warm-up batch, then collect whole batches for a given
@@ -18,7 +20,8 @@ descendants, over wall seconds, read by the resource monitor's meter) and steps 
 CPU-second.
 
 The search (:func:`search`) is smarter than the exhaustive grid (:func:`grid_search`): a
-coordinate search over the axes (workers, envs per process, ``T``, pipeline) starts from the
+coordinate search over the axes (workers, envs per process, ``T``, pipeline, learner
+threads) starts from the
 middle of the grid, measures the neighbours of the current layout along one axis at a time
 and moves to the best, until a sweep moves no more; then the best few layouts measured are
 measured again in interleaved rounds, and the winner is decided within rounds, so that a load
@@ -31,13 +34,15 @@ Use it from Python (:func:`tune` with your factories, :func:`tune_algo` with the
 ``rlstruct tune --algo rlstruct.algos.tuning:ppo --budget 60 --out tune.json``
 (:func:`main`).
 The JSON file holds :class:`~rlstruct.runs.layout.LayoutConfig`'s fields plus
-``n_timesteps`` (and the measurements under ``"tuned"``); :func:`read_layout`,
-:func:`layout_from_json` and :func:`apply_layout` read it back.
+``n_timesteps``, the learner's ``n_threads`` (and the measurements under ``"tuned"``);
+:func:`read_layout`, :func:`layout_from_json` and :func:`apply_layout` read it back.
 
 Changing ``n_envs``, ``n_processes`` or ``T`` changes the batch (``B = P * n_envs`` rows of
-``T`` steps), which is a hyperparameter of on-policy algorithms: ``batch_size=`` (or
-``keep_batch=True`` of :func:`tune_algo`, ``--keep-batch``) keeps ``P * n_envs * T`` fixed while
-the layout varies.
+``T`` steps), which is a hyperparameter of on-policy algorithms: :func:`tune_algo` and the
+command line keep the algorithm's ``P * n_envs * T`` fixed while the layout varies (``T``
+follows from ``P`` and ``n_envs``) unless asked otherwise (``keep_batch=False``,
+``--vary-batch``); ``batch_size=`` (``--batch-size``) keeps another size. :func:`tune` on its
+own keeps a batch only when given ``batch_size=``.
 
 One module per job: :mod:`rlstruct.tools.tune.candidates` (the layouts),
 :mod:`rlstruct.tools.tune.searches`
@@ -50,7 +55,7 @@ The library imports no algorithm: an algorithm hands its factories over as an
 """
 
 from rlstruct.tools.tune.candidates import AXES as AXES
-from rlstruct.tools.tune.candidates import Candidate, candidate_grid
+from rlstruct.tools.tune.candidates import Candidate, candidate_grid, thread_options
 from rlstruct.tools.tune.cli import load_setup, main
 from rlstruct.tools.tune.measure import AlgoSetup, BatcherMeasure, tune, tune_algo
 from rlstruct.tools.tune.searches import OBJECTIVES as OBJECTIVES
@@ -73,6 +78,7 @@ __all__ = [
     "AlgoSetup",
     "BatcherMeasure",
     "candidate_grid",
+    "thread_options",
     "search",
     "grid_search",
     "paired_winner",

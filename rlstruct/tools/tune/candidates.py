@@ -13,10 +13,10 @@ from rlstruct.batchers.make import default_processes
 from rlstruct.errors import ConfigError
 from rlstruct.runs.layout import LayoutConfig
 
-__all__ = ["AXES", "Candidate", "candidate_grid"]
+__all__ = ["AXES", "Candidate", "candidate_grid", "thread_options"]
 
 #: The axes the coordinate search moves along, in sweep order.
-AXES: tuple[str, ...] = ("workers", "n_envs", "n_timesteps", "pipeline")
+AXES: tuple[str, ...] = ("workers", "n_envs", "n_timesteps", "pipeline", "n_threads")
 
 
 @dataclass(frozen=True, order=True)
@@ -30,6 +30,8 @@ class Candidate:
         n_timesteps: ``T``, steps per env and segment.
         pipeline: segment slots per worker (2: pipelined; worker processes only).
         device: the batcher's device (a GPU selects the SerialBatcher; ``n_processes`` is 1).
+        n_threads: torch threads of the learner, in this process (``--n-threads`` of a run;
+            the workers keep one each).
     """
 
     n_processes: int
@@ -37,10 +39,11 @@ class Candidate:
     n_timesteps: int
     pipeline: int = 1
     device: str = "cpu"
+    n_threads: int = 1
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be >= 1, got {getattr(self, name)}"
-                    for name in ("n_processes", "n_envs", "n_timesteps", "pipeline")
+                    for name in ("n_processes", "n_envs", "n_timesteps", "pipeline", "n_threads")
                     if getattr(self, name) < 1]
         if self.pipeline > 1 and self.n_processes < 2:
             problems.append(f"pipeline={self.pipeline} needs n_processes >= 2")
@@ -60,20 +63,34 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        """A short description, e.g. ``"Batcher 2x32 T=32 pipe2"`` or ``"Serial cpu 64 T=16"``."""
+        """A short description, e.g. ``"Batcher 2x32 T=32 pipe2"``, ``"Serial cpu 64 T=16"`` or
+        ``"Batcher 2x8 T=32 thr2"`` (learner threads, shown when more than 1)."""
         if self.n_processes == 1:
             where = f"Serial {self.device} {self.n_envs}"
         else:
             where = f"Batcher {self.n_processes}x{self.n_envs}"
         pipe = f" pipe{self.pipeline}" if self.pipeline > 1 else ""
-        return f"{where} T={self.n_timesteps}{pipe}"
+        threads = f" thr{self.n_threads}" if self.n_threads > 1 else ""
+        return f"{where} T={self.n_timesteps}{pipe}{threads}"
 
     def layout(self, base: LayoutConfig | None = None) -> LayoutConfig:
-        """``base`` (default: ``LayoutConfig()``) with this candidate's batcher fields."""
+        """``base`` (default: ``LayoutConfig()``) with this candidate's batcher fields (the
+        learner's ``n_threads`` is a run's field, not the layout's: see
+        :func:`~rlstruct.tools.tune.searches.tuned_layout`)."""
         return dataclasses.replace(
             base or LayoutConfig(), batcher_device=self.device, n_processes=self.n_processes,
             n_envs=self.n_envs, pipeline=self.pipeline,
         )
+
+
+def thread_options(cores: int | None = None) -> list[int]:
+    """The learner thread counts worth trying: 1, 2, 4, ... up to ``cores`` and ``cores``
+    itself (default: the cores this process may use).
+
+    Args:
+        cores: the usable cores (None: :func:`~rlstruct.batchers.make.default_processes`).
+    """
+    return _process_options(default_processes() if cores is None else max(1, cores))
 
 
 def _process_options(cores: int) -> list[int]:
@@ -94,6 +111,7 @@ def candidate_grid(
     pipelines: Sequence[int] = (1, 2),
     devices: Sequence[str] | None = None,
     batch_size: int | None = None,
+    n_threads_options: Sequence[int] = (1,),
 ) -> list[Candidate]:
     """The full grid of valid candidates.
 
@@ -108,6 +126,7 @@ def candidate_grid(
             varies (an on-policy algorithm's hyperparameter): ``T`` is derived from ``P`` and
             ``n_envs``, and a layout is kept when ``T`` is a whole number between the smallest
             and the largest of ``n_timesteps_options``. None: every ``T`` of the options.
+        n_threads_options: the learner's torch threads (see :func:`thread_options`).
 
     Returns:
         The candidates, CPU ones first.
@@ -119,13 +138,13 @@ def candidate_grid(
     if devices is None:
         devices = ["cuda:0"] if torch.cuda.is_available() else []
     out = []
-    for n_envs in n_envs_options:
+    for n_envs, th in ((n, th) for n in n_envs_options for th in n_threads_options):
         for p in procs:
             for t in _timesteps(p * n_envs, n_timesteps_options, batch_size):
-                out.extend(Candidate(p, n_envs, t, pipe) for pipe in pipelines
+                out.extend(Candidate(p, n_envs, t, pipe, n_threads=th) for pipe in pipelines
                            if pipe == 1 or p >= 2)
         for t in _timesteps(n_envs, n_timesteps_options, batch_size):
-            out.extend(Candidate(1, n_envs, t, 1, str(d)) for d in devices)
+            out.extend(Candidate(1, n_envs, t, 1, str(d), th) for d in devices)
     if batch_size is not None and not out:
         raise ConfigError(
             f"no layout of processes {procs} x n_envs {list(n_envs_options)} gives a batch of "

@@ -90,6 +90,7 @@ IntsOrNone = Annotated[tuple[int, ...] | None, _ints_flag("{None}|N,N,...")]
 class TuneCommand:
     """Measure candidate batcher layouts of an algorithm within a time budget, print a table and
     write the best one to a JSON layout file, which rlstruct train ALGO --layout FILE takes.
+    The algorithm's batch (P x n_envs x T steps) is kept unless --vary-batch.
 
     Example: rlstruct tune --algo rlstruct.algos.tuning:ppo --budget 60 -o tune.json
     """
@@ -110,11 +111,15 @@ class TuneCommand:
     --learn-s)"""
     learn_s: float = 0.0
     """a fake learner of this many seconds per batch instead of the algorithm's (0: none)"""
+    vary_batch: bool = False
+    """let the batch (P x n_envs x T steps) vary with the layout, every T of --n-timesteps: this
+    changes what an on-policy algorithm learns from, not only the speed (default: the
+    algorithm's batch is kept, T following from P and n_envs)"""
     keep_batch: bool = False
-    """keep the algorithm's batch (P x n_envs x T steps) while the layout varies: T follows from
-    P and n_envs (not with --batch-size)"""
+    """keep the algorithm's batch: the default, accepted for older command lines (not with
+    --vary-batch)"""
     batch_size: int | None = None
-    """keep the batch at this many steps while the layout varies (not with --keep-batch)"""
+    """keep the batch at this many steps instead of the algorithm's (not with --vary-batch)"""
     rounds: int = 2
     """interleaved rounds of the finals"""
     processes: IntsOrNone = None
@@ -125,6 +130,10 @@ class TuneCommand:
     """values of T"""
     pipeline: IntsOrNone = None
     """pipeline depths (None: 1,2 for algorithms that support it)"""
+    n_threads: IntsOrNone = None
+    """learner torch threads to try, e.g. 1,2 (None: 1, 2, 4, ... up to the usable cores when
+    the algorithm's learner is measured, 1 otherwise); the pick's is written to the file and
+    --layout sets the run's --n-threads from it"""
     devices: str | None = None
     """comma-separated GPU devices for a SerialBatcher (None: cuda:0 when there is one; 'none'
     for none)"""
@@ -159,9 +168,9 @@ def run(args: TuneCommand) -> int:
     Returns:
         The exit code (0, 1 or 2, as :func:`main`).
     """
-    if args.keep_batch and args.batch_size is not None:
-        print(f"{PROG}: error: --keep-batch and --batch-size exclude each other",
-              file=sys.stderr)
+    if args.vary_batch and (args.keep_batch or args.batch_size is not None):
+        flag = "--keep-batch" if args.keep_batch else "--batch-size"
+        print(f"{PROG}: error: --vary-batch and {flag} exclude each other", file=sys.stderr)
         return 2
     overrides: dict[str, Any] = {"seed": args.seed}
     if args.env_id is not None:
@@ -178,9 +187,11 @@ def run(args: TuneCommand) -> int:
         n_rounds=args.rounds, batch_size=args.batch_size)
     if args.pipeline is not None:
         options["pipelines"] = list(args.pipeline)
+    if args.n_threads is not None:
+        options["n_threads_options"] = list(args.n_threads)
     try:
         setup = load_setup(args.algo, **overrides)
-        result = tune_algo(setup, budget_s=args.budget, keep_batch=args.keep_batch,
+        result = tune_algo(setup, budget_s=args.budget, keep_batch=not args.vary_batch,
                            use_learner=args.learner, **options)
     except ConfigError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)

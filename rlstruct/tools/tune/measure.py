@@ -23,7 +23,7 @@ from rlstruct.dicttensor import DictTensor
 from rlstruct.envs.base import VecEnv
 from rlstruct.errors import ConfigError
 from rlstruct.runs.monitor import ResourceMonitor
-from rlstruct.tools.tune.candidates import Candidate, candidate_grid
+from rlstruct.tools.tune.candidates import Candidate, candidate_grid, thread_options
 from rlstruct.tools.tune.searches import Measurement, Objective, TuneResult, search
 from rlstruct.trajectories import Trajectories
 
@@ -116,7 +116,7 @@ class BatcherMeasure:
             create_env=self.create_env, env_args={**self.env_args, "n_envs": c.n_envs},
             seeds=self.seed, agent_info=self.agent_info, pipeline=c.pipeline,
         )
-        with batcher:
+        with batcher, _torch_threads(c.n_threads):
             batcher.reset()
             startup = time.perf_counter() - t0
             pipelined = c.pipeline > 1
@@ -166,7 +166,7 @@ def tune(
     agent_info: DictTensor | None = None,
     seed: int = 0,
     probe_s: float | None = None,
-    n_threads: int = 1,
+    n_threads_options: Sequence[int] = (1,),
     verbose: bool = True,
     learn: Callable[[Trajectories], Any] | None = None,
     batch_size: int | None = None,
@@ -196,7 +196,9 @@ def tune(
         agent_info: example agent_info of the batchers.
         seed: the batchers' seed.
         probe_s: seconds of a first measurement (default: derived from the budget).
-        n_threads: torch threads of this process while measuring (1, as the algorithms').
+        n_threads_options: torch threads of the learner (this process) to try, an axis of
+            the grid (default 1, as the algorithms'); each candidate is measured with its own
+            (``Candidate.n_threads``); between measurements this process runs 1.
         verbose: print one line per measurement and the final table.
         learn: the algorithm's learn step, ``learn(traj)`` on every batch, instead of the fake
             learner: steps/s is then what training reaches (see :class:`BatcherMeasure`).
@@ -208,12 +210,12 @@ def tune(
         The :class:`TuneResult`; ``write_layout(path, tuned_layout(result))`` saves the pick.
     """
     candidates = _tune_candidates(candidates, processes, n_envs_options, n_timesteps_options,
-                                  pipelines, devices, batch_size)
+                                  pipelines, devices, batch_size, n_threads_options)
     measure = BatcherMeasure(create_agent, agent_args, create_env, env_args, seed=seed,
                              learn_s=learn_s, weights=weights, agent_info=agent_info,
                              learn=learn)
     log = print if verbose else None
-    with _torch_threads(n_threads):
+    with _torch_threads(1):
         if any(c.n_processes > 1 for c in candidates):
             measure.warm_up()
         if verbose:
@@ -229,13 +231,13 @@ def tune(
 def _tune_candidates(
     candidates: Sequence[Candidate] | None, processes: Sequence[int] | None,
     n_envs_options: Sequence[int], n_timesteps_options: Sequence[int], pipelines: Sequence[int],
-    devices: Sequence[str] | None, batch_size: int | None,
+    devices: Sequence[str] | None, batch_size: int | None, n_threads_options: Sequence[int],
 ) -> Sequence[Candidate]:
     """The layouts :func:`tune` measures: ``candidates``, else the :func:`candidate_grid` of the
     options; given candidates keep only those of ``batch_size`` steps when it is given."""
     if candidates is None:
         return candidate_grid(processes, n_envs_options, n_timesteps_options, pipelines,
-                              devices, batch_size)
+                              devices, batch_size, n_threads_options)
     if batch_size is not None:
         return [c for c in candidates if c.n_processes * c.n_envs * c.n_timesteps == batch_size]
     return candidates
@@ -245,7 +247,7 @@ def _announce(n: int, budget_s: float, objective: str, real_learner: bool, learn
               batch_size: int | None) -> None:
     """Prints the line that opens a verbose :func:`tune`."""
     learner = "the algorithm's learner" if real_learner else f"fake learner {learn_s} s per batch"
-    batch = f", batch {batch_size} steps" if batch_size is not None else ""
+    batch = f", batch {batch_size} steps" if batch_size is not None else ", the batch varies"
     print(f"tuning {n} candidate layouts in {budget_s:.0f} s "
           f"(objective {objective}, {learner}{batch})")
 
@@ -272,8 +274,12 @@ class AlgoSetup:
         env_id: the env's id, written into the layout file.
         learn: the algorithm's learn step on one batch (``learn(traj)``, updating the model
             whose ``weights`` are published), measured with every candidate; None: none.
-        batch_size: the algorithm's batch, ``P * n_envs * T`` steps, kept while the layout
-            varies when :func:`tune_algo` is asked to (``keep_batch=True``).
+        batch_size: the algorithm's batch, ``P * n_envs * T`` steps, which :func:`tune_algo`
+            keeps while the layout varies (unless ``keep_batch=False``); None: the setup has
+            none, and ``tune_algo`` then needs ``batch_size=`` or ``keep_batch=False``.
+        learner_threads: the learn step's speed depends on torch's threads (its tensor maths
+            run in this process), so :func:`tune_algo` searches ``n_threads`` when it measures
+            under it; False: 1 thread only.
     """
 
     create_agent: Callable[..., Agent]
@@ -288,10 +294,11 @@ class AlgoSetup:
     env_id: str = ""
     learn: Callable[[Trajectories], Any] | None = None
     batch_size: int | None = None
+    learner_threads: bool = True
 
 
 def tune_algo(setup: AlgoSetup, *, budget_s: float = 60.0, use_learner: bool = True,
-              keep_batch: bool = False, **options: Any) -> TuneResult:
+              keep_batch: bool = True, **options: Any) -> TuneResult:
     """:func:`tune` for what an algorithm hands over: its agent, env, weights, seed, and its
     learn step.
 
@@ -300,27 +307,35 @@ def tune_algo(setup: AlgoSetup, *, budget_s: float = 60.0, use_learner: bool = T
         budget_s: seconds the measurements may take.
         use_learner: measure each layout under the algorithm's learn step (when the setup
             has one); False: collection with the fake learner (``learn_s``).
-        keep_batch: keep the algorithm's batch (``setup.batch_size``) while the layout varies.
+        keep_batch: keep the algorithm's batch (``setup.batch_size``, or ``batch_size=``)
+            while the layout varies (the default: the batch is a hyperparameter of on-policy
+            algorithms); False: every ``T`` of the options, the batch varying with the layout.
         **options: keyword arguments of :func:`tune` (``candidates``, ``n_envs_options``,
             ``objective``, ``learn_s``, ``batch_size``, ...); ``pipelines`` defaults to
-            ``(1,)`` for an algorithm that cannot learn from a pipelined batcher.
+            ``(1,)`` for an algorithm that cannot learn from a pipelined batcher, and
+            ``n_threads_options`` to :func:`~rlstruct.tools.tune.candidates.thread_options`
+            (1 up to the usable cores) when the algorithm's learn step is measured and uses
+            threads (``setup.learner_threads``), ``(1,)`` otherwise.
 
     Raises:
         ConfigError: ``setup`` is not an AlgoSetup (an algorithm's name is not enough: the
-            library does not import algorithms), ``keep_batch`` without a batch size, or see
+            library does not import algorithms), ``keep_batch`` without a batch size (the
+            setup's or ``batch_size=``), or see
             :func:`tune`.
     """
     if not isinstance(setup, AlgoSetup):
         raise ConfigError(f"tune_algo takes the AlgoSetup an algorithm hands over (e.g. "
                           f"rlstruct.algos.tuning.ppo()), got {setup!r}")
-    if keep_batch:
+    if keep_batch and options.get("batch_size") is None:
         if setup.batch_size is None:
             raise ConfigError(f"keep_batch=True but the setup of {setup.name or 'the algorithm'}"
-                              " has no batch_size")
-        if options.get("batch_size") is None:
-            options["batch_size"] = setup.batch_size
+                              " has no batch_size: give batch_size= (--batch-size N), or "
+                              "keep_batch=False (--vary-batch) to let the batch vary")
+        options["batch_size"] = setup.batch_size
     if use_learner and setup.learn is not None and not options.get("learn_s"):
         options.setdefault("learn", setup.learn)
+        if setup.learner_threads:
+            options.setdefault("n_threads_options", thread_options())
     if not setup.pipelined:
         options.setdefault("pipelines", (1,))
     options.setdefault("seed", setup.seed)

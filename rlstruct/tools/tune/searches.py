@@ -425,10 +425,10 @@ def tuned_layout(result: TuneResult | Candidate, base: LayoutConfig | None = Non
         **extra: more entries under ``"tuned"`` (e.g. ``algo``, ``env_id``).
 
     Returns:
-        The layout, ``T`` and, under ``tuned``, the candidate's label, the result's summary and
-        ``extra``.
+        The layout, ``T``, the learner's ``n_threads`` and, under ``tuned``, the candidate's
+        label, the result's summary and ``extra``.
     """
     candidate = result.best if isinstance(result, TuneResult) else result
     figures = result.summary() if isinstance(result, TuneResult) else {}
     return TunedLayout(candidate.layout(base), candidate.n_timesteps,
-                       {"label": candidate.label, **figures, **extra})
+                       {"label": candidate.label, **figures, **extra}, candidate.n_threads)
