@@ -68,6 +68,8 @@ class RunLoop:
         self._row_at = -math.inf  # time.monotonic() of the last progress row
         #: the iteration of the last progress row (the run's end writes one where it differs)
         self.row_iteration: int | None = None
+        #: the metrics of the last iteration that wrote no row: the run's end row carries them
+        self.unlogged_metrics: dict[str, float] = {}
         #: the one-time warning of a run starved of cores (rlstruct.runs.contention); the run
         #: sets the cores its layout asks for
         self.contention = ContentionWatch(None)
@@ -201,7 +203,8 @@ class RunLoop:
         A row is written at most every ``progress_every_s`` seconds (SAC ends an iteration per
         frame): an iteration that ends sooner writes none, unless it is the first, brings an
         evaluation's result or saves a checkpoint; the next row counts its frames, and the
-        monitor's columns cover every iteration since the previous row.
+        monitor's columns cover every iteration since the previous row (the run's end row
+        carries the metrics of its last iteration).
 
         Raises:
             RunFolderError: the run folder was removed while the run was going on.
@@ -225,6 +228,8 @@ class RunLoop:
             warning = self.contention.update(row)
             if warning is not None:
                 self.logger.warn(warning)
-            self._row_at, self.row_iteration = now, self.iteration
+            self._row_at, self.row_iteration, self.unlogged_metrics = now, self.iteration, {}
+        else:
+            self.unlogged_metrics = metrics
         if checkpoint:
             self.checkpoint()

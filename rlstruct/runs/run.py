@@ -338,7 +338,7 @@ class Run(RunLoop):
                 if (self.logger.n_rows == 0 or self.logger.frames != self.frames
                         or self.row_iteration not in (None, self.iteration)):
                     self.logger.log(self.frames, iteration=self.iteration, eval_return=math.nan,
-                                    **self.monitor.sample(self.frames))
+                                    **self.unlogged_metrics, **self.monitor.sample(self.frames))
                 # A stop before the first iteration may come before the algorithm registered all
                 # its state: no checkpoint then (--resume auto starts such a run afresh).
                 if self.iteration > self._resumed_at or self.stopped_by != "interrupted":

@@ -140,6 +140,8 @@ def test_rows_come_at_most_every_progress_every_s_and_at_checkpoints_and_the_end
     rows = check_run_dir(Path(run.summary["run_dir"]))
     assert [int(r["iteration"]) for r in rows] == [1, 4, 8, 9]
     assert [int(r["frames"]) for r in rows] == [10, 40, 80, 100]
+    # the end row carries the metrics of the last iteration, which wrote no row of its own
+    assert [r["loss"] for r in rows] == ["1.0", "4.0", "8.0", "9.0"]
 
 
 @pytest.mark.parametrize("every", [-1.0, math.nan])
