@@ -1,8 +1,9 @@
 """rlstruct/tools/export.py: ``rlstruct export RUN_DIR --format onnx|torchscript`` on tiny runs
-trained in this process (categorical, Gaussian and tanh-squashed heads, DQN's Q values, the
-Nature CNN on uint8 frames, a GRU carrying its state): the file, run with onnxruntime or
-``torch.jit.load``, plays ``load_policy``'s greedy actions on 1,000 sampled observations and
-gives the model's logits, means or Q values within 1e-5; the command line; the typed errors."""
+of every algorithm, trained in this process (categorical, Gaussian and tanh-squashed heads,
+DQN's Q values, the Nature CNN on uint8 frames, a GRU carrying its state): the file, run with
+onnxruntime or ``torch.jit.load``, plays ``load_policy``'s greedy actions on 1,000 sampled
+observations and gives the model's logits, means or Q values within 1e-5; the command line;
+the typed errors."""
 
 from __future__ import annotations
 
@@ -36,6 +37,11 @@ RUNS = {
                                      "n_timesteps": 16, "minibatch_size": 16, "n_epochs": 1},
             "logits"),
     "a2c-gru": ("a2c", "CartPole-v1", 256, {"model": "mlp-gru"}, "logits"),
+    "reinforce": ("reinforce", "CartPole-v1", 256, {}, "logits"),
+    "a2c": ("a2c", "CartPole-v1", 256, {}, "logits"),
+    "impala": ("impala", "CartPole-v1", 256, {"layout": {"pipeline": 2}}, "logits"),
+    "appo": ("appo", "CartPole-v1", 256, {"layout": {"pipeline": 2}}, "logits"),
+    "trpo": ("trpo", "Pendulum-v1", 256, {}, "mean"),
 }
 #: Observations each check plays (the CNN's: fewer, 84x84 frames through three engines).
 N_OBS, N_FRAMES = 1000, 256
@@ -53,10 +59,12 @@ def runs(tmp_path_factory):
         def __getitem__(self, name: str) -> Path:
             if name not in cache:
                 algo, env_id, frames, extra, _ = RUNS[name]
+                extra = dict(extra)
+                layout = LayoutConfig(n_processes=1, n_envs=2, **extra.pop("layout", {}))
                 module = importlib.import_module(f"rlstruct.algos.{algo}")
                 cfg = module.Config(env_id=env_id, max_frames=frames, eval_every=0,
                                     target_return=None, runs_dir=str(folder / name),
-                                    layout=LayoutConfig(n_processes=1, n_envs=2), **extra)
+                                    layout=layout, **extra)
                 cache[name] = Path(module.main(cfg)["run_dir"])
             return cache[name]
 
@@ -118,7 +126,8 @@ def assert_same_actions(got: np.ndarray, expected: np.ndarray, scores: np.ndarra
 
 
 @pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
-@pytest.mark.parametrize("name", ["ppo", "ppo-box", "dqn", "sac", "cnn"])
+@pytest.mark.parametrize("name", ["ppo", "ppo-box", "dqn", "sac", "cnn", "reinforce", "a2c",
+                                  "impala", "appo", "trpo"])
 def test_the_file_plays_the_policys_greedy_actions(runs, name, fmt, tmp_path):
     policy, path = export(runs, name, fmt, tmp_path)
     kind = RUNS[name][4]
