@@ -60,6 +60,23 @@ def assert_same(got: DictTensor, expected: DictTensor, where: str) -> None:
         assert x.dtype == y.dtype and torch.equal(x, y), f"{where}: {key} {x} != {y}"
 
 
+def lockstep(env: VectorEnvAdapter, ref: GymEnvInf, n: int, steps: int,
+             seed: int) -> list[DictTensor]:
+    """Steps ``env`` and ``ref`` with the same random actions for ``steps`` steps, asserting
+    equal ``obs_t1`` and ``obs_next`` (and all ``n`` envs running) at each; returns the
+    ``obs_t1`` of every step."""
+    rng, answers = np.random.default_rng(seed), []
+    for t in range(steps):
+        a = act(rng.integers(0, 2, n))
+        (t1, was), (nxt, still) = env.step(a)
+        (ref_t1, _), (ref_nxt, _) = ref.step(a)
+        assert_same(t1, ref_t1, f"obs_t1 of step {t}")
+        assert_same(nxt, ref_nxt, f"obs_next of step {t}")
+        assert was.tolist() == still.tolist() == list(range(n))
+        answers.append(t1)
+    return answers
+
+
 class RandomAgent(Agent):
     def __call__(self, state: DictTensor, observation: DictTensor, agent_info: DictTensor):
         n = observation["frame"].shape[0]
@@ -78,17 +95,9 @@ def test_steps_equal_gym_env_inf_bit_for_bit(mode: AutoresetMode) -> None:
     expected, ref_running = ref.reset()
     assert_same(obs, expected, "reset")
     assert torch.equal(running, ref_running)
-    rng = np.random.default_rng(0)
-    terminated = truncated = 0
-    for t in range(100):
-        a = act(rng.integers(0, 2, n))
-        (t1, was), (nxt, still) = env.step(a)
-        (ref_t1, _), (ref_nxt, _) = ref.step(a)
-        assert_same(t1, ref_t1, f"obs_t1 of step {t}")
-        assert_same(nxt, ref_nxt, f"obs_next of step {t}")
-        assert was.tolist() == still.tolist() == list(range(n))
-        terminated += int(t1["terminated"].sum())
-        truncated += int(t1["truncated"].sum())
+    answers = lockstep(env, ref, n, 100, seed=0)
+    terminated = sum(int(t1["terminated"].sum()) for t1 in answers)
+    truncated = sum(int(t1["truncated"].sum()) for t1 in answers)
     assert terminated >= 5 and truncated >= 5  # both ways to end, many times
     # a later reset continues each env's own random stream, as GymEnvInf's does
     assert_same(env.reset()[0], ref.reset()[0], "second reset")
@@ -138,16 +147,9 @@ def test_dict_and_tuple_observations_equal_gym_env_inf(cls: type, mode: Autorese
     )
     ref = GymEnvInf(factories, seed=seed)
     assert_same(env.reset()[0], ref.reset()[0], "reset")
-    rng = np.random.default_rng(1)
-    ends = 0
-    for t in range(40):
-        a = act(rng.integers(0, 2, n))
-        (t1, _), (nxt, _) = env.step(a)
-        (ref_t1, _), (ref_nxt, _) = ref.step(a)
-        assert_same(t1, ref_t1, f"obs_t1 of step {t}")
-        assert_same(nxt, ref_nxt, f"obs_next of step {t}")
-        ends += int(t1["done"].sum())
-    assert ends >= 4 and "frame" not in t1  # one key per leaf
+    answers = lockstep(env, ref, n, 40, seed=1)
+    assert sum(int(t1["done"].sum()) for t1 in answers) >= 4
+    assert "frame" not in answers[-1]  # one key per leaf
 
 
 def _example() -> Any:
@@ -204,16 +206,8 @@ def test_an_async_vector_env_equals_gym_env_inf(mode: str) -> None:
     ref = reference(n, 4)
     try:
         assert_same(env.reset()[0], ref.reset()[0], "reset")
-        rng = np.random.default_rng(2)
-        ends = 0
-        for t in range(40):
-            a = act(rng.integers(0, 2, n))
-            (t1, _), (nxt, _) = env.step(a)
-            (ref_t1, _), (ref_nxt, _) = ref.step(a)
-            assert_same(t1, ref_t1, f"obs_t1 of step {t}")
-            assert_same(nxt, ref_nxt, f"obs_next of step {t}")
-            ends += int(t1["done"].sum())
-        assert ends >= 3
+        answers = lockstep(env, ref, n, 40, seed=2)
+        assert sum(int(t1["done"].sum()) for t1 in answers) >= 3
     finally:
         env.close()
     if mode == "NextStep":
