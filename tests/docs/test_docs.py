@@ -436,6 +436,39 @@ def test_the_train_commands_of_the_docs_parse_as_written(capsys):
     assert sum("--preset" in flags for _, _, flags in doc_train_commands()) >= 5
 
 
+def test_the_sweep_commands_of_the_docs_parse_as_written(capsys):
+    """Every ``rlstruct sweep ALGO ...`` line of the pages' code blocks parses as written: the
+    sweep's own flags (tyro, ``SweepCommand``) and the algorithm's flags after ``--``
+    (``command_line_config``); nothing is run. Lines with placeholders are skipped."""
+    import shlex
+
+    import tyro
+
+    from rlstruct.runs.presets import command_line_config
+    from rlstruct.tools.sweep import SweepCommand
+
+    checked = []
+    for page in (p for p in LINKED_PAGES if p.suffix == ".md"):
+        for _lang, body in code_blocks(page.read_text()):
+            for line in body.replace("\\\n", " ").splitlines():
+                found = re.search(r"\brlstruct sweep (.*)", line)
+                if not found or "<" in found.group(1) or "$" in found.group(1):
+                    continue
+                words = shlex.split(re.split(r"\s#", found.group(1))[0])
+                cut = words.index("--") if "--" in words else len(words)
+                where = f"{page.relative_to(REPO)}: `{line.strip()}`"
+                try:
+                    args = tyro.cli(SweepCommand, args=words[:cut], prog="rlstruct sweep")
+                    module = importlib.import_module(f"rlstruct.algos.{args.algo}")
+                    command_line_config(module.Config, words[cut + 1:], prog=args.algo)
+                except SystemExit as exit_:
+                    assert exit_.code == 0, f"{where} does not parse: {capsys.readouterr().err}"
+                checked.append(where)
+    capsys.readouterr()
+    assert len(checked) >= 5, checked  # the extraction finds the docs' sweeps
+    assert sum("--search optuna" in c for c in checked) >= 3, checked
+
+
 # ------------------------------------------------------------------ the module paths the docs write
 #: After a reference to something removed: the commit it was removed after (``of commit c33506d``,
 #: ``at commit e9b5192``). A page may name a removed script or module only with such a citation.
