@@ -47,8 +47,8 @@ def rlstruct_cmd(algo: str, tmp: str, seconds: float, buffer_size: int,
     ``max_frames`` (the smoke run) the run stops there, whatever its start-up took."""
     cmd = [str(Path(sys.executable).with_name("rlstruct")), "train", algo, "--preset", "atari",
            "--time-budget", str(seconds), "--runs-dir", tmp]
-    if max_frames is not None:
-        cmd += ["--max-frames", str(max_frames)]
+    if max_frames is not None:  # the smoke run: a row every iteration
+        cmd += ["--max-frames", str(max_frames), "--progress-every-s", "0"]
     if not Path(cmd[0]).exists():
         cmd[:1] = [sys.executable, "-m", "rlstruct"]
     if algo == "dqn":
@@ -153,12 +153,12 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="a smoke run (seconds, not figures)")
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args()
-    # The smoke run: a few iterations after learning starts (DQN's 8 envs x 32 steps a row;
+    # The smoke run: three iterations after learning starts (DQN's 8 envs x 32 steps a row;
     # A2C's 16 x 5), however long a loaded machine's start-up takes; SB3 10 s.
     max_frames = None
     if args.quick:
         args.seconds, args.buffer_size, args.learning_starts = 10.0, 5_000, 256
-        max_frames = args.learning_starts + 5 * 256
+        max_frames = args.learning_starts + 3 * 256
     print(f"load average before: {os.getloadavg()}", flush=True)
     rows: dict[str, dict[str, Any]] = {}
     for algo in args.algos:

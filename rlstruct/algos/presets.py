@@ -142,15 +142,17 @@ DQN_PRESETS = {"atari": Preset(
 )}
 
 #: SAC on MuJoCo: rl-zoo's settings (SB3's SAC defaults, 10k frames before learning): 256-wide
-#: nets, lr 3e-4, batches of 256, tau 0.005, one gradient step per frame from one env. A frame
-#: costs about 20 ms of CPU on a 2-core CPU (1M frames: about 5.5 hours of one core), so the
-#: time budget is a day, a guard rather than the stop (2 hours stopped 300k runs at 246k).
+#: nets, lr 3e-4, batches of 256, tau 0.005, one gradient step per frame from one env, collected
+#: in this process (no policy lag, as in SB3). The learner takes 2 threads: on the 2-core
+#: machine a gradient step is about 5.5 ms on 2 threads against 8.5-11 on one, and the frame
+#: (10 ms in all, benchmarks/sac_peers.py) went from 50 to 94 frames/s. The time budget is a
+#: day, a guard rather than the stop (1M frames: about 3 hours on the 2 cores).
 SAC_PRESETS = {"mujoco": Preset(
     "MuJoCo (Hopper-v5 unless --env-id): rl-zoo's SAC settings",
     dict(env_id="Hopper-v5", max_frames=1_000_000, time_budget=86_400.0, target_return=None,
          n_processes=1, n_envs=1, n_timesteps=1, hidden=256, lr=3e-4, batch_size=256,
          buffer_size=1_000_000, learning_starts=10_000, tau=0.005, gamma=0.99, utd=1.0,
-         init_alpha=1.0, max_grad_norm=0.0, eval_every=0, checkpoint_every=20_000),
+         init_alpha=1.0, max_grad_norm=0.0, eval_every=0, checkpoint_every=20_000, n_threads=2),
 )}
 
 #: TRPO on MuJoCo: rl-zoo's settings (2 envs x 1024 steps, 20 critic epochs of 128, CG of 25

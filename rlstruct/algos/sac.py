@@ -12,10 +12,10 @@ then takes ``utd`` gradient steps per collected frame on uniform samples of the 
     L_alpha  = -mean log(alpha) (log pi(a~|s) + H_target),   H_target = -dim(A)
     Q'_i    <- tau Q_i + (1 - tau) Q'_i                        (Polyak, after every step)
 
-Speed: ONE backward and ONE fused Adam step on the sum of the losses; twin critics batched. A
-truncated step bootstraps from the TRUE final observation. A Dict observation: actor and critics
-each behind their own multi-input encoder. ``--n-learners N``: ``k`` buffer samples and their
-noise per batch, 1/N of the rows per rank. Run: ``rlstruct train sac --help``.
+Speed: ONE backward and ONE fused Adam step on the sum of the losses; twin critics batched; the
+actor's pass at s' without a graph. A truncated step bootstraps from the TRUE final observation.
+Dict observations: actor and critics each behind a multi-input encoder. ``--n-learners N``: ``k``
+buffer samples and their noise per batch, 1/N of the rows per rank (``rlstruct train sac -h``).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.algos.presets import SAC_PRESETS
 from rlstruct.blocks.distributions import make_head, space_from_spec, space_spec
-from rlstruct.blocks.obs_input import cat_inputs, expand_inputs, model_input
-from rlstruct.blocks.optim import adam, gradient_step
+from rlstruct.blocks.obs_input import expand_inputs, model_input
+from rlstruct.blocks.optim import adam, gradient_step, polyak
 from rlstruct.blocks.replay_buffer import ReplayBuffer, ReplayCheckpoint, replay_memory_problems
 from rlstruct.blocks.sampling import HeadSampler, greedy_info
 from rlstruct.envs import GymEnvInf
@@ -110,6 +110,12 @@ class Actor(nn.Module):
     def forward(self, frame: Tensor) -> Tensor:
         return self.head(self.body(frame.flatten(1).float()))
 
+    def rsample(self, frame: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """``(log pi(a|s), a)``, ``(N,)`` and ``(N, D)``: ``a = tanh(mu(s) + sigma(s) noise)``."""
+        mean, log_std = self.head.split(params := self(frame))
+        u = mean + log_std.exp() * noise
+        return self.head.log_prob(params, u), self.head.squash(u)
+
 
 class TwinQ(nn.Module):
     """Two Q MLPs ``(s, a) -> Q_i`` evaluated as one batched network: ``forward`` gives
@@ -181,30 +187,24 @@ def sac_losses(q: Tensor, target: Tensor, q_pi: Tensor, logp: Tensor, log_alpha:
     return critic + actor + temperature, {k: v.detach() for k, v in stats.items()}
 
 
-@torch.no_grad()
-def polyak(target: list[Tensor], online: list[Tensor], tau: float) -> None:
-    """``target <- tau online + (1 - tau) target``, in one foreach kernel."""
-    torch._foreach_lerp_(target, online, tau)
-
-
 def learn(nets: nn.ModuleDict, optimizer: torch.optim.Optimizer, sample: DictTensor, cfg: Config,
           step: Any = gradient_step) -> dict[str, Tensor]:
     """One gradient step on a buffer sample (all three losses), then the Polyak update. The
     reparameterisation noise is torch's global RNG, or the sample's ``noise`` (learner ranks)."""
     actor, critic, log_alpha = nets.actor, nets.critic, nets.temperature["log_alpha"]
     frame, next_frame = model_input(sample, K.OBSERVATION), model_input(sample, K.NEXT_OBSERVATION)
-    n, params = sample.n_elems(), actor(cat_inputs([frame, next_frame]))  # s and s' in one call
-    mean, log_std = actor.head.split(params)
-    noise = sample["noise"].transpose(0, 1).flatten(0, 1) if "noise" in sample else None
-    u = mean + log_std.exp() * (torch.randn_like(mean) if noise is None else noise)
-    logp, squashed = actor.head.log_prob(params, u), actor.head.squash(u)
-    with torch.no_grad():
-        next_q = nets.target(next_frame, squashed[n:])
+    n, d = sample.n_elems(), actor.head.n_dims  # noise (2n, D): s, then s'
+    noise = (sample["noise"].transpose(0, 1).flatten(0, 1) if "noise" in sample
+             else torch.randn(2 * n, d, device=log_alpha.device))
+    with torch.no_grad():  # s' apart: the actor's backward runs over the n rows of s only
+        next_logp, next_squashed = actor.rsample(next_frame, noise[n:])
         y = soft_target(sample[K.NEXT_REWARD], sample[K.NEXT_TERMINATED],
-                        sample[K.NEXT_TRUNCATED], next_q, logp[n:], log_alpha.exp(), cfg.gamma)
-    q, q_pi = critic(frame, sample[STORED_SQUASHED]), critic(frame, squashed[:n], frozen=True)
-    entropy = cfg.target_entropy if cfg.target_entropy is not None else -actor.head.n_dims
-    loss, stats = sac_losses(q, y, q_pi, logp[:n], log_alpha, entropy)
+                        sample[K.NEXT_TRUNCATED], nets.target(next_frame, next_squashed),
+                        next_logp, log_alpha.exp(), cfg.gamma)
+    logp, squashed = actor.rsample(frame, noise[:n])
+    q, q_pi = critic(frame, sample[STORED_SQUASHED]), critic(frame, squashed, frozen=True)
+    loss, stats = sac_losses(q, y, q_pi, logp, log_alpha, -d if cfg.target_entropy is None
+                             else cfg.target_entropy)
     step(optimizer, loss, cfg.max_grad_norm)
     polyak(list(nets.target.parameters()), list(critic.parameters()), cfg.tau)
     return stats

@@ -22,7 +22,7 @@ from rlstruct.batchers.seeding import RNGStreams, env_seed_bases, isolated_rngs
 from rlstruct.dicttensor import DeviceLike, DictTensor, _same_device
 from rlstruct.envs.base import VecEnv
 from rlstruct.errors import ConfigError
-from rlstruct.parallel.transport import cpu_copy
+from rlstruct.parallel.transport import cpu_copy, cpu_tensors_copy
 from rlstruct.parallel.weights import check_finite as check_finite_weights
 from rlstruct.parallel.weights import is_state_dict
 from rlstruct.trajectories import Trajectories
@@ -227,9 +227,10 @@ class SerialBatcher(BatcherBase):
             NonFiniteError: a state_dict with NaN or an infinity (the keys named).
         """
         self._require("update", Phase.NEW, Phase.READY, Phase.RUNNING)
-        if check_finite and is_state_dict(info):
+        weights = is_state_dict(info)
+        if check_finite and weights:
             check_finite_weights(info)
-        info = cpu_copy(info)
+        info = cpu_tensors_copy(info) if weights else cpu_copy(info)
         with self._rngs.active():
             self.agent.update(info)
         self._rollout.version += 1

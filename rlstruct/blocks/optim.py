@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from rlstruct.devices import resolve_device
 from rlstruct.dicttensor import DeviceLike
 
-__all__ = ["adam", "Optimizer", "RMSpropTF", "gradient_step", "rmsprop_tf"]
+__all__ = ["adam", "Optimizer", "RMSpropTF", "gradient_step", "polyak", "rmsprop_tf"]
 
 _FUSED_DEVICE_TYPES = ("cpu", "cuda")
 
@@ -168,3 +168,15 @@ def gradient_step(
 
 #: What :func:`gradient_step` and the learner groups take.
 Optimizer = torch.optim.Optimizer
+
+
+@torch.no_grad()
+def polyak(target: list[Tensor], online: list[Tensor], tau: float) -> None:
+    """``target <- tau online + (1 - tau) target`` (Polyak averaging), in one foreach kernel.
+
+    Args:
+        target: the target network's tensors, updated in place.
+        online: the online network's tensors, in the same order and shapes.
+        tau: the rate, in ``(0, 1]`` (1 copies the online tensors).
+    """
+    torch._foreach_lerp_(target, online, tau)

@@ -15,6 +15,7 @@ import pickle
 import select
 import struct
 import time
+from collections.abc import Mapping
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import cloudpickle
 import torch
 
-__all__ = ["to_cpu_bytes", "from_cpu_bytes", "cpu_copy", "send", "recv"]
+__all__ = ["to_cpu_bytes", "from_cpu_bytes", "cpu_copy", "cpu_tensors_copy", "send", "recv"]
 
 
 def to_cpu_bytes(obj: Any) -> bytes:
@@ -47,6 +48,23 @@ def cpu_copy(obj: Any) -> Any:
     model that lives on cuda:0 for a batcher on cuda:1 never allocates anything new on cuda:0.
     """
     return from_cpu_bytes(to_cpu_bytes(obj))
+
+
+def cpu_tensors_copy(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What :func:`cpu_copy` gives for a mapping of tensors (a ``state_dict``), tensor by tensor.
+
+    Each tensor is detached and copied to the CPU (a copy even when it is there already), so
+    that nothing aliases the caller's tensors and nothing new is allocated on a GPU. No
+    serialisation: a 70k-parameter actor published every frame (SAC's preset) costs microseconds
+    here against about 2 ms through ``torch.save`` and ``torch.load``.
+
+    Args:
+        state_dict: ``str`` keys to tensors, on any devices.
+
+    Returns:
+        A new dict with the same keys, each tensor a CPU copy of the same dtype and shape.
+    """
+    return {k: v.detach().to("cpu", copy=True) for k, v in state_dict.items()}
 
 
 def _wait(fd: int, event: int, deadline: float) -> None:

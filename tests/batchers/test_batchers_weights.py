@@ -124,3 +124,28 @@ def test_the_finite_check_names_every_bad_key_of_any_dtype_and_never_a_large_fin
     }
     with pytest.raises(NonFiniteError, match=r"key\(s\) \['half', 'z'\]"):
         check_finite(broken)
+
+
+class KeepingAgent(GreedyMLPAgent):
+    """Keeps the very mapping ``update`` is given (an agent that aliases what it receives)."""
+
+    def update(self, info):
+        self.kept = info
+        super().update(info)
+
+
+def test_a_serial_batcher_hands_the_agent_copies_of_the_weights_not_the_learners_tensors():
+    # SerialBatcher.update copies a state_dict tensor by tensor (no serialisation): the agent
+    # must still never alias the learner's tensors, nor carry their autograd graph.
+    batcher = SerialBatcher(4, KeepingAgent, {"n_actions": 3}, counter_env, ENV_ARGS, seeds=1)
+    with batcher:
+        learner = {"weight": torch.full((3, 3), 2.0, requires_grad=True), "bias": torch.zeros(3)}
+        batcher.update(learner)
+        kept = batcher.agent.kept
+        assert set(kept) == {"weight", "bias"} and kept is not learner
+        with torch.no_grad():
+            learner["weight"].fill_(7.0)
+            learner["bias"].fill_(1.0)
+        assert torch.equal(kept["weight"], torch.full((3, 3), 2.0))
+        assert torch.equal(kept["bias"], torch.zeros(3))
+        assert not kept["weight"].requires_grad and kept["weight"].device.type == "cpu"

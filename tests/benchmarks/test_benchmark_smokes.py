@@ -186,6 +186,19 @@ def _atari_peers(data: dict[str, Any], stdout: str) -> None:
         assert data["rows"]["dqn"]["sb3"]["frames_per_s"] > 0 and data["rows"]["dqn"]["ratio"] > 0
 
 
+def _sac_peers(data: dict[str, Any], stdout: str) -> None:
+    assert "x limit" in stdout and "compute limit" in stdout
+    mine, limit = data["rows"]["rlstruct"], data["limit"]
+    assert mine["frames_per_s"] > 0 and mine["rows"] >= 2  # rows after learning started
+    assert 0 < mine["cores_busy"] <= (os.cpu_count() or 1) + 0.5
+    assert mine["updates"] > 0 and limit["matmul_ms"] > 0
+    assert mine["of_limit"] == pytest.approx(mine["frames_per_s"] / limit["limit_frames_per_s"])
+    if data["rows"]["sb3"] is None:
+        assert "stable-baselines3: not run" in stdout and data["ratio"] is None
+    else:
+        assert data["rows"]["sb3"]["frames_per_s"] > 0 and data["ratio"] > 0
+
+
 @dataclass(frozen=True)
 class Smoke:
     """One script's smoke run: its arguments (``--json FILE`` is added), its deadline, the
@@ -213,6 +226,7 @@ SMOKES = {
     "atari_peers": Smoke("atari_peers.py", ("--quick", "--algos", "dqn"), 300, _atari_peers,
                          needs=("ale_py", "cv2")),
     "memory_task": Smoke("memory_task.py", ("--quick",), 240, _memory_task),
+    "sac_peers": Smoke("sac_peers.py", ("--quick",), 240, _sac_peers, needs=("mujoco",)),
 }
 
 
