@@ -24,6 +24,7 @@ import tyro
 
 from rlstruct.runs.json_safe import json_safe
 from rlstruct.runs.layout import LayoutConfig
+from rlstruct.runs.machine import machine_dict
 from rlstruct.runs.presets import Preset, build_preset
 
 __all__ = ["RunConfig", "RESUMABLE", "code_dir", "config_to_dict", "layout_source",
@@ -123,7 +124,9 @@ class RunConfig:
     frame alone, for a recurrent model, as CleanRL's ppo_atari_lstm)"""
     layout_file: Annotated[str | None, tyro.conf.arg(aliases=("--layout",))] = None
     """a layout file of `rlstruct tune` (tune.json): its batcher_device, n_processes,
-    n_envs, pipeline, n_timesteps and n_threads (when it has them) replace the config's"""
+    n_envs, pipeline, n_timesteps and n_threads (when it has them) replace the config's; auto:
+    the worker processes, envs per worker, learner device and threads for this machine, the
+    envs in all kept (rlstruct/runs/machine.py)"""
     layout: Annotated[LayoutConfig, tyro.conf.OmitArgPrefixes] = field(
         default_factory=LayoutConfig
     )
@@ -243,14 +246,15 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
 
 def layout_source(cfg: RunConfig) -> str:
     """Where a config's layout came from: ``"file"`` (``--layout FILE``, a file of ``rlstruct
-    tune``), ``"default"`` (the algorithm config's own layout), ``"preset"`` (the layout of
-    ``--preset``) or ``"flags"`` (any other: layout flags, or fields set in code).
+    tune``), ``"auto"`` (``--layout auto``: from the machine), ``"default"`` (the algorithm
+    config's own layout), ``"preset"`` (the layout of ``--preset``) or ``"flags"`` (any other:
+    layout flags, or fields set in code).
 
     Args:
         cfg: the config (a resolved one keeps ``layout_file``, whose fields it applied).
     """
     if cfg.layout_file is not None:
-        return "file"
+        return "auto" if cfg.layout_file == "auto" else "file"
     default = next(f for f in dataclasses.fields(cfg) if f.name == "layout").default_factory
     if cfg.layout == default():  # type: ignore[misc]
         return "default"
@@ -270,6 +274,7 @@ def session_record(cfg: RunConfig, frames: int, launch: dict[str, Any]) -> dict[
     return {"time": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             "frames": frames, "argv": list(sys.argv), "launch": dict(launch),
             "layout_source": layout_source(cfg),
+            **({"machine": machine_dict()} if cfg.layout_file == "auto" else {}),
             "settings": {name: values[name] for name in RESUMABLE if name in values}}
 
 

@@ -53,6 +53,7 @@ from rlstruct.runs.config import RESUMABLE, RunConfig, config_to_dict
 from rlstruct.runs.folder import CHECKPOINTS, RunFolder
 from rlstruct.runs.layout import LayoutConfig
 from rlstruct.runs.layout_file import apply_layout
+from rlstruct.runs.machine import AUTO, apply_auto_layout
 from rlstruct.runs.presets import command_line_config
 from rlstruct.runs.signals import exit_code
 from rlstruct.runs.tracking import tracking_problems
@@ -162,7 +163,10 @@ def resolve(cfg: C | Resolved[C], algo: str | None = None) -> Resolved[C]:
     problems: list[str] = []
     if cfg.layout_file is not None:
         try:
-            apply_layout(cfg, cfg.layout_file)
+            if cfg.layout_file == AUTO:  # --layout auto: from this machine (runs/machine.py)
+                apply_auto_layout(cfg)
+            else:
+                apply_layout(cfg, cfg.layout_file)
         except ConfigError as err:
             problems.append(str(err))
     problems += cfg.problems() + tracking_problems(cfg)  # --wandb needs wandb

@@ -1,0 +1,144 @@
+"""The layout a run takes from the machine it starts on (``--layout auto``).
+
+A preset says what changes learning: the envs in all, ``T``, epochs, minibatches, learning
+rate. The layout says where the work runs: worker processes, envs per worker, learner threads,
+devices. ``--layout auto`` keeps the first and picks the second for this machine:
+
+- **the envs in all stay**: ``n_processes x n_envs`` is the config's (the preset's) total, split
+  over as many worker processes as divide it evenly and the machine has cores for;
+- **the learner** goes to the GPU when there is one (``--learner-device auto`` already does):
+  one thread, which feeds it. On the CPU it takes every core while the workers wait
+  (``--pipeline 1``: collect, then learn), or the cores the workers leave (``--pipeline 2``:
+  both at once), at least one;
+- **workers**: as many as divide the envs evenly and the machine has cores (one core left to
+  feed a GPU learner); ``--n-processes 0`` (one per core) and a run that collects in its own
+  process (``--n-processes 1``, ``--pipeline 1``) keep theirs;
+- ``T``, the pipeline, the devices of the batcher and of the evaluation, and the env backend
+  stay the config's.
+
+On the 2-core machine the rule gives the presets' own layouts (PPO, A2C, DQN, IMPALA and APPO
+on Atari: 2 workers and their threads; SAC: its one env in this process), which the presets
+were measured with; on a 16-core machine with a GPU, PPO's 8 Atari envs go to 8 workers and the
+learner to the GPU. ``config.json`` records ``layout_source: "auto"`` and the machine.
+
+Example:
+    >>> from rlstruct.runs.layout import LayoutConfig
+    >>> choice = auto_layout(LayoutConfig(n_processes=2, n_envs=4), 2, Machine(16, 1, False))
+    >>> (choice.n_processes, choice.n_envs, choice.n_threads, choice.learner_device)
+    (8, 1, 1, 'cuda')
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["Machine", "LayoutChoice", "auto_layout", "apply_auto_layout", "machine_dict", "AUTO"]
+
+#: The ``--layout`` value that picks the layout from the machine.
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the rule reads of a machine.
+
+    Attributes:
+        cores: CPU cores this process may use (its affinity mask, else ``os.cpu_count()``).
+        gpus: CUDA devices torch sees.
+        envpool: whether ``envpool`` is importable (recorded; the backend stays the config's).
+    """
+
+    cores: int
+    gpus: int
+    envpool: bool
+
+    @classmethod
+    def here(cls) -> Machine:
+        """The machine this process runs on."""
+        import torch
+
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:  # pragma: no cover - not on Linux
+            cores = os.cpu_count() or 1
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return cls(cores, gpus, importlib.util.find_spec("envpool") is not None)
+
+
+@dataclass(frozen=True)
+class LayoutChoice:
+    """What :func:`auto_layout` picked, and why (``reason``: one line for ``config.json``)."""
+
+    n_processes: int
+    n_envs: int
+    n_threads: int
+    learner_device: str
+    reason: str
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    """The largest divisor of ``n`` that is at most ``at_most`` (at least 1)."""
+    return max(d for d in range(1, max(1, min(n, at_most)) + 1) if n % d == 0)
+
+
+def auto_layout(layout: Any, n_threads: int, machine: Machine) -> LayoutChoice:
+    """The layout of :mod:`this module's rule <rlstruct.runs.machine>` for ``machine``.
+
+    Args:
+        layout: the config's :class:`~rlstruct.runs.layout.LayoutConfig` (its envs in all,
+            pipeline and learner device are kept).
+        n_threads: the config's learner threads (``--n-threads``).
+        machine: the machine to lay the run out on.
+
+    Returns:
+        The worker processes, envs per worker, learner threads and learner device.
+    """
+    dev, pipelined = layout.learner_device, layout.pipeline >= 2
+    gpu = dev.startswith("cuda") or (dev == "auto" and machine.gpus > 0)
+    device = "cuda" if gpu and dev == "auto" else dev
+    total = layout.n_processes * layout.n_envs
+    if layout.n_processes == 0:  # one worker per core already: the envs in all follow the cores
+        workers, total = 0, layout.n_envs * machine.cores
+    elif layout.n_processes == 1 and not pipelined:  # collected in this process: nothing to split
+        workers = 1
+    else:  # one core feeds a GPU learner; on the CPU the workers may take every core
+        workers = _largest_divisor(total, max(1, machine.cores - 1) if gpu else machine.cores)
+    if gpu:
+        threads = 1
+    elif pipelined:  # workers and learner at once: the learner takes the cores they leave
+        threads = max(1, machine.cores - (workers or machine.cores))
+    else:  # collect, then learn: each takes every core in turn
+        threads = machine.cores
+    n_envs = total // workers if workers > 0 else layout.n_envs
+    reason = (f"{machine.cores} cores, {machine.gpus} GPUs, envpool "
+              f"{'installed' if machine.envpool else 'absent'}: {total} envs in "
+              f"{workers or 'one per core'} x {n_envs}, learner on {device} with {threads} "
+              f"threads, pipeline {layout.pipeline}")
+    del n_threads  # the config's threads are replaced, whatever they were
+    return LayoutChoice(workers, n_envs, threads, device, reason)
+
+
+def apply_auto_layout(cfg: Any, machine: Machine | None = None) -> str:
+    """Sets ``cfg.layout`` (processes, envs per worker, learner device) and ``cfg.n_threads``
+    from :func:`auto_layout`, in place; returns the choice's reason.
+
+    Args:
+        cfg: a :class:`~rlstruct.runs.config.RunConfig`.
+        machine: the machine (default: this one, :meth:`Machine.here`).
+    """
+    import dataclasses
+
+    machine = machine or Machine.here()
+    choice = auto_layout(cfg.layout, cfg.n_threads, machine)
+    cfg.layout = dataclasses.replace(cfg.layout, n_processes=choice.n_processes,
+                                     n_envs=choice.n_envs, learner_device=choice.learner_device)
+    cfg.n_threads = choice.n_threads
+    return choice.reason
+
+
+def machine_dict(machine: Machine | None = None) -> dict[str, Any]:
+    """The machine's facts as ``config.json`` records them."""
+    return asdict(machine or Machine.here())
