@@ -19,6 +19,10 @@ cores busy is the process tree's CPU time over the measured window. The table gi
 side's frames/s, cores busy and the ratio, from one run; ``--quick`` is a smoke run of a few
 iterations (figures meaningless), for the test suite.
 
+``--rlstruct-flags="--n-threads 1"`` passes more flags to rlstruct's side (a variant measured
+against the preset: DQN with collection after learning, ``--no-overlap`` in a trial, made 144
+frames/s against the preset's 153 in one quiet run, and was left out); ``--no-peer`` skips SB3.
+
 Run: ``python benchmarks/atari_peers.py [--algos dqn a2c] [--seconds 120] [--json out.json]``
 """
 
@@ -28,6 +32,7 @@ import argparse
 import csv
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -42,11 +47,12 @@ ENV_ID = "PongNoFrameskip-v4"
 
 
 def rlstruct_cmd(algo: str, tmp: str, seconds: float, buffer_size: int,
-                 learning_starts: int, max_frames: int | None = None) -> list[str]:
+                 learning_starts: int, max_frames: int | None = None,
+                 extra: tuple[str, ...] = ()) -> list[str]:
     """The ``rlstruct train`` line of one side (the preset, with the measure's overrides); with
     ``max_frames`` (the smoke run) the run stops there, whatever its start-up took."""
     cmd = [str(Path(sys.executable).with_name("rlstruct")), "train", algo, "--preset", "atari",
-           "--time-budget", str(seconds), "--runs-dir", tmp]
+           "--time-budget", str(seconds), "--runs-dir", tmp, *extra]
     if max_frames is not None:  # the smoke run: a row every iteration
         cmd += ["--max-frames", str(max_frames), "--progress-every-s", "0"]
     if not Path(cmd[0]).exists():
@@ -57,11 +63,11 @@ def rlstruct_cmd(algo: str, tmp: str, seconds: float, buffer_size: int,
 
 
 def run_rlstruct(algo: str, seconds: float, buffer_size: int, learning_starts: int,
-                 max_frames: int | None = None) -> dict[str, float]:
+                 max_frames: int | None = None, extra: tuple[str, ...] = ()) -> dict[str, float]:
     """One rlstruct run: frames/s and cores busy over its progress rows after learning starts
     (and after its first row, the start-up)."""
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = rlstruct_cmd(algo, tmp, seconds, buffer_size, learning_starts, max_frames)
+        cmd = rlstruct_cmd(algo, tmp, seconds, buffer_size, learning_starts, max_frames, extra)
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 300, cwd=tmp)
         if res.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stderr[-2000:]}")
@@ -151,6 +157,8 @@ def main() -> None:
     p.add_argument("--buffer-size", type=int, default=50_000, help="DQN's, both sides")
     p.add_argument("--learning-starts", type=int, default=10_000, help="DQN's, both sides")
     p.add_argument("--quick", action="store_true", help="a smoke run (seconds, not figures)")
+    p.add_argument("--rlstruct-flags", default="", help="more flags for rlstruct's side")
+    p.add_argument("--no-peer", action="store_true", help="rlstruct's side only")
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args()
     # The smoke run: three iterations after learning starts (DQN's 8 envs x 32 steps a row;
@@ -162,11 +170,14 @@ def main() -> None:
     print(f"load average before: {os.getloadavg()}", flush=True)
     rows: dict[str, dict[str, Any]] = {}
     for algo in args.algos:
+        extra = tuple(shlex.split(args.rlstruct_flags))
         mine = run_rlstruct(algo, 600.0 if args.quick else args.seconds, args.buffer_size,
-                            args.learning_starts, max_frames)
+                            args.learning_starts, max_frames, extra)
         print(f"rlstruct {algo}: {json.dumps(mine)} (load {os.getloadavg()[0]:.2f})", flush=True)
-        peer = _sb3_subprocess(algo, args.seconds, args.buffer_size, args.learning_starts)
-        print(f"sb3 {algo}: {json.dumps(peer) if peer else 'stable-baselines3: not installed'} "
+        peer = None if args.no_peer else _sb3_subprocess(algo, args.seconds, args.buffer_size,
+                                                          args.learning_starts)
+        none = "stable-baselines3: not run" if args.no_peer else "stable-baselines3: not installed"
+        print(f"sb3 {algo}: {json.dumps(peer) if peer else none} "
               f"(load {os.getloadavg()[0]:.2f})", flush=True)
         ratio = mine["frames_per_s"] / peer["frames_per_s"] if peer else None
         rows[algo] = {"rlstruct": mine, "sb3": peer, "ratio": ratio}
