@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: venv demo test test-fast lint docs bench gpu-check clean
+.PHONY: venv demo test test-fast lint docs bench gpu-check gpu-scale clean
 
 # torch is installed only when the venv lacks it: a GPU user keeps their CUDA build, and a
 # machine with a local CPU wheel never downloads CUDA packages.
@@ -64,6 +64,12 @@ bench: venv
 # cuda learner with a CPU batcher; under 8 minutes on one GPU; the report goes to gpu-report.md.
 gpu-check: venv
 	$(PY) benchmarks/gpu_check.py --out gpu-report.md
+
+# How much of a GPU node rlstruct fills (benchmarks/gpu_scale.py): PPO on Pong and SAC on Hopper at
+# --layout auto, torch-native CartPole at 65k envs against the hand loop, each beside the 2-core
+# figure; at most 9 minutes; the report goes to gpu-scale.md.
+gpu-scale: venv
+	$(PY) benchmarks/gpu_scale.py --out gpu-scale.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache docs/_build docs/generated

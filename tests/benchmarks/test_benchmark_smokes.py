@@ -248,6 +248,7 @@ def test_benchmark_quick_run(name: str, tmp_path: Path) -> None:
 def test_every_benchmark_script_is_smoke_run_or_covered_elsewhere() -> None:
     """A new script of benchmarks/ gets a row here (or is named with the test that covers it)."""
     elsewhere = {"gpu_check.py": "tests/benchmarks/test_gpu_check_smoke.py",
+                 "gpu_scale.py": "tests/benchmarks/test_gpu_scale_smoke.py",
                  "learning_curve.py": "tests/benchmarks/test_learning_curve_command.py",
                  "torch_envs.py": "tests/envs/test_envs_torch.py",
                  "ray_backend.py": "tests/batchers/test_ray.py (on the test cluster)",
