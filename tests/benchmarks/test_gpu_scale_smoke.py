@@ -30,7 +30,6 @@ def test_without_cuda_it_refuses_unless_allowed(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(400)
 def test_the_cpu_smoke_run_reports_every_step_beside_the_two_core_figures(tmp_path: Path) -> None:
-    pytest.importorskip("ale_py", reason="step 1 plays Pong (the atari extra)")
     pytest.importorskip("mujoco", reason="step 2 plays Hopper (the mujoco extra)")
     out = tmp_path / "scale.md"
     res = subprocess.run([sys.executable, str(SCRIPT), "--allow-cpu", "--out", str(out)],
