@@ -231,8 +231,11 @@ class SerialBatcher(BatcherBase):
         if check_finite and weights:
             check_finite_weights(info)
         info = cpu_tensors_copy(info) if weights else cpu_copy(info)
-        with self._rngs.active():
-            self.agent.update(info)
+        if type(self.agent).update is Agent.update:  # load_state_dict: no random draw, so no
+            self.agent.update(info)  # swap of the streams (about 0.3 ms: numpy's state)
+        else:
+            with self._rngs.active():
+                self.agent.update(info)
         self._rollout.version += 1
 
     @property
