@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 TWO_CORES = {
     "PPO --preset atari on Pong, --layout auto": "620 steps/s, 1.98 cores busy (2 x 4 envs, "
                                                  "2 threads; docs/results.md)",
-    "SAC --preset mujoco on Hopper-v5, --layout auto": "94 frames/s, 1.99 cores busy "
+    "SAC --preset mujoco on Hopper-v5, --layout auto": "92 frames/s, 1.99 cores busy "
                                                        "(benchmarks/sac_peers.py, 2026-12-06)",
     "torch-native CartPole, SerialBatcher vs hand loop": "0.48x the hand loop at 65,536 envs on "
                                                          "an H200 (docs/guide-gpus.md)",

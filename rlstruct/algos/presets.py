@@ -142,15 +142,17 @@ DQN_PRESETS = {"atari": Preset(
 )}
 
 #: SAC on MuJoCo: rl-zoo's settings (SB3's SAC defaults, 10k frames before learning): 256-wide
-#: nets, lr 3e-4, batches of 256, tau 0.005, one gradient step per frame from one env, collected
-#: in this process (no policy lag, as in SB3). The learner takes 2 threads: on the 2-core
-#: machine a gradient step is about 5.5 ms on 2 threads against 8.5-11 on one, and the frame
-#: (10 ms in all, benchmarks/sac_peers.py) went from 50 to 94 frames/s. The time budget is a
-#: day, a guard rather than the stop (1M frames: about 3 hours on the 2 cores).
+#: nets, lr 3e-4, batches of 256, tau 0.005, one gradient step per frame from one env. Laid out
+#: for 2 cores: one worker process plays the env while the learner takes its gradient step on 2
+#: threads (--pipeline 2: the frame is played with the weights one update old, SB3 plays it with
+#: the newest). On the 2-core machine (benchmarks/sac_peers.py, 2026-12-06, one quiet run each)
+#: 91.9 frames/s, against 83.9 collecting in this process and 50.6 before this wave's speed work
+#: (1 thread, weights published through torch.save); SB3 made 78-104 in the same hour. The time
+#: budget is a day, a guard rather than the stop (1M frames: about 3 hours on the 2 cores).
 SAC_PRESETS = {"mujoco": Preset(
     "MuJoCo (Hopper-v5 unless --env-id): rl-zoo's SAC settings",
     dict(env_id="Hopper-v5", max_frames=1_000_000, time_budget=86_400.0, target_return=None,
-         n_processes=1, n_envs=1, n_timesteps=1, hidden=256, lr=3e-4, batch_size=256,
+         n_processes=1, n_envs=1, pipeline=2, n_timesteps=1, hidden=256, lr=3e-4, batch_size=256,
          buffer_size=1_000_000, learning_starts=10_000, tau=0.005, gamma=0.99, utd=1.0,
          init_alpha=1.0, max_grad_norm=0.0, eval_every=0, checkpoint_every=20_000, n_threads=2),
 )}

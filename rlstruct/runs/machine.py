@@ -8,8 +8,9 @@ devices. ``--layout auto`` keeps the first and picks the second for this machine
   over as many worker processes as divide it evenly and the machine has cores for;
 - **the learner** goes to the GPU when there is one (``--learner-device auto`` already does):
   one thread, which feeds it. On the CPU it takes every core while the workers wait
-  (``--pipeline 1``: collect, then learn), or the cores the workers leave (``--pipeline 2``:
-  both at once), at least one;
+  (``--pipeline 1``: collect, then learn), or the cores the workers leave and one more
+  (``--pipeline 2``: both at once; workers wait on their envs and their turn part of the time,
+  as the presets measured), at least one;
 - **workers**: as many as divide the envs evenly and the machine has cores (one core left to
   feed a GPU learner); ``--n-processes 0`` (one per core) and a run that collects in its own
   process (``--n-processes 1``, ``--pipeline 1``) keep theirs;
@@ -108,8 +109,8 @@ def auto_layout(layout: Any, n_threads: int, machine: Machine) -> LayoutChoice:
         workers = _largest_divisor(total, max(1, machine.cores - 1) if gpu else machine.cores)
     if gpu:
         threads = 1
-    elif pipelined:  # workers and learner at once: the learner takes the cores they leave
-        threads = max(1, machine.cores - (workers or machine.cores))
+    elif pipelined:  # workers and learner at once: the learner takes the cores they leave,
+        threads = max(1, machine.cores - (workers or machine.cores) + 1)  # and one (they wait)
     else:  # collect, then learn: each takes every core in turn
         threads = machine.cores
     n_envs = total // workers if workers > 0 else layout.n_envs
