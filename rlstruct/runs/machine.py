@@ -24,7 +24,7 @@ learner to the GPU. ``config.json`` records ``layout_source: "auto"`` and the ma
 
 Example:
     >>> from rlstruct.runs.layout import LayoutConfig
-    >>> choice = auto_layout(LayoutConfig(n_processes=2, n_envs=4), 2, Machine(16, 1, False))
+    >>> choice = auto_layout(LayoutConfig(n_processes=2, n_envs=4), Machine(16, 1, False))
     >>> (choice.n_processes, choice.n_envs, choice.n_threads, choice.learner_device)
     (8, 1, 1, 'cuda')
 """
@@ -85,17 +85,17 @@ def _largest_divisor(n: int, at_most: int) -> int:
     return max(d for d in range(1, max(1, min(n, at_most)) + 1) if n % d == 0)
 
 
-def auto_layout(layout: Any, n_threads: int, machine: Machine) -> LayoutChoice:
+def auto_layout(layout: Any, machine: Machine) -> LayoutChoice:
     """The layout of :mod:`this module's rule <rlstruct.runs.machine>` for ``machine``.
 
     Args:
         layout: the config's :class:`~rlstruct.runs.layout.LayoutConfig` (its envs in all,
             pipeline and learner device are kept).
-        n_threads: the config's learner threads (``--n-threads``).
         machine: the machine to lay the run out on.
 
     Returns:
-        The worker processes, envs per worker, learner threads and learner device.
+        The worker processes, envs per worker, learner threads (the config's are replaced,
+        whatever they were) and learner device.
     """
     dev, pipelined = layout.learner_device, layout.pipeline >= 2
     gpu = dev.startswith("cuda") or (dev == "auto" and machine.gpus > 0)
@@ -118,7 +118,6 @@ def auto_layout(layout: Any, n_threads: int, machine: Machine) -> LayoutChoice:
               f"{'installed' if machine.envpool else 'absent'}: {total} envs in "
               f"{workers or 'one per core'} x {n_envs}, learner on {device} with {threads} "
               f"threads, pipeline {layout.pipeline}")
-    del n_threads  # the config's threads are replaced, whatever they were
     return LayoutChoice(workers, n_envs, threads, device, reason)
 
 
@@ -133,7 +132,7 @@ def apply_auto_layout(cfg: Any, machine: Machine | None = None) -> str:
     import dataclasses
 
     machine = machine or Machine.here()
-    choice = auto_layout(cfg.layout, cfg.n_threads, machine)
+    choice = auto_layout(cfg.layout, machine)
     cfg.layout = dataclasses.replace(cfg.layout, n_processes=choice.n_processes,
                                      n_envs=choice.n_envs, learner_device=choice.learner_device)
     cfg.n_threads = choice.n_threads

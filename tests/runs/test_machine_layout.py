@@ -25,7 +25,7 @@ TWO_CORES = Machine(cores=2, gpus=0, envpool=False)
                          ids=[f"{m.__name__.split('.')[-1]}-{p}" for m, p in PRESETS])
 def test_on_two_cores_the_rule_gives_each_preset_its_own_measured_layout(module, preset):
     cfg = module.Config.from_preset(preset)
-    choice = auto_layout(cfg.layout, cfg.n_threads, TWO_CORES)
+    choice = auto_layout(cfg.layout, TWO_CORES)
     assert (choice.n_processes, choice.n_envs, choice.n_threads) == (
         cfg.layout.n_processes, cfg.layout.n_envs, cfg.n_threads), choice.reason
     assert choice.learner_device == cfg.layout.learner_device == "auto"
@@ -37,7 +37,7 @@ def test_on_two_cores_the_rule_gives_each_preset_its_own_measured_layout(module,
                          [(2, 4, 1), (2, 8, 1), (2, 4, 2), (3, 5, 1), (1, 1, 1), (1, 8, 2)])
 def test_the_envs_in_all_stay_and_only_the_work_moves(cores, gpus, n_processes, n_envs, pipeline):
     layout = LayoutConfig(n_processes=n_processes, n_envs=n_envs, pipeline=pipeline)
-    choice = auto_layout(layout, 2, Machine(cores, gpus, envpool=False))
+    choice = auto_layout(layout, Machine(cores, gpus, envpool=False))
     assert choice.n_processes * choice.n_envs == n_processes * n_envs, choice.reason
     assert 1 <= choice.n_processes <= max(cores, 1) and choice.n_threads >= 1
     assert choice.learner_device == ("cuda" if gpus else "auto")
@@ -52,13 +52,13 @@ def test_the_envs_in_all_stay_and_only_the_work_moves(cores, gpus, n_processes, 
 
 def test_a_learner_pinned_to_the_cpu_stays_there_on_a_gpu_machine():
     layout = LayoutConfig(n_processes=2, n_envs=4, learner_device="cpu")
-    choice = auto_layout(layout, 2, Machine(16, 1, envpool=True))
+    choice = auto_layout(layout, Machine(16, 1, envpool=True))
     assert (choice.learner_device, choice.n_threads, choice.n_processes) == ("cpu", 16, 8)
     assert "16 cores, 1 GPUs, envpool installed" in choice.reason
 
 
 def test_one_worker_per_core_keeps_its_meaning():
-    choice = auto_layout(LayoutConfig(n_processes=0, n_envs=3), 2, Machine(6, 0, False))
+    choice = auto_layout(LayoutConfig(n_processes=0, n_envs=3), Machine(6, 0, False))
     assert (choice.n_processes, choice.n_envs) == (0, 3) and "18 envs" in choice.reason
 
 
