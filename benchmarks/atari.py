@@ -219,7 +219,7 @@ def main() -> None:
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args()
     if args.quick:
-        args.seconds, args.reps, args.warmup, args.variants = 20.0, 1, 0, False
+        args.seconds, args.reps, args.warmup, args.variants = 30.0, 1, 0, False
     print(f"load average before: {os.getloadavg()}", flush=True)
     limit = compute_limit("bf16", args.reps)
     print(json.dumps({k: round(v, 3) for k, v in limit.items()}), flush=True)

@@ -110,12 +110,6 @@ class Actor(nn.Module):
     def forward(self, frame: Tensor) -> Tensor:
         return self.head(self.body(frame.flatten(1).float()))
 
-    def rsample(self, frame: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
-        """``(log pi(a|s), a)``, ``(N,)`` and ``(N, D)``: ``a = tanh(mu(s) + sigma(s) noise)``."""
-        mean, log_std = self.head.split(params := self(frame))
-        u = mean + log_std.exp() * noise
-        return self.head.log_prob(params, u), self.head.squash(u)
-
 
 class TwinQ(nn.Module):
     """Two Q MLPs ``(s, a) -> Q_i`` evaluated as one batched network: ``forward`` gives
@@ -187,6 +181,12 @@ def sac_losses(q: Tensor, target: Tensor, q_pi: Tensor, logp: Tensor, log_alpha:
     return critic + actor + temperature, {k: v.detach() for k, v in stats.items()}
 
 
+def _rsample(actor: nn.Module, frame: Any, noise: Tensor) -> tuple[Tensor, Tensor]:
+    mean, log_std = actor.head.split(params := actor(frame))  # the whole actor: Dict obs too
+    u = mean + log_std.exp() * noise  # (log pi(a|s), a = tanh(u)): (N,) and (N, D)
+    return actor.head.log_prob(params, u), actor.head.squash(u)
+
+
 def learn(nets: nn.ModuleDict, optimizer: torch.optim.Optimizer, sample: DictTensor, cfg: Config,
           step: Any = gradient_step) -> dict[str, Tensor]:
     """One gradient step on a buffer sample (all three losses), then the Polyak update. The
@@ -197,11 +197,11 @@ def learn(nets: nn.ModuleDict, optimizer: torch.optim.Optimizer, sample: DictTen
     noise = (sample["noise"].transpose(0, 1).flatten(0, 1) if "noise" in sample
              else torch.randn(2 * n, d, device=log_alpha.device))
     with torch.no_grad():  # s' apart: the actor's backward runs over the n rows of s only
-        next_logp, next_squashed = actor.rsample(next_frame, noise[n:])
+        next_logp, next_squashed = _rsample(actor, next_frame, noise[n:])
         y = soft_target(sample[K.NEXT_REWARD], sample[K.NEXT_TERMINATED],
                         sample[K.NEXT_TRUNCATED], nets.target(next_frame, next_squashed),
                         next_logp, log_alpha.exp(), cfg.gamma)
-    logp, squashed = actor.rsample(frame, noise[:n])
+    logp, squashed = _rsample(actor, frame, noise[:n])
     q, q_pi = critic(frame, sample[STORED_SQUASHED]), critic(frame, squashed, frozen=True)
     loss, stats = sac_losses(q, y, q_pi, logp, log_alpha, -d if cfg.target_entropy is None
                              else cfg.target_entropy)
