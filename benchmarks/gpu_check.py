@@ -116,19 +116,23 @@ STEPS = {
 }
 
 
-def report(results: dict[str, dict], dev: str, seconds: float) -> str:
-    """The Markdown report of :func:`main`."""
+def report(results: dict[str, dict], dev: str, seconds: float, title: str = "gpu-check",
+           beside: tuple[str, dict[str, str]] | None = None) -> str:
+    """The Markdown report of :func:`main` (and of gpu_scale.py: its ``title``, and ``beside``,
+    a column's name and each step's entry in it)."""
     import torch
 
     name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
-    lines = [f"# rlstruct gpu-check: {name}", "",
+    extra = f" {beside[0]} |" if beside else ""
+    lines = [f"# rlstruct {title}: {name}", "",
              f"torch {torch.__version__}, {os.cpu_count()} CPU cores, device `{dev}`, "
              f"{seconds:.0f} s in all, load average {os.getloadavg()}", "",
-             "| step | ok | figures |", "|---|---|---|"]
+             f"| step | ok | figures |{extra}", "|---|---|---|" + ("---|" if beside else "")]
     for step, out in results.items():
         figures = {k: v for k, v in out.items() if k != "ok"}
         text = json.dumps(figures, default=str).replace("|", "/")[:900]
-        lines.append(f"| {step} | {'yes' if out.get('ok') else '**no**'} | `{text}` |")
+        cell = f" {beside[1][step]} |" if beside else ""
+        lines.append(f"| {step} | {'yes' if out.get('ok') else '**no**'} | `{text}` |{cell}")
     return "\n".join(lines) + "\n"
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -116,19 +115,10 @@ STEPS = {
 
 def report(results: dict[str, dict], dev: str, seconds: float) -> str:
     """The Markdown report: each step's figures beside the 2-core machine's."""
-    import torch
+    import gpu_check
 
-    name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
-    lines = [f"# rlstruct gpu-scale: {name}", "",
-             f"torch {torch.__version__}, {os.cpu_count()} CPU cores, device `{dev}`, "
-             f"{seconds:.0f} s in all, load average {os.getloadavg()}", "",
-             "| step | ok | figures | on the 2-core machine |", "|---|---|---|---|"]
-    for step, out in results.items():
-        figures = {k: v for k, v in out.items() if k != "ok"}
-        text = json.dumps(figures, default=str).replace("|", "/")[:900]
-        lines.append(f"| {step} | {'yes' if out.get('ok') else '**no**'} | `{text}` | "
-                     f"{TWO_CORES[step]} |")
-    return "\n".join(lines) + "\n"
+    return gpu_check.report(results, dev, seconds, "gpu-scale",
+                            ("on the 2-core machine", TWO_CORES))
 
 
 def main() -> int:
