@@ -127,12 +127,17 @@ def compute_limit(precision: str, reps: int) -> dict[str, float]:
     return out
 
 
-def run_rlstruct(extra: list[str], seconds: float, warmup: int) -> dict[str, float]:
+def run_rlstruct(extra: list[str], seconds: float, warmup: int,
+                 max_frames: int | None = None) -> dict[str, float]:
     """``rlstruct train ppo --preset atari`` for ``seconds``; steps/s and cores busy after the
-    first ``warmup`` iterations (from progress.csv)."""
+    first ``warmup`` iterations (from progress.csv). With ``max_frames`` the run ends there
+    instead (``seconds`` is then only its deadline), with a progress row every iteration: a smoke
+    run's iterations do not depend on how loaded the machine is."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [str(Path(sys.executable).with_name("rlstruct")), "train", "ppo", "--preset", "atari",
                "--time-budget", str(seconds), "--runs-dir", tmp, *extra]
+        if max_frames is not None:
+            cmd += ["--max-frames", str(max_frames), "--progress-every-s", "0"]
         if not Path(cmd[0]).exists():
             cmd[:1] = [sys.executable, "-m", "rlstruct"]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 240,
@@ -218,6 +223,9 @@ def main() -> None:
                    help="only the compute limit (each part timed alone), no training runs")
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args()
+    # A smoke run: 3 iterations of the preset (2 x 4 envs x 128 steps each) whatever the load,
+    # within 200 s; SB3 runs its 30 s (its Clock goes on until it has 2 iterations).
+    quick_frames = 3 * 1024 if args.quick else None
     if args.quick:
         args.seconds, args.reps, args.warmup, args.variants = 30.0, 1, 0, False
     print(f"load average before: {os.getloadavg()}", flush=True)
@@ -235,7 +243,8 @@ def main() -> None:
                     results.pop("sb3", None)
                     continue
             else:
-                out = run_rlstruct(VARIANTS[name], args.seconds, args.warmup)
+                out = run_rlstruct(VARIANTS[name], 200.0 if quick_frames else args.seconds,
+                                   args.warmup, quick_frames)
             results[name].append(out)
             figures = json.dumps({k: round(v, 2) for k, v in out.items()})
             print(f"rep {rep} {name.strip()}: {figures} (load {os.getloadavg()[0]:.2f})",

@@ -153,28 +153,29 @@ def run_on_slurm(sessions: Sequence[tuple[list[str], Path, str]], out: Path, cor
         params["partition"] = partition
     executor.update_parameters(**params)
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    jobs = []
-    for cmd, folder, name in sessions:
+
+    def submit(cmd: list[str], folder: Path, name: str) -> Any:
         executor.update_parameters(job_name=name)
         try:
-            jobs.append(executor.submit(SlurmSession([*cmd, "--resume", "auto"], folder, env)))
+            return executor.submit(SlurmSession([*cmd, "--resume", "auto"], folder, env))
+        except FileNotFoundError as err:
+            raise ConfigError(f"sweep --launcher slurm: {err}") from None
         except Exception as err:  # noqa: BLE001 - sbatch refused it: name it, keep the others
-            if isinstance(err, (FileNotFoundError,)):
-                raise ConfigError(f"sweep --launcher slurm: {err}") from None
-            jobs.append(err)
+            return err
+
+    jobs = []
+    for cmd, folder, name in sessions:
+        jobs.append(submit(cmd, folder, name))
         if not quiet and not isinstance(jobs[-1], Exception):
             print(f"sweep: {name} is Slurm job {jobs[-1].job_id}", flush=True)
-    end = None if timeout is None else time.monotonic() + timeout
-    waiting = [j for j in jobs if not isinstance(j, Exception)]
-    while waiting and (end is None or time.monotonic() < end):
-        waiting = [j for j in waiting if not j.done()]
-        if waiting:
-            time.sleep(poll_s)
+    lost = wait_for_jobs(jobs, sessions, submit, timeout, poll_s, quiet)
     results: list[tuple[int | None, str]] = []
     for job in jobs:
         if isinstance(job, Exception):
             results.append((None, f"not submitted: {job}"))
-        elif job in waiting:
+        elif job.job_id in lost:
+            results.append((None, lost[job.job_id]))
+        elif not job.done():
             job.cancel(check=False)
             results.append((None, f"Slurm job {job.job_id} timed out after {timeout:g} s"))
         else:
@@ -184,3 +185,90 @@ def run_on_slurm(sessions: Sequence[tuple[list[str], Path, str]], out: Path, cor
                 results.append((None, f"Slurm job {job.job_id}: {type(err).__name__}: "
                                       f"{str(err)[-300:]}"))
     return results
+
+
+# Slurm's job states once a job has left for good (squeue keeps an ended job for MinJobAge).
+ENDED = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
+                   "OUT_OF_MEMORY", "TIMEOUT"})
+
+
+def queue_states(job_ids: Sequence[str]) -> dict[str, str] | None:
+    """The Slurm state of each of ``job_ids`` that ``squeue`` still knows; None when squeue
+    cannot answer (then nothing is concluded from it)."""
+    try:
+        done = subprocess.run(["squeue", "-h", "-o", "%i %T", "-j", ",".join(job_ids)],
+                              capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:  # every id gone: "Invalid job id specified"
+        return {} if "invalid job id" in done.stderr.lower() else None
+    return dict(line.split(maxsplit=1) for line in done.stdout.splitlines() if " " in line)
+
+
+def wait_for_jobs(jobs: list[Any], sessions: Sequence[tuple[list[str], Path, str]],
+                  submit: Any, timeout: float | None, poll_s: float, quiet: bool,
+                  states: Any = queue_states, polls_gone: int = 3) -> dict[str, str]:
+    """Waits until every job has a result, has left Slurm's queue without one, or ``timeout``.
+
+    submitit learns a job's end from ``sacct``; where Slurm keeps no accounting (a small cluster,
+    the local one of the tests) a job that fails before submitit's own code runs in it (``srun``
+    refused by the node) would be waited on to the end. Here a job that ``squeue`` shows ended, or
+    no longer lists, for ``polls_gone`` polls in a row without a result has ended: when its
+    session never started (no ``stdout.log`` in its folder) it is submitted once more, in place
+    in ``jobs``; otherwise its session is an error.
+
+    Args:
+        jobs: submitit jobs (or the exception their submission raised), one per session.
+        sessions: ``(command, folder, name)`` of each session.
+        submit: ``submit(command, folder, name)`` -> a new job (or the exception).
+        timeout: seconds to wait in all (None: no limit).
+        poll_s: seconds between polls.
+        quiet: print nothing.
+        states: ``states(job_ids)`` -> ``{job_id: state}`` of the jobs still known, or None.
+        polls_gone: polls a job must be gone in a row before it counts as ended.
+
+    Returns:
+        ``{job_id: error}`` of the jobs that ended without a result.
+    """
+    end = None if timeout is None else time.monotonic() + timeout
+    waiting = {i for i, j in enumerate(jobs) if not isinstance(j, Exception)}
+    gone: dict[int, int] = {}
+    retried: set[int] = set()
+    lost: dict[str, str] = {}
+    while waiting and (end is None or time.monotonic() < end):
+        waiting = {i for i in waiting if not jobs[i].done()}
+        known = states([jobs[i].job_id for i in sorted(waiting)]) if waiting else {}
+        for i in sorted(waiting):
+            state = None if known is None else known.get(jobs[i].job_id, "gone")
+            if state is None or state not in ENDED | {"gone"}:
+                gone.pop(i, None)
+                continue
+            gone[i] = gone.get(i, 0) + 1
+            if gone[i] < polls_gone or jobs[i].done():
+                continue
+            waiting.discard(i)
+            gone.pop(i)
+            cmd, folder, name = sessions[i]
+            old = jobs[i].job_id
+            if i not in retried and not (Path(folder) / "stdout.log").exists():
+                retried.add(i)
+                jobs[i] = submit(cmd, folder, name)
+                if isinstance(jobs[i], Exception):
+                    continue
+                waiting.add(i)
+                if not quiet:
+                    print(f"sweep: {name}'s Slurm job {old} ended ({state}) before its session "
+                          f"started; submitted again as job {jobs[i].job_id}", flush=True)
+            else:
+                lost[old] = (f"Slurm job {old} ended ({state}) without a result; its log: "
+                             f"{_log_tail(jobs[i])}")
+        if waiting:
+            time.sleep(poll_s)
+    return lost
+
+
+def _log_tail(job: Any) -> str:
+    """The last lines of a submitit job's stderr (``""`` when there is none)."""
+    with contextlib.suppress(Exception):
+        return " | ".join((job.stderr() or "").strip().splitlines()[-3:])[-300:]
+    return ""

@@ -163,6 +163,9 @@ class LocalSlurm:
             f"SlurmctldPidFile={d}/run/slurmctld.pid", f"SlurmdPidFile={d}/run/slurmd-%n.pid",
             f"SlurmctldLogFile={d}/log/slurmctld.log", f"SlurmdLogFile={d}/log/slurmd-%n.log",
             f"SlurmctldPort={ctld_port}",
+            # the suite's workers load 2 cores to 3-4: Slurm's 10 s RPC deadline was once too
+            # short for a step launch on a slurmd ("Zero Bytes were transmitted or received")
+            "MessageTimeout=60",
         ]
         for node, port in zip(NODES, slurmd_ports):
             lines.append(f"NodeName={node} NodeHostname={node} NodeAddr=127.0.0.1 Port={port} "
