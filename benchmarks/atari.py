@@ -223,9 +223,9 @@ def main() -> None:
                    help="only the compute limit (each part timed alone), no training runs")
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args()
-    # A smoke run: 3 iterations of the preset (2 x 4 envs x 128 steps each) whatever the load,
+    # A smoke run: 2 iterations of the preset (2 x 4 envs x 128 steps each) whatever the load,
     # within 200 s; SB3 runs its 30 s (its Clock goes on until it has 2 iterations).
-    quick_frames = 3 * 1024 if args.quick else None
+    quick_frames = 2 * 1024 if args.quick else None
     if args.quick:
         args.seconds, args.reps, args.warmup, args.variants = 30.0, 1, 0, False
     print(f"load average before: {os.getloadavg()}", flush=True)

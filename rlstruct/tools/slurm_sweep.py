@@ -269,6 +269,6 @@ def wait_for_jobs(jobs: list[Any], sessions: Sequence[tuple[list[str], Path, str
 
 def _log_tail(job: Any) -> str:
     """The last lines of a submitit job's stderr (``""`` when there is none)."""
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # a log that cannot be read only shortens the message
         return " | ".join((job.stderr() or "").strip().splitlines()[-3:])[-300:]
     return ""

@@ -20,11 +20,11 @@ ALGOS = {
     "a2c": [],
     "ppo": [],
     "ppo-lstm": ["--model", "mlp-lstm"],
-    "dqn": ["--learning-starts", "256"],
+    "dqn": ["--learning-starts", "256", "--max-frames", "768"],
     "impala": [],
     "appo": [],
     "trpo": [],
-    "sac": ["--learning-starts", "128", "--max-frames", "512"],
+    "sac": ["--learning-starts", "128", "--max-frames", "384"],
 }
 
 

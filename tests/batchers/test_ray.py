@@ -690,9 +690,10 @@ def test_max_consecutive_stops_a_fault_loop_early(cluster):
 
 
 def test_random_step_failures_corrupt_no_row(cluster):
-    """1 % of the steps fail at random: about 8 restarts over 100 batches of 2 x 4 steps, and
-    every row handed over holds consecutive steps of one counter env."""
-    n_batches = 100
+    """1 % of the steps fail at random: a few restarts over 50 batches of 2 x 4 steps (each
+    restart costs an actor's start), and every row handed over holds consecutive steps of one
+    counter env."""
+    n_batches = 50
     with RayBatcher(
         4,
         WeightAgent,
@@ -712,7 +713,7 @@ def test_random_step_failures_corrupt_no_row(cluster):
             if batch.n_elems():
                 assert_counter_rows_are_valid(batch)
             rows += batch.n_elems()
-        assert 0 < len(b.faults) < 40
+        assert 0 < len(b.faults) < 20
         assert all(f.exc_type == "RuntimeError" and f.step is not None for f in b.faults)
         assert rows == n_batches * 2 - len(b.faults)  # exactly the faulty actors' rows
 

@@ -37,9 +37,11 @@ def test_the_cpu_smoke_run_reports_every_step_beside_the_two_core_figures(tmp_pa
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     text = out.read_text()
     for step in ("PPO --preset atari on Pong, --layout auto",
+                 "PPO --preset atari-fast on Pong to 18, --layout auto",
                  "SAC --preset mujoco on Hopper-v5, --layout auto",
                  "torch-native CartPole, SerialBatcher vs hand loop"):
         row = next(line for line in text.splitlines() if line.startswith(f"| {step} | yes |"))
         assert row.count("|") >= 5 and "2-core" not in row  # figures, then the 2-core column
     assert '"steps_per_s": null' not in text and re.search(r'"layout": "\d+ x \d+, learner', text)
     assert '"serial_vs_hand"' in text and '"frames_per_s"' in text
+    assert re.search(r'"wall_s_from_launch": \d', text) and '"target": 100.0' in text

@@ -16,7 +16,7 @@ from rlstruct.runs.layout import LayoutConfig
 from rlstruct.runs.machine import Machine, apply_auto_layout, auto_layout
 from rlstruct.runs.resolve import resolve
 
-PRESETS = [(ppo, "atari"), (ppo, "atari-lstm"), (a2c, "atari"), (dqn, "atari"),
+PRESETS = [(ppo, "atari"), (ppo, "atari-fast"), (ppo, "atari-lstm"), (a2c, "atari"), (dqn, "atari"),
            (impala, "atari"), (appo, "atari"), (sac, "mujoco")]
 TWO_CORES = Machine(cores=2, gpus=0, envpool=False)
 
@@ -34,7 +34,8 @@ def test_on_two_cores_the_rule_gives_each_preset_its_own_measured_layout(module,
 @pytest.mark.parametrize("cores", [1, 2, 3, 4, 6, 8, 12, 16, 64])
 @pytest.mark.parametrize("gpus", [0, 1])
 @pytest.mark.parametrize(("n_processes", "n_envs", "pipeline"),
-                         [(2, 4, 1), (2, 8, 1), (2, 4, 2), (3, 5, 1), (1, 1, 1), (1, 8, 2)])
+                         [(2, 4, 1), (2, 8, 1), (2, 4, 2), (3, 5, 1), (1, 1, 1), (1, 8, 2),
+                          (2, 30, 1)])
 def test_the_envs_in_all_stay_and_only_the_work_moves(cores, gpus, n_processes, n_envs, pipeline):
     layout = LayoutConfig(n_processes=n_processes, n_envs=n_envs, pipeline=pipeline)
     choice = auto_layout(layout, Machine(cores, gpus, envpool=False))
@@ -75,3 +76,12 @@ def test_layout_auto_is_applied_by_resolve_and_recorded_with_the_machine():
     assert record["layout_source"] == "auto"
     assert record["machine"] == {"cores": here.cores, "gpus": here.gpus, "envpool": here.envpool}
     assert "machine" not in session_record(resolve(ppo.Config()).cfg, 0, {})
+
+
+def test_the_big_batch_preset_fills_a_16_core_gpu_node_and_2_cores_alike():
+    layout = ppo.Config.from_preset("atari-fast").layout
+    node = auto_layout(layout, Machine(16, 1, envpool=False))
+    assert (node.n_processes, node.n_envs, node.n_threads, node.learner_device) == (
+        15, 4, 1, "cuda"), node.reason
+    two = auto_layout(layout, TWO_CORES)
+    assert (two.n_processes, two.n_envs, two.n_threads) == (2, 30, 2), two.reason

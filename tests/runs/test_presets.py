@@ -23,9 +23,9 @@ PRESETS = [(m, name, env) for m in ALGOS for name, p in m.Config.presets.items()
 
 def test_the_issue_s_presets_exist():
     assert {a.__name__.rsplit(".", 1)[1]: sorted(a.Config.presets) for a in ALGOS
-            if a.Config.presets} == {"ppo": ["atari", "atari-lstm", "mujoco"], "appo": ["atari"],
-                                     "dqn": ["atari"], "impala": ["atari"], "sac": ["mujoco"],
-                                     "trpo": ["mujoco"], "a2c": ["atari"]}
+            if a.Config.presets} == {"ppo": ["atari", "atari-fast", "atari-lstm", "mujoco"],
+                                     "appo": ["atari"], "dqn": ["atari"], "impala": ["atari"],
+                                     "sac": ["mujoco"], "trpo": ["mujoco"], "a2c": ["atari"]}
 
 
 @pytest.mark.parametrize(("algo", "name", "env"), PRESETS,
@@ -64,7 +64,8 @@ def test_overrides_win_and_per_env_values_refine_the_preset():
 
 
 def test_unknown_presets_and_fields_raise_config_errors():
-    with pytest.raises(ConfigError, match=r"no preset 'pong'; its presets: atari, atari-lstm, "):
+    with pytest.raises(ConfigError,
+                       match=r"no preset 'pong'; its presets: atari, atari-fast, atari-lstm, "):
         ppo.Config.from_preset("pong")
     with pytest.raises(ConfigError, match="its presets: none"):
         reinforce.Config.from_preset("atari")
@@ -100,7 +101,7 @@ def test_the_command_line_applies_a_preset_and_every_flag_overrides_it():
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--preset", "pong"], "no preset 'pong'; its presets: atari, atari-lstm, mujoco"),
+    (["--preset", "pong"], "no preset 'pong'; its presets: atari, atari-fast, atari-lstm, mujoco"),
     (["--preset"], "--preset needs a name"),
 ])
 def test_bad_presets_exit_2_with_one_message(args, message, capsys):
