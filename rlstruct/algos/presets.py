@@ -80,20 +80,20 @@ PPO_ATARI_LSTM = Preset(
 
 #: The big batch for machines with many cores (issue 41): PPO_ATARI's settings (CleanRL's and
 #: rl-zoo's: lr 2.5e-4 annealed, clip 0.1, 4 epochs, entropy 0.01, gamma 0.99, GAE 0.95) with 60
-#: envs in all instead of 8 and T=64 instead of 128: 3,840 steps an iteration, in 8 minibatches
-#: of 480 (each step in 4 epochs, as in PPO_ATARI). Big batches with few updates were shown on
-#: Pong by rl_games (Denys88/rl_games, configs/atari/ppo_pong_envpool.yaml: 24 envs x 256 steps,
-#: minibatches of 768, 3 epochs, lr 3e-4 with a KL-adaptive schedule and value normalisation,
-#: neither of which rlstruct has). 60 envs divide among 2, 3, 4, 5, 6, 10, 12, 15, 20 or 30
-#: workers, so ``--layout auto`` fills 16 cores (15 workers of 4 beside a GPU learner) as it
-#: fills 2 (2 workers of 30, then the learner on both cores: the layout below). Its sample
-#: efficiency is measured on the 2 cores (docs/results.md), its speed on a GPU node by
-#: ``make gpu-scale``.
+#: envs in all instead of 8 and T=64 instead of 128: 3,840 steps an iteration, in 15 minibatches
+#: of 256 (each step in 4 epochs of minibatches of 256, as in PPO_ATARI: as many gradient steps
+#: a sample). Big batches on Pong were shown by rl_games (Denys88/rl_games,
+#: configs/atari/ppo_pong_envpool.yaml: 24 envs x 256 steps, minibatches of 768, 3 epochs, lr
+#: 3e-4 with a KL-adaptive schedule and value normalisation, neither of which rlstruct has).
+#: 60 envs divide among 2, 3, 4, 5, 6, 10, 12, 15, 20 or 30 workers, so ``--layout auto`` fills
+#: 16 cores (15 workers of 4 beside a GPU learner) as it fills 2 (2 workers of 30, then the
+#: learner on both cores: the layout below). Its sample efficiency is measured on the 2 cores
+#: (docs/results.md), its speed on a GPU node by ``make gpu-scale``.
 PPO_ATARI_FAST = Preset(
     "Atari for many cores (PongNoFrameskip-v4 unless --env-id): 60 envs x T=64, PPO's Atari "
     "settings otherwise; use with --layout auto",
     {**PPO_ATARI.values, "env_id": "PongNoFrameskip-v4", "n_processes": 2, "n_envs": 30,
-     "n_timesteps": 64, "minibatch_size": 480, "max_frames": 2_000_000},
+     "n_timesteps": 64, "minibatch_size": 256, "max_frames": 2_000_000},
 )
 
 #: PPO's presets: ``--preset atari``, ``atari-fast``, ``atari-lstm`` and ``mujoco``.
