@@ -41,7 +41,13 @@ from gymnasium.spaces import Discrete, Space
 from torch import Tensor, nn
 
 from rlstruct.blocks.distributions import ActionHead, make_head, space_from_spec
-from rlstruct.blocks.nets import CNNActorCritic, head_actor_critic, linear, nature_cnn
+from rlstruct.blocks.nets import (
+    CNNActorCritic,
+    head_actor_critic,
+    linear,
+    nature_cnn,
+    scaled_pixels,
+)
 
 __all__ = [
     "MODELS", "RECURRENT_MODELS", "CORES", "Core", "RecurrentActorCritic", "actor_critic",
@@ -172,7 +178,7 @@ class RecurrentActorCritic(nn.Module):
         return self.actor
 
     def forward(self, frame: Tensor, state: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        x = frame.float() / 255.0 if self.cnn else frame.flatten(1).float()
+        x = scaled_pixels(frame) if self.cnn else frame.flatten(1).float()
         outs, states = zip(*(tower(x, s) for tower, s in
                              zip(self.towers, state.split(self._sizes, -1), strict=True)))
         with torch.autocast(x.device.type, enabled=False):  # the heads in float32
