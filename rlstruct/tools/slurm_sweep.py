@@ -244,7 +244,7 @@ def wait_for_jobs(jobs: list[Any], sessions: Sequence[tuple[list[str], Path, str
                 gone.pop(i, None)
                 continue
             gone[i] = gone.get(i, 0) + 1
-            if gone[i] < polls_gone or jobs[i].done():
+            if gone[i] < polls_gone:  # done() was asked at the top of this poll
                 continue
             waiting.discard(i)
             gone.pop(i)
