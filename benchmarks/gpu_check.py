@@ -84,8 +84,10 @@ def step_torch_envs(dev: str, quick: bool) -> dict:
 
 def _train(args: list[str], quick: bool) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        budget = "15" if quick else "40"
-        res = subprocess.run([*_cli(), "train", "ppo", "--time-budget", budget, "--runs-dir", tmp,
+        # --quick: the plumbing, a few iterations whatever the load (the budget a backstop)
+        budget = ["--max-frames", "8192", "--time-budget", "60"] if quick else [
+            "--time-budget", "40"]
+        res = subprocess.run([*_cli(), "train", "ppo", *budget, "--runs-dir", tmp,
                               "--check-devices", *args], cwd=tmp, capture_output=True, text=True,
                              timeout=200)
         if res.returncode != 0:

@@ -83,9 +83,9 @@ def _train(args: list[str], seconds: float) -> tuple[dict[str, Any], Path, Any]:
 def step_ppo_pong(dev: str, quick: bool) -> dict[str, Any]:
     """PPO's Atari preset at the machine's layout: speed, cores, GPU columns, the layout."""
     env = (["--env-id", "CartPole-v1", "--env-backend", "gymnasium", "--model", "mlp",
-            "--progress-every-s", "0", "--target-return", "1000"] if quick  # the plumbing only
-           else ["--env-id", "PongNoFrameskip-v4"])
-    run, _, _ = _train(["ppo", "--preset", "atari", *env], 15 if quick else 90)
+            "--progress-every-s", "0", "--target-return", "1000", "--max-frames", "4096"]
+           if quick else ["--env-id", "PongNoFrameskip-v4"])  # quick: the plumbing, 4 rows
+    run, _, _ = _train(["ppo", "--preset", "atari", *env], 60 if quick else 90)
     rows, config = run["rows"], run["config"]
     layout, later = config["config"]["layout"], rows[1:] if len(rows) >= 3 else rows
     a, b = later[0], later[-1]
