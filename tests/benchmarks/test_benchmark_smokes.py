@@ -199,6 +199,18 @@ def _sac_peers(data: dict[str, Any], stdout: str) -> None:
         assert data["rows"]["sb3"]["frames_per_s"] > 0 and data["ratio"] > 0
 
 
+def _sac_update(data: dict[str, Any], stdout: str) -> None:
+    assert list(data["threads"]) == ["1"] and "profile of the eager step" in stdout
+    one = data["threads"]["1"]
+    assert "compile" not in one  # --quick: eager only
+    assert one["eager"]["ms"] > 0 and one["limit"]["matmul_ms"] > 0
+    assert one["eager"]["of_limit"] == pytest.approx(one["limit"]["matmul_ms"]
+                                                     / one["eager"]["ms"])
+    ops = {row["op"] for row in data["profile"]}
+    assert ops & {"aten::bmm", "aten::baddbmm", "aten::mm", "aten::addmm"}, ops
+    assert all(0 < row["share"] <= 1 and row["calls"] > 0 for row in data["profile"])
+
+
 @dataclass(frozen=True)
 class Smoke:
     """One script's smoke run: its arguments (``--json FILE`` is added), its deadline, the
@@ -227,6 +239,7 @@ SMOKES = {
                          needs=("ale_py", "cv2")),
     "memory_task": Smoke("memory_task.py", ("--quick",), 240, _memory_task),
     "sac_peers": Smoke("sac_peers.py", ("--quick",), 240, _sac_peers, needs=("mujoco",)),
+    "sac_update": Smoke("sac_update.py", ("--quick",), 120, _sac_update),
 }
 
 
