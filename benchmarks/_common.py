@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 
 import psutil
 
-__all__ = ["pin_threads", "summarize", "environment", "TreeMeter", "Window", "MB"]
+__all__ = ["pin_threads", "summarize", "median_row", "environment", "TreeMeter", "Window", "MB"]
 
 MB = 1024 * 1024
 
@@ -47,6 +47,22 @@ def summarize(samples: Iterable[float]) -> dict[str, float]:
     if not s:
         raise ValueError("summarize() needs at least one sample")
     return {"min": min(s), "median": statistics.median(s), "max": max(s), "n": len(s)}
+
+
+def median_row(runs: list[dict[str, float]]) -> dict[str, object]:
+    """One side's figures over repeated runs: the median of each key the runs share, and the
+    runs themselves (``runs``), so that the spread is in the output beside the median.
+
+    Examples:
+        >>> row = median_row([{"frames_per_s": 90.0}, {"frames_per_s": 120.0},
+        ...                   {"frames_per_s": 100.0}])
+        >>> row["frames_per_s"], len(row["runs"])
+        (100.0, 3)
+    """
+    if not runs:
+        raise ValueError("median_row() needs at least one run")
+    keys = [k for k in runs[0] if all(isinstance(r.get(k), int | float) for r in runs)]
+    return {**{k: statistics.median(r[k] for r in runs) for k in keys}, "runs": runs}
 
 
 def environment(**extra: object) -> dict[str, object]:

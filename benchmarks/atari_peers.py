@@ -16,14 +16,17 @@ Workload: ``PongNoFrameskip-v4``, the Nature CNN on 4 stacked 84x84 frames.
 SB3 runs as its users run it: ``make_atari_env`` (``DummyVecEnv``, ``AtariWrapper``) and
 ``VecFrameStack(4)``, torch's default threads. Each side runs ``--seconds`` in a fresh process;
 cores busy is the process tree's CPU time over the measured window. The table gives each
-side's frames/s, cores busy and the ratio, from one run; ``--quick`` is a smoke run of a few
-iterations (figures meaningless), for the test suite.
+side's frames/s, cores busy and the ratio, from one run; ``--reps N`` runs each side N times,
+alternated, and gives the medians (this machine's speed drifts by a fifth within minutes, and a
+single pair of runs with it); ``--quick`` is a smoke run of a few iterations (figures
+meaningless), for the test suite.
 
 ``--rlstruct-flags="--n-threads 1"`` passes more flags to rlstruct's side (a variant measured
 against the preset: DQN with collection after learning, ``--no-overlap`` in a trial, made 144
 frames/s against the preset's 153 in one quiet run, and was left out); ``--no-peer`` skips SB3.
 
-Run: ``python benchmarks/atari_peers.py [--algos dqn a2c] [--seconds 120] [--json out.json]``
+Run: ``python benchmarks/atari_peers.py [--algos dqn a2c] [--seconds 120] [--reps 3]
+[--json out.json]``
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import TreeMeter, environment
+from _common import TreeMeter, environment, median_row
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV_ID = "PongNoFrameskip-v4"
@@ -156,6 +159,8 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=120.0, help="each side, after learning starts")
     p.add_argument("--buffer-size", type=int, default=50_000, help="DQN's, both sides")
     p.add_argument("--learning-starts", type=int, default=10_000, help="DQN's, both sides")
+    p.add_argument("--reps", type=int, default=1,
+                   help="runs of each side, alternated (the table gives the medians)")
     p.add_argument("--quick", action="store_true", help="a smoke run (seconds, not figures)")
     p.add_argument("--rlstruct-flags", default="", help="more flags for rlstruct's side")
     p.add_argument("--no-peer", action="store_true", help="rlstruct's side only")
@@ -169,19 +174,29 @@ def main() -> None:
         max_frames = args.learning_starts + 3 * 256
     print(f"load average before: {os.getloadavg()}", flush=True)
     rows: dict[str, dict[str, Any]] = {}
+    reps = 1 if args.quick else args.reps
     for algo in args.algos:
         extra = tuple(shlex.split(args.rlstruct_flags))
-        mine = run_rlstruct(algo, 600.0 if args.quick else args.seconds, args.buffer_size,
-                            args.learning_starts, max_frames, extra)
-        print(f"rlstruct {algo}: {json.dumps(mine)} (load {os.getloadavg()[0]:.2f})", flush=True)
-        peer = None if args.no_peer else _sb3_subprocess(algo, args.seconds, args.buffer_size,
-                                                          args.learning_starts)
-        none = "stable-baselines3: not run" if args.no_peer else "stable-baselines3: not installed"
-        print(f"sb3 {algo}: {json.dumps(peer) if peer else none} "
-              f"(load {os.getloadavg()[0]:.2f})", flush=True)
+        mine_runs, peer_runs = [], []
+        for _ in range(reps):  # the sides alternate: the machine's drift reaches both alike
+            mine_runs.append(run_rlstruct(algo, 600.0 if args.quick else args.seconds,
+                                          args.buffer_size, args.learning_starts, max_frames,
+                                          extra))
+            print(f"rlstruct {algo}: {json.dumps(mine_runs[-1])} "
+                  f"(load {os.getloadavg()[0]:.2f})", flush=True)
+            peer = None if args.no_peer else _sb3_subprocess(algo, args.seconds,
+                                                              args.buffer_size,
+                                                              args.learning_starts)
+            none = ("stable-baselines3: not run" if args.no_peer
+                    else "stable-baselines3: not installed")
+            print(f"sb3 {algo}: {json.dumps(peer) if peer else none} "
+                  f"(load {os.getloadavg()[0]:.2f})", flush=True)
+            peer_runs += [peer] if peer else []
+        mine, peer = median_row(mine_runs), median_row(peer_runs) if peer_runs else None
         ratio = mine["frames_per_s"] / peer["frames_per_s"] if peer else None
         rows[algo] = {"rlstruct": mine, "sb3": peer, "ratio": ratio}
-    print(f"\n{ENV_ID}, {args.seconds:.0f} s a side; load average now {os.getloadavg()}")
+    print(f"\n{ENV_ID}, {args.seconds:.0f} s a side, medians of {reps} run(s) a side; "
+          f"load average now {os.getloadavg()}")
     print(f"{'algo':6} {'rlstruct f/s':>13} {'cores':>6} {'SB3 f/s':>9} {'cores':>6} {'x SB3':>6}")
     for algo, r in rows.items():
         peer = r["sb3"] or {}

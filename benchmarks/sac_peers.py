@@ -14,10 +14,11 @@ the way docs/guide-atari.md derives Pong's limit. A frame costs one update (``ut
 limit in frames/s is one over that time; the table gives each side's fraction of it.
 
 The table gives each side's frames/s, cores busy, the ratio and the fraction of the limit, from
-one run. ``--quick`` is a smoke run of a few seconds (figures meaningless), for the test suite;
-``--rlstruct-flags`` passes more flags to rlstruct's side (another layout, say).
+one run (``--reps N``: each side N times, alternated, and the medians). ``--quick`` is a smoke
+run of a few seconds (figures meaningless), for the test suite; ``--rlstruct-flags`` passes
+more flags to rlstruct's side (another layout, say).
 
-Run: ``python benchmarks/sac_peers.py [--seconds 120] [--json out.json]``
+Run: ``python benchmarks/sac_peers.py [--seconds 120] [--reps 3] [--json out.json]``
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import TreeMeter, environment
+from _common import TreeMeter, environment, median_row
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV_ID = "Hopper-v5"
@@ -163,6 +164,8 @@ def main() -> None:
     p.add_argument("--learning-starts", type=int, default=10_000, help="both sides")
     p.add_argument("--rlstruct-flags", default="", help="more flags for rlstruct's side")
     p.add_argument("--no-peer", action="store_true", help="rlstruct's side and the limit only")
+    p.add_argument("--reps", type=int, default=1,
+                   help="runs of each side, alternated (the table gives the medians)")
     p.add_argument("--quick", action="store_true", help="a smoke run (seconds, not figures)")
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args()
@@ -176,12 +179,17 @@ def main() -> None:
     print(f"load average before: {os.getloadavg()}", flush=True)
     limit = update_matmuls(3 if args.quick else 10)
     print(f"update matmuls alone: {json.dumps(limit)}", flush=True)
-    mine = run_rlstruct(600.0 if args.quick else args.seconds + 30, args.learning_starts,
-                        max_frames, extra)
-    print(f"rlstruct sac: {json.dumps(mine)} (load {os.getloadavg()[0]:.2f})", flush=True)
-    peer = None if args.no_peer else _sb3_subprocess(args.seconds, args.learning_starts)
-    print(f"sb3 sac: {json.dumps(peer) if peer else 'stable-baselines3: not run'} "
-          f"(load {os.getloadavg()[0]:.2f})", flush=True)
+    mine_runs, peer_runs = [], []
+    for _ in range(1 if args.quick else args.reps):  # alternated: the drift reaches both alike
+        mine_runs.append(run_rlstruct(600.0 if args.quick else args.seconds + 30,
+                                      args.learning_starts, max_frames, extra))
+        print(f"rlstruct sac: {json.dumps(mine_runs[-1])} (load {os.getloadavg()[0]:.2f})",
+              flush=True)
+        peer = None if args.no_peer else _sb3_subprocess(args.seconds, args.learning_starts)
+        print(f"sb3 sac: {json.dumps(peer) if peer else 'stable-baselines3: not run'} "
+              f"(load {os.getloadavg()[0]:.2f})", flush=True)
+        peer_runs += [peer] if peer else []
+    mine, peer = median_row(mine_runs), median_row(peer_runs) if peer_runs else None
     rows = {"rlstruct": mine, "sb3": peer}
     for r in filter(None, rows.values()):
         r["of_limit"] = r["frames_per_s"] / limit["limit_frames_per_s"]
