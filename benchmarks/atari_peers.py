@@ -166,6 +166,8 @@ def main() -> None:
     p.add_argument("--no-peer", action="store_true", help="rlstruct's side only")
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args()
+    if args.reps < 1:
+        p.error(f"--reps must be at least 1, got {args.reps}")
     # The smoke run: three iterations after learning starts (DQN's 8 envs x 32 steps a row;
     # A2C's 16 x 5), however long a loaded machine's start-up takes; SB3 10 s.
     max_frames = None

@@ -169,6 +169,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="a smoke run (seconds, not figures)")
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args()
+    if args.reps < 1:
+        p.error(f"--reps must be at least 1, got {args.reps}")
     max_frames, extra = None, shlex.split(args.rlstruct_flags)
     if args.quick:  # 150 rows after learning starts, on one thread: a loaded machine (the test
         args.seconds, args.learning_starts = 5.0, 300  # suite's) stalls threads that wait
