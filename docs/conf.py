@@ -28,8 +28,6 @@ import re
 import sys
 from pathlib import Path
 
-from sphinx import addnodes
-
 DOCS = Path(__file__).resolve().parent
 REPO = DOCS.parent
 GENERATED = DOCS / "generated"
@@ -379,6 +377,8 @@ def _contents_entries(app, doctree) -> None:
     """Marks the object descriptions that are not :data:`_CONTENTS_OBJTYPES` with Sphinx's
     ``no-contents-entry`` (what the ``:no-contents-entry:`` option sets; autodoc has no option
     for it), before the table of contents is collected from the page."""
+    from sphinx import addnodes  # here: the tests import this module without the docs extra
+
     for desc in doctree.findall(addnodes.desc):
         if desc.get("objtype") not in _CONTENTS_OBJTYPES:
             desc["no-contents-entry"] = desc["nocontentsentry"] = True
