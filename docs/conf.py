@@ -381,7 +381,7 @@ def _contents_entries(app, doctree) -> None:
 
     for desc in doctree.findall(addnodes.desc):
         if desc.get("objtype") not in _CONTENTS_OBJTYPES:
-            desc["no-contents-entry"] = desc["nocontentsentry"] = True
+            desc["no-contents-entry"] = True
 
 
 def setup(app):
