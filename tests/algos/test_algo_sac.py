@@ -161,14 +161,16 @@ def test_learn_on_replayed_pendulum_segments_moves_every_part():
 # ----------------------------------------------------------------------------- runs
 @pytest.mark.slow
 def test_learns_pendulum(tmp_path: Path):
-    # Bounded: 90 s of training at most (the defaults solve -200 in about 6k frames, ~15 s on
-    # one idle core); the run must at least reach -600, far above a random policy's ~-1200.
+    # Bounded: 90 s of training at most. The run stops once the mean of its last 20 episodes
+    # passes -500, far above a random policy's ~-1200 (about 5k frames, 20-30 s on 2 busy cores).
     run_dir, out = run_algo(
-        "sac", ["--time-budget", "90", "--max-frames", "20000", "--eval-every", "0"],
+        "sac", ["--time-budget", "90", "--max-frames", "20000", "--eval-every", "0",
+                "--target-return", "-500"],
         tmp_path, timeout=180,
     )
     rows = check_run_dir(run_dir)
-    assert float(rows[-1]["train_return_mean20"]) > -600, out
+    assert float(rows[-1]["train_return_mean20"]) > -500, out
+    assert "solved after" in out, out
 
 
 

@@ -93,7 +93,7 @@ def test_preset_in_args_reads_both_spellings_and_refuses_a_missing_name():
 def test_the_command_line_applies_a_preset_and_every_flag_overrides_it():
     pytest.importorskip("mujoco", reason="needs the mujoco extra: pip install -e '.[mujoco]'")
     cfg = parse(ppo.Config, ["--preset", "mujoco", "--env-id", "Hopper-v5", "--n-epochs", "7"]).cfg
-    assert (cfg.preset, cfg.env_id, cfg.n_epochs, cfg.gamma) == ("mujoco", "Hopper-v5", 7, 0.99)
+    assert (cfg.preset, cfg.env_id, cfg.n_epochs, cfg.gamma) == ("mujoco", "Hopper-v5", 7, 0.995)
     before = parse(ppo.Config, ["--lr", "1e-4", "--preset", "mujoco"]).cfg
     assert before.lr == 1e-4 and before.n_epochs == 20  # a flag before --preset wins too
     sac_cfg = parse(sac.Config, ["--preset", "mujoco", "--batch-size", "64"]).cfg
