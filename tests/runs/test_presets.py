@@ -59,7 +59,7 @@ def test_overrides_win_and_per_env_values_refine_the_preset():
     cheetah = ppo.Config.from_preset("mujoco")
     hopper = ppo.Config.from_preset("mujoco", env_id="Hopper-v5", seed=4)
     assert (cheetah.env_id, cheetah.n_epochs, cheetah.gamma) == ("HalfCheetah-v5", 20, 0.98)
-    assert (hopper.n_epochs, hopper.gamma, hopper.seed, hopper.hidden) == (10, 0.99, 4, 64)
+    assert (hopper.n_epochs, hopper.gamma, hopper.seed, hopper.hidden) == (10, 0.995, 4, 64)
     assert ppo.Config.from_preset("atari", n_epochs=8).n_epochs == 8
 
 
