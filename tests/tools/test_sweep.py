@@ -25,6 +25,7 @@ import pytest
 from rlstruct.errors import ConfigError
 from rlstruct.parallel.startup import Terminated
 from rlstruct.runs.plotting import trial_curves
+from rlstruct.tools.sessions import STOP_GRACE_S
 from rlstruct.tools.sweep import (
     SUMMARY_COLUMNS,
     find_run_dir,
@@ -494,7 +495,8 @@ def test_ctrl_c_twice_kills_the_sessions_at_once_and_still_writes_the_summary(fa
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and time.monotonic() - start < 10, err
+    # at once: well before SIGTERM's grace (10.8 s once under a load of 7 on 2 cores)
+    assert proc.returncode == 130 and time.monotonic() - start < STOP_GRACE_S - 5, err
     assert not wait_gone(pids, 5)
     rows = read_summary(out / "summary.csv")
     assert len(rows) == 2 and all("sweep interrupted" in r["error"] for r in rows), rows
