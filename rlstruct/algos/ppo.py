@@ -39,9 +39,9 @@ from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.algos.presets import PPO_PRESETS
 from rlstruct.blocks import segment_minibatches as seg  # the batch's advantages, minibatches
+from rlstruct.blocks import zoo
 from rlstruct.blocks.distributions import space_spec
 from rlstruct.blocks.masks import mask_keys
-from rlstruct.blocks.nets import HeadActorCritic
 from rlstruct.blocks.obs_input import input_keys
 from rlstruct.blocks.optim import Optimizer, adam, gradient_step
 from rlstruct.blocks.recurrent import RecurrentAgent
@@ -83,13 +83,13 @@ class Config(RunConfig):
     n_minibatches: int | None = None
     """recurrent models: minibatches of rows/n_minibatches whole rows (None: B*T/minibatch_size)"""
     normalize_obs: bool = False
-    """mlp: normalise observations with running statistics (sent with the weights)"""
+    """mlp and mlp-*: normalise observations with running statistics (sent with the weights)"""
     log_std_init: float = 0.0
     """Box actions: initial log-std of the Gaussian policy (in the normalised space [-1, 1])"""
     activation: Literal["tanh", "relu"] = "tanh"
     """mlp: the hidden layers' activation"""
     normalize_reward: bool = False
-    """mlp: divide rewards by the running std of the discounted returns (clipped to +-10)"""
+    """mlp and mlp-*: divide rewards by the running std of the discounted returns"""
     init: Literal["orthogonal", "torch"] = "orthogonal"
     """mlp: orthogonal weights, or torch's nn.Linear defaults (rl-zoo's MuJoCo PPO)"""
     presets = PPO_PRESETS  # --preset NAME: rlstruct/algos/presets.py
@@ -99,10 +99,11 @@ class Config(RunConfig):
         problems = super().problems() + model_problems(self.model, None, self.env_id) + ([
             f"need n_epochs >= 1, minibatch_size >= 1 and 0 < clip_coef < 1; got "
             f"{self.n_epochs}, {self.minibatch_size} and {self.clip_coef}"] if bad else [])
-        mlp_only = [f"--{k.replace('_', '-')} {v}" for k, v in self.mlp_options().items()
-                    if v != getattr(Config, k)]
-        if mlp_only and self.model != "mlp":
-            problems.append(f"{', '.join(mlp_only)} apply to --model mlp only, not {self.model}")
+        mlp_only = [f"--{k.replace('_', '-')} {getattr(self, k)}" for k in zoo.MLP_OPTIONS
+                    if k not in self.mlp_options() and getattr(self, k) != getattr(Config, k)]
+        if mlp_only:
+            problems.append(f"{', '.join(mlp_only)} apply to --model mlp only (the normalisations"
+                            f" to mlp-lstm and mlp-gru too), not {self.model}")
         if self.model in RECURRENT_MODELS:
             problems += self.row_problems()
         return problems
@@ -114,9 +115,9 @@ class Config(RunConfig):
             f"{self.model}; --model mlp and the mlp-* models take Box actions)"] if box else [])
 
     def mlp_options(self) -> dict[str, Any]:
-        """The options of ``--model mlp`` (:func:`~rlstruct.blocks.nets.head_actor_critic`)."""
-        return {k: getattr(self, k) for k in ("log_std_init", "normalize_obs", "activation",
-                                              "normalize_reward", "init")}
+        """The options of ``--model mlp`` that ``--model`` takes
+        (:func:`~rlstruct.blocks.zoo.model_options`: ``mlp-*`` the normalisations)."""
+        return {k: getattr(self, k) for k in zoo.model_options(self.model)}
 
     def row_problems(self) -> list[str]:
         """A recurrent model learns on whole rows, on one learner (ranks: not split yet)."""
@@ -131,9 +132,8 @@ class Config(RunConfig):
 # --------------------------------------------------------------------------------------- model
 def model_factory(run: Run, cfg: Config) -> partial[torch.nn.Module]:
     """The zoo's ``--model`` (:func:`~rlstruct.blocks.zoo.actor_critic`), from plain values."""
-    options = cfg.mlp_options() if cfg.model == "mlp" else {}
     return run.factory(actor_critic, cfg.model, tuple(run.obs_shape),
-                       space_spec(run.action_space), cfg.hidden, **options)
+                       space_spec(run.action_space), cfg.hidden, **cfg.mlp_options())
 
 
 # --------------------------------------------------------------------------------------- agent
@@ -217,7 +217,7 @@ def learn(
             totals = {k: totals.get(k, 0.0) + v for k, v in stats.items()}
             if out_of_time():  # the time budget holds within a long learn phase too
                 return {k: float(v) / n for k, v in totals.items()}
-    if isinstance(agent.model, HeadActorCritic):  # the statistics the next batch is taken with
+    if getattr(agent.model, "obs_norm", None) is not None:  # the next batch's statistics
         agent.model.observe(steps.to_transitions()[K.OBS_FRAME])
     return {k: float(v) / n for k, v in totals.items()}
 

@@ -48,20 +48,32 @@ from rlstruct.blocks.nets import (
     nature_cnn,
     scaled_pixels,
 )
+from rlstruct.blocks.normalization import RunningNorm
 
 __all__ = [
-    "MODELS", "RECURRENT_MODELS", "CORES", "Core", "RecurrentActorCritic", "actor_critic",
-    "is_recurrent", "model_problems",
+    "MODELS", "RECURRENT_MODELS", "MLP_OPTIONS", "RECURRENT_MLP_OPTIONS", "CORES", "Core",
+    "RecurrentActorCritic", "actor_critic", "is_recurrent", "model_options", "model_problems",
 ]
 
 #: Every ``--model`` of the actor-critic algorithms.
 MODELS = ("mlp", "cnn", "mlp-lstm", "mlp-gru", "cnn-lstm", "cnn-gru")
 #: The recurrent ones (their state travels as ``agent_state``).
 RECURRENT_MODELS = ("mlp-lstm", "mlp-gru", "cnn-lstm", "cnn-gru")
+#: The options of ``--model mlp`` (:func:`~rlstruct.blocks.nets.head_actor_critic`'s).
+MLP_OPTIONS = ("log_std_init", "normalize_obs", "activation", "normalize_reward", "init")
+#: Those an MLP-torso recurrent model takes too (:class:`RecurrentActorCritic`).
+RECURRENT_MLP_OPTIONS = ("normalize_obs", "normalize_reward")
 #: The recurrent cells.
 CORES = ("lstm", "gru")
 #: The frame size ``(H, W)`` of the Nature CNN (its last layer reads 7x7 feature maps).
 _NATURE_FRAME = (84, 84)
+
+
+def model_options(model: str) -> tuple[str, ...]:
+    """The options of :data:`MLP_OPTIONS` that ``--model model`` takes: all for ``mlp``,
+    :data:`RECURRENT_MLP_OPTIONS` for ``mlp-lstm`` and ``mlp-gru``, none for the CNNs."""
+    return (MLP_OPTIONS if model == "mlp" else
+            RECURRENT_MLP_OPTIONS if model.startswith("mlp-") else ())
 
 
 def is_recurrent(model: nn.Module) -> bool:
@@ -144,18 +156,35 @@ class RecurrentActorCritic(nn.Module):
     a cell with a skip (a shared torso would let the value loss's gradients drown the
     policy's); their states lie side by side.
 
+    An MLP model may normalise its observations (``normalize_obs``: ``self.obs_norm``, updated
+    by the learner through :meth:`observe`, never by ``forward``) and keep the statistics by
+    which an algorithm scales rewards (``normalize_reward``: ``self.reward_norm``), as
+    :class:`~rlstruct.blocks.nets.HeadActorCritic` does: rl-zoo's recurrent PPO runs under
+    ``VecNormalize``. The statistics are buffers, so they travel with the weights.
+
     Args:
         obs_shape: one observation's shape.
         action_space: the action space (or its ``space_spec``).
         hidden: the encoder's width (MLP) and the cell's state width.
         core: ``"lstm"`` or ``"gru"``.
         cnn: the Nature CNN encoder.
+        normalize_obs: MLP only: normalise observations with running statistics.
+        normalize_reward: MLP only: keep running statistics of the discounted returns.
+
+    Raises:
+        ValueError: ``normalize_obs`` or ``normalize_reward`` with ``cnn``.
     """
 
     def __init__(self, obs_shape: tuple[int, ...], action_space: Space | dict[str, object],
-                 hidden: int, core: str = "lstm", cnn: bool = False) -> None:
+                 hidden: int, core: str = "lstm", cnn: bool = False,
+                 normalize_obs: bool = False, normalize_reward: bool = False) -> None:
         super().__init__()
+        if cnn and (normalize_obs or normalize_reward):
+            raise ValueError("normalize_obs and normalize_reward take an MLP torso, not the CNN "
+                             "(its uint8 frames are divided by 255 inside)")
         self.cnn = cnn
+        self.obs_norm = RunningNorm((math.prod(obs_shape),)) if normalize_obs else None
+        self.reward_norm = RunningNorm((1,), clip=0.0) if normalize_reward else None
         space = space_from_spec(action_space)
         if cnn:
             towers = [_Tower(nature_cnn(obs_shape[0]), 512, core, hidden, skip=False)]
@@ -177,8 +206,16 @@ class RecurrentActorCritic(nn.Module):
         """The policy head (its params are the logits of a categorical one)."""
         return self.actor
 
+    def observe(self, frame: Tensor) -> None:
+        """Merges observations ``(N, *obs)`` (a batch's valid steps) into the running
+        statistics; nothing without ``normalize_obs``."""
+        if self.obs_norm is not None:
+            self.obs_norm.update(frame.flatten(1).float())
+
     def forward(self, frame: Tensor, state: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         x = scaled_pixels(frame) if self.cnn else frame.flatten(1).float()
+        if self.obs_norm is not None:
+            x = self.obs_norm(x)
         outs, states = zip(*(tower(x, s) for tower, s in
                              zip(self.towers, state.split(self._sizes, -1), strict=True)))
         with torch.autocast(x.device.type, enabled=False):  # the heads in float32
@@ -202,17 +239,18 @@ def actor_critic(model: str, obs_shape: tuple[int, ...], action_space: Space | d
         action_space: the action space, or its ``space_spec``.
         hidden: the MLPs' width, or the recurrent cell's.
         **mlp_options: passed to :func:`~rlstruct.blocks.nets.head_actor_critic` for ``mlp``
-            (``normalize_obs``, ``activation``, ``log_std_init``...).
+            (``normalize_obs``, ``activation``, ``log_std_init``...); ``mlp-lstm`` and
+            ``mlp-gru`` take :data:`RECURRENT_MLP_OPTIONS`.
 
     Raises:
-        ValueError: ``model`` is not one of :data:`MODELS`, ``mlp_options`` are given for
-            another model than ``mlp``, or ``cnn`` is given another action space than a
+        ValueError: ``model`` is not one of :data:`MODELS`, ``mlp_options`` are given that
+            ``model`` does not take, or ``cnn`` is given another action space than a
             ``Discrete`` one.
     """
     if model not in MODELS:
         raise ValueError(f"model must be one of {MODELS}, got {model!r}")
-    if mlp_options and model != "mlp":
-        raise ValueError(f"options {sorted(mlp_options)} apply to --model mlp only, not {model}")
+    if model != "mlp" and (wrong := sorted(set(mlp_options) - set(model_options(model)))):
+        raise ValueError(f"options {wrong} apply to --model mlp only, not {model}")
     if model == "mlp":
         return head_actor_critic(math.prod(obs_shape), action_space, hidden,
                                  **mlp_options)  # type: ignore[arg-type]
@@ -223,4 +261,5 @@ def actor_critic(model: str, obs_shape: tuple[int, ...], action_space: Space | d
                              "cnn-lstm or cnn-gru, whose heads take any action space")
         return CNNActorCritic(int(space.n), in_channels=obs_shape[0])
     torso, core = model.split("-")
-    return RecurrentActorCritic(obs_shape, action_space, hidden, core, cnn=torso == "cnn")
+    return RecurrentActorCritic(obs_shape, action_space, hidden, core, cnn=torso == "cnn",
+                                **mlp_options)  # type: ignore[arg-type]

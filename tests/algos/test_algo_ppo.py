@@ -461,8 +461,8 @@ def test_recurrent_learn_changes_the_model_and_relabels_a_stale_batch(pipeline):
 
 
 @pytest.mark.parametrize(("kw", "match"), [
-    (dict(model="mlp-lstm", normalize_obs=True), "--normalize-obs True apply to --model mlp only"),
-    (dict(model="cnn-gru", activation="relu"), "--activation relu apply to --model mlp only"),
+    (dict(model="cnn-gru", normalize_obs=True), "--normalize-obs True apply to --model mlp only"),
+    (dict(model="mlp-lstm", activation="relu"), "--activation relu apply to --model mlp only"),
     (dict(model="mlp-gru", n_minibatches=3), "n_minibatches 3 must divide the batch's 2 env rows"),
     (dict(model="mlp-lstm", layout=layout(n_learners=2)), "recurrent PPO learns in one process"),
     (dict(model="cnn-lstm"), r"--model cnn-lstm takes image frames \(C, H, W\).*\(4,\)"),
@@ -477,13 +477,17 @@ def test_options_that_do_not_apply_are_refused_before_a_run_folder_exists(tmp_pa
 def test_recurrent_smoke_run_on_cartpole_without_velocities(tmp_path):
     cfg = ppo.Config(env_id=NOVEL, model="mlp-gru", layout=layout(n_envs=4), n_timesteps=16,
                      max_frames=384, n_epochs=2, n_minibatches=2, eval_every=0,
-                     runs_dir=str(tmp_path))
+                     normalize_obs=True, normalize_reward=True, runs_dir=str(tmp_path))
     summary = ppo.main(cfg)
     assert summary["frames"] >= 384 and summary["stopped_by"] == "max_frames"
     rows = check_run_dir(Path(summary["run_dir"]))
     assert math.isfinite(float(rows[0]["approx_kl"]))  # (evaluations run asynchronously)
     checkpoint = torch.load(Path(summary["run_dir"]) / "checkpoints" / "latest.pt")
     assert "towers.0.core.cell.weight_hh" in checkpoint["model"]  # the GRU was trained
+    # rl-zoo's VecNormalize: the statistics took in whole batches (4 x 16 steps), rewards too
+    seen = checkpoint["model"]["obs_norm.count"].item()
+    assert 64 <= seen <= summary["frames"] and seen % 64 == 0
+    assert checkpoint["model"]["reward_norm.count"].item() > 0
 
 
 def test_the_atari_lstm_preset_is_cleanrl_s_on_one_frame():

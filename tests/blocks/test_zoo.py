@@ -17,12 +17,14 @@ from gymnasium import spaces
 from rlstruct.blocks.distributions import space_spec
 from rlstruct.blocks.nets import CNNActorCritic
 from rlstruct.blocks.zoo import (
+    MLP_OPTIONS,
     MODELS,
     RECURRENT_MODELS,
     Core,
     RecurrentActorCritic,
     actor_critic,
     is_recurrent,
+    model_options,
     model_problems,
 )
 from rlstruct.runs import checkpoint as ckpt
@@ -206,16 +208,48 @@ def test_model_problems_name_the_model_and_what_it_takes():
 def test_actor_critic_refuses_an_unknown_model_and_misplaced_options():
     with pytest.raises(ValueError, match=r"model must be one of .*'mlp'.*got 'lstm'"):
         actor_critic("lstm", VECTOR, DISCRETE, HIDDEN)
-    with pytest.raises(ValueError, match=r"options \['normalize_obs'\] apply to --model mlp "
+    with pytest.raises(ValueError, match=r"options \['activation'\] apply to --model mlp "
                                          r"only, not mlp-gru"):
-        actor_critic("mlp-gru", VECTOR, DISCRETE, HIDDEN, normalize_obs=True)
+        actor_critic("mlp-gru", VECTOR, DISCRETE, HIDDEN, activation="relu", normalize_obs=True)
+    with pytest.raises(ValueError, match=r"options \['normalize_obs'\] apply to --model mlp "
+                                         r"only, not cnn-gru"):
+        actor_critic("cnn-gru", IMAGE, DISCRETE, HIDDEN, normalize_obs=True)
     net = actor_critic("mlp", VECTOR, DISCRETE, HIDDEN, normalize_obs=True)  # mlp takes them
     assert not is_recurrent(net)
+    assert model_options("mlp") == MLP_OPTIONS and model_options("cnn-lstm") == ()
     with pytest.raises(ValueError, match=r"--model cnn takes a Discrete action space, got "
                                          r"Box\(.*use cnn-lstm or cnn-gru"):
         actor_critic("cnn", IMAGE, BOX, HIDDEN)
     assert actor_critic("cnn-gru", IMAGE, BOX, HIDDEN).head.sample(
         torch.zeros(1, 4)).shape == (1, 2)  # the recurrent CNNs' heads take a Box
+
+
+@pytest.mark.parametrize("core", ["lstm", "gru"])
+def test_a_recurrent_mlp_normalises_observations_with_the_statistics_it_was_shown(core):
+    """``--normalize-obs`` for mlp-lstm and mlp-gru (rl-zoo's recurrent PPO runs under
+    VecNormalize): ``observe`` moves the statistics, ``forward`` never does, and the model
+    reads ``(x - mean) / std``: the same outputs as a plain model fed normalised inputs."""
+    torch.manual_seed(0)
+    normed = actor_critic(f"mlp-{core}", VECTOR, DISCRETE, HIDDEN, normalize_obs=True,
+                          normalize_reward=True)
+    plain = actor_critic(f"mlp-{core}", VECTOR, DISCRETE, HIDDEN)
+    plain.load_state_dict(normed.state_dict(), strict=False)  # the same weights
+    seen = 3.0 + 5.0 * torch.randn(256, *VECTOR)
+    state = torch.randn(4, normed.state_size)
+    x = seen[:4]
+    before = normed(x, state)  # no statistics yet: the identity, clipped to +-10
+    assert all(torch.equal(a, b) for a, b in
+               zip(before, plain(x.clamp(-10, 10), state), strict=True))
+    normed.observe(seen)
+    assert normed.obs_norm.count.item() == 256 and normed.reward_norm is not None
+    normed(x, state)  # forward leaves the statistics alone
+    assert normed.obs_norm.count.item() == 256
+    scaled = (x - seen.mean(0)) / seen.var(0, unbiased=False).sqrt()
+    for a, b in zip(normed(x, state), plain(scaled, state), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert "obs_norm.mean" in normed.state_dict()  # they travel with the weights
+    with pytest.raises(ValueError, match="normalize_obs and normalize_reward take an MLP torso"):
+        RecurrentActorCritic(IMAGE, DISCRETE, HIDDEN, cnn=True, normalize_obs=True)
 
 
 def test_the_nature_cnn_reads_84x84_frames_only():
