@@ -89,7 +89,7 @@ class Config(RunConfig):
     activation: Literal["tanh", "relu"] = "tanh"
     """mlp: the hidden layers' activation"""
     normalize_reward: bool = False
-    """mlp and mlp-*: divide rewards by the running std of the discounted returns"""
+    """mlp and mlp-*: divide rewards by the returns' running std (clipped to +-10)"""
     init: Literal["orthogonal", "torch"] = "orthogonal"
     """mlp: orthogonal weights, or torch's nn.Linear defaults (rl-zoo's MuJoCo PPO)"""
     presets = PPO_PRESETS  # --preset NAME: rlstruct/algos/presets.py
