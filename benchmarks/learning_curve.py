@@ -6,7 +6,8 @@ from the checkpoint's). A reference ``LABEL=RETURN@STEPS`` draws a marker at tha
 dotted line across; a target ``--target RETURN@STEPS`` draws a box the curve should enter.
 
 Run: ``python benchmarks/learning_curve.py RUN_DIR --out docs/pong-ppo.png
---ref "CleanRL ppo_atari=20.36@10000000" --target 18@4000000``.
+--ref "CleanRL ppo_atari=20.36@10000000" --target 18@4000000`` (``--label NAME`` once per
+run names the curves; the folders' names otherwise).
 """
 
 from __future__ import annotations
@@ -38,18 +39,24 @@ def main() -> None:
     p.add_argument("--ref", action="append", default=[], help="LABEL=RETURN@STEPS (repeatable)")
     p.add_argument("--target", default=None, help="RETURN@STEPS: the target box")
     p.add_argument("--title", default=None)
+    p.add_argument("--label", action="append", default=[],
+                   help="a legend label per run, in the order of the runs (default: the folder's "
+                        "name)")
     args = p.parse_args()
+    if args.label and len(args.label) != len(args.runs):
+        p.error(f"--label given {len(args.label)} times for {len(args.runs)} runs: one per run")
+    labels = args.label or [run.name for run in args.runs]
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (by_steps, by_time) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for run in args.runs:
+    for run, label in zip(args.runs, labels):
         column, points = read_curve(run)
         frames, wall, ret = zip(*points)
-        by_steps.plot(frames, ret, lw=1.8, label=f"{run.name} ({column})")
-        by_time.plot([w / 3600 for w in wall], ret, lw=1.8, label=run.name)
+        by_steps.plot(frames, ret, lw=1.8, label=f"{label} ({column})")
+        by_time.plot([w / 3600 for w in wall], ret, lw=1.8, label=label)
     for i, ref in enumerate(args.ref):
         label, _, at = ref.partition("=")
         value, steps = parse_at(at)

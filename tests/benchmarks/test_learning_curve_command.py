@@ -13,9 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.slow  # a training run and a subprocess
 
-
+@pytest.mark.slow  # a training run and a subprocess
 @pytest.mark.timeout(120)
 def test_the_guides_learning_curve_command_writes_the_figure(tmp_path: Path) -> None:
     from rlstruct.algos import ppo
@@ -35,3 +34,26 @@ def test_the_guides_learning_curve_command_writes_the_figure(tmp_path: Path) -> 
                          capture_output=True, text=True, timeout=100, cwd=ROOT)
     assert res.returncode == 0, res.stderr
     assert out.stat().st_size > 10_000 and f"wrote {out}" in res.stdout
+
+
+def _fake_run(folder: Path, returns: list[float]) -> Path:
+    folder.mkdir()
+    rows = ["frames,wall_time,train_return_mean20"]
+    rows += [f"{1000 * (i + 1)},{2.0 * (i + 1)},{r}" for i, r in enumerate(returns)]
+    (folder / "progress.csv").write_text("\n".join(rows) + "\n")
+    return folder
+
+
+@pytest.mark.timeout(60)
+def test_one_label_per_run_names_the_curves_and_a_miscount_is_refused(tmp_path: Path) -> None:
+    runs = [str(_fake_run(tmp_path / f"run{i}", [-21.0, -5.0 + i, 10.0 + i])) for i in range(2)]
+    script = str(ROOT / "benchmarks" / "learning_curve.py")
+    out = tmp_path / "seeds.png"
+    ok = subprocess.run([sys.executable, script, *runs, "--out", str(out), "--label", "seed 0",
+                         "--label", "seed 1"], capture_output=True, text=True, timeout=50)
+    assert ok.returncode == 0, ok.stderr
+    assert out.stat().st_size > 10_000
+    bad = subprocess.run([sys.executable, script, *runs, "--out", str(tmp_path / "x.png"),
+                          "--label", "seed 0"], capture_output=True, text=True, timeout=50)
+    assert bad.returncode == 2 and "--label given 1 times for 2 runs" in bad.stderr, bad.stderr
+    assert not (tmp_path / "x.png").exists()
