@@ -1,8 +1,8 @@
 """SAC (Haarnoja et al., 2018, "Soft Actor-Critic Algorithms and Applications") on Box actions.
 
-Each iteration stores a segment of ``B x T`` steps in a ``ReplayBuffer``, starts the next
-segment (worker processes, if any, collect it while we learn; ``--pipeline 2`` overlaps more),
-then takes ``utd`` gradient steps per collected frame on uniform samples of the buffer. With
+Each iteration stores a segment of ``B x T`` steps in a ``ReplayBuffer``, takes ``utd``
+gradient steps per collected frame on uniform buffer samples, then publishes the weights, which
+act from the next segment on (``--pipeline 2``: the one after, a worker collecting meanwhile). With
 ``u ~ N(mu(s), sigma(s))``, ``a = tanh(u)`` in (-1, 1) (rescaled to the Box for the env) and
 ``log pi(a|s) = log N(u) - sum log(1 - tanh(u)^2)``:
 
@@ -12,10 +12,9 @@ then takes ``utd`` gradient steps per collected frame on uniform samples of the 
     L_alpha  = -mean log(alpha) (log pi(a~|s) + H_target),   H_target = -dim(A)
     Q'_i    <- tau Q_i + (1 - tau) Q'_i                        (Polyak, after every step)
 
-Speed: ONE backward and ONE fused Adam step on the sum of the losses; twin critics batched; the
-actor's pass at s' without a graph. A truncated step bootstraps from the TRUE final observation.
-Dict observations: actor and critics each behind a multi-input encoder. ``--n-learners N``: ``k``
-buffer samples and their noise per batch, 1/N of the rows per rank (``rlstruct train sac -h``).
+Speed: ONE backward, ONE fused Adam step on the summed losses; twin critics batched; no graph at
+s'. Truncated steps bootstrap from the TRUE final observation. Dict obs: multi-input encoders.
+``--n-learners N``: ``k`` samples and noise per batch, 1/N of the rows per rank (``-h``).
 """
 
 from __future__ import annotations
@@ -227,10 +226,9 @@ def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
         group = run.learner_group(make_nets, nets, partial(adam, lr=cfg.lr), learn,  # fused Adam
                                   stacked=True, policy="actor.")  # --n-learners N: N ranks
         weights, n_updates, owed, stats, n = partial(group.state_dict, "actor."), 0, 0.0, {}, 0
-        # 1. Store each segment and start the next one (the workers collect it meanwhile).
+        # 1. Store each segment (--pipeline 2: the worker is collecting the next one meanwhile).
         for traj in run.segments(batcher):
             buffer.add(traj)
-            run.publish(batcher, weights())
             # 2. utd gradient steps per new frame on uniform buffer samples (ranks: n per batch).
             if len(buffer) >= cfg.learning_starts:
                 owed += cfg.utd * int(traj.lengths.sum())
@@ -241,6 +239,8 @@ def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
                                                device=batch.device()))
                 stats = group.learn(batch)
                 n_updates, owed = n_updates + n, owed - n
+            # 3. Publish: the next segment acts with them (--pipeline 2: the one after it).
+            run.publish(batcher, weights())
             run.end_iteration(weights(), updates=n_updates,
                               **{k: float(v) for k, v in stats.items()})
     return run.summary

@@ -23,6 +23,7 @@ from rlstruct.blocks.replay_buffer import ReplayBuffer
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
 from rlstruct.runs.layout import LayoutConfig
+from rlstruct.runs.loop import RunLoop
 from rlstruct.runs.resolve import resolve
 
 
@@ -171,6 +172,29 @@ def test_learns_pendulum(tmp_path: Path):
     rows = check_run_dir(run_dir)
     assert float(rows[-1]["train_return_mean20"]) > -500, out
     assert "solved after" in out, out
+
+
+def test_the_weights_are_published_after_the_step_so_a_pipelined_worker_lags_one_update(
+        tmp_path: Path, monkeypatch):
+    """The preset's layout (one worker, --pipeline 2) plays frame t with the weights after step
+    t - 2: each iteration stores its segment, takes its steps, THEN publishes (publishing before
+    the steps made it t - 3: two updates of lag where the issue allows one)."""
+    events: list[str] = []
+    add, learn, publish = ReplayBuffer.add, sac.learn, RunLoop.publish
+    monkeypatch.setattr(ReplayBuffer, "add", lambda self, *a, **k: (events.append("S"),
+                                                                    add(self, *a, **k))[1])
+    monkeypatch.setattr(sac, "learn", lambda *a, **k: (events.append("L"), learn(*a, **k))[1])
+    monkeypatch.setattr(RunLoop, "publish", lambda self, *a, **k: (events.append("P"),
+                                                                   publish(self, *a, **k))[1])
+    summary = sac.main(sac.Config(
+        max_frames=40, learning_starts=16, batch_size=8, hidden=16, eval_every=0,
+        target_return=None, runs_dir=str(tmp_path), n_timesteps=1,
+        layout=LayoutConfig(n_processes=1, n_envs=1, pipeline=2)))
+    assert summary["frames"] >= 40
+    iterations = "".join(events).split("S")[1:]  # one per stored segment: its steps, a publish
+    assert len(iterations) >= 39 and iterations[-1] == "LP", events
+    assert all(it in ("P", "LP") for it in iterations), iterations
+    assert iterations.count("LP") >= 20, iterations
 
 
 
