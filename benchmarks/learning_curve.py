@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import csv
 from pathlib import Path
+from typing import Any
 
 
 def read_curve(run_dir: Path) -> tuple[str, list[tuple[float, float, float]]]:
@@ -45,27 +46,37 @@ def main() -> None:
     args = p.parse_args()
     if args.label and len(args.label) != len(args.runs):
         p.error(f"--label given {len(args.label)} times for {len(args.runs)} runs: one per run")
-    labels = args.label or [run.name for run in args.runs]
+    fig = draw(args.runs, args.label or [run.name for run in args.runs], args.ref, args.target,
+               args.title)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out, dpi=110)
+    print(f"wrote {args.out}")
+
+
+def draw(runs: list[Path], labels: list[str], refs: list[str], target: str | None,
+         title: str | None) -> Any:
+    """The figure: each run's curve (under its label) against agent steps and wall-clock hours,
+    the references ``LABEL=RETURN@STEPS`` and the target box ``RETURN@STEPS``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (by_steps, by_time) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for run, label in zip(args.runs, labels):
+    for run, label in zip(runs, labels, strict=True):
         column, points = read_curve(run)
         frames, wall, ret = zip(*points)
         by_steps.plot(frames, ret, lw=1.8, label=f"{label} ({column})")
         by_time.plot([w / 3600 for w in wall], ret, lw=1.8, label=label)
-    for i, ref in enumerate(args.ref):
+    for i, ref in enumerate(refs):
         label, _, at = ref.partition("=")
         value, steps = parse_at(at)
         colour = f"C{i + 2}"
         by_steps.axhline(value, color=colour, ls=":", lw=1)
         by_steps.plot([steps], [value], marker="*", ms=12, color=colour,
                       label=f"{label}: {value:g} at {steps / 1e6:g}M steps", ls="none")
-    if args.target:
-        value, steps = parse_at(args.target)
+    if target:
+        value, steps = parse_at(target)
         by_steps.axvline(steps, color="grey", ls="--", lw=1)
         by_steps.axhline(value, color="grey", ls="--", lw=1, label=f"target: {value:g} within "
                          f"{steps / 1e6:g}M steps")
@@ -75,12 +86,10 @@ def main() -> None:
         ax.set_ylabel("training return (last 20 episodes)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
-    if args.title:
-        fig.suptitle(args.title)
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, dpi=110)
-    print(f"wrote {args.out}")
+    return fig
 
 
 if __name__ == "__main__":

@@ -197,7 +197,6 @@ def test_the_weights_are_published_after_the_step_so_a_pipelined_worker_lags_one
     assert iterations.count("LP") >= 20, iterations
 
 
-
 def buffer_rows(run_dir: Path) -> int:
     """The rows of the replay buffer a run saved with its last checkpoint."""
     saved = torch.load(run_dir / "checkpoints" / "buffer.pt")
