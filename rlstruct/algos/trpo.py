@@ -8,8 +8,9 @@ One iteration:
    ``sample``. With ``--normalize-obs`` the running observation statistics are updated from the
    batch first; they are buffers of the model, so they travel with the weights.
 2. **Advantages**: GAE(lambda) from the critic's values of the observations and of the TRUE next
-   observations (terminated steps do not bootstrap; truncated steps and segment cuts do).
-   Advantages are normalised over the batch.
+   observations (terminated steps do not bootstrap; truncated steps and segment cuts do), on
+   the rewards, which ``--normalize-reward`` divides by the running std of the discounted
+   returns (rl-zoo's ``VecNormalize``). Advantages are normalised over the batch.
 3. **Policy step**: maximise the surrogate ``L(theta) = mean(pi_theta(a|s) / pi_old(a|s) A)``
    subject to ``KL(pi_old || pi_theta) <= delta`` (``--max-kl``). With ``g = grad L`` and ``F``
    the Fisher matrix (the Hessian of the mean KL at ``theta_old``), the natural direction
@@ -18,20 +19,16 @@ One iteration:
    ``theta = theta_old + beta s``, ``beta = sqrt(2 delta / s.F s)``. A backtracking line search
    shrinks ``beta`` by ``backtrack`` until the measured KL is at most ``delta`` AND the
    surrogate improved; if no step qualifies the policy is left unchanged.
-4. **Critic**: ``critic_epochs`` passes of minibatch Adam steps on ``(V(s) - R)^2``, with its own
-   optimizer (``--lr``).
+4. **Critic**: ``critic_epochs`` passes of minibatch Adam steps on ``(V(s) - R)^2`` (``--lr``).
 5. **Publish**: ``run.publish`` (``batcher.update(state_dict)``, then ``execute()``).
 
-With ``--n-learners N`` each rank holds ``B / N`` of the trajectories and every whole-batch
-quantity is all-reduced (:class:`~rlstruct.learners.rank.RankContext`): the observation
-statistics and the advantages' mean and std (from the gathered rows), ``g``, each ``F v``
-and each line-search try's surrogate and KL (row-weighted means over the ranks); CG then runs
-identically on every rank and every rank accepts the same step. The critic's minibatches are
-``minibatch_size / N`` rows per rank, their gradients averaged. N ranks compute what one
-learner computes on the whole batch (``tests/learners/test_learner_algos.py``).
+With ``--n-learners N`` each rank holds ``B / N`` of the trajectories and all-reduces every
+whole-batch quantity (:class:`~rlstruct.learners.rank.RankContext`): the observation statistics,
+the advantages' mean and std, ``g``, each ``F v``, each line-search try's surrogate and KL; CG
+runs identically on every rank. The critic's minibatches are ``minibatch_size / N`` rows per
+rank. N ranks compute what one learner does (``tests/learners/test_learner_algos.py``).
 
-Run: ``python -m rlstruct.algos.trpo --help``; ``python -m rlstruct.algos.trpo --env-id
-Pendulum-v1``.
+Run: ``rlstruct train trpo --help``; ``rlstruct train trpo --env-id Pendulum-v1``.
 """
 
 from __future__ import annotations
@@ -54,6 +51,7 @@ from rlstruct.blocks.nets import HeadActorCritic, head_actor_critic
 from rlstruct.blocks.obs_input import input_keys, model_input
 from rlstruct.blocks.optim import adam, gradient_step
 from rlstruct.blocks.sampling import PolicyAgent, greedy_info
+from rlstruct.blocks.segment_minibatches import scaled_rewards
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError, ShapeError
 from rlstruct.learners.rank import RankContext
@@ -91,25 +89,27 @@ class Config(RunConfig):
     """transitions per critic step"""
     normalize_obs: bool = True
     """normalise observations with running statistics (sent to the workers with the weights)"""
+    normalize_reward: bool = False
+    """divide rewards by the running std of the discounted returns (clipped to +-10)"""
     log_std_init: float = 0.0
     """initial log-std of a Gaussian policy (in the normalised action space [-1, 1])"""
 
     def problems(self) -> list[str]:
-        problems = super().problems() + [
-            f"{k} must be > 0, got {getattr(self, k)}" for k in ("max_kl", "cg_damping")
-                    if not getattr(self, k) > 0]
-        problems += [f"{k} must be >= 1, got {getattr(self, k)}" for k in
-                     ("cg_iters", "line_search_steps", "critic_epochs", "minibatch_size")
-                     if getattr(self, k) < 1]
+        problems = super().problems() + [f"{k} must be > 0, got {getattr(self, k)}" for k in
+                                         ("max_kl", "cg_damping") if not getattr(self, k) > 0]
+        ints = ("cg_iters", "line_search_steps", "critic_epochs", "minibatch_size")
+        problems += [f"{k} must be >= 1, got {v}" for k in ints if (v := getattr(self, k)) < 1]
         if not 0 < self.backtrack < 1:
             problems.append(f"backtrack must be in (0, 1), got {self.backtrack}")
+        if self.normalize_reward and self.layout.n_learners > 1:  # each rank's statistics
+            problems.append("--normalize-reward takes one learner: its return statistics are not "
+                            f"all-reduced over the {self.layout.n_learners} ranks (--n-learners)")
         return problems
 
 
 # ---------------------------------------------------------------------------- model and agent
-# HeadActorCritic (rlstruct/blocks/nets.py): actor MLP ending in the policy head, critic MLP,
-# optional
-# RunningNorm; PolicyAgent (rlstruct/blocks/sampling.py) stores action, sample, logp and value.
+# HeadActorCritic (blocks/nets.py): actor MLP ending in the policy head, critic MLP, optional
+# RunningNorms; PolicyAgent (blocks/sampling.py) stores action, sample, logp and value.
 def critic_adam(params: Iterable[Tensor], device: Any = None, *, lr: float,
                 n_critic: int) -> torch.optim.Optimizer:
     """Adam over the critic, the last ``n_critic`` of the parameters (a factory: every rank's)."""
@@ -195,11 +195,10 @@ def learn(model: HeadActorCritic, optimizer: torch.optim.Optimizer, traj: Trajec
         raise ConfigError(f"trpo does not honour {cfg.env_id}'s action masks yet: use ppo or a2c")
     valid = model_input(steps.get(input_keys(steps)).to_transitions(), K.OBSERVATION)
     model.observe(ctx.all_gather_rows(valid) if isinstance(valid, Tensor) else valid)  # the batch's
-    reward, obs = steps[K.NEXT_REWARD], model_input(steps, K.OBSERVATION).flatten(0, 1)
-    with torch.no_grad():
-        value = model.value(obs).view(reward.shape)
-        next_value = model.value(model_input(steps, K.NEXT_OBSERVATION).flatten(0, 1))
-        next_value = next_value.view(reward.shape)
+    reward = scaled_rewards(model, traj, cfg.gamma)  # --normalize-reward: by the returns' std
+    with torch.no_grad():  # the critic's values of the observations and the true next ones
+        value, next_value = (model.value(model_input(steps, k).flatten(0, 1)).view(reward.shape)
+                             for k in (K.OBSERVATION, K.NEXT_OBSERVATION))
     advantage, returns = F.gae(
         reward, value, next_value, steps[K.NEXT_TERMINATED],
         steps[K.NEXT_TRUNCATED], steps.lengths, cfg.gamma, cfg.gae_lambda,
@@ -226,7 +225,8 @@ def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
     with Run("trpo", cfg) as run:
         cfg = run.cfg  # resolved: the layout file applied, --resume auto picked
         make_model = run.factory(head_actor_critic, run.obs_dim, space_spec(run.action_space),
-                                 cfg.hidden, cfg.log_std_init, cfg.normalize_obs)  # ranks' too
+                                 cfg.hidden, cfg.log_std_init, cfg.normalize_obs,
+                                 normalize_reward=cfg.normalize_reward)  # the ranks' too
         model = run.model(make_model)  # on the CPU: the batchers copy it
         batcher = run.training_batcher(PolicyAgent, {"model": model}, GymEnvInf, cfg.n_timesteps)
         run.evaluator(PolicyAgent, {"model": model}, agent_info=greedy_info())

@@ -106,6 +106,11 @@ def test_config_lists_every_problem():
         assert name in str(info.value)
 
 
+def test_reward_normalisation_takes_one_learner():
+    with pytest.raises(ConfigError, match="--normalize-reward takes one learner"):
+        resolve(trpo.Config(normalize_reward=True, layout=LayoutConfig(n_learners=2)))
+
+
 def layout(**kw) -> LayoutConfig:
     return LayoutConfig(**{"learner_device": "cpu", "n_processes": 1, "n_envs": 2, **kw})
 
@@ -119,6 +124,23 @@ def test_torch_env_backend_runs_pendulum_in_the_learners_process(tmp_path):
     checkpoint = torch.load(run_dir / "checkpoints" / "latest.pt")
     assert float(checkpoint["model"]["obs_norm.count"]) >= 1500  # the statistics are saved
     assert json.loads((run_dir / "config.json").read_text())["config"]["max_kl"] == 0.01
+
+
+def test_reward_normalisation_scales_the_critics_targets(tmp_path):
+    # rl-zoo's TRPO runs under VecNormalize(norm_reward=True): the returns' statistics are kept
+    # from every valid step and saved with the model, and the critic learns the scaled returns
+    # (Pendulum's rewards, -16 to 0 a step, give a value loss in the hundreds unscaled).
+    losses = {}
+    for normalize in (False, True):
+        cfg = trpo.Config(layout=layout(n_envs=16), env_backend="torch", n_timesteps=32,
+                          max_frames=2000, eval_every=0, critic_epochs=1,
+                          normalize_reward=normalize, runs_dir=str(tmp_path / str(normalize)))
+        run_dir = Path(trpo.main(cfg)["run_dir"])
+        weights = torch.load(run_dir / "checkpoints" / "latest.pt")["model"]
+        assert ("reward_norm.count" in weights) == normalize
+        losses[normalize] = float(check_run_dir(run_dir)[-1]["value_loss"])
+    assert float(weights["reward_norm.count"]) >= 1500
+    assert losses[True] < losses[False] / 10, losses
 
 
 @pytest.mark.slow
