@@ -1,5 +1,6 @@
 """benchmarks/learning_curve.py as the docs write it (each command read from its page: the Pong
-figure of docs/guide-atari.md, the three seeds' figure of docs/results.md), on a run trained here
+figure of docs/guide-atari.md, the three seeds' figure of docs/results.md, SAC's Hopper figure
+of docs/algorithms.md), on a run trained here
 in place of the long runs: it writes the figure; and its ``--label`` option."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "learning_curve.py"
-PAGES = ("guide-atari.md", "results.md")  # the pages whose figures the script draws
+PAGES = ("guide-atari.md", "results.md", "algorithms.md")  # the pages whose figures it draws
 
 
 def doc_commands(page: str) -> list[str]:
