@@ -55,6 +55,16 @@ def test_a_preset_s_time_budget_leaves_room_for_its_frames(algo, name, env, cost
     assert cfg.time_budget >= 2 * cost * cfg.max_frames, (cfg.time_budget, cfg.max_frames)
 
 
+def test_the_big_batch_preset_changes_the_batch_and_nothing_else_that_learns():
+    # ``atari-fast`` claims ``atari``'s settings; it once annealed its learning rate over 2M
+    # steps instead of 10M (max_frames sets the schedule), and two seeds of three stalled.
+    fast, atari = (ppo.Config.from_preset(name) for name in ("atari-fast", "atari"))
+    differ = {f.name for f in dataclasses.fields(fast) if getattr(fast, f.name) !=
+              getattr(atari, f.name)}
+    assert differ == {"preset", "env_id", "n_timesteps", "layout"}
+    assert (fast.layout.n_processes * fast.layout.n_envs, fast.minibatch_size) == (60, 256)
+
+
 def test_overrides_win_and_per_env_values_refine_the_preset():
     cheetah = ppo.Config.from_preset("mujoco")
     hopper = ppo.Config.from_preset("mujoco", env_id="Hopper-v5", seed=4)
