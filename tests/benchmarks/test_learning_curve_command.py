@@ -1,7 +1,7 @@
 """benchmarks/learning_curve.py as the docs write it (each command read from its page: the Pong
-figure of docs/guide-atari.md, the three seeds' figure of docs/results.md, SAC's Hopper figure
-of docs/algorithms.md), on a run trained here
-in place of the long runs: it writes the figure; and its ``--label`` option."""
+figure of docs/guide-atari.md, the seeds' figure of docs/results.md, SAC's Hopper figure of
+docs/algorithms.md), on a run trained here in place of the long runs: it writes the figure; and
+its ``--label`` option."""
 
 from __future__ import annotations
 
