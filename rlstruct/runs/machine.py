@@ -10,7 +10,9 @@ devices. ``--layout auto`` keeps the first and picks the second for this machine
   one thread, which feeds it. On the CPU it takes every core while the workers wait
   (``--pipeline 1``: collect, then learn), or the cores the workers leave and one more
   (``--pipeline 2``: both at once; workers wait on their envs and their turn part of the time,
-  as the presets measured), at least one;
+  as the presets measured), at least two where the machine has two cores: a pipelined learner
+  on a CNN sets the pace (APPO's Pong preset, 2 workers on 2 cores: 312 agent steps/s with 2
+  learner threads, 219 with 1);
 - **workers**: as many as divide the envs evenly and the machine has cores (one core left to
   feed a GPU learner); ``--n-processes 0`` (one per core) and a run that collects in its own
   process (``--n-processes 1``, ``--pipeline 1``) keep theirs;
@@ -110,7 +112,8 @@ def auto_layout(layout: Any, machine: Machine) -> LayoutChoice:
     if gpu:
         threads = 1
     elif pipelined:  # workers and learner at once: the learner takes the cores they leave,
-        threads = max(1, machine.cores - (workers or machine.cores) + 1)  # and one (they wait)
+        spare = machine.cores - (workers or machine.cores) + 1  # and one (they wait); 2 at least
+        threads = min(machine.cores, max(2, spare))
     else:  # collect, then learn: each takes every core in turn
         threads = machine.cores
     n_envs = total // workers if workers > 0 else layout.n_envs
