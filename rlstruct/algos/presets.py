@@ -111,8 +111,8 @@ PPO_PRESETS = {"atari": PPO_ATARI, "atari-fast": PPO_ATARI_FAST, "atari-lstm": P
 #: entropy 0.01, gamma 0.99), on PongNoFrameskip-v4 as those two run Atari (NoFrameskip-v4 ids),
 #: with V-trace targets instead of GAE (APPO's own, so no published APPO run is reproduced).
 #: APPO always pipelines: the workers collect while the learner learns. On Pong's CNN the
-#: learner sets the pace, so it takes 2 threads: on the 2-core machine (float32, 2026-12-07, 110 s
-#: each, load 1.5-2.0) 312 agent steps/s at 2.0 cores busy against 219 at 1.2 with one thread.
+#: learner sets the pace, so it takes 2 threads: 312 agent steps/s at 2.0 cores busy against 219
+#: at 1.2 with one on the 2-core machine (docs/results.md, "APPO and IMPALA on 2 cores").
 APPO_PRESETS = {"atari": Preset(
     "Atari (PongNoFrameskip-v4 unless --env-id): Nature CNN, PPO's Atari settings with V-trace",
     dict(env_id="PongNoFrameskip-v4", env_backend="atari", model="cnn", n_processes=2, n_envs=4,
@@ -129,8 +129,7 @@ APPO_PRESETS = {"atari": Preset(
 #: rho_bar = c_bar = 1, the losses SUMMED over the batch (not averaged), no advantage
 #: normalisation, on PongNoFrameskip-v4. MonoBeast's 4 actors become 2 workers of 4 envs (the
 #: 8 rows of a batch) beside the learner thread on 2 cores, which takes 2 torch threads (707
-#: agent steps/s at 2.0 cores against 606 at 1.6 with one: 2026-12-07, 110 s each, float32).
-#: Differences: the net is the Nature
+#: agent steps/s against 606 with one: docs/results.md). Differences: the net is the Nature
 #: CNN with actor and critic heads on its 512 features (MonoBeast's AtariNet has the same
 #: trunk but also feeds the last action and clipped reward to its heads); the optimizer is
 #: ``torch.optim.RMSprop``, MonoBeast's own (the IMPALA paper's TensorFlow RMSprop puts eps

@@ -11,8 +11,7 @@ devices. ``--layout auto`` keeps the first and picks the second for this machine
   (``--pipeline 1``: collect, then learn), or the cores the workers leave and one more
   (``--pipeline 2``: both at once; workers wait on their envs and their turn part of the time,
   as the presets measured), at least two where the machine has two cores: a pipelined learner
-  on a CNN sets the pace (APPO's Pong preset, 2 workers on 2 cores: 312 agent steps/s with 2
-  learner threads, 219 with 1);
+  on a CNN sets the pace (APPO's and IMPALA's Pong presets, docs/results.md);
 - **workers**: as many as divide the envs evenly and the machine has cores (one core left to
   feed a GPU learner); ``--n-processes 0`` (one per core) and a run that collects in its own
   process (``--n-processes 1``, ``--pipeline 1``) keep theirs;

@@ -382,19 +382,29 @@ def test_every_algorithm_is_in_the_algorithm_tables():
 _TRAIN = re.compile(r"(?:\brlstruct train |-m rlstruct\.algos\.)(\w+)(.*)")
 
 
+#: an inline ``rlstruct train ...`` span of the prose or a table (wrapped lines joined first)
+_INLINE_TRAIN = re.compile(r"`(rlstruct train \w+(?: [^`]*)?)`")
+#: a placeholder value written in place of a real one (``--seed S``, ``--env-id ENV``)
+_PLACEHOLDER = re.compile(r"[A-Z][A-Z0-9_]*|[a-z]")
+
+
 def doc_train_commands() -> list[tuple[str, str, str]]:
     """``(page, algorithm, flags)`` of every ``rlstruct train ALGO ...`` and ``-m
     rlstruct.algos.ALGO ...`` line of the pages' code blocks, as written (continuation lines
-    joined, trailing comments dropped)."""
+    joined, trailing comments dropped), and of every inline ``rlstruct train ...`` span (the
+    commands beside the rows of docs/results.md, say)."""
     found = []
     pages = [p for p in LINKED_PAGES if p.suffix == ".md"]
     for page in pages:
-        for _lang, body in code_blocks(page.read_text()):
-            for line in body.replace("\\\n", " ").splitlines():
-                match = _TRAIN.search(line)
-                if match:
-                    flags = re.split(r"\s#", match.group(2))[0]
-                    found.append((page.relative_to(REPO).as_posix(), match.group(1), flags))
+        text = page.read_text()
+        lines = [line for _lang, body in code_blocks(text)
+                 for line in body.replace("\\\n", " ").splitlines()]
+        lines += _INLINE_TRAIN.findall(" ".join(_FENCE.sub("", text).split()))
+        for line in lines:
+            match = _TRAIN.search(line)
+            if match:
+                flags = re.split(r"\s#", match.group(2))[0]
+                found.append((page.relative_to(REPO).as_posix(), match.group(1), flags))
     return found
 
 
@@ -402,8 +412,9 @@ def test_the_train_commands_of_the_docs_parse_as_written(capsys):
     """Every training command line the docs show names an algorithm and flags that exist, with
     values of the right types and a preset the algorithm has (parsed by the algorithm's own
     command line, ``command_line_config``: the tyro step, nothing resolved or run). Shell
-    variables (``"$RUNS"``, ``$((CPUS - 1))``) and their flag are left out, and a trailing
-    ``&``; lines with placeholders (``<...>``) are skipped."""
+    variables (``"$RUNS"``, ``$((CPUS - 1))``) and placeholder values (``--seed S``) are left
+    out with their flag, and a trailing ``&``; lines with placeholders (``<...>``, an algorithm
+    ``ALGO``) are skipped."""
     import shlex
 
     from rlstruct.__main__ import ALGOS
@@ -411,14 +422,15 @@ def test_the_train_commands_of_the_docs_parse_as_written(capsys):
 
     checked = []
     for page, algo, flags in doc_train_commands():
-        if "<" in flags or "..." in flags:
+        if "<" in flags or "..." in flags or not algo.islower():
             continue
         assert algo in ALGOS, f"{page}: no algorithm {algo!r} ({' '.join(ALGOS)})"
         tokens: list[str] = []
         flags = re.sub(r"\$\(\(.*?\)\)", "$N", flags)  # shell arithmetic: one variable
         flags = re.sub(r"\s&\s*$", "", flags)  # started in the background
         for token in shlex.split(flags):
-            if "$" in token:  # a shell variable: drop it and the flag it is the value of
+            if "$" in token or _PLACEHOLDER.fullmatch(token):  # a shell variable or a
+                # placeholder: drop it and the flag it is the value of
                 if tokens and tokens[-1].startswith("--"):
                     tokens.pop()
                 continue
