@@ -51,8 +51,9 @@ command.
 # ruff: noqa: E402 (the imports follow the first line that every rlstruct command runs)
 from __future__ import annotations
 
-from rlstruct.parallel import startup
+from rlstruct.parallel import openmp, startup
 
+openmp.prefer_passive()  # before torch loads OpenMP: waiting threads sleep (parallel/openmp.py)
 startup.install_if_command()  # a command's SIGTERM and Ctrl-C are graceful from here on
 
 import importlib

@@ -3,6 +3,11 @@ one registration that sends test code to worker processes and Ray actors by valu
 
 from __future__ import annotations
 
+# rlstruct first: its first line sets OMP_WAIT_POLICY=PASSIVE before torch loads OpenMP, so
+# that these processes' idle threads sleep too (the suite's 3 workers share 2 cores)
+import rlstruct  # noqa: F401
+
+# isort: split
 from pathlib import Path
 from types import ModuleType
 

@@ -342,6 +342,7 @@ def test_the_custom_env_example_runs(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # past its run's own 240 s: a loaded machine once took over 120 s
 def test_a_custom_env_module_reaches_ray_actors(tmp_path):
     pytest.importorskip("ray", reason="the ray extra is not installed")
     (tmp_path / "tmp_corridor.py").write_text(CORRIDOR)
