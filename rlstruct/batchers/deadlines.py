@@ -11,7 +11,12 @@ limit (:meth:`Deadlines.at`):
   limit follows the measured step times;
 - with ``until`` (a ``time.monotonic()`` value, e.g. the end of a run's time budget), no wait
   lasts past it, except that a wait that starts close to it or after it still gets
-  :data:`UNTIL_MIN_WAIT_S` seconds.
+  :data:`UNTIL_MIN_WAIT_S` seconds;
+- time the pool's own process spent stopped does not count: a waiting loop that looks at its
+  workers at least once a second and finds more than :data:`PAUSE_GAP_S` seconds between two
+  looks (:meth:`Deadlines.looked`) was stopped itself (SIGSTOP or Ctrl-Z to the job's process
+  group, a suspended Slurm job, a machine that slept), and its workers with it; every limit
+  is moved on by that pause, and the silences measured across it leave it out.
 
 Example:
     >>> d = Deadlines(timeout=300.0, adaptive=True, until=None, n_workers=1)
@@ -28,7 +33,7 @@ import math
 import time
 
 __all__ = ["Deadlines", "ADAPTIVE_FACTOR", "ADAPTIVE_FLOOR_S", "UNTIL_MIN_WAIT_S",
-           "MAX_WORKER_TIMEOUT_S", "budget_grace", "worker_waits"]
+           "MAX_WORKER_TIMEOUT_S", "PAUSE_GAP_S", "budget_grace", "worker_waits"]
 
 #: With ``adaptive``: the limit is this many times the longest silence seen in a segment...
 ADAPTIVE_FACTOR = 10.0
@@ -38,6 +43,9 @@ ADAPTIVE_FLOOR_S = 60.0
 UNTIL_MIN_WAIT_S = 10.0
 #: The most a training worker may stay silent in a segment with ``worker_timeout=None``.
 MAX_WORKER_TIMEOUT_S = 300.0
+#: A gap between two looks of a waiting loop (which looks at least once a second) longer than
+#: this many seconds is a pause of the pool's own process, not a silence of its workers.
+PAUSE_GAP_S = 10.0
 
 
 def budget_grace(time_budget: float) -> float:
@@ -75,6 +83,7 @@ class Deadlines:
         self.timeout, self.adaptive, self.until = float(timeout), bool(adaptive), until
         self.longest_silence = 0.0
         self._delivered_at = [-math.inf] * n_workers
+        self._pauses: list[tuple[float, float]] = []  # (start, end), monotonic seconds
 
     @staticmethod
     def problems(adaptive: object, until: object) -> list[str]:
@@ -91,8 +100,19 @@ class Deadlines:
         """Worker ``w`` delivered a segment released at ``released`` (monotonic seconds)."""
         now = time.monotonic() if now is None else now
         since = max(released, self._delivered_at[w])
-        self.longest_silence = max(self.longest_silence, now - since)
+        silence = now - since - self.paused(since, now)
+        self.longest_silence = max(self.longest_silence, silence)
         self._delivered_at[w] = now
+
+    def looked(self, last: float, now: float) -> None:
+        """A waiting loop looked at its workers at ``last`` and again at ``now`` (monotonic
+        seconds): a gap longer than :data:`PAUSE_GAP_S` is recorded as a pause."""
+        if now - last > PAUSE_GAP_S:
+            self._pauses = [p for p in self._pauses if p[1] > now - 86_400.0] + [(last, now)]
+
+    def paused(self, since: float, until: float = math.inf) -> float:
+        """Seconds of the recorded pauses between ``since`` and ``until``."""
+        return sum(max(0.0, min(b, until) - max(a, since)) for a, b in self._pauses)
 
     def limit(self) -> float:
         """Seconds a worker may stay silent now (``until`` aside)."""
@@ -101,10 +121,12 @@ class Deadlines:
         return min(self.timeout, max(ADAPTIVE_FLOOR_S, ADAPTIVE_FACTOR * self.longest_silence))
 
     def at(self, since: float) -> float:
-        """The deadline of a wait whose workers were last heard from at ``since``."""
-        at = since + self.limit()
+        """The deadline of a wait whose workers were last heard from at ``since`` (moved on by
+        the pauses recorded since then)."""
+        paused = self.paused(since)
+        at = since + paused + self.limit()
         if self.until is not None:
-            at = min(at, max(self.until, since + UNTIL_MIN_WAIT_S))
+            at = min(at, max(self.until + paused, since + paused + UNTIL_MIN_WAIT_S))
         return at
 
     def describe(self) -> str:

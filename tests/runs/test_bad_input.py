@@ -22,7 +22,12 @@ from support.agents import DeterministicAgent
 
 from rlstruct import DictTensor
 from rlstruct.algos import ppo
-from rlstruct.batchers.deadlines import ADAPTIVE_FLOOR_S, UNTIL_MIN_WAIT_S, Deadlines
+from rlstruct.batchers.deadlines import (
+    ADAPTIVE_FLOOR_S,
+    PAUSE_GAP_S,
+    UNTIL_MIN_WAIT_S,
+    Deadlines,
+)
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ActionError, ConfigError, RunFolderError, WorkerError
 from rlstruct.runs.layout import LayoutConfig
@@ -75,6 +80,20 @@ def test_the_silence_limit_follows_the_segments_and_ends_with_the_budget():
     assert Deadlines.problems("yes", float("nan")) == [
         "adaptive_timeout must be a bool, got 'yes'",
         "deadline must be a time.monotonic() value or None, got nan"]
+
+
+def test_a_pause_of_the_pools_own_process_moves_every_limit_on_and_is_no_silence():
+    d = Deadlines(timeout=30.0, adaptive=True, until=100.0, n_workers=1)
+    d.looked(10.0, 11.0)  # a second between two looks: no pause
+    d.looked(20.0, 20.0 + PAUSE_GAP_S)  # exactly the gap: no pause either
+    assert d.at(5.0) == 35.0 and d.paused(0.0) == 0.0
+    d.looked(40.0, 640.0)  # stopped for 10 minutes (SIGSTOP, a suspended job)
+    assert d.paused(0.0) == 600.0 and d.paused(50.0, 60.0) == 10.0 and d.paused(640.0) == 0.0
+    assert d.at(30.0) == 660.0  # heard from at 30: 30 s of limit, 600 s of pause
+    assert d.at(90.0) == 90.0 + 550.0 + UNTIL_MIN_WAIT_S  # the budget's end moved on too
+    assert d.at(700.0) == 700.0 + UNTIL_MIN_WAIT_S  # a wait that starts after it: no shift
+    d.delivered(0, released=30.0, now=650.0)  # silent 20 s of the 620 s between
+    assert d.longest_silence == 20.0
 
 
 def test_a_worker_timeout_that_is_not_a_positive_number_is_a_config_error():

@@ -426,3 +426,26 @@ def test_sigterm_under_ray_keeps_the_runs_handler_and_checkpoints(tmp_path, flag
         checkpoint = torch.load(s.run_dir() / "checkpoints" / "latest.pt", weights_only=False)
         assert checkpoint["frames"] == summary["frames"] == int(s.rows()[-1]["frames"])
         assert s.took < 25
+
+
+@pytest.mark.slow
+def test_a_job_stopped_and_continued_past_its_worker_timeout_runs_on(tmp_path):
+    """SIGSTOP to the whole process group, as a suspended Slurm job or Ctrl-Z gets, for 15 s:
+    longer than the workers' 5-s timeout. The workers were stopped with the driver, so the
+    pause is not their silence: after SIGCONT the run goes on, and a SIGTERM stops it as usual
+    (it raised WorkerTimeoutError as soon as it was continued, before the pause was told
+    apart). The env's 20-ms steps keep the driver waiting for its workers almost all the time
+    (a segment of 50 steps takes 1 s, its learning milliseconds), so the stop finds it there."""
+    cmd = algo("ppo", "--env-module", "support.toy_envs", "--env-id", "SlowStep-v0",
+               "--n-processes", "2", "--n-envs", "1", "--n-timesteps", "50",
+               "--worker-timeout", "5", "--progress-every-s", "0")
+    tests = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}  # the toy env
+    with session(cmd, tmp_path, tests) as s:
+        s.wait_rows(3)
+        os.killpg(s.proc.pid, signal.SIGSTOP)
+        time.sleep(15)
+        os.killpg(s.proc.pid, signal.SIGCONT)
+        paused_at = len(s.rows())
+        s.wait_rows(paused_at + 3, timeout=60)  # learning on after the pause
+        summary = assert_graceful(s, s.signal(signal.SIGTERM), 0, "SIGTERM")
+    assert summary["frames"] > 0

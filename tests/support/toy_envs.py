@@ -8,6 +8,8 @@
 - ``CloseRaises-v0``: CartPole whose ``close()`` raises;
 - ``HangingStep-v0``: CartPole whose step sleeps for an hour from its 5th step on (a hung
   simulator);
+- ``SlowStep-v0``: CartPole whose every step sleeps 20 ms (a simulator that sets the pace:
+  the workers are busy in a step most of the time, and the learner waits for them);
 - ``EvalRaises-v0``: CartPole whose reset raises for a seed of the evaluation's (a run's
   evaluation seeds its envs from ``seed + 1000``, ``2**20`` seeds a run seed): the training
   envs work, the evaluation's fail;
@@ -25,6 +27,10 @@ from gymnasium import spaces
 
 #: The step from which ``HangingStep-v0`` hangs.
 HANG_AT = 5
+
+
+#: Seconds each step of ``SlowStep-v0`` sleeps.
+SLOW_STEP_S = 0.02
 
 
 class DictObs(gym.Wrapper):
@@ -96,6 +102,17 @@ class HangingStep(gym.Wrapper):
         return self.env.step(action)
 
 
+class SlowStep(gym.Wrapper):
+    """CartPole whose every step sleeps ``SLOW_STEP_S``."""
+
+    def __init__(self) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+
+    def step(self, action):
+        time.sleep(SLOW_STEP_S)
+        return self.env.step(action)
+
+
 class EvalRaises(gym.Wrapper):
     """CartPole whose reset raises for the seeds of a run's evaluation (see the module notes)."""
 
@@ -130,6 +147,7 @@ class Frames(gym.Env):
 for _name, _cls in (("DictObs-v0", DictObs), ("TupleObs-v0", TupleObs),
                     ("MultiDiscreteDictObs-v0", MultiDiscreteDictObs),
                     ("CloseRaises-v0", CloseRaises), ("HangingStep-v0", HangingStep),
+                    ("SlowStep-v0", SlowStep),
                     ("EvalRaises-v0", EvalRaises), ("Frames-v0", Frames)):
     if _name not in gym.registry:
         gym.register(_name, entry_point=_cls, max_episode_steps=500)

@@ -274,9 +274,14 @@ class Batcher(WorkerPool):
     ) -> bool:
         """Handles the workers' messages until ``done()``; False if not ``blocking`` and not
         done yet. A worker that died or stayed silent past ``deadline()`` raises at once,
-        without waiting for the other workers to stop (``close`` does that)."""
+        without waiting for the other workers to stop (``close`` does that). It looks at the
+        workers at least once a second: a longer gap was a pause of this process
+        (:meth:`~rlstruct.batchers.deadlines.Deadlines.looked`)."""
+        look = time.monotonic()
         while True:
-            limit = deadline()
+            now = time.monotonic()
+            self.deadlines.looked(look, now)
+            look, limit = now, deadline()
             for w in range(len(self._procs)):
                 self._drain(w, limit, what)
             for w, proc in enumerate(self._procs):
