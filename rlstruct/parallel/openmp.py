@@ -1,12 +1,13 @@
 """Idle OpenMP threads sleep: rlstruct sets ``OMP_WAIT_POLICY=PASSIVE`` unless it is set.
 
 torch's CPU kernels (and MKL's) run on OpenMP threads, as many as ``torch.set_num_threads``
-(``--n-threads``). With OpenMP's default ("active") wait policy, a thread that has finished its
-share of a kernel spins, holding its core, until the next kernel or until the spin count runs
-out. Alone on its cores that costs little; beside any other busy process (the run's own worker
-processes, another job on a shared machine, other pytest workers) the spinning threads take
-the cores from the one thread they all wait for, and every parallel kernel waits a scheduler
-time slice for it. With the passive policy a waiting thread sleeps at once.
+(``--n-threads``). With OpenMP's default wait policy, a thread that has finished its share of a
+kernel spins, holding its core, until the next kernel or until its spin count runs out (GNU
+OpenMP's: 300,000 turns; ``OMP_WAIT_POLICY=ACTIVE`` spins far longer). Alone on its cores that
+costs little; beside any other busy process (the run's own worker processes, another job on a
+shared machine, other pytest workers) the spinning threads take the cores from the one thread
+they all wait for, and every parallel kernel waits a scheduler time slice for it. With the
+passive policy a waiting thread sleeps at once.
 
 Measured on the 2-core machine (docs/guide-performance.md, "Idle threads sleep"): DQN's Atari
 learner (2 threads, 64 gradient steps of 32 frames) took 34 s beside a nice-19 SAC run with the
