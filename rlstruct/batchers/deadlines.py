@@ -108,7 +108,7 @@ class Deadlines:
         """A waiting loop looked at its workers at ``last`` and again at ``now`` (monotonic
         seconds): a gap longer than :data:`PAUSE_GAP_S` is recorded as a pause."""
         if now - last > PAUSE_GAP_S:
-            self._pauses = [p for p in self._pauses if p[1] > now - 86_400.0] + [(last, now)]
+            self._pauses.append((last, now))
 
     def paused(self, since: float, until: float = math.inf) -> float:
         """Seconds of the recorded pauses between ``since`` and ``until``."""

@@ -9,12 +9,9 @@ shared machine, other pytest workers) the spinning threads take the cores from t
 they all wait for, and every parallel kernel waits a scheduler time slice for it. With the
 passive policy a waiting thread sleeps at once.
 
-Measured on the 2-core machine (docs/guide-performance.md, "Idle threads sleep"): DQN's Atari
-learner (2 threads, 64 gradient steps of 32 frames) took 34 s beside a SAC run (niced, but in a
-session of its own, which Linux's autogroup scheduling gives an equal share) with the default
-policy and 3.4 s with the passive one; alone, 2.1 s with either, with 1.73 cores busy instead of
-2.0 (the spinning was the difference). The presets of PPO, SAC, APPO and A2C ran alone as fast
-or faster with it; SAC's learn step timed alone is slower (the guide gives the figures).
+docs/guide-performance.md ("Idle threads sleep") gives the measurements: the presets of PPO,
+SAC, APPO and A2C alone, as fast or faster; beside other busy processes, far faster; SAC's learn
+step timed alone on 2 threads, slower.
 
 The policy is read once, when torch loads its OpenMP library, so :func:`prefer_passive` sets
 it in the environment before rlstruct imports torch (the package's first lines call it). It
