@@ -7,14 +7,15 @@ buffer, no worker. Each variant runs on every thread count asked for (``--thread
 and the machine's cores), in this process, one after the other:
 
 * ``eager``: ``sac.learn`` as the algorithm calls it;
+* ``concurrent``: ``sac.learn`` with a one-thread pool (``sac --concurrent-losses``): the
+  critic's loss and the policy's built and back-propagated at once, each thread on half the
+  torch threads (at least one);
 * ``compile``: ``torch.compile(sac.learn)`` (inductor, default mode); its first call, which
   compiles, is timed apart (``first_call_s``).
 
-It prints, from one run: each variant's milliseconds a step (median of ``--reps`` rounds), the
-ratio compile / eager, the update's matrix products timed alone (``sac_peers.update_matmuls``:
-the compute limit, and each variant's fraction of it), and the profiler's table of the eager
 step (self CPU time per operator, per step). ``--quick`` is a smoke run (a few steps, no
-compile; figures meaningless).
+compile; figures meaningless). rlstruct is imported first, so OpenMP's wait policy is the one
+``rlstruct train`` runs with (passive unless ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` is set).
 
 Run: ``python benchmarks/sac_update.py [--threads 1 2] [--reps 5] [--json out.json]``
 """
@@ -26,6 +27,8 @@ import json
 import os
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -102,13 +105,18 @@ def measure(threads: int, variants: list[str], reps: int, n: int) -> dict[str, A
     out: dict[str, Any] = {"limit": update_matmuls(reps)}
     for name in variants:
         nets, optimizer, batch, cfg = setup()
-        learn = torch.compile(sac.learn) if name == "compile" else sac.learn
-        out[name] = time_steps(lambda: learn(nets, optimizer, batch, cfg), reps, n)  # noqa: B023
+        with ThreadPoolExecutor(1) as pool:
+            torch.set_num_threads(max(1, threads // 2) if name == "concurrent" else threads)
+            learn = (torch.compile(sac.learn) if name == "compile" else
+                     partial(sac.learn, pool=pool if name == "concurrent" else None))
+            out[name] = time_steps(lambda: learn(nets, optimizer, batch, cfg), reps, n)  # noqa: B023
         out[name]["of_limit"] = out["limit"]["matmul_ms"] / out[name]["ms"]
         print(f"{threads} thread(s), {name}: {out[name]['ms']:.2f} ms a step (first call "
               f"{out[name]['first_call_s']:.2f} s; load {os.getloadavg()[0]:.2f})", flush=True)
-    if "compile" in out:
-        out["compile_over_eager"] = out["compile"]["ms"] / out["eager"]["ms"]
+    torch.set_num_threads(threads)
+    for name in ("compile", "concurrent"):
+        if name in out:
+            out[f"{name}_over_eager"] = out[name]["ms"] / out["eager"]["ms"]
     return out
 
 
@@ -123,7 +131,9 @@ def main() -> None:
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args()
     threads = args.threads or sorted({1, len(os.sched_getaffinity(0))})
-    variants = ["eager"] if args.no_compile or args.quick else ["eager", "compile"]
+    import rlstruct  # noqa: F401  (before torch: OpenMP's wait policy of rlstruct train)
+
+    variants = ["eager", "concurrent"] + ([] if args.no_compile or args.quick else ["compile"])
     if args.quick:
         threads, args.reps, args.steps = [1], 2, 5
     print(f"load average before: {os.getloadavg()}", flush=True)
@@ -143,8 +153,9 @@ def main() -> None:
             print(f"{t:>7} {name:8} {r[name]['ms']:8.2f} {r[name]['first_call_s']:13.2f} "
                   f"{r[name]['of_limit']:8.2f}")
         print(f"{t:>7} {'matmuls':8} {r['limit']['matmul_ms']:8.2f} {'':>13} {1.0:8.2f}")
-        if "compile_over_eager" in r:
-            print(f"{t:>7} compile / eager: {r['compile_over_eager']:.2f}")
+        for name in ("compile", "concurrent"):
+            if f"{name}_over_eager" in r:
+                print(f"{t:>7} {name} / eager: {r[f'{name}_over_eager']:.2f}")
     print(f"\nprofile of the eager step on {threads[0]} thread(s), self CPU per step:")
     print(f"{'operator':36} {'calls':>6} {'ms':>7} {'share':>6}")
     for row in table:

@@ -12,16 +12,17 @@ act from the next segment on (``--pipeline 2``: the one after, a worker collecti
     L_alpha  = -mean log(alpha) (log pi(a~|s) + H_target),   H_target = -dim(A)
     Q'_i    <- tau Q_i + (1 - tau) Q'_i                        (Polyak, after every step)
 
-Speed: ONE backward, ONE fused Adam step on the summed losses; twin critics batched; no graph at
-s'. Truncated steps bootstrap from the TRUE final observation. Dict obs: multi-input encoders.
+Speed: ONE fused Adam step; twin critics batched; no graph at s'; ``--concurrent-losses``: L_Q
+and L_pi + L_alpha back-propagated at once on 2 threads. Truncated steps bootstrap from the TRUE
+final observation. Dict obs: multi-input encoders.
 ``--n-learners N``: ``k`` samples and noise per batch, 1/N of the rows per rank (``-h``).
 """
 
 from __future__ import annotations
 
 import copy
-import itertools
 import math
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Annotated, Any, ClassVar
@@ -35,11 +36,13 @@ from rlstruct import functional as F
 from rlstruct import keys as K
 from rlstruct.algos.presets import SAC_PRESETS
 from rlstruct.blocks.distributions import make_head, space_from_spec, space_spec
+from rlstruct.blocks.nets import TwinQ
 from rlstruct.blocks.obs_input import expand_inputs, model_input
-from rlstruct.blocks.optim import adam, gradient_step, polyak
+from rlstruct.blocks.optim import adam, concurrent_step, gradient_step, polyak
 from rlstruct.blocks.replay_buffer import ReplayBuffer, ReplayCheckpoint, replay_memory_problems
 from rlstruct.blocks.sampling import HeadSampler, greedy_info
 from rlstruct.envs import GymEnvInf
+from rlstruct.runs.groups import local_learner
 from rlstruct.runs.layout import LayoutConfig
 from rlstruct.runs.resolve import Resolved, run_cli
 from rlstruct.runs.run import Run, RunConfig
@@ -79,6 +82,8 @@ class Config(RunConfig, ReplayCheckpoint):
     """initial entropy temperature (then tuned towards the target entropy)"""
     target_entropy: float | None = None
     """entropy target of the temperature loss (None: -dim(A))"""
+    concurrent_losses: bool = False
+    """L_Q and L_pi + L_alpha back-propagated at once, on 2 threads (a CPU learner, n_threads>1)"""
     layout: Annotated[LayoutConfig, tyro.conf.OmitArgPrefixes] = field(
         default_factory=lambda: LayoutConfig(n_processes=1, n_envs=4))
     """where each part runs (default: the 4 envs in this process)"""
@@ -90,10 +95,9 @@ class Config(RunConfig, ReplayCheckpoint):
         problems = super().problems() + [f"{k} must be > 0, got {getattr(self, k)}" for k in
                     ("buffer_size", "batch_size", "utd", "init_alpha") if getattr(self, k) <= 0]
         problems += [] if 0 < self.tau <= 1 else [f"tau must be in (0, 1], got {self.tau}"]
-        if self.batch_size % self.layout.n_learners:
-            problems.append(f"batch_size ({self.batch_size}) must be a multiple of n_learners "
-                            f"({self.layout.n_learners}): each rank learns on 1/N of the rows")
-        return problems
+        return problems + ([f"batch_size ({self.batch_size}) must be a multiple of n_learners "
+                            f"({self.layout.n_learners}): each rank learns on 1/N of the rows"]
+                           if self.batch_size % self.layout.n_learners else [])
 
 
 # --------------------------------------------------------------------------------------- model
@@ -108,26 +112,6 @@ class Actor(nn.Module):
 
     def forward(self, frame: Tensor) -> Tensor:
         return self.head(self.body(frame.flatten(1).float()))
-
-
-class TwinQ(nn.Module):
-    """Two Q MLPs ``(s, a) -> Q_i`` evaluated as one batched network: ``forward`` gives
-    ``(2, N)``; ``frozen=True`` reads detached weights (gradients reach the inputs only)."""
-
-    def __init__(self, obs_dim: int, act_dim: int, hidden: int) -> None:
-        super().__init__()
-        self.weights, self.biases = nn.ParameterList(), nn.ParameterList()
-        for n_in, n_out in itertools.pairwise([obs_dim + act_dim, hidden, hidden, 1]):
-            bound = 1 / math.sqrt(n_in)  # nn.Linear's default initialisation, per critic
-            self.weights.append(nn.Parameter(torch.empty(2, n_in, n_out).uniform_(-bound, bound)))
-            self.biases.append(nn.Parameter(torch.empty(2, 1, n_out).uniform_(-bound, bound)))
-
-    def forward(self, frame: Tensor, action: Tensor, frozen: bool = False) -> Tensor:
-        x = torch.cat([frame.flatten(1).float(), action.float()], -1).expand(2, -1, -1)
-        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
-            w, b = (w.detach(), b.detach()) if frozen else (w, b)
-            x = torch.baddbmm(b, x if i == 0 else torch.relu(x), w)
-        return x.squeeze(-1)
 
 
 def sac_nets(make_actor: Any, make_critic: Any, init_alpha: float,
@@ -166,18 +150,21 @@ def soft_target(reward: Tensor, terminated: Tensor, truncated: Tensor, next_q: T
                         truncated[:, None], gamma).squeeze(1)
 
 
-def sac_losses(q: Tensor, target: Tensor, q_pi: Tensor, logp: Tensor, log_alpha: Tensor,
-               target_entropy: float) -> tuple[Tensor, dict[str, Tensor]]:
-    """``(L_Q + L_pi + L_alpha, stats)`` (module docstring; stats: 0-d tensors, no host sync)
-    from ``q`` ``(2, N)``, the critics at the stored ``(s, a)``; ``target`` ``(N,)``, the soft TD
-    targets; ``q_pi`` ``(2, N)``, the critics through detached weights at ``(s, a~)``;
-    ``logp`` ``(N,)``, ``log pi(a~|s)`` (reparameterised); ``log_alpha`` 0-d."""
-    alpha, critic = log_alpha.exp().detach(), 0.5 * (q - target).pow(2).mean(1).sum()
+def critic_loss(q: Tensor, target: Tensor) -> Tensor:
+    """``L_Q`` from ``q`` ``(2, N)``, the critics at the stored ``(s, a)``, and targets ``(N,)``."""
+    return 0.5 * (q - target).pow(2).mean(1).sum()
+
+
+def policy_losses(q_pi: Tensor, logp: Tensor, log_alpha: Tensor,
+                  target_entropy: float) -> tuple[Tensor, dict[str, Tensor]]:
+    """``(L_pi + L_alpha, stats)`` (module docstring; stats: 0-d tensors, no host sync) from
+    ``q_pi`` ``(2, N)``, the critics through detached weights at ``(s, a~)``; ``logp`` ``(N,)``,
+    ``log pi(a~|s)`` (reparameterised); ``log_alpha`` 0-d."""
+    alpha = log_alpha.exp().detach()
     actor = (alpha * logp - q_pi.min(0).values).mean()
     temperature = -(log_alpha * (logp.detach() + target_entropy)).mean()
-    stats = {"critic_loss": critic, "actor_loss": actor, "alpha": alpha, "q": q.mean(),
-             "entropy": -logp.mean()}
-    return critic + actor + temperature, {k: v.detach() for k, v in stats.items()}
+    return actor + temperature, {"actor_loss": actor.detach(), "alpha": alpha,
+                                 "entropy": -logp.detach().mean()}
 
 
 def _rsample(actor: nn.Module, frame: Any, noise: Tensor) -> tuple[Tensor, Tensor]:
@@ -187,26 +174,37 @@ def _rsample(actor: nn.Module, frame: Any, noise: Tensor) -> tuple[Tensor, Tenso
 
 
 def learn(nets: nn.ModuleDict, optimizer: torch.optim.Optimizer, sample: DictTensor, cfg: Config,
-          step: Any = gradient_step) -> dict[str, Tensor]:
-    """One gradient step on a buffer sample (all three losses), then the Polyak update. The
-    reparameterisation noise is torch's global RNG, or the sample's ``noise`` (learner ranks)."""
+          step: Any = gradient_step, pool: Executor | None = None) -> dict[str, Tensor]:
+    """One gradient step on a buffer sample (all three losses), then the Polyak update; noise:
+    torch's global RNG, or the sample's ``noise`` (ranks). ``pool``: L_Q and L_pi + L_alpha at
+    once (:func:`~rlstruct.blocks.optim.concurrent_step`: the same gradients)."""
     actor, critic, log_alpha = nets.actor, nets.critic, nets.temperature["log_alpha"]
     frame, next_frame = model_input(sample, K.OBSERVATION), model_input(sample, K.NEXT_OBSERVATION)
     n, d = sample.n_elems(), actor.head.n_dims  # noise (2n, D): s, then s'
     noise = (sample["noise"].transpose(0, 1).flatten(0, 1) if "noise" in sample
              else torch.randn(2 * n, d, device=log_alpha.device))
-    with torch.no_grad():  # s' apart: the actor's backward runs over the n rows of s only
-        next_logp, next_squashed = _rsample(actor, next_frame, noise[n:])
-        y = soft_target(sample[K.NEXT_REWARD], sample[K.NEXT_TERMINATED],
-                        sample[K.NEXT_TRUNCATED], nets.target(next_frame, next_squashed),
-                        next_logp, log_alpha.exp(), cfg.gamma)
-    logp, squashed = _rsample(actor, frame, noise[:n])
-    q, q_pi = critic(frame, sample[STORED_SQUASHED]), critic(frame, squashed, frozen=True)
-    loss, stats = sac_losses(q, y, q_pi, logp, log_alpha, -d if cfg.target_entropy is None
-                             else cfg.target_entropy)
-    step(optimizer, loss, cfg.max_grad_norm)
+
+    def critic_part() -> tuple[Tensor, dict[str, Tensor]]:  # no graph at s': backward over s
+        with torch.no_grad():
+            next_logp, next_squashed = _rsample(actor, next_frame, noise[n:])
+            y = soft_target(sample[K.NEXT_REWARD], sample[K.NEXT_TERMINATED],
+                            sample[K.NEXT_TRUNCATED], nets.target(next_frame, next_squashed),
+                            next_logp, log_alpha.exp(), cfg.gamma)
+        loss = critic_loss(q := critic(frame, sample[STORED_SQUASHED]), y)
+        return loss, {"critic_loss": loss.detach(), "q": q.detach().mean()}
+
+    def policy_part() -> tuple[Tensor, dict[str, Tensor]]:  # the critics' weights detached
+        logp, squashed = _rsample(actor, frame, noise[:n])
+        return policy_losses(critic(frame, squashed, frozen=True), logp, log_alpha,
+                             -d if cfg.target_entropy is None else cfg.target_entropy)
+    if pool is None:  # one backward through the sum (ranks: ``step`` all-reduces its gradients)
+        (loss_q, stats_q), (loss_pi, stats_pi) = critic_part(), policy_part()
+        step(optimizer, loss_q + loss_pi, cfg.max_grad_norm)
+    else:
+        stats_q, stats_pi = concurrent_step(optimizer, [critic_part, policy_part], pool,
+                                            cfg.max_grad_norm)
     polyak(list(nets.target.parameters()), list(critic.parameters()), cfg.tau)
-    return stats
+    return {**stats_q, **stats_pi}
 
 
 # --------------------------------------------------------------------------------------- main
@@ -223,15 +221,17 @@ def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
         nets = make_nets(actor=actor)  # critics, targets, temperature too
         buffer = ReplayBuffer(cfg.buffer_size, run.device, expand_inputs(STORED_KEYS, run.obs_spec))
         run.resume_state(**{"buffer": buffer} if cfg.checkpoint_buffer else {})  # --resume
-        group = run.learner_group(make_nets, nets, partial(adam, lr=cfg.lr), learn,  # fused Adam
-                                  stacked=True, policy="actor.")  # --n-learners N: N ranks
+        pool = (run.enter(ThreadPoolExecutor(1, "sac-policy-loss")) if cfg.concurrent_losses and
+                cfg.n_threads > 1 and run.device.type == "cpu" and local_learner(run) else None)
+        torch.set_num_threads(cfg.n_threads // 2 if pool else cfg.n_threads)
+        group = run.learner_group(make_nets, nets, partial(adam, lr=cfg.lr),  # --n-learners N
+                                  partial(learn, pool=pool), stacked=True, policy="actor.")
         weights, n_updates, owed, stats, n = partial(group.state_dict, "actor."), 0, 0.0, {}, 0
         # 1. Store each segment (--pipeline 2: the worker is collecting the next one meanwhile).
         for traj in run.segments(batcher):
             buffer.add(traj)
             # 2. utd gradient steps per new frame on uniform buffer samples (ranks: n per batch).
-            if len(buffer) >= cfg.learning_starts:
-                owed += cfg.utd * int(traj.lengths.sum())
+            owed += cfg.utd * int(traj.lengths.sum()) if len(buffer) >= cfg.learning_starts else 0
             n = n or int(owed)  # samples per learner batch, fixed by the first
             while n and owed >= n:  # n samples and their noise (rows, n, 2, D): each rank's rows
                 batch = DictTensor.stack([buffer.sample(cfg.batch_size) for _ in range(n)], dim=1)

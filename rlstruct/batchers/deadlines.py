@@ -12,11 +12,13 @@ limit (:meth:`Deadlines.at`):
 - with ``until`` (a ``time.monotonic()`` value, e.g. the end of a run's time budget), no wait
   lasts past it, except that a wait that starts close to it or after it still gets
   :data:`UNTIL_MIN_WAIT_S` seconds;
-- time the pool's own process spent stopped does not count: a waiting loop that looks at its
-  workers at least once a second and finds more than :data:`PAUSE_GAP_S` seconds between two
-  looks (:meth:`Deadlines.looked`) was stopped itself (SIGSTOP or Ctrl-Z to the job's process
-  group, a suspended Slurm job, a machine that slept), and its workers with it; every limit
-  is moved on by that pause, and the silences measured across it leave it out.
+- time the pool's own process spent stopped does not count: from its first wait on, a thread
+  of the pool's process (:meth:`Deadlines.watch`) wakes every :data:`WATCH_TICK_S` seconds, and
+  a gap of more than :data:`PAUSE_GAP_S` seconds between two of its ticks
+  (:meth:`Deadlines.looked`) means the process was stopped (SIGSTOP or Ctrl-Z to the job's
+  process group, a suspended Slurm job, a machine that slept), its workers with it, whatever
+  it was doing (waiting for the workers, or learning with a segment under way); every limit is
+  moved on by that pause, and the silences measured across it leave it out.
 
 Example:
     >>> d = Deadlines(timeout=300.0, adaptive=True, until=None, n_workers=1)
@@ -30,10 +32,12 @@ Example:
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 __all__ = ["Deadlines", "ADAPTIVE_FACTOR", "ADAPTIVE_FLOOR_S", "UNTIL_MIN_WAIT_S",
-           "MAX_WORKER_TIMEOUT_S", "PAUSE_GAP_S", "budget_grace", "worker_waits"]
+           "MAX_WORKER_TIMEOUT_S", "PAUSE_GAP_S", "WATCH_TICK_S", "budget_grace",
+           "worker_waits"]
 
 #: With ``adaptive``: the limit is this many times the longest silence seen in a segment...
 ADAPTIVE_FACTOR = 10.0
@@ -43,9 +47,11 @@ ADAPTIVE_FLOOR_S = 60.0
 UNTIL_MIN_WAIT_S = 10.0
 #: The most a training worker may stay silent in a segment with ``worker_timeout=None``.
 MAX_WORKER_TIMEOUT_S = 300.0
-#: A gap between two looks of a waiting loop (which looks at least once a second) longer than
-#: this many seconds is a pause of the pool's own process, not a silence of its workers.
+#: A gap between two ticks of the pause watch longer than this many seconds is a pause of the
+#: pool's own process, not a silence of its workers.
 PAUSE_GAP_S = 10.0
+#: The pause watch's thread wakes this often (seconds).
+WATCH_TICK_S = 1.0
 
 
 def budget_grace(time_budget: float) -> float:
@@ -84,6 +90,9 @@ class Deadlines:
         self.longest_silence = 0.0
         self._delivered_at = [-math.inf] * n_workers
         self._pauses: list[tuple[float, float]] = []  # (start, end), monotonic seconds
+        self._watch: threading.Thread | None = None
+        self._closed, self._lock = threading.Event(), threading.Lock()
+        self._last_tick: float | None = None  # the watch's, while it runs
 
     @staticmethod
     def problems(adaptive: object, until: object) -> list[str]:
@@ -105,14 +114,48 @@ class Deadlines:
         self._delivered_at[w] = now
 
     def looked(self, last: float, now: float) -> None:
-        """A waiting loop looked at its workers at ``last`` and again at ``now`` (monotonic
-        seconds): a gap longer than :data:`PAUSE_GAP_S` is recorded as a pause."""
-        if now - last > PAUSE_GAP_S:
+        """The pause watch ticked at ``last`` and again at ``now`` (monotonic seconds): a gap
+        longer than :data:`PAUSE_GAP_S` is recorded as a pause."""
+        with self._lock:
+            self._record(last, now)
+
+    def _record(self, last: float, now: float) -> None:
+        if now - last > PAUSE_GAP_S:  # the caller holds the lock
             self._pauses.append((last, now))
 
+    def watch(self) -> None:
+        """Starts the pause watch (a daemon thread that ticks every :data:`WATCH_TICK_S`
+        seconds, :meth:`looked`) unless it runs or :meth:`close` was called; :meth:`at` calls
+        it, so it runs from a pool's first wait to its ``close``."""
+        if self._watch is None and not self._closed.is_set():
+            self._watch = threading.Thread(target=self._tick, name="rlstruct-pause-watch",
+                                           daemon=True)
+            self._last_tick = time.monotonic()
+            self._watch.start()
+
+    def _tick(self) -> None:
+        while not self._closed.wait(WATCH_TICK_S):
+            now = time.monotonic()
+            with self._lock:  # the pause and the new tick at once, for paused()
+                last, self._last_tick = self._last_tick or now, now
+                self._record(last, now)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stops the pause watch (within ``timeout`` seconds); idempotent."""
+        self._closed.set()
+        if self._watch is not None:
+            self._watch.join(timeout)
+
     def paused(self, since: float, until: float = math.inf) -> float:
-        """Seconds of the recorded pauses between ``since`` and ``until``."""
-        return sum(max(0.0, min(b, until) - max(a, since)) for a, b in self._pauses)
+        """Seconds of the recorded pauses between ``since`` and ``until``, and of the one under
+        way: the watch's last tick more than :data:`PAUSE_GAP_S` ago (a process continued a
+        moment ago, whose watch has not ticked yet)."""
+        with self._lock:
+            pauses, last = list(self._pauses), self._last_tick
+        now = time.monotonic()
+        if last is not None and not self._closed.is_set() and now - last > PAUSE_GAP_S:
+            pauses.append((last, now))
+        return sum(max(0.0, min(b, until) - max(a, since)) for a, b in pauses)
 
     def limit(self) -> float:
         """Seconds a worker may stay silent now (``until`` aside)."""
@@ -122,7 +165,8 @@ class Deadlines:
 
     def at(self, since: float) -> float:
         """The deadline of a wait whose workers were last heard from at ``since`` (moved on by
-        the pauses recorded since then)."""
+        the pauses recorded since then); starts the pause watch (:meth:`watch`)."""
+        self.watch()
         paused = self.paused(since)
         at = since + paused + self.limit()
         if self.until is not None:

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -32,7 +33,7 @@ from rlstruct.blocks.normalization import RunningNorm
 
 __all__ = [
     "linear", "mlp", "MLPActorCritic", "HeadActorCritic", "head_actor_critic", "conv", "nature_cnn",
-    "scaled_pixels", "CNNActorCritic", "QNetwork",
+    "scaled_pixels", "CNNActorCritic", "QNetwork", "TwinQ",
 ]
 
 
@@ -306,3 +307,23 @@ class QNetwork(nn.Module):
             advantage = self.advantage(x)
             # Subtracting the mean makes V and A identifiable (Wang et al., eq. 9).
             return self.value(x) + advantage - advantage.mean(-1, keepdim=True)
+
+
+class TwinQ(nn.Module):
+    """Two Q MLPs ``(s, a) -> Q_i`` evaluated as one batched network: ``forward`` gives
+    ``(2, N)``; ``frozen=True`` reads detached weights (gradients reach the inputs only)."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: int) -> None:
+        super().__init__()
+        self.weights, self.biases = nn.ParameterList(), nn.ParameterList()
+        for n_in, n_out in itertools.pairwise([obs_dim + act_dim, hidden, hidden, 1]):
+            bound = 1 / math.sqrt(n_in)  # nn.Linear's default initialisation, per critic
+            self.weights.append(nn.Parameter(torch.empty(2, n_in, n_out).uniform_(-bound, bound)))
+            self.biases.append(nn.Parameter(torch.empty(2, 1, n_out).uniform_(-bound, bound)))
+
+    def forward(self, frame: Tensor, action: Tensor, frozen: bool = False) -> Tensor:
+        x = torch.cat([frame.flatten(1).float(), action.float()], -1).expand(2, -1, -1)
+        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+            w, b = (w.detach(), b.detach()) if frozen else (w, b)
+            x = torch.baddbmm(b, x if i == 0 else torch.relu(x), w)
+        return x.squeeze(-1)

@@ -23,7 +23,9 @@ its gain on MLPs did not pay for the build-order coupling it brought.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Executor
+from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -31,7 +33,8 @@ from torch import Tensor, nn
 from rlstruct.devices import resolve_device
 from rlstruct.dicttensor import DeviceLike
 
-__all__ = ["adam", "Optimizer", "RMSpropTF", "gradient_step", "polyak", "rmsprop_tf"]
+__all__ = ["adam", "Optimizer", "RMSpropTF", "concurrent_step", "gradient_step", "polyak",
+           "rmsprop_tf"]
 
 _FUSED_DEVICE_TYPES = ("cpu", "cuda")
 
@@ -164,6 +167,54 @@ def gradient_step(
         norm = nn.utils.clip_grad_norm_(params, max_grad_norm)
     optimizer.step()
     return norm
+
+
+S = TypeVar("S")
+
+
+def concurrent_step(
+    optimizer: Optimizer, losses: Sequence[Callable[[], tuple[Tensor, S]]], pool: Executor,
+    max_grad_norm: float, timeout: float = 600.0,
+) -> list[S]:
+    """:func:`gradient_step` over a sum of losses of DISJOINT parameters, each built and
+    back-propagated at once in its own thread: ``losses[0]`` in the calling thread, the others
+    on ``pool``'s threads, under the caller's autocast. The gradients, and so the step, are those
+    of one backward through the sum; the losses' kernels run side by side instead of one after
+    the other (SAC's critic loss and its policy loss: docs/guide-performance.md).
+
+    Args:
+        optimizer: the optimizer of all the parameters.
+        losses: functions building ``(loss, extra)``; no parameter may get a gradient from two
+            of them (their backward passes would write its ``.grad`` at once).
+        pool: at least ``len(losses) - 1`` threads.
+        max_grad_norm: as :func:`gradient_step`'s (0: no clipping).
+        timeout: the seconds a pool thread's loss may take.
+
+    Returns:
+        The losses' ``extra`` values, in order.
+
+    Raises:
+        concurrent.futures.TimeoutError: a pool thread's loss took longer than ``timeout``.
+    """
+    device = next(p for g in optimizer.param_groups for p in g["params"]).device.type
+    modes = torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)
+    optimizer.zero_grad(set_to_none=True)
+    futures = [pool.submit(_backward, fn, device, modes) for fn in losses[1:]]
+    extras = [_backward(losses[0], device, modes)] + [f.result(timeout) for f in futures]
+    if max_grad_norm > 0:
+        nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]],
+                                 max_grad_norm)
+    optimizer.step()
+    return extras
+
+
+def _backward(loss_fn: Callable[[], tuple[Tensor, S]], device: str,
+              modes: tuple[bool, torch.dtype]) -> S:
+    """``loss_fn()``'s loss back-propagated in this thread, under autocast ``modes``."""
+    with torch.autocast(device, dtype=modes[1], enabled=modes[0]):
+        loss, extra = loss_fn()
+    loss.backward()
+    return extra
 
 
 #: What :func:`gradient_step` and the learner groups take.

@@ -28,7 +28,16 @@ from rlstruct.learners.base import GroupPart, LearnerGroupBase, OptimizerFactory
 from rlstruct.learners.rank import algorithm_learn
 from rlstruct.learners.torchrun import torchrun_group
 
-__all__ = ["learner_group"]
+__all__ = ["learner_group", "local_learner"]
+
+
+def local_learner(run: Any) -> bool:
+    """Whether :func:`learner_group` gives ``run`` a
+    :class:`~rlstruct.learners.local.LocalLearner`: one rank, in this process, in the caller's
+    thread (no ``--n-learners``, ``--learner-devices``, ``--learner-backend ray`` or torchrun)."""
+    layout = run.cfg.layout
+    return (run.world_size == 1 and layout.n_learners == 1 and layout.learner_devices is None
+            and layout.learner_backend == "local")
 
 
 def learner_group(
@@ -58,8 +67,7 @@ def learner_group(
     rank_learn = partial(algorithm_learn, learn=learn, make_agent=make_agent, cfg=run.cfg,
                          per_rank=per_rank, stacked=stacked, precision=run.cfg.precision)
     group: LearnerGroupBase
-    if (run.world_size == 1 and layout.n_learners == 1 and layout.learner_devices is None
-            and layout.learner_backend == "local"):
+    if local_learner(run):
         from rlstruct.learners.local import LocalLearner
 
         checked = None if make_agent is None else (lambda m: run.learner(make_agent(m)))

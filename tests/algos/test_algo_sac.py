@@ -1,11 +1,13 @@
 """rlstruct/algos/sac.py: known-answer tests of the soft target and the losses, the twin critics,
-the
-Polyak update, the agent, the config checks, and a bounded learning run on Pendulum (slow)."""
+the Polyak update, the agent, the config checks, the concurrent losses (the same step as the
+summed loss), and a bounded learning run on Pendulum (slow)."""
 
 from __future__ import annotations
 
 import copy
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import torch
 from support.algo_runs import check_run_dir, run_algo
 
 from rlstruct import DictTensor
+from rlstruct import keys as K
 from rlstruct.algos import sac
 from rlstruct.batchers import SerialBatcher
 from rlstruct.blocks.distributions import space_spec
@@ -41,21 +44,24 @@ def test_soft_target_uses_min_of_twin_targets_and_the_entropy_term():
     torch.testing.assert_close(y, torch.tensor(expected))
 
 
-def test_sac_losses_known_answer_and_which_parameters_each_moves():
+def test_the_losses_known_answer_and_which_inputs_each_moves():
     q = torch.tensor([[1.0, 2.0], [3.0, 0.0]], requires_grad=True)
     target = torch.tensor([2.0, 2.0])
     q_pi = torch.tensor([[4.0, -1.0], [2.0, 3.0]], requires_grad=True)
     logp = torch.tensor([-1.0, 0.0], requires_grad=True)
     log_alpha = torch.tensor(math.log(0.5), requires_grad=True)
-    loss, stats = sac.sac_losses(q, target, q_pi, logp, log_alpha, target_entropy=-1.0)
-    critic = 0.5 * ((1 + 0) / 2 + (1 + 4) / 2)  # 1/2 sum_i mean (Q_i - y)^2
+    critic = sac.critic_loss(q, target)
+    policy, stats = sac.policy_losses(q_pi, logp, log_alpha, target_entropy=-1.0)
     actor = ((0.5 * -1 - 2) + (0.5 * 0 - -1)) / 2  # alpha logp - min_i Q_i(s, a~)
     temperature = -math.log(0.5) * ((-1 - 1) + (0 - 1)) / 2
-    assert loss.item() == pytest.approx(critic + actor + temperature)
-    assert stats["critic_loss"].item() == pytest.approx(critic)
+    assert critic.item() == pytest.approx(0.5 * ((1 + 0) / 2 + (1 + 4) / 2))  # 1/2 sum_i mean
+    assert policy.item() == pytest.approx(actor + temperature)
     assert stats["actor_loss"].item() == pytest.approx(actor)
     assert stats["alpha"].item() == pytest.approx(0.5)
-    loss.backward()
+    assert stats["entropy"].item() == pytest.approx(0.5)
+    critic.backward()
+    torch.testing.assert_close(q.grad, torch.tensor([[-0.5, 0.0], [0.5, -1.0]]))
+    policy.backward()
     # alpha enters the actor's loss detached: logp's gradient is alpha / N only.
     torch.testing.assert_close(logp.grad, torch.tensor([0.25, 0.25]))
     # The actor's loss reaches the smaller critic of each row only.
@@ -159,6 +165,41 @@ def test_learn_on_replayed_pendulum_segments_moves_every_part():
         torch.testing.assert_close(t, o + cfg.tau * (c.detach() - o))
 
 
+def test_concurrent_losses_take_the_summed_losses_step_with_the_policy_loss_in_the_pool():
+    """The critic's loss in the caller's thread, the policy's in the pool's: the weights after
+    a few steps are bit-equal to those of one backward through the sum (one torch thread)."""
+    sample = DictTensor({
+        K.OBS_FRAME: torch.randn(64, 3), sac.STORED_SQUASHED: torch.rand(64, 1) * 2 - 1,
+        K.NEXT_FRAME: torch.randn(64, 3), K.NEXT_REWARD: torch.randn(64),
+        K.NEXT_TERMINATED: torch.rand(64) < 0.1, K.NEXT_TRUNCATED: torch.zeros(64, dtype=bool)})
+    cfg, threads, policy_losses = sac.Config(batch_size=64), [], sac.policy_losses
+
+    def nets_and_adam():
+        torch.manual_seed(0)
+        nets = sac.sac_nets(partial(sac.Actor, 3, space_spec(gym.spaces.Box(-1, 1, (1,))), 16),
+                            partial(sac.TwinQ, 3, 1, 16), init_alpha=1.0)
+        return nets, torch.optim.Adam(nets.parameters(), lr=0.01)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(1, "policy-pool") as pool, pytest.MonkeyPatch.context() as mp:
+            mp.setattr(sac, "policy_losses", lambda *a, **k: (
+                threads.append(threading.current_thread().name), policy_losses(*a, **k))[1])
+            summed, concurrent = nets_and_adam(), nets_and_adam()
+            for i in range(4):
+                torch.manual_seed(i)
+                stats = sac.learn(*summed, sample, cfg)
+                torch.manual_seed(i)
+                assert sac.learn(*concurrent, sample, cfg, pool=pool).keys() == stats.keys()
+    finally:
+        torch.set_num_threads(before)
+    assert threads[1::2] == ["policy-pool_0"] * 4 and threads[0::2] == ["MainThread"] * 4
+    for (name, a), (_, b) in zip(summed[0].named_parameters(), concurrent[0].named_parameters()):
+        assert torch.equal(a, b), name
+    assert not torch.equal(summed[0].critic.weights[0], nets_and_adam()[0].critic.weights[0])
+
+
 # ----------------------------------------------------------------------------- runs
 @pytest.mark.slow
 def test_learns_pendulum(tmp_path: Path):
@@ -195,6 +236,38 @@ def test_the_weights_are_published_after_the_step_so_a_pipelined_worker_lags_one
     assert len(iterations) >= 39 and iterations[-1] == "LP", events
     assert all(it in ("P", "LP") for it in iterations), iterations
     assert iterations.count("LP") >= 20, iterations
+
+
+def test_a_run_with_concurrent_losses_learns_what_one_thread_learns_and_leaves_no_thread(
+        tmp_path: Path, monkeypatch):
+    """--concurrent-losses --n-threads 2: the policy loss runs on the run's pool thread (one
+    torch thread each), the weights at the end are bit-equal to a --n-threads 1 run's, and the
+    pool's thread is gone when main returns. With --n-threads 1 the flag changes nothing."""
+    threads, policy_losses = [], sac.policy_losses
+    monkeypatch.setattr(sac, "policy_losses", lambda *a, **k: (
+        threads.append(threading.current_thread().name), policy_losses(*a, **k))[1])
+
+    def learned(concurrent: bool, n_threads: int) -> dict[str, torch.Tensor]:
+        threads.clear()
+        run_dir = Path(sac.main(sac.Config(
+            max_frames=96, learning_starts=32, batch_size=16, hidden=16, eval_every=0,
+            target_return=None, runs_dir=str(tmp_path), concurrent_losses=concurrent,
+            n_threads=n_threads))["run_dir"])
+        assert len(threads) >= 16 and not any(t.name.startswith("sac-policy-loss")
+                                              for t in threading.enumerate())
+        return torch.load(run_dir / "checkpoints" / "latest.pt")["learner"]
+
+    before = torch.get_num_threads()
+    try:
+        one = learned(False, 1)
+        assert set(threads) == {"MainThread"}
+        assert learned(True, 1).keys() == one.keys() and set(threads) == {"MainThread"}
+        both = learned(True, 2)
+        assert set(threads) == {"sac-policy-loss_0"}
+    finally:
+        torch.set_num_threads(before)
+    for name, value in one.items():
+        assert torch.equal(value, both[name]), name
 
 
 def buffer_rows(run_dir: Path) -> int:

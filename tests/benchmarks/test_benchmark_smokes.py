@@ -206,6 +206,9 @@ def _sac_update(data: dict[str, Any], stdout: str) -> None:
     assert one["eager"]["ms"] > 0 and one["limit"]["matmul_ms"] > 0
     assert one["eager"]["of_limit"] == pytest.approx(one["limit"]["matmul_ms"]
                                                      / one["eager"]["ms"])
+    assert one["concurrent"]["ms"] > 0 and one["concurrent_over_eager"] == pytest.approx(
+        one["concurrent"]["ms"] / one["eager"]["ms"])
+    assert "concurrent / eager" in stdout
     ops = {row["op"] for row in data["profile"]}
     assert ops & {"aten::bmm", "aten::baddbmm", "aten::mm", "aten::addmm"}, ops
     assert all(0 < row["share"] <= 1 and row["calls"] > 0 for row in data["profile"])

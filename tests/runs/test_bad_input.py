@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -94,6 +95,24 @@ def test_a_pause_of_the_pools_own_process_moves_every_limit_on_and_is_no_silence
     assert d.at(700.0) == 700.0 + UNTIL_MIN_WAIT_S  # a wait that starts after it: no shift
     d.delivered(0, released=30.0, now=650.0)  # silent 20 s of the 620 s between
     assert d.longest_silence == 20.0
+    d.close()
+
+
+def test_the_pause_watch_runs_from_the_first_wait_to_close_and_counts_a_pause_under_way():
+    def watches() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "rlstruct-pause-watch"]
+
+    before = len(watches())
+    d = Deadlines(timeout=30.0, adaptive=False, until=None, n_workers=1)
+    assert len(watches()) == before  # no wait yet: no thread
+    now = time.monotonic()
+    assert d.at(now) == pytest.approx(now + 30.0, abs=1.0) and len(watches()) == before + 1
+    d._last_tick = now - 100.0  # as if the process was continued after 100 s, the watch asleep
+    assert d.paused(now - 200.0) == pytest.approx(100.0, abs=1.0)
+    d.close()
+    assert len(watches()) == before and d.paused(now - 200.0) == 0.0  # closed: no watch
+    d.at(now)
+    assert len(watches()) == before  # a closed pool's deadlines start no thread again
 
 
 def test_a_worker_timeout_that_is_not_a_positive_number_is_a_config_error():

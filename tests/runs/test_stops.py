@@ -449,3 +449,52 @@ def test_a_job_stopped_and_continued_past_its_worker_timeout_runs_on(tmp_path):
         s.wait_rows(paused_at + 3, timeout=60)  # learning on after the pause
         summary = assert_graceful(s, s.signal(signal.SIGTERM), 0, "SIGTERM")
     assert summary["frames"] > 0
+
+
+LEARNING_WHEN_STOPPED = textwrap.dedent("""
+    import time
+    from support import toy_envs
+    from rlstruct import Agent, Batcher, DictTensor
+    from rlstruct.envs import GymEnvInf
+
+    class Left(Agent):
+        def __call__(self, state, observation, agent_info):
+            return DictTensor({"action": observation["env_step"] * 0}), state
+
+    if __name__ == "__main__":
+        with Batcher(100, Left, {}, GymEnvInf, {"env": [toy_envs.SlowStep]}, n_processes=2,
+                     timeout=4.0) as batcher:  # a segment: 100 steps of 20 ms, 2 s
+            batcher.reset()
+            batcher.execute()
+            batcher.get()
+            batcher.execute()
+            print("learning", flush=True)
+            start = time.monotonic()
+            while time.monotonic() - start < 5:  # the learner's turn: the stop finds it here
+                pass
+            trajectories, _ = batcher.get()
+            print("segment", int(trajectories.lengths.sum()), flush=True)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_stop_that_finds_the_driver_learning_with_a_segment_under_way_is_no_silence(tmp_path):
+    """SIGSTOP to the process group for 13 s while the driver computes (a learner's step), its
+    workers 0.5 s into a 2-s segment, with a 4-s worker timeout: once continued, the segment
+    comes back. The pause watch told the pause apart; the waiting loop alone could not (it
+    measured 13 s of silence, and raised WorkerTimeoutError as soon as it looked)."""
+    s = Session([sys.executable, "-c", LEARNING_WHEN_STOPPED], tmp_path,
+                {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])})
+    try:
+        assert s.proc.stdout is not None
+        assert s.proc.stdout.readline().strip() == "learning", s.proc.communicate(timeout=30)
+        time.sleep(0.5)
+        os.killpg(s.proc.pid, signal.SIGSTOP)
+        time.sleep(13)
+        os.killpg(s.proc.pid, signal.SIGCONT)
+        out, err = s.proc.communicate(timeout=60)
+    finally:
+        s.kill()
+    assert s.proc.returncode == 0 and "segment 200" in out, err
+    assert not s.group_alive(), "processes of the script were left behind"

@@ -275,13 +275,9 @@ class Batcher(WorkerPool):
         """Handles the workers' messages until ``done()``; False if not ``blocking`` and not
         done yet. A worker that died or stayed silent past ``deadline()`` raises at once,
         without waiting for the other workers to stop (``close`` does that). It looks at the
-        workers at least once a second: a longer gap was a pause of this process
-        (:meth:`~rlstruct.batchers.deadlines.Deadlines.looked`)."""
-        look = time.monotonic()
+        workers at least once a second."""
         while True:
-            now = time.monotonic()
-            self.deadlines.looked(look, now)
-            look, limit = now, deadline()
+            limit = deadline()
             for w in range(len(self._procs)):
                 self._drain(w, limit, what)
             for w, proc in enumerate(self._procs):
@@ -470,6 +466,8 @@ class Batcher(WorkerPool):
             self._phase = Phase.CLOSED
         if hasattr(self, "_finalizer"):
             self._finalizer()
+        if hasattr(self, "deadlines"):
+            self.deadlines.close()  # the pause watch
         for buffer in getattr(self, "buffers", []):
             buffer.unpin()
         self.buffer = None  # type: ignore[assignment]

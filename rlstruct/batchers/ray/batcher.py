@@ -473,6 +473,8 @@ class RayBatcher(WorkerPool):
         Ray down only if this batcher started it (or opened the connection). Idempotent."""
         if self._phase is not Phase.FAILED:
             self._phase = Phase.CLOSED
+        if hasattr(self, "deadlines"):
+            self.deadlines.close()  # the pause watch
         if not hasattr(self, "_finalizer"):
             return
         if self._finalizer.alive and _SESSION is not None:
