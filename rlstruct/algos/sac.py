@@ -61,6 +61,7 @@ class Config(RunConfig, ReplayCheckpoint):
     action_spaces: ClassVar[tuple[str, ...]] = ("Box",)
     splits_rows: ClassVar[bool] = False  # the ranks split the samples' rows
     learner_ranks: ClassVar[bool] = True  # --n-learners: Run.learner_group
+    resumable: ClassVar[tuple[str, ...]] = ("concurrent_losses",)  # speed, not what is learned
     env_id: str = "Pendulum-v1"
     target_return: float | None = -200.0
     n_timesteps: int = 8
@@ -100,7 +101,6 @@ class Config(RunConfig, ReplayCheckpoint):
                            if self.batch_size % self.layout.n_learners else [])
 
 
-# --------------------------------------------------------------------------------------- model
 class Actor(nn.Module):
     """``s -> params``: a two-layer ReLU body and the library's tanh-squashed Gaussian head."""
 

@@ -310,8 +310,9 @@ class QNetwork(nn.Module):
 
 
 class TwinQ(nn.Module):
-    """Two Q MLPs ``(s, a) -> Q_i`` evaluated as one batched network: ``forward`` gives
-    ``(2, N)``; ``frozen=True`` reads detached weights (gradients reach the inputs only)."""
+    """SAC's twin critics: two Q MLPs ``(s, a) -> Q_i`` evaluated as one batched network
+    (``baddbmm`` over weights ``(2, in, out)``): ``forward`` gives ``(2, N)``; ``frozen=True``
+    reads detached weights (gradients reach the inputs only)."""
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: int) -> None:
         super().__init__()

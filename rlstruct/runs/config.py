@@ -149,6 +149,9 @@ class RunConfig:
     splits_rows: ClassVar[bool] = True
     #: The algorithm's named hyperparameter sets (``--preset NAME``).
     presets: ClassVar[dict[str, Preset]] = {}
+    #: The algorithm's own fields that, as :data:`RESUMABLE`'s, a resumed run may set
+    #: differently: where the work runs, not what is learned (SAC: ``concurrent_losses``).
+    resumable: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def from_preset(cls: type[C], name: str, **overrides: Any) -> C:

@@ -456,5 +456,5 @@ def _resume_problems(cfg: RunConfig, algo: str) -> tuple[dict[str, Any] | None, 
         f"resume: {name} is {config.get(name, '<absent>')!r} here but "
         f"{saved.get(name, '<absent>')!r} in the checkpoint of {folder} (it cannot change on "
         "resume)" for name in sorted(set(saved) | set(config))
-        if name not in RESUMABLE and saved.get(name) != config.get(name)
+        if name not in RESUMABLE + cfg.resumable and saved.get(name) != config.get(name)
         and not (name not in saved and config.get(name) == defaults.get(name))]

@@ -200,8 +200,8 @@ def _sac_peers(data: dict[str, Any], stdout: str) -> None:
 
 
 def _sac_update(data: dict[str, Any], stdout: str) -> None:
-    assert list(data["threads"]) == ["1"] and "profile of the eager step" in stdout
-    one = data["threads"]["1"]
+    assert list(data["threads"]) == ["2"] and "profile of the eager step" in stdout
+    one = data["threads"]["2"]
     assert "compile" not in one  # --quick: eager only
     assert one["eager"]["ms"] > 0 and one["limit"]["matmul_ms"] > 0
     assert one["eager"]["of_limit"] == pytest.approx(one["limit"]["matmul_ms"]

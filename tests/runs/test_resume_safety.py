@@ -150,3 +150,24 @@ def test_a_field_newer_than_the_checkpoint_resumes_at_its_default_only(tmp_path)
     with pytest.raises(ConfigError, match=r"gamma is 0\.5 here but '<absent>' in the checkpoint"):
         resolve(config(tmp_path, target_return=None, max_frames=40, gamma=0.5,
                        resume=str(folder)), "test")
+
+
+def test_an_algorithms_resumable_field_may_change_on_resume_and_its_other_fields_may_not(
+        tmp_path):
+    """SAC's ``concurrent_losses`` (``Config.resumable``: where the work runs) resumes with
+    another value, and from a checkpoint written before the field existed (found resuming a
+    Hopper run after the preset turned it on); its ``tau`` (what is learned) does not."""
+    from rlstruct.algos import sac
+
+    def cfg(**kw) -> sac.Config:
+        return sac.Config(max_frames=64, learning_starts=32, batch_size=16, hidden=16,
+                          eval_every=0, target_return=None, runs_dir=str(tmp_path), **kw)
+
+    folder = Path(sac.main(cfg())["run_dir"])
+    ckpt = folder / "checkpoints" / "latest.pt"
+    state = torch.load(ckpt)
+    del state["config"]["concurrent_losses"]  # as written by a release without the field
+    torch.save(state, ckpt)
+    assert resolve(cfg(resume=str(folder), concurrent_losses=True), "sac").concurrent_losses
+    with pytest.raises(ConfigError, match=r"tau is 0\.5 here but 0\.01 in the checkpoint"):
+        resolve(cfg(resume=str(folder), tau=0.5), "sac")
