@@ -241,7 +241,7 @@ def main(cfg: Config | Resolved[Config]) -> dict[str, Any]:
                 n_updates, owed = n_updates + n, owed - n
             # 3. Publish: the next segment acts with them (--pipeline 2: the one after it).
             run.publish(batcher, weights())
-            run.end_iteration(weights(), updates=n_updates,
+            run.end_iteration(weights, updates=n_updates,
                               **{k: float(v) for k, v in stats.items()})
     return run.summary
 

@@ -196,7 +196,8 @@ class RunLoop:
 
     def end_iteration(self, weights: Any, **metrics: float) -> None:
         """Ends an iteration: picks up a finished evaluation, starts one every ``eval_every``
-        iterations with ``weights`` (e.g. ``model.state_dict()``), writes the progress row
+        iterations with ``weights`` (e.g. ``model.state_dict()``, or a function that returns
+        them, called only then: SAC ends an iteration per frame), writes the progress row
         (``eval_return`` only when an evaluation finished, nan otherwise) and saves a
         checkpoint every ``checkpoint_every`` iterations.
 
@@ -217,7 +218,7 @@ class RunLoop:
             if result is not None:
                 eval_return = self.eval_return = result
             if self.iteration % self.cfg.eval_every == 0:
-                self.evaluation.start(weights)
+                self.evaluation.start(weights() if callable(weights) else weights)
         checkpoint = self.iteration % self.cfg.checkpoint_every == 0
         now = time.monotonic()
         if (checkpoint or not math.isnan(eval_return) or self.row_iteration is None

@@ -25,6 +25,7 @@ from rlstruct.blocks.distributions import space_spec
 from rlstruct.blocks.replay_buffer import ReplayBuffer
 from rlstruct.envs import GymEnvInf
 from rlstruct.errors import ConfigError
+from rlstruct.runs.evaluator import Evaluator
 from rlstruct.runs.layout import LayoutConfig
 from rlstruct.runs.loop import RunLoop
 from rlstruct.runs.resolve import resolve
@@ -268,6 +269,22 @@ def test_a_run_with_concurrent_losses_learns_what_one_thread_learns_and_leaves_n
         torch.set_num_threads(before)
     for name, value in one.items():
         assert torch.equal(value, both[name]), name
+
+
+def test_the_evaluation_gets_the_weights_of_its_iteration_from_the_function_sac_passes(
+        tmp_path: Path, monkeypatch):
+    """SAC ends an iteration per frame and hands ``end_iteration`` a function: the actor's
+    state_dict is taken only when an evaluation starts, and the evaluation plays those weights."""
+    started, start = [], Evaluator.start
+    monkeypatch.setattr(Evaluator, "start", lambda self, weights: (
+        started.append({k: v.clone() for k, v in weights.items()}), start(self, weights))[1])
+    summary = sac.main(sac.Config(
+        max_frames=320, learning_starts=32, batch_size=16, hidden=16, eval_every=4,
+        eval_envs=2, target_return=None, runs_dir=str(tmp_path)))
+    assert len(started) >= 2 and all(set(w) == set(started[0]) for w in started)
+    assert all(k.startswith(("body.", "head.")) for k in started[0])  # the actor's own keys
+    assert any(not torch.equal(started[0][k], started[-1][k]) for k in started[0])
+    assert not math.isnan(summary["eval_return"])
 
 
 def buffer_rows(run_dir: Path) -> int:
