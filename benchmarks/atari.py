@@ -19,8 +19,10 @@ envs, T=128, 4 epochs of minibatches of 256, lr 2.5e-4, clip 0.1, entropy 0.01, 
    process-tree figure (its median over the same rows).
 3. **stable-baselines3** ``PPO("CnnPolicy")`` with the same hyperparameters, run as its users run
    it: ``make_atari_env`` (a ``DummyVecEnv`` of 8, ``AtariWrapper``) and ``VecFrameStack(4)`` on
-   ``ALE/Pong-v5`` (sticky actions, as rlstruct's), torch's default threads. Steps/s after the
-   same warm-up, from a callback; cores busy of the process.
+   ``ALE/Pong-v5`` (sticky actions, as rlstruct's), torch's default threads and OpenMP's
+   default wait policy (not the passive one rlstruct sets for itself: ``OMP_WAIT_POLICY`` as
+   the user left it). Steps/s after the same warm-up, from a callback; cores busy of the
+   process.
 
 The sides alternate, ``--reps`` times each; the table gives medians and the ratios to SB3 and to
 the limit. Not installed peers print "not installed".
@@ -46,6 +48,9 @@ from pathlib import Path
 from _common import TreeMeter, environment
 
 ROOT = Path(__file__).resolve().parents[1]
+#: OpenMP's wait policy as the user left it, read before this process imports rlstruct (which
+#: sets OMP_WAIT_POLICY=PASSIVE unless it is set): SB3 runs with it, as its users run it.
+USER_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")
 HYPER = dict(n_envs=8, n_steps=128, n_epochs=4, batch_size=256, lr=2.5e-4, clip=0.1, ent=0.01,
              vf=0.5, gamma=0.99, gae_lambda=0.95, max_grad_norm=0.5)
 VARIANTS = {
@@ -204,8 +209,10 @@ def _sb3_subprocess(seconds: float, warmup: int) -> dict[str, float] | None:
     """:func:`run_sb3` in a fresh process (its own threads and memory, like the other side)."""
     code = (f"import json, sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); "
             f"import atari; print(json.dumps(atari.run_sb3({seconds}, {warmup})))")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env.update({} if USER_WAIT_POLICY is None else {"OMP_WAIT_POLICY": USER_WAIT_POLICY})
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=seconds + 240)
+                         timeout=seconds + 240, env=env)
     if res.returncode != 0:
         raise RuntimeError(f"SB3 run failed:\n{res.stderr[-2000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
