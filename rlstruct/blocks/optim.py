@@ -180,7 +180,7 @@ def concurrent_step(
     back-propagated at once in its own thread: ``losses[0]`` in the calling thread, the others
     on ``pool``'s threads, under the caller's autocast. The gradients, and so the step, are those
     of one backward through the sum; the losses' kernels run side by side instead of one after
-    the other (SAC's critic loss and its policy loss: docs/guide-performance.md).
+    the other (SAC's critic loss and its policy loss: docs/algorithms.md, SAC).
 
     Args:
         optimizer: the optimizer of all the parameters.
@@ -200,7 +200,12 @@ def concurrent_step(
     modes = torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)
     optimizer.zero_grad(set_to_none=True)
     futures = [pool.submit(_backward, fn, device, modes) for fn in losses[1:]]
-    extras = [_backward(losses[0], device, modes)] + [f.result(timeout) for f in futures]
+    extras: list[S] = []
+    try:
+        extras.append(_backward(losses[0], device, modes))
+    finally:  # also when losses[0] failed: no backward pass is left running behind the caller
+        rest = [f.result(timeout) for f in futures]
+    extras += rest
     if max_grad_norm > 0:
         nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]],
                                  max_grad_norm)

@@ -4,6 +4,7 @@ the caller's autocast, and a loss that fails in the pool fails the step before i
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -65,3 +66,20 @@ def test_a_loss_failing_in_the_pool_fails_the_step_before_it_is_taken():
         concurrent_step(torch.optim.SGD([w1, w2], lr=1.0), [lambda: (w1.sum(), 0), bad], pool,
                         0.0)
     assert torch.equal(w1, torch.ones(2)) and torch.equal(w2, torch.ones(2))
+
+
+def test_a_loss_failing_in_the_callers_thread_waits_for_the_pools_before_it_raises():
+    w1, w2, finished = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2)), []
+
+    def bad():
+        raise ValueError("the critic loss broke")
+
+    def slow():
+        time.sleep(0.3)
+        finished.append(True)
+        return w2.sum(), 1
+
+    with ThreadPoolExecutor(1) as pool, pytest.raises(ValueError, match="critic loss broke"):
+        concurrent_step(torch.optim.SGD([w1, w2], lr=1.0), [bad, slow], pool, 0.0)
+    assert finished == [True] and w2.grad is not None  # it ran to its end before the raise
+    assert torch.equal(w1, torch.ones(2)) and torch.equal(w2, torch.ones(2))  # no step
