@@ -497,4 +497,7 @@ def test_a_stop_that_finds_the_driver_learning_with_a_segment_under_way_is_no_si
     finally:
         s.kill()
     assert s.proc.returncode == 0 and "segment 200" in out, err
+    deadline = time.monotonic() + 10  # its forkserver leaves once the script has exited
+    while s.group_alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not s.group_alive(), "processes of the script were left behind"
