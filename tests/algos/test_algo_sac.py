@@ -1,6 +1,7 @@
 """rlstruct/algos/sac.py: known-answer tests of the soft target and the losses, the twin critics,
-the Polyak update, the agent, the config checks, the concurrent losses (the same step as the
-summed loss), and a bounded learning run on Pendulum (slow)."""
+the Polyak update, the whole step against SAC written out plainly, the agent, the config checks,
+the concurrent losses (the same step as the summed loss), and a bounded learning run on
+Pendulum (slow)."""
 
 from __future__ import annotations
 
@@ -164,6 +165,69 @@ def test_learn_on_replayed_pendulum_segments_moves_every_part():
     # The target moved by exactly tau towards the critic's new weights.
     for t, o, c in zip(target.parameters(), old_target, critic.parameters()):
         torch.testing.assert_close(t, o + cfg.tau * (c.detach() - o))
+
+
+def _plain_sac_step(nets, optimizer, sample, gamma: float, tau: float) -> None:
+    """SAC's step written out plainly, as before the speed work: one actor pass over ``s`` and
+    ``s'`` together, each critic on its own, one backward through the three losses' sum."""
+    actor, log_alpha, n = nets.actor, nets.temperature["log_alpha"], sample.n_elems()
+    params = actor(torch.cat([sample[K.OBS_FRAME], sample[K.NEXT_FRAME]]))
+    mean, log_std = actor.head.split(params)
+    u = mean + log_std.exp() * torch.randn(2 * n, actor.head.n_dims)  # s, then s'
+    logp, a = actor.head.log_prob(params, u), actor.head.squash(u)
+
+    def q(module, s, act, i):  # critic i: two ReLU layers and a linear output, (N,)
+        x = torch.cat([s, act], 1)
+        for j, (w, b) in enumerate(zip(module.weights, module.biases)):
+            x = (x if j == 0 else torch.relu(x)) @ w[i] + b[i]
+        return x[:, 0]
+    s, s2, alpha = sample[K.OBS_FRAME], sample[K.NEXT_FRAME], log_alpha.exp().detach()
+    with torch.no_grad():
+        soft_v = torch.min(q(nets.target, s2, a[n:], 0), q(nets.target, s2, a[n:], 1))
+        y = sample[K.NEXT_REWARD] + gamma * (1 - sample[K.NEXT_TERMINATED].float()) * (
+            soft_v - alpha * logp[n:])
+    loss_q = sum(0.5 * (q(nets.critic, s, sample[sac.STORED_SQUASHED], i) - y).pow(2).mean()
+                 for i in range(2))
+    frozen = copy.deepcopy(nets.critic).requires_grad_(False)  # the actor's gradient only
+    q_pi = torch.min(q(frozen, s, a[:n], 0), q(frozen, s, a[:n], 1))
+    loss_pi = (alpha * logp[:n] - q_pi).mean()
+    loss_alpha = -(log_alpha * (logp[:n].detach() - actor.head.n_dims)).mean()
+    optimizer.zero_grad()
+    (loss_q + loss_pi + loss_alpha).backward()
+    optimizer.step()
+    with torch.no_grad():
+        for t, o in zip(nets.target.parameters(), nets.critic.parameters()):
+            t.mul_(1 - tau).add_(tau * o)
+
+
+def test_learn_takes_the_step_of_sac_written_out_plainly():
+    """The speed work (twin critics batched, no graph at s', the losses split for
+    --concurrent-losses) kept SAC's step: six steps of ``learn`` and of the plain formulation
+    from the same weights and noise end at the same weights, to float rounding."""
+    g = torch.Generator().manual_seed(3)
+    samples = [DictTensor({
+        K.OBS_FRAME: torch.randn(64, 3, generator=g), K.NEXT_FRAME: torch.randn(64, 3, generator=g),
+        sac.STORED_SQUASHED: torch.rand(64, 2, generator=g) * 2 - 1,
+        K.NEXT_REWARD: torch.randn(64, generator=g), K.NEXT_TERMINATED: torch.rand(64, generator=g)
+        < 0.2, K.NEXT_TRUNCATED: torch.rand(64, generator=g) < 0.1}) for _ in range(6)]
+    cfg = sac.Config(batch_size=64, gamma=0.9, tau=0.1, max_grad_norm=0.0)
+
+    def nets_and_adam():
+        torch.manual_seed(0)
+        nets = sac.sac_nets(partial(sac.Actor, 3, space_spec(gym.spaces.Box(-1, 1, (2,))), 16),
+                            partial(sac.TwinQ, 3, 2, 16), init_alpha=0.5)
+        return nets, torch.optim.Adam(nets.parameters(), lr=0.01)
+    fast, plain = nets_and_adam(), nets_and_adam()
+    for i, sample in enumerate(samples):
+        torch.manual_seed(100 + i)
+        sac.learn(*fast, sample, cfg)
+        torch.manual_seed(100 + i)
+        _plain_sac_step(*plain, sample, cfg.gamma, cfg.tau)
+    moved = 0
+    for (name, a), (_, b) in zip(fast[0].state_dict().items(), plain[0].state_dict().items()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+        moved += not torch.equal(a, nets_and_adam()[0].state_dict()[name])
+    assert moved == len(fast[0].state_dict())  # every tensor moved, the target and alpha too
 
 
 def test_concurrent_losses_take_the_summed_losses_step_with_the_policy_loss_in_the_pool():
