@@ -37,6 +37,7 @@ from rlstruct.blocks.optim import Optimizer, adam, gradient_step
 from rlstruct.blocks.replay_buffer import ReplayBuffer, ReplayCheckpoint, replay_memory_problems
 from rlstruct.devices import learner_autocast
 from rlstruct.envs import GymEnvInf
+from rlstruct.envs.registry import ATARI_BACKENDS
 from rlstruct.runs.presets import Preset
 from rlstruct.runs.resolve import Resolved, run_cli
 from rlstruct.runs.run import Run, RunConfig
@@ -86,7 +87,8 @@ class Config(RunConfig, ReplayCheckpoint):
     """per-row spread: row i uses eps^(1 + spread i / (B - 1))"""
 
     def world_problems(self, obs_shape: tuple[int, ...], action_space: Any) -> list[str]:
-        itemsize = 1 if self.env_backend == "atari" else 4  # uint8 frames, float observations
+        # uint8 frames, float observations
+        itemsize = 1 if self.env_backend in ATARI_BACKENDS else 4
         if self.model == "cnn" and len(obs_shape) != 3:
             return [f"--model cnn takes stacked frames (C, H, W), but {self.env_id}'s are "
                     f"{tuple(obs_shape)}: use --model mlp, or an env with --env-backend atari"]

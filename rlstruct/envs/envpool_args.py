@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import re
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
@@ -15,7 +16,7 @@ import numpy as np
 
 from rlstruct.errors import ConfigError, install_hint
 
-__all__ = ["import_envpool"]
+__all__ = ["import_envpool", "atari_twin", "atari_envpool_kwargs"]
 
 _INT32_MAX = 2**31 - 1
 #: envpool.make arguments that EnvPoolEnv sets itself.
@@ -75,6 +76,14 @@ def check_arguments(
                     "envpool's asynchronous mode does not fit a VecEnv"
                 )
             raise ConfigError(f"envpool keyword {key}={envpool_kwargs[key]!r}: {what}")
+    noop_max = envpool_kwargs.get("noop_max")
+    if noop_max is not None and (isinstance(noop_max, bool) or not isinstance(
+            noop_max, (int, np.integer)) or noop_max < 1):
+        raise ConfigError(
+            f"envpool keyword noop_max={noop_max!r}: envpool's Atari envs need an int >= 1 "
+            "(envpool 1.2.5 crashes the process with a segmentation fault at noop_max=0; "
+            "noop_max=1 starts every episode without random no-ops)"
+        )
 
 
 def check_task_id(envpool: Any, env: str) -> None:
@@ -94,3 +103,49 @@ def check_int(name: str, value: Any, low: int) -> None:
     >= ``low``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise ConfigError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def atari_twin(env_id: str) -> tuple[str, float] | None:
+    """envpool's task for an ALE id and the id's sticky-action probability, or ``None`` for an
+    id that is not ALE's.
+
+    ``ALE/<Game>-v5`` plays with sticky actions (0.25 per emulator frame) and
+    ``<Game>NoFrameskip-v4`` without: both are envpool's ``<Game>-v5`` with that
+    ``repeat_action_probability`` (ale-py's own registrations say so).
+
+    Example:
+        >>> atari_twin("PongNoFrameskip-v4"), atari_twin("ALE/Pong-v5"), atari_twin("CartPole-v1")
+        (('Pong-v5', 0.0), ('Pong-v5', 0.25), None)
+    """
+    if match := re.fullmatch(r"ALE/([A-Za-z]+)-v5", env_id):
+        return f"{match[1]}-v5", 0.25
+    if match := re.fullmatch(r"([A-Za-z]+)NoFrameskip-v4", env_id):
+        return f"{match[1]}-v5", 0.0
+    return None
+
+
+def atari_envpool_kwargs(env_id: str, frame_stack: int = 4) -> tuple[str, dict[str, Any]]:
+    """``(task, envpool keywords)`` that make envpool's Atari env play ``env_id`` as
+    :func:`~rlstruct.envs.atari.make_atari_env` preprocesses it (``--env-backend envpool``).
+
+    envpool's defaults differ from the atari backend's in three ways, set here: FIRE at each
+    reset (off), no sticky actions for every id (the id's own), and ``stack_num`` (the
+    run's ``frame_stack``). The rest are the same: up to 30 no-ops at reset, a frame skip of 4
+    with the last two frames max-pooled, 84x84 grey frames resized with ``INTER_AREA``, the
+    minimal action set, unclipped rewards, an episode to game over (no ``episodic_life``), and
+    ALE's limit of 108,000 emulator frames (27,000 agent steps).
+
+    Raises:
+        ConfigError: ``env_id`` is not an ALE id (``ALE/<Game>-v5``, ``<Game>NoFrameskip-v4``).
+    """
+    twin = atari_twin(env_id)
+    if twin is None:
+        raise ConfigError(
+            f"--env-backend envpool plays ALE ids (ALE/<Game>-v5, <Game>NoFrameskip-v4) with "
+            f"the atari backend's preprocessing, not {env_id!r}; envpool's other tasks run "
+            "through rlstruct.envs.EnvPoolEnv with a batcher of your own")
+    task, sticky = twin
+    return task, dict(repeat_action_probability=sticky, use_fire_reset=False,
+                      episodic_life=False, reward_clip=False, noop_max=30, frame_skip=4,
+                      img_height=84, img_width=84, stack_num=frame_stack,
+                      max_episode_steps=27_000)

@@ -38,7 +38,13 @@ __all__ = [
     "EnvModules", "env_dims", "env_id_problems", "env_module_problems", "env_shape", "env_spaces",
     "env_spec", "probe_spaces",
     "import_env_modules",
+    "ATARI_BACKENDS",
 ]
+
+#: The env backends that play ALE ids as preprocessed uint8 frames: ``atari`` (ale-py's
+#: emulators behind gymnasium's wrappers) and ``envpool`` (envpool's C++ threads, the same game
+#: and preprocessing, :func:`rlstruct.envs.envpool_args.atari_envpool_kwargs`).
+ATARI_BACKENDS = ("atari", "envpool")
 
 
 def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
@@ -85,8 +91,11 @@ def env_id_problems(env_id: str, backend: str = "gymnasium") -> list[str]:
     imports ``pkg.mod`` here); an unknown one gets up to three close matches; ``vector`` ids
     also need a ``vector_entry_point`` and an ``entry_point``. ``torch`` ids must
     have a torch-native version; ``atari`` ids are checked once ale-py registered them (a
-    missing ale-py is a problem too).
+    missing ale-py is a problem too); ``envpool`` ids must be ALE ids whose game envpool has
+    (a missing envpool is a problem).
     """
+    if backend == "envpool":
+        return _envpool_id_problems(env_id)
     if backend == "torch":
         from rlstruct.envs.torch import BY_GYM_ID
 
@@ -116,6 +125,18 @@ def env_id_problems(env_id: str, backend: str = "gymnasium") -> list[str]:
                 "vectorization_mode='vector_entry_point') and probes and evaluates "
                 "gymnasium.make(env_id): register both (gymnasium.register(id, entry_point=..., "
                 "vector_entry_point=...))"]
+    return []
+
+
+def _envpool_id_problems(env_id: str) -> list[str]:
+    """:func:`env_id_problems` for ``--env-backend envpool``."""
+    from rlstruct.envs.envpool_args import atari_envpool_kwargs, check_task_id, import_envpool
+
+    try:
+        task, _ = atari_envpool_kwargs(env_id)
+        check_task_id(import_envpool(), task)
+    except (ConfigError, ImportError) as err:
+        return [f"--env-backend envpool: {err}"]
     return []
 
 
@@ -160,6 +181,8 @@ def probe_spaces(env_id: str, backend: str = "gymnasium") -> tuple[gym.Space, gy
         return cls.observation_space, cls.action_space
     if backend == "vector":
         return _probe_vector_env(env_id)
+    if backend == "envpool":
+        return _probe_envpool(env_id)
     if backend == "atari":
         from rlstruct.envs.atari import make_atari_gym_env
 
@@ -177,6 +200,19 @@ def probe_spaces(env_id: str, backend: str = "gymnasium") -> tuple[gym.Space, gy
             "evaluation's; make close() succeed, also on an env that was never reset)"
         ) from err
     return obs, actions
+
+
+def _probe_envpool(env_id: str) -> tuple[gym.Space, gym.Space]:
+    """The spaces of one envpool env playing ``env_id`` as ``--env-backend envpool`` does."""
+    from rlstruct.envs.envpool import EnvPoolEnv
+    from rlstruct.envs.envpool_args import atari_envpool_kwargs
+
+    task, kwargs = atari_envpool_kwargs(env_id)
+    probe = EnvPoolEnv(task, 1, num_threads=1, **kwargs)
+    try:
+        return probe.observation_space, probe.action_space
+    finally:
+        probe.close()
 
 
 def _probe_vector_env(env_id: str) -> tuple[gym.Space, gym.Space]:
@@ -241,9 +277,10 @@ class EnvModules:
 
 def env_factory(env_id: str, backend: str = "gymnasium") -> Callable[..., gym.Env]:
     """What makes one gymnasium env of a run's ``env_id`` as its ``env_backend`` trains on it:
-    the preprocessed Atari env for ``"atari"``, ``gym.make(env_id)`` otherwise (a ``"torch"``
-    run's env has the gymnasium spaces of its id). Keyword arguments (``render_mode``) go to it."""
-    if backend == "atari":
+    the preprocessed Atari env for ``"atari"`` (and ``"envpool"``: its game, played by ale-py),
+    ``gym.make(env_id)`` otherwise (a ``"torch"`` run's env has the gymnasium spaces of its
+    id). Keyword arguments (``render_mode``) go to it."""
+    if backend in ATARI_BACKENDS:
         from rlstruct.envs.atari import make_atari_gym_env
 
         return functools.partial(make_atari_gym_env, env_id)

@@ -22,6 +22,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import tyro
 
+from rlstruct.envs.registry import ATARI_BACKENDS
 from rlstruct.runs.json_safe import json_safe
 from rlstruct.runs.layout import LayoutConfig
 from rlstruct.runs.machine import machine_dict
@@ -112,16 +113,18 @@ class RunConfig:
     """discount factor"""
     max_grad_norm: float = 0.5
     """clip the global gradient norm to this (0: no clipping)"""
-    env_backend: Literal["gymnasium", "torch", "atari", "vector"] = "gymnasium"
+    env_backend: Literal["gymnasium", "torch", "atari", "envpool", "vector"] = "gymnasium"
     """training envs: gymnasium's; rlstruct's torch-native version of env_id (batched tensor
     maths on the batcher's device: CartPole-v1, Acrobot-v1, MountainCar-v0, Pendulum-v1; the
     evaluation plays gymnasium's env); an ALE id with Atari preprocessing (84x84 grey, frame
     skip 4, 4 stacked uint8 frames; the atari extra: pip install -e '.[atari]'; no evaluation
-    runs); or the vector env registered as env_id's vector_entry_point, one per worker
-    (gymnasium.make_vec, through VectorEnvAdapter; the evaluation plays gymnasium.make's env)"""
+    runs); envpool's C++ threads playing the same ALE game with the same preprocessing (the
+    envpool extra: pip install -e '.[envpool]'); or the vector env registered as env_id's
+    vector_entry_point, one per worker (gymnasium.make_vec, through VectorEnvAdapter; the
+    evaluation plays gymnasium.make's env)"""
     frame_stack: int = 4
-    """--env-backend atari: the preprocessed frames stacked in one observation (1: the current
-    frame alone, for a recurrent model, as CleanRL's ppo_atari_lstm)"""
+    """--env-backend atari or envpool: the preprocessed frames stacked in one observation (1:
+    the current frame alone, for a recurrent model, as CleanRL's ppo_atari_lstm)"""
     layout_file: Annotated[str | None, tyro.conf.arg(aliases=("--layout",))] = None
     """a layout file of `rlstruct tune` (tune.json): its batcher_device, n_processes,
     n_envs, pipeline, n_timesteps and n_threads (when it has them) replace the config's; auto:
@@ -204,9 +207,9 @@ class RunConfig:
             problems.append(f"gamma must be in (0, 1], got {self.gamma}")
         if self.frame_stack < 1:
             problems.append(f"frame_stack must be >= 1, got {self.frame_stack}")
-        elif self.frame_stack != 4 and self.env_backend != "atari":
+        elif self.frame_stack != 4 and self.env_backend not in ATARI_BACKENDS:
             problems.append(f"--frame-stack {self.frame_stack} applies to --env-backend atari "
-                            f"only, not {self.env_backend}")
+                            f"and envpool only, not {self.env_backend}")
         return problems + self.layout.problems()
 
     def world_problems(self, obs_shape: tuple[int, ...], action_space: Any) -> list[str]:

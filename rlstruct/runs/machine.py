@@ -15,8 +15,11 @@ devices. ``--layout auto`` keeps the first and picks the second for this machine
 - **workers**: as many as divide the envs evenly and the machine has cores (one core left to
   feed a GPU learner); ``--n-processes 0`` (one per core) and a run that collects in its own
   process (``--n-processes 1``, ``--pipeline 1``) keep theirs;
-- ``T``, the pipeline, the devices of the batcher and of the evaluation, and the env backend
-  stay the config's.
+- **the env backend**: an Atari run (``--env-backend atari``) steps its envs with envpool
+  (``--env-backend envpool``: the same game and preprocessing, each worker's envs in one
+  envpool of the worker's share of the cores) where envpool is installed: as fast or faster
+  in each preset measured on the 2-core machine (docs/guide-gpus.md); other backends stay;
+- ``T``, the pipeline and the devices of the batcher and of the evaluation stay the config's.
 
 On the 2-core machine the rule gives the presets' own layouts (PPO, A2C, DQN, IMPALA and APPO
 on Atari: 2 workers and their threads; SAC: its one env in this process), which the presets
@@ -50,7 +53,7 @@ class Machine:
     Attributes:
         cores: CPU cores this process may use (its affinity mask, else ``os.cpu_count()``).
         gpus: CUDA devices torch sees.
-        envpool: whether ``envpool`` is importable (recorded; the backend stays the config's).
+        envpool: whether ``envpool`` is importable (an Atari run then steps its envs with it).
     """
 
     cores: int
@@ -79,6 +82,7 @@ class LayoutChoice:
     n_threads: int
     learner_device: str
     reason: str
+    env_backend: str = "gymnasium"
 
 
 def _largest_divisor(n: int, at_most: int) -> int:
@@ -86,17 +90,19 @@ def _largest_divisor(n: int, at_most: int) -> int:
     return max(d for d in range(1, max(1, min(n, at_most)) + 1) if n % d == 0)
 
 
-def auto_layout(layout: Any, machine: Machine) -> LayoutChoice:
+def auto_layout(layout: Any, machine: Machine, env_backend: str = "gymnasium") -> LayoutChoice:
     """The layout of :mod:`this module's rule <rlstruct.runs.machine>` for ``machine``.
 
     Args:
         layout: the config's :class:`~rlstruct.runs.layout.LayoutConfig` (its envs in all,
             pipeline and learner device are kept).
         machine: the machine to lay the run out on.
+        env_backend: the config's ``env_backend`` (``atari`` becomes ``envpool`` where envpool
+            is installed).
 
     Returns:
         The worker processes, envs per worker, learner threads (the config's are replaced,
-        whatever they were) and learner device.
+        whatever they were), learner device and env backend.
     """
     dev, pipelined = layout.learner_device, layout.pipeline >= 2
     gpu = dev.startswith("cuda") or (dev == "auto" and machine.gpus > 0)
@@ -116,16 +122,17 @@ def auto_layout(layout: Any, machine: Machine) -> LayoutChoice:
     else:  # collect, then learn: each takes every core in turn
         threads = machine.cores
     n_envs = total // workers if workers > 0 else layout.n_envs
+    backend = "envpool" if env_backend == "atari" and machine.envpool else env_backend
     reason = (f"{machine.cores} cores, {machine.gpus} GPUs, envpool "
               f"{'installed' if machine.envpool else 'absent'}: {total} envs in "
               f"{workers or 'one per core'} x {n_envs}, learner on {device} with {threads} "
-              f"threads, pipeline {layout.pipeline}")
-    return LayoutChoice(workers, n_envs, threads, device, reason)
+              f"threads, pipeline {layout.pipeline}, env backend {backend}")
+    return LayoutChoice(workers, n_envs, threads, device, reason, backend)
 
 
 def apply_auto_layout(cfg: Any, machine: Machine | None = None) -> str:
-    """Sets ``cfg.layout`` (processes, envs per worker, learner device) and ``cfg.n_threads``
-    from :func:`auto_layout`, in place; returns the choice's reason.
+    """Sets ``cfg.layout`` (processes, envs per worker, learner device), ``cfg.n_threads`` and
+    ``cfg.env_backend`` from :func:`auto_layout`, in place; returns the choice's reason.
 
     Args:
         cfg: a :class:`~rlstruct.runs.config.RunConfig`.
@@ -134,10 +141,11 @@ def apply_auto_layout(cfg: Any, machine: Machine | None = None) -> str:
     import dataclasses
 
     machine = machine or Machine.here()
-    choice = auto_layout(cfg.layout, machine)
+    choice = auto_layout(cfg.layout, machine, cfg.env_backend)
     cfg.layout = dataclasses.replace(cfg.layout, n_processes=choice.n_processes,
                                      n_envs=choice.n_envs, learner_device=choice.learner_device)
     cfg.n_threads = choice.n_threads
+    cfg.env_backend = choice.env_backend
     return choice.reason
 
 

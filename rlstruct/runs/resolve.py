@@ -44,7 +44,12 @@ import torch
 
 from rlstruct.blocks.multi_input import feature_size, obs_spec, spec_problems
 from rlstruct.devices import is_accelerator, resolve_device
-from rlstruct.envs.registry import env_id_problems, env_module_problems, probe_spaces
+from rlstruct.envs.registry import (
+    ATARI_BACKENDS,
+    env_id_problems,
+    env_module_problems,
+    probe_spaces,
+)
 from rlstruct.errors import CheckpointError, ConfigError
 from rlstruct.learners.torchrun import torchrun_rank, torchrun_world
 from rlstruct.parallel.startup import catching
@@ -342,7 +347,7 @@ def _env_problems(cfg: RunConfig) -> tuple[tuple[tuple[int, ...], gym.Space, Any
     except Exception as err:  # noqa: BLE001 - an env that cannot be made is a listed problem
         return None, [f"env_id {cfg.env_id!r} cannot be made: {type(err).__name__}: {err}"]
     shape = tuple(observations.shape or (1,))
-    if cfg.env_backend == "atari":  # the probe stacks 4 frames; the training envs frame_stack
+    if cfg.env_backend in ATARI_BACKENDS:  # the probe stacks 4; the training envs frame_stack
         shape = (cfg.frame_stack, *shape[1:])
     problems = observation_problems(cfg, observations)
     kinds = {"Discrete": gym.spaces.Discrete, "Box": gym.spaces.Box}

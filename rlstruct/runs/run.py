@@ -44,7 +44,7 @@ from rlstruct.blocks.multi_input import model_factory
 from rlstruct.checks import CheckDevice
 from rlstruct.dicttensor import DictTensor
 from rlstruct.envs.base import VecEnv
-from rlstruct.envs.registry import env_dims, env_shape, env_spaces
+from rlstruct.envs.registry import ATARI_BACKENDS, env_dims, env_shape, env_spaces
 from rlstruct.errors import ConfigError
 from rlstruct.learners.base import LearnerGroupBase, OptimizerFactory
 from rlstruct.learners.torchrun import serve_rank
@@ -203,7 +203,7 @@ class Run(RunLoop):
         ``eval_device``, seed ``seed + 1000``) that :meth:`end_iteration` drives; ``None`` when
         ``eval_every`` is 0. Call it while the model is still on the CPU."""
         self.contents.eval_agent = (create_agent, dict(agent_args), agent_info)
-        if self.cfg.eval_every == 0 or self.cfg.env_backend == "atari":
+        if self.cfg.eval_every == 0 or self.cfg.env_backend in ATARI_BACKENDS:
             return None  # Atari: an evaluation episode is thousands of 4x84x84 frames
         self.evaluation = self.enter(Evaluator(
             create_agent, agent_args, self.cfg.env_id, self.cfg.eval_envs,

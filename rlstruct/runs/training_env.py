@@ -15,7 +15,7 @@ from rlstruct.envs.torch import make_torch_env
 from rlstruct.envs.vector import VectorEnvAdapter
 from rlstruct.errors import ConfigError
 
-__all__ = ["training_env"]
+__all__ = ["training_env", "envpool_training_env", "envpool_threads"]
 
 
 def training_env(
@@ -23,7 +23,8 @@ def training_env(
 ) -> tuple[Callable[..., VecEnv], dict[str, Any]]:
     """``(create_env, env_args)`` of a run's training envs: the algorithm's ``create_env``
     for gymnasium envs, the torch-native env on ``batcher_device`` for ``--env-backend
-    torch``, the preprocessed Atari env for ``--env-backend atari``, the id's registered
+    torch``, the preprocessed Atari env for ``--env-backend atari`` (envpool's, playing the
+    same game with the same preprocessing, for ``--env-backend envpool``), the id's registered
     vector env behind a :class:`~rlstruct.envs.VectorEnvAdapter` for ``--env-backend vector``;
     wrapped so that every
     process that builds an env imports ``cfg.env_module`` first.
@@ -49,6 +50,8 @@ def training_env(
         if cfg.env_backend == "torch":
             create_env = make_torch_env
             env_args["device"] = str(batcher_device)
+        elif cfg.env_backend == "envpool":
+            create_env, env_args = envpool_training_env(cfg)
         elif cfg.env_backend == "vector":
             create_env = VectorEnvAdapter
             env_args = {"make_env": cfg.env_id, "n_envs": cfg.layout.n_envs,
@@ -61,3 +64,33 @@ def training_env(
     if cfg.env_module:  # every process that builds an env imports them first
         create_env = EnvModules(create_env, cfg.env_module)
     return create_env, env_args
+
+
+def envpool_threads(n_processes: int, cores: int | None = None) -> int:
+    """envpool's ``num_threads`` for each of a run's pools: the machine's cores shared among
+    the worker processes (``n_processes``; 0: one per core), at least one; one pool in this
+    process (``n_processes`` 1) steps its envs on every core.
+
+    Example:
+        >>> envpool_threads(2, cores=2), envpool_threads(1, cores=16), envpool_threads(0, 4)
+        (1, 16, 1)
+    """
+    if cores is None:
+        from rlstruct.runs.machine import Machine
+
+        cores = Machine.here().cores
+    return max(1, cores // n_processes) if n_processes > 0 else 1
+
+
+def envpool_training_env(cfg: Any) -> tuple[Callable[..., VecEnv], dict[str, Any]]:
+    """``(EnvPoolEnv, env_args)`` for ``--env-backend envpool``: each worker (or this process)
+    steps its ``n_envs`` of ``cfg.env_id``'s game in one envpool with
+    :func:`envpool_threads` threads, preprocessed as the atari backend does
+    (:func:`~rlstruct.envs.envpool_args.atari_envpool_kwargs`)."""
+    from rlstruct.envs.envpool import EnvPoolEnv
+    from rlstruct.envs.envpool_args import atari_envpool_kwargs
+
+    task, kwargs = atari_envpool_kwargs(cfg.env_id, cfg.frame_stack)
+    threads = envpool_threads(cfg.layout.n_processes)
+    return EnvPoolEnv, {"env": task, "n_envs": cfg.layout.n_envs, "num_threads": threads,
+                        **kwargs}

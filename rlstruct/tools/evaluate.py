@@ -28,7 +28,7 @@ import gymnasium as gym
 
 from rlstruct.batchers import SerialBatcher
 from rlstruct.envs import GymEnv
-from rlstruct.envs.registry import env_factory, env_spec, import_env_modules
+from rlstruct.envs.registry import ATARI_BACKENDS, env_factory, env_spec, import_env_modules
 from rlstruct.errors import ConfigError
 from rlstruct.runs.checkpoint import load_checkpoint, rebuild_agent, recorded_env
 from rlstruct.runs.episodes import EpisodeTracker
@@ -84,7 +84,7 @@ def evaluate(
     import_env_modules(modules)
     factories = [env_factory(env_id, backend)] * n_episodes
     if video_dir is not None:
-        if cfg.get("env_backend") == "atari":
+        if cfg.get("env_backend") in ATARI_BACKENDS:
             print("rlstruct evaluate: --video does not record Atari runs yet; "
                   "evaluating without a video", flush=True)
         elif importlib.util.find_spec("moviepy") is None:
@@ -94,7 +94,7 @@ def evaluate(
                   "evaluating without a video", flush=True)
         else:
             factories[0] = functools.partial(_recorded, factories[0], Path(video_dir))
-    spec = env_spec(env_id) if cfg.get("env_backend") != "atari" else None
+    spec = env_spec(env_id) if cfg.get("env_backend") not in ATARI_BACKENDS else None
     batcher = SerialBatcher(
         n_timesteps=(spec and spec.max_episode_steps) or 1000, create_agent=create_agent,
         agent_args=agent_args, create_env=GymEnv, env_args={"env": factories},

@@ -85,3 +85,28 @@ def test_the_big_batch_preset_fills_a_16_core_gpu_node_and_2_cores_alike():
         15, 4, 1, "cuda"), node.reason
     two = auto_layout(layout, TWO_CORES)
     assert (two.n_processes, two.n_envs, two.n_threads) == (2, 30, 2), two.reason
+
+
+@pytest.mark.parametrize("envpool", [False, True], ids=["without-envpool", "with-envpool"])
+def test_an_atari_run_steps_its_envs_with_envpool_where_it_is_installed(envpool):
+    for module, preset in PRESETS:
+        cfg = module.Config.from_preset(preset)
+        choice = auto_layout(cfg.layout, Machine(2, 0, envpool), cfg.env_backend)
+        plain = auto_layout(cfg.layout, Machine(2, 0, False), cfg.env_backend)
+        expected = "envpool" if envpool and cfg.env_backend == "atari" else cfg.env_backend
+        assert choice.env_backend == expected, (preset, choice.reason)
+        assert choice.reason.endswith(f"env backend {expected}")
+        assert (choice.n_processes, choice.n_envs, choice.n_threads) == (
+            plain.n_processes, plain.n_envs, plain.n_threads)  # only the backend moves
+
+
+def test_apply_auto_layout_sets_the_backend_it_chose():
+    cfg = a2c.Config.from_preset("atari")
+    apply_auto_layout(cfg, Machine(2, 0, envpool=True))
+    assert cfg.env_backend == "envpool"
+    cfg = a2c.Config.from_preset("atari")
+    apply_auto_layout(cfg, Machine(2, 0, envpool=False))
+    assert cfg.env_backend == "atari"
+    cfg = sac.Config.from_preset("mujoco")
+    apply_auto_layout(cfg, Machine(2, 0, envpool=True))
+    assert cfg.env_backend == "gymnasium"
