@@ -2,9 +2,12 @@
 here.
 
 The library imports no algorithm: each function below hands the tuner an algorithm's agent and
-model on its gymnasium env (``GymEnvInf``, as ``Run.training_batcher`` builds it), the weights it
+model on its training envs (as ``Run.training_batcher`` builds them: gymnasium's ``GymEnvInf``,
+or the env backend the config names, ``atari`` and ``envpool`` included), the weights it
 publishes after each batch, its seed, its batch size, and its own learn step on one batch (on
 the CPU, as the algorithm's ``main`` calls it), so that a layout is measured under the learner.
+Each takes its ``Config``'s fields as keywords, and ``preset=NAME`` for one of its presets
+(``ppo(preset="atari", env_backend="envpool")``: the Nature CNN on Pong's frames).
 """
 
 from __future__ import annotations
@@ -23,26 +26,42 @@ from rlstruct.blocks.nets import head_actor_critic
 from rlstruct.blocks.optim import adam, gradient_step
 from rlstruct.blocks.zoo import actor_critic
 from rlstruct.envs import GymEnvInf
+from rlstruct.envs.registry import ATARI_BACKENDS, env_id_problems
+from rlstruct.envs.registry import env_spaces as registry_env_spaces
 from rlstruct.errors import ConfigError
 from rlstruct.learners.local import LocalLearner
 from rlstruct.learners.rank import algorithm_learn
-from rlstruct.runs.run import env_spaces
+from rlstruct.runs.training_env import training_env
 from rlstruct.tools.tune import AlgoSetup
 from rlstruct.trajectories import Trajectories
 
 
-def _setup(module: Any, model_fn: Any, agent: Any, learner: Any, **overrides: Any) -> AlgoSetup:
-    cfg = module.Config(**overrides)
-    if cfg.env_backend != "gymnasium":
-        raise ConfigError(f"the tuner measures gymnasium envs, not env_backend={cfg.env_backend!r}")
-    shape, space = env_spaces(cfg.env_id)
-    model = model_fn(math.prod(shape), space, cfg)
+def _setup(module: Any, model_fn: Any, agent_for: Any, learner: Any,
+           preset: str | None = None, **overrides: Any) -> AlgoSetup:
+    cfg = module.Config.from_preset(preset, **overrides) if preset else module.Config(**overrides)
+    problems = cfg.problems() + env_id_problems(cfg.env_id, cfg.env_backend)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    name = module.__name__.rsplit(".", 1)[-1]
+    create_env, env_args = training_env(name, cfg, GymEnvInf, torch.device("cpu"))
+    if cfg.env_backend == "envpool":  # the candidates' worker counts vary: one thread each
+        env_args["num_threads"] = 1
+    shape, space = registry_env_spaces(cfg.env_id, cfg.env_backend)
+    if cfg.env_backend in ATARI_BACKENDS:  # the probe stacks 4 frames; the run frame_stack
+        shape = (cfg.frame_stack, *shape[1:])
+    model = model_fn(tuple(shape), space, cfg)
     rows = (cfg.layout.n_processes or 1) * cfg.layout.n_envs
     learn = learner(model, cfg)
-    return AlgoSetup(agent, {"model": model}, GymEnvInf, {"env": cfg.env_id},
+    return AlgoSetup(agent_for(cfg), {"model": model}, create_env,
+                     {k: v for k, v in env_args.items() if k != "n_envs"},
                      weights=model.state_dict(), seed=cfg.seed, pipelined=True,
-                     name=module.__name__.rsplit(".", 1)[-1], env_id=cfg.env_id,
-                     learn=learn, batch_size=rows * cfg.n_timesteps)
+                     name=name, env_id=cfg.env_id, learn=learn,
+                     batch_size=rows * cfg.n_timesteps)
+
+
+def _model_shape(shape: tuple[int, ...], cfg: Any) -> tuple[int, ...]:
+    """The observation shape a zoo model takes: the frames for a CNN, flat features else."""
+    return shape if cfg.model.startswith("cnn") else (math.prod(shape),)
 
 
 def _ppo_learner(model: Any, cfg: Any) -> Any:
@@ -67,29 +86,32 @@ def _a2c_learner(model: Any, cfg: Any) -> Any:
 
 def ppo(**overrides: Any) -> AlgoSetup:
     """PPO's actor-critic, agent and learn step; ``overrides`` are fields of its Config."""
-    def model(obs_dim: int, space: Any, cfg: Any) -> Any:
-        return head_actor_critic(obs_dim, space_spec(space), cfg.hidden, cfg.log_std_init,
-                                 cfg.normalize_obs)
+    def model(shape: tuple[int, ...], space: Any, cfg: Any) -> Any:
+        if cfg.model != "mlp":  # the zoo's, as ppo.model_factory builds it
+            return actor_critic(cfg.model, shape, space_spec(space), cfg.hidden,
+                                **cfg.mlp_options())
+        return head_actor_critic(math.prod(shape), space_spec(space), cfg.hidden,
+                                 cfg.log_std_init, cfg.normalize_obs)
 
-    return _setup(_ppo, model, _ppo.PPOAgent, _ppo_learner, **overrides)
+    return _setup(_ppo, model, lambda cfg: _ppo.PPOAgent, _ppo_learner, **overrides)
 
 
 def a2c(**overrides: Any) -> AlgoSetup:
     """A2C's model of the zoo (``model="mlp-gru"``: a recurrent one), agent and gradient
     step."""
-    def model(obs_dim: int, space: Any, cfg: Any) -> Any:
-        return actor_critic(cfg.model, (obs_dim,), space_spec(space), cfg.hidden)
+    def model(shape: tuple[int, ...], space: Any, cfg: Any) -> Any:
+        return actor_critic(cfg.model, _model_shape(shape, cfg), space_spec(space), cfg.hidden)
 
-    return _setup(_a2c, model, _a2c.agent_class(overrides.get("model", "mlp")), _a2c_learner,
+    return _setup(_a2c, model, lambda cfg: _a2c.agent_class(cfg.model), _a2c_learner,
                   **overrides)
 
 
 def impala(**overrides: Any) -> AlgoSetup:
     """IMPALA's actor-critic, behaviour agent and V-trace step (here in the collecting thread,
     where ``main`` runs it in a learner thread: the same cost per batch)."""
-    return _setup(_impala, lambda obs_dim, space, cfg: actor_critic(
-        cfg.model, (obs_dim,), space_spec(space), cfg.hidden),
-                  _impala.BehaviourAgent, _impala_learner, **overrides)
+    return _setup(_impala, lambda shape, space, cfg: actor_critic(
+        cfg.model, _model_shape(shape, cfg), space_spec(space), cfg.hidden),
+                  lambda cfg: _impala.BehaviourAgent, _impala_learner, **overrides)
 
 
 def _impala_learner(model: Any, cfg: Any) -> Any:

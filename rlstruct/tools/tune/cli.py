@@ -2,8 +2,9 @@
 
 ``--algo MODULE:FUNCTION`` names the algorithm's side: the module is imported (it is the user's
 code; the library itself imports no algorithm) and ``FUNCTION(seed=..., [env_id=...],
-[hidden=...])`` returns the :class:`~rlstruct.tools.tune.measure.AlgoSetup` to measure. For the
-algorithms of ``rlstruct/algos/``: ``--algo rlstruct.algos.tuning:ppo`` (also ``a2c``, ``impala``).
+[hidden=...], [preset=...], [env_backend=...])`` returns the
+:class:`~rlstruct.tools.tune.measure.AlgoSetup` to measure. For the algorithms of
+``rlstruct/algos/``: ``--algo rlstruct.algos.tuning:ppo`` (also ``a2c``, ``impala``).
 """
 
 from __future__ import annotations
@@ -99,7 +100,13 @@ class TuneCommand:
     """the algorithm's side: FUNCTION of MODULE, called with the config overrides, returns the
     AlgoSetup to measure (e.g. rlstruct.algos.tuning:ppo, also :a2c and :impala)"""
     env_id: str | None = None
-    """gymnasium id (None: the algorithm's)"""
+    """env id (None: the algorithm's, or the preset's)"""
+    preset: str | None = None
+    """one of the algorithm's presets (e.g. atari: the Nature CNN on Pong's frames), its
+    settings under the layout measured (None: the algorithm's defaults)"""
+    env_backend: str | None = None
+    """the training envs' backend, as a run's --env-backend (gymnasium, torch, atari, envpool,
+    vector; None: the algorithm's or the preset's): tune once with each to compare them"""
     hidden: int | None = None
     """model width (None: the algorithm's)"""
     budget: float = 60.0
@@ -177,6 +184,10 @@ def run(args: TuneCommand) -> int:
         overrides["env_id"] = args.env_id
     if args.hidden is not None:
         overrides["hidden"] = args.hidden
+    if args.preset is not None:
+        overrides["preset"] = args.preset
+    if args.env_backend is not None:
+        overrides["env_backend"] = args.env_backend
     devices = None
     if args.devices is not None:
         devices = [] if args.devices == "none" else [d for d in args.devices.split(",") if d]

@@ -1,0 +1,80 @@
+"""``rlstruct tune --preset NAME --env-backend B`` (rlstruct/algos/tuning.py): the tuner measures a
+preset's own model on the envs its runs train on (the Nature CNN on Atari frames, from ale-py or
+envpool), so that a layout for an Atari preset, or the faster of two env backends, is measured
+rather than guessed. Skipped without the atari extra (ale-py and OpenCV); the envpool case
+without envpool.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from rlstruct.algos import tuning
+from rlstruct.batchers.make import make_batcher
+from rlstruct.errors import ConfigError
+from rlstruct.runs.layout_file import read_layout
+from rlstruct.tools.tune import main
+
+HAVE_ATARI = bool(importlib.util.find_spec("ale_py") and importlib.util.find_spec("cv2"))
+needs_atari = pytest.mark.skipif(not HAVE_ATARI, reason="the atari extra is not installed "
+                                 "(pip install -e '.[atari]')")
+needs_envpool = pytest.mark.skipif(importlib.util.find_spec("envpool") is None,
+                                   reason="envpool is not installed (pip install -e '.[envpool]')")
+
+
+@needs_atari
+@pytest.mark.timeout(120)
+def test_a_preset_is_measured_with_its_model_on_its_envs():
+    setup = tuning.a2c(preset="atari")
+    assert setup.env_id == "PongNoFrameskip-v4" and setup.batch_size == 16 * 5
+    assert setup.env_args["frame_stack"] == 4 and "n_envs" not in setup.env_args
+    assert any(w.dim() == 4 for w in setup.weights.values())  # the Nature CNN's convolutions
+    with make_batcher(device="cpu", n_processes=1, n_timesteps=5,
+                      create_agent=setup.create_agent, agent_args=setup.agent_args,
+                      create_env=setup.create_env, env_args={**setup.env_args, "n_envs": 2},
+                      seeds=0) as batcher:
+        batcher.reset()
+        batcher.execute()
+        traj, _ = batcher.get()
+    assert traj.lengths.tolist() == [5, 5]
+    assert traj.trajectories["observation/frame"].dtype == torch.uint8
+    before = {k: v.clone() for k, v in setup.weights.items()}
+    setup.learn(traj)
+    assert any(not torch.equal(before[k], v) for k, v in setup.weights.items())
+
+
+@needs_envpool
+def test_the_envpool_backend_is_measured_with_one_thread_a_worker():
+    from rlstruct.envs.envpool import EnvPoolEnv
+
+    setup = tuning.ppo(preset="atari", env_backend="envpool", env_id="PongNoFrameskip-v4")
+    assert setup.create_env is EnvPoolEnv
+    assert setup.env_args["env"] == "Pong-v5" and setup.env_args["num_threads"] == 1
+    assert setup.env_args["use_fire_reset"] is False
+
+
+def test_a_backend_that_cannot_play_the_id_is_refused_before_anything_is_built(capsys):
+    with pytest.raises(ConfigError, match="--env-backend envpool"):
+        tuning.ppo(env_backend="envpool")  # CartPole-v1: not an ALE id
+    with pytest.raises(ConfigError, match="preset 'pong'"):
+        tuning.ppo(preset="pong")
+    assert main(["--algo", "rlstruct.algos.tuning:ppo", "--env-backend", "envpool",
+                 "--budget", "1"]) == 2
+    assert "--env-backend envpool" in capsys.readouterr().err
+
+
+@needs_atari
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_rlstruct_tune_writes_a_layout_for_an_atari_preset(tmp_path, capsys):
+    out = tmp_path / "tune.json"
+    code = main(["--algo", "rlstruct.algos.tuning:a2c", "--preset", "atari", "--processes",
+                 "1,2", "--n-envs", "4,8", "--n-threads", "1", "--pipeline", "1",
+                 "--devices", "none", "--budget", "20", "--probe-s", "1", "-o", str(out)])
+    assert code == 0, capsys.readouterr().err
+    tuned = read_layout(out)
+    assert tuned.layout.n_processes * tuned.layout.n_envs * tuned.n_timesteps == 80  # kept
+    assert tuned.tuned["steps_per_s"] > 0 and tuned.tuned["learner"] == "algorithm"
