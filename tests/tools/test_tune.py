@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from support.tune_helpers import learn_on_one_batch
 
 from rlstruct.batchers.make import make_batcher
 from rlstruct.errors import ConfigError
@@ -531,16 +532,8 @@ def test_the_algorithms_hand_over_a_learn_step_that_trains(name):
 
     setup = getattr(tuning, name)(hidden=16)
     assert setup.name == name and setup.env_id == "CartPole-v1" and setup.batch_size > 0
-    with make_batcher(device="cpu", n_processes=1, n_timesteps=8,
-                      create_agent=setup.create_agent, agent_args=setup.agent_args,
-                      create_env=setup.create_env, env_args={**setup.env_args, "n_envs": 2},
-                      seeds=0) as batcher:
-        batcher.reset()
-        batcher.execute()
-        traj, _ = batcher.get()
-    before = {k: v.clone() for k, v in setup.weights.items()}
-    setup.learn(traj)
-    assert any(not torch.equal(before[k], v) for k, v in setup.weights.items())
+    _, trained = learn_on_one_batch(setup, n_timesteps=8)
+    assert trained
 
 
 @pytest.mark.slow

@@ -11,9 +11,9 @@ import importlib.util
 
 import pytest
 import torch
+from support.tune_helpers import learn_on_one_batch
 
 from rlstruct.algos import tuning
-from rlstruct.batchers.make import make_batcher
 from rlstruct.errors import ConfigError
 from rlstruct.runs.layout_file import read_layout
 from rlstruct.tools.tune import main
@@ -32,18 +32,10 @@ def test_a_preset_is_measured_with_its_model_on_its_envs():
     assert setup.env_id == "PongNoFrameskip-v4" and setup.batch_size == 16 * 5
     assert setup.env_args["frame_stack"] == 4 and "n_envs" not in setup.env_args
     assert any(w.dim() == 4 for w in setup.weights.values())  # the Nature CNN's convolutions
-    with make_batcher(device="cpu", n_processes=1, n_timesteps=5,
-                      create_agent=setup.create_agent, agent_args=setup.agent_args,
-                      create_env=setup.create_env, env_args={**setup.env_args, "n_envs": 2},
-                      seeds=0) as batcher:
-        batcher.reset()
-        batcher.execute()
-        traj, _ = batcher.get()
+    traj, trained = learn_on_one_batch(setup, n_timesteps=5)
     assert traj.lengths.tolist() == [5, 5]
     assert traj.trajectories["observation/frame"].dtype == torch.uint8
-    before = {k: v.clone() for k, v in setup.weights.items()}
-    setup.learn(traj)
-    assert any(not torch.equal(before[k], v) for k, v in setup.weights.items())
+    assert trained
 
 
 @needs_envpool
