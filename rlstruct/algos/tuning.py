@@ -115,7 +115,7 @@ def impala(**overrides: Any) -> AlgoSetup:
 
 
 def _impala_learner(model: Any, cfg: Any) -> Any:
-    group = LocalLearner(model, partial(adam, lr=cfg.lr, eps=1e-5),
+    group = LocalLearner(model, _impala.make_optimizer(cfg),
                          partial(algorithm_learn, learn=_impala.learn,
                                  make_agent=_impala.BehaviourAgent, cfg=cfg), torch.device("cpu"))
     return _impala.Learner(group)  # as in impala.main, with its one-rank learner group

@@ -27,9 +27,10 @@ needs_envpool = pytest.mark.skipif(importlib.util.find_spec("envpool") is None,
 
 @needs_atari
 @pytest.mark.timeout(120)
-def test_a_preset_is_measured_with_its_model_on_its_envs():
-    setup = tuning.a2c(preset="atari")
-    assert setup.env_id == "PongNoFrameskip-v4" and setup.batch_size == 16 * 5
+@pytest.mark.parametrize(("algo", "batch"), [("a2c", 16 * 5), ("impala", 8 * 80)])
+def test_a_preset_is_measured_with_its_model_on_its_envs(algo, batch):
+    setup = getattr(tuning, algo)(preset="atari")
+    assert setup.env_id == "PongNoFrameskip-v4" and setup.batch_size == batch
     assert setup.env_args["frame_stack"] == 4 and "n_envs" not in setup.env_args
     assert any(w.dim() == 4 for w in setup.weights.values())  # the Nature CNN's convolutions
     traj, trained = learn_on_one_batch(setup, n_timesteps=5)
