@@ -56,7 +56,7 @@ def _setup(module: Any, model_fn: Any, agent_for: Any, learner: Any,
                      {k: v for k, v in env_args.items() if k != "n_envs"},
                      weights=model.state_dict(), seed=cfg.seed, pipelined=True,
                      name=name, env_id=cfg.env_id, learn=learn,
-                     batch_size=rows * cfg.n_timesteps)
+                     batch_size=rows * cfg.n_timesteps, env_backend=cfg.env_backend)
 
 
 def _model_shape(shape: tuple[int, ...], cfg: Any) -> tuple[int, ...]:

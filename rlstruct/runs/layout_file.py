@@ -24,6 +24,8 @@ __all__ = ["TUNED_FIELDS", "TunedLayout", "write_layout", "read_layout", "layout
 
 #: The layout fields the tuner chooses (the others of LayoutConfig are copied from a base).
 TUNED_FIELDS: tuple[str, ...] = ("batcher_device", "n_processes", "n_envs", "pipeline")
+#: The env backends a layout file may name (a run's ``--env-backend`` values).
+ENV_BACKENDS: tuple[str, ...] = ("gymnasium", "torch", "atari", "envpool", "vector")
 
 
 @dataclass
@@ -35,12 +37,14 @@ class TunedLayout:
         n_timesteps: ``T`` of the pick (0: the file has none).
         tuned: the measurements stored with it (objective, steps/s, ...).
         n_threads: the learner's torch threads of the pick (0: the file has none).
+        env_backend: the env backend the pick was measured on ("": the file has none).
     """
 
     layout: LayoutConfig
     n_timesteps: int
     tuned: dict[str, Any] = field(default_factory=dict)
     n_threads: int = 0
+    env_backend: str = ""
 
     def batcher_kwargs(self) -> dict[str, Any]:
         """The layout keyword arguments of :func:`~rlstruct.batchers.make.make_batcher`
@@ -52,9 +56,9 @@ class TunedLayout:
 
 
 def write_layout(path: str | os.PathLike, pick: TunedLayout) -> Path:
-    """Writes a layout file: ``pick.layout``'s fields, ``n_timesteps``, ``n_threads`` (when
-    set) and ``"tuned"`` (the measurements); :func:`read_layout` reads it back as the same
-    :class:`TunedLayout`.
+    """Writes a layout file: ``pick.layout``'s fields, ``n_timesteps``, ``n_threads`` and
+    ``env_backend`` (when set) and ``"tuned"`` (the measurements); :func:`read_layout` reads
+    it back as the same :class:`TunedLayout`.
 
     Args:
         path: the file.
@@ -68,6 +72,8 @@ def write_layout(path: str | os.PathLike, pick: TunedLayout) -> Path:
     data["n_timesteps"] = pick.n_timesteps
     if pick.n_threads:
         data["n_threads"] = pick.n_threads
+    if pick.env_backend:
+        data["env_backend"] = pick.env_backend
     data["tuned"] = dict(pick.tuned)
     path = Path(path)
     path.write_text(json.dumps(data, indent=2) + "\n")
@@ -76,8 +82,8 @@ def write_layout(path: str | os.PathLike, pick: TunedLayout) -> Path:
 
 def read_layout(path: str | os.PathLike) -> TunedLayout:
     """Reads a file of :func:`write_layout` (or any JSON of
-    LayoutConfig fields and optional ``n_timesteps`` and ``n_threads``; a missing field keeps
-    LayoutConfig's default).
+    LayoutConfig fields and optional ``n_timesteps``, ``n_threads`` and ``env_backend``; a
+    missing field keeps LayoutConfig's default).
 
     Raises:
         ConfigError: not a JSON object, an unknown key, or a field of the wrong type.
@@ -92,11 +98,15 @@ def read_layout(path: str | os.PathLike) -> TunedLayout:
     tuned = data.pop("tuned", {})
     n_timesteps = data.pop("n_timesteps", None)
     n_threads = data.pop("n_threads", None)
+    env_backend = data.pop("env_backend", "")
+    if env_backend != "" and env_backend not in ENV_BACKENDS:
+        raise ConfigError(f"{path}: env_backend must be one of {list(ENV_BACKENDS)}, got "
+                          f"{env_backend!r}")
     fields = {f.name: f for f in dataclasses.fields(LayoutConfig)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise ConfigError(f"{path}: unknown layout keys {unknown}; expected {sorted(fields)}, "
-                          "n_timesteps, n_threads and tuned")
+                          "n_timesteps, n_threads, env_backend and tuned")
     defaults = LayoutConfig()
     for name, value in data.items():
         want = type(getattr(defaults, name))
@@ -110,7 +120,7 @@ def read_layout(path: str | os.PathLike) -> TunedLayout:
         n_threads = 0
     elif type(n_threads) is not int or n_threads < 1:
         raise ConfigError(f"{path}: n_threads must be an int >= 1, got {n_threads!r}")
-    return TunedLayout(LayoutConfig(**data), n_timesteps, tuned, n_threads)
+    return TunedLayout(LayoutConfig(**data), n_timesteps, tuned, n_threads, env_backend)
 
 
 def layout_from_json(path: str | os.PathLike) -> LayoutConfig:
@@ -123,8 +133,9 @@ def apply_layout(cfg: Any, path: str | os.PathLike) -> Any:
     """Sets the tuned fields of a run config from a layout file, in place, and returns it.
 
     ``cfg.layout``'s ``batcher_device``, ``n_processes``, ``n_envs`` and ``pipeline``, and
-    ``cfg.n_timesteps`` and ``cfg.n_threads`` when the file has them; the learner and
-    evaluation devices and ``check_devices`` stay the config's.
+    ``cfg.n_timesteps``, ``cfg.n_threads`` and ``cfg.env_backend`` when the file has them
+    (the backend the layout was measured on); the learner and evaluation devices and
+    ``check_devices`` stay the config's.
 
     Args:
         cfg: a :class:`~rlstruct.runs.run.RunConfig` (anything with ``layout`` and ``n_timesteps``).
@@ -137,4 +148,6 @@ def apply_layout(cfg: Any, path: str | os.PathLike) -> Any:
         cfg.n_timesteps = tuned.n_timesteps
     if tuned.n_threads:
         cfg.n_threads = tuned.n_threads
+    if tuned.env_backend:
+        cfg.env_backend = tuned.env_backend
     return cfg

@@ -8,14 +8,16 @@ without envpool.
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 import torch
 from support.tune_helpers import learn_on_one_batch
 
-from rlstruct.algos import tuning
+from rlstruct.algos import a2c, tuning
 from rlstruct.errors import ConfigError
-from rlstruct.runs.layout_file import read_layout
+from rlstruct.runs.layout import LayoutConfig
+from rlstruct.runs.layout_file import TunedLayout, apply_layout, read_layout, write_layout
 from rlstruct.tools.tune import main
 
 HAVE_ATARI = bool(importlib.util.find_spec("ale_py") and importlib.util.find_spec("cv2"))
@@ -71,3 +73,21 @@ def test_rlstruct_tune_writes_a_layout_for_an_atari_preset(tmp_path, capsys):
     tuned = read_layout(out)
     assert tuned.layout.n_processes * tuned.layout.n_envs * tuned.n_timesteps == 80  # kept
     assert tuned.tuned["steps_per_s"] > 0 and tuned.tuned["learner"] == "algorithm"
+    assert tuned.env_backend == "atari"  # measured there: --layout FILE trains there
+    cfg = a2c.Config.from_preset("atari", env_backend="gymnasium", env_id="CartPole-v1")
+    apply_layout(cfg, out)
+    assert cfg.env_backend == "atari" and cfg.n_timesteps == tuned.n_timesteps
+
+
+def test_a_layout_file_carries_its_env_backend(tmp_path):
+    pick = TunedLayout(LayoutConfig(n_processes=2, n_envs=4), 16, {}, 2, "envpool")
+    assert read_layout(write_layout(tmp_path / "t.json", pick)) == pick
+    plain = TunedLayout(LayoutConfig(), 8)
+    written = write_layout(tmp_path / "p.json", plain)
+    assert "env_backend" not in json.loads(written.read_text())
+    cfg = a2c.Config(env_backend="atari")
+    apply_layout(cfg, written)  # a file without a backend leaves the run's
+    assert cfg.env_backend == "atari"
+    (tmp_path / "bad.json").write_text(json.dumps({"env_backend": "ale"}))
+    with pytest.raises(ConfigError, match=r"env_backend must be one of .*'ale'"):
+        read_layout(tmp_path / "bad.json")

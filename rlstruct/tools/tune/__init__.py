@@ -34,7 +34,8 @@ Use it from Python (:func:`tune` with your factories, :func:`tune_algo` with the
 ``rlstruct tune --algo rlstruct.algos.tuning:ppo --budget 60 --out tune.json``
 (:func:`main`).
 The JSON file holds :class:`~rlstruct.runs.layout.LayoutConfig`'s fields plus
-``n_timesteps``, the learner's ``n_threads`` (and the measurements under ``"tuned"``);
+``n_timesteps``, the learner's ``n_threads``, the env backend measured when not gymnasium's
+(and the measurements under ``"tuned"``);
 :func:`read_layout`, :func:`layout_from_json` and :func:`apply_layout` read it back.
 
 Changing ``n_envs``, ``n_processes`` or ``T`` changes the batch (``B = P * n_envs`` rows of

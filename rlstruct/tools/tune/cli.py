@@ -9,6 +9,7 @@ code; the library itself imports no algorithm) and ``FUNCTION(seed=..., [env_id=
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 from collections.abc import Sequence
@@ -212,8 +213,10 @@ def run(args: TuneCommand) -> int:
         return 1
     learner = ("fake" if args.learn_s else "none") if not args.learner or args.learn_s or \
         setup.learn is None else "algorithm"
-    written = write_layout(args.out, tuned_layout(
-        result, algo=setup.name or args.algo, env_id=setup.env_id or args.env_id,
-        learner=learner, learn_s=args.learn_s))
+    pick = tuned_layout(result, algo=setup.name or args.algo, env_id=setup.env_id or args.env_id,
+                        learner=learner, learn_s=args.learn_s)
+    # a backend other than gymnasium's goes into the file: --layout FILE then trains on it
+    backend = "" if setup.env_backend == "gymnasium" else setup.env_backend
+    written = write_layout(args.out, dataclasses.replace(pick, env_backend=backend))
     print(f"best: {result.best.label} -> {written} (use it with --layout {written})")
     return 0

@@ -280,6 +280,8 @@ class AlgoSetup:
         learner_threads: the learn step's speed depends on torch's threads (its tensor maths
             run in this process), so :func:`tune_algo` searches ``n_threads`` when it measures
             under it; False: 1 thread only.
+        env_backend: the run's ``--env-backend`` that ``create_env`` plays, written into the
+            layout file ("": none written).
     """
 
     create_agent: Callable[..., Agent]
@@ -295,6 +297,7 @@ class AlgoSetup:
     learn: Callable[[Trajectories], Any] | None = None
     batch_size: int | None = None
     learner_threads: bool = True
+    env_backend: str = ""
 
 
 def tune_algo(setup: AlgoSetup, *, budget_s: float = 60.0, use_learner: bool = True,
