@@ -19,8 +19,8 @@ from typing import Any
 from rlstruct.errors import ConfigError
 from rlstruct.runs.layout import LayoutConfig
 
-__all__ = ["TUNED_FIELDS", "TunedLayout", "write_layout", "read_layout", "layout_from_json",
-           "apply_layout"]
+__all__ = ["TUNED_FIELDS", "ENV_BACKENDS", "TunedLayout", "write_layout", "read_layout",
+           "layout_from_json", "apply_layout"]
 
 #: The layout fields the tuner chooses (the others of LayoutConfig are copied from a base).
 TUNED_FIELDS: tuple[str, ...] = ("batcher_device", "n_processes", "n_envs", "pipeline")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from typing import get_args, get_type_hints
 
 import pytest
 import torch
@@ -16,8 +17,15 @@ from support.tune_helpers import learn_on_one_batch
 
 from rlstruct.algos import a2c, tuning
 from rlstruct.errors import ConfigError
+from rlstruct.runs.config import RunConfig
 from rlstruct.runs.layout import LayoutConfig
-from rlstruct.runs.layout_file import TunedLayout, apply_layout, read_layout, write_layout
+from rlstruct.runs.layout_file import (
+    ENV_BACKENDS,
+    TunedLayout,
+    apply_layout,
+    read_layout,
+    write_layout,
+)
 from rlstruct.tools.tune import main
 
 HAVE_ATARI = bool(importlib.util.find_spec("ale_py") and importlib.util.find_spec("cv2"))
@@ -91,3 +99,8 @@ def test_a_layout_file_carries_its_env_backend(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"env_backend": "ale"}))
     with pytest.raises(ConfigError, match=r"env_backend must be one of .*'ale'"):
         read_layout(tmp_path / "bad.json")
+
+
+def test_a_layout_file_takes_the_backends_a_run_takes():
+    hints = get_type_hints(RunConfig)
+    assert set(get_args(hints["env_backend"])) == set(ENV_BACKENDS)
