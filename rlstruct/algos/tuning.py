@@ -26,11 +26,9 @@ from rlstruct.blocks.nets import head_actor_critic
 from rlstruct.blocks.optim import adam, gradient_step
 from rlstruct.blocks.zoo import actor_critic
 from rlstruct.envs import GymEnvInf
-from rlstruct.envs.registry import ATARI_BACKENDS, env_id_problems
-from rlstruct.envs.registry import env_spaces as registry_env_spaces
-from rlstruct.errors import ConfigError
 from rlstruct.learners.local import LocalLearner
 from rlstruct.learners.rank import algorithm_learn
+from rlstruct.runs.resolve import resolve
 from rlstruct.runs.training_env import training_env
 from rlstruct.tools.tune import AlgoSetup
 from rlstruct.trajectories import Trajectories
@@ -38,18 +36,15 @@ from rlstruct.trajectories import Trajectories
 
 def _setup(module: Any, model_fn: Any, agent_for: Any, learner: Any,
            preset: str | None = None, **overrides: Any) -> AlgoSetup:
-    cfg = module.Config.from_preset(preset, **overrides) if preset else module.Config(**overrides)
-    problems = cfg.problems() + env_id_problems(cfg.env_id, cfg.env_backend)
-    if problems:
-        raise ConfigError("; ".join(problems))
     name = module.__name__.rsplit(".", 1)[-1]
+    # a run's own checks and spaces (the frames as its env backend stacks them)
+    resolved = resolve(module.Config.from_preset(preset, **overrides) if preset
+                       else module.Config(**overrides), name)
+    cfg = resolved.cfg
     create_env, env_args = training_env(name, cfg, GymEnvInf, torch.device("cpu"))
     if cfg.env_backend == "envpool":  # the candidates' worker counts vary: one thread each
         env_args["num_threads"] = 1
-    shape, space = registry_env_spaces(cfg.env_id, cfg.env_backend)
-    if cfg.env_backend in ATARI_BACKENDS:  # the probe stacks 4 frames; the run frame_stack
-        shape = (cfg.frame_stack, *shape[1:])
-    model = model_fn(tuple(shape), space, cfg)
+    model = model_fn(tuple(resolved.obs_shape), resolved.action_space, cfg)
     rows = (cfg.layout.n_processes or 1) * cfg.layout.n_envs
     learn = learner(model, cfg)
     return AlgoSetup(agent_for(cfg), {"model": model}, create_env,

@@ -76,14 +76,14 @@ def check_arguments(
                     "envpool's asynchronous mode does not fit a VecEnv"
                 )
             raise ConfigError(f"envpool keyword {key}={envpool_kwargs[key]!r}: {what}")
-    noop_max = envpool_kwargs.get("noop_max")
-    if noop_max is not None and (isinstance(noop_max, bool) or not isinstance(
-            noop_max, (int, np.integer)) or noop_max < 1):
-        raise ConfigError(
-            f"envpool keyword noop_max={noop_max!r}: envpool's Atari envs need an int >= 1 "
-            "(envpool 1.2.5 crashes the process with a segmentation fault at noop_max=0; "
-            "noop_max=1 starts every episode without random no-ops)"
-        )
+    if "noop_max" in envpool_kwargs:  # envpool 1.2.5 dies of a segmentation fault at 0
+        try:
+            check_int("noop_max", envpool_kwargs["noop_max"], 1)
+        except ConfigError as err:
+            raise ConfigError(
+                f"envpool keyword noop_max={envpool_kwargs['noop_max']!r}: {err} (envpool 1.2.5 "
+                "crashes the process with a segmentation fault at noop_max=0; noop_max=1 "
+                "starts every episode without random no-ops)") from None
 
 
 def check_task_id(envpool: Any, env: str) -> None:
