@@ -448,6 +448,58 @@ def test_the_train_commands_of_the_docs_parse_as_written(capsys):
     assert sum("--preset" in flags for _, _, flags in doc_train_commands()) >= 5
 
 
+_INLINE_TUNE = re.compile(r"`(rlstruct tune [^`]*)`")
+
+
+def test_the_tune_commands_of_the_docs_set_up_as_written(capsys):
+    """Every ``rlstruct tune ...`` line of the pages' code blocks and inline spans parses as
+    written (tyro, ``TuneCommand``), and its ``--algo`` function builds the setup the tuner
+    would measure, from the command's own keywords (``setup_overrides``): the preset, the env
+    backend and the env resolved as a run resolves them; nothing is measured. A command whose
+    backend's extra is not installed is parsed only."""
+    import importlib.util
+    import shlex
+
+    import tyro
+
+    from rlstruct.tools.tune.cli import TuneCommand, load_setup, setup_overrides
+
+    extras = {"envpool": "envpool", "atari": "ale_py"}
+    checked, built = [], []
+    for page in (p for p in LINKED_PAGES if p.suffix == ".md"):
+        text = page.read_text()
+        lines = [line for lang, body in code_blocks(text) if lang != "text"  # not output
+                 for line in body.replace("\\\n", " ").splitlines()]
+        lines += _INLINE_TUNE.findall(" ".join(_FENCE.sub("", text).split()))
+        for line in lines:
+            found = re.search(r"\brlstruct tune (.*)", line)
+            if not found or "<" in found.group(1) or "..." in found.group(1):
+                continue
+            words: list[str] = []
+            for word in shlex.split(re.split(r"\s#", found.group(1))[0].rstrip("`")):
+                if _PLACEHOLDER.fullmatch(word) and words and words[-1].startswith("--"):
+                    words.pop()  # a placeholder value (--env-backend B): drop it and its flag
+                    continue
+                words.append(word)
+            try:
+                args = tyro.cli(TuneCommand, args=words, prog="rlstruct tune")
+            except SystemExit as exit_:
+                raise AssertionError(f"{page.name}: `rlstruct tune {found.group(1)}` does not "
+                                     f"parse: {capsys.readouterr().err[-500:]}") from exit_
+            checked.append((page.name, args.algo))
+            overrides = setup_overrides(args)
+            backend = overrides.get("env_backend") or ("atari" if args.preset else "")
+            if backend in extras and importlib.util.find_spec(extras[backend]) is None:
+                continue
+            setup = load_setup(args.algo, **overrides)
+            assert setup.batch_size and setup.env_id, (page.name, words)
+            built.append((page.name, setup.name, overrides.get("env_backend")))
+    capsys.readouterr()
+    assert len(checked) >= 4, checked  # the extraction finds the docs' commands
+    assert any(page == "guide-resources.md" for page, _ in checked)
+    assert built, checked
+
+
 def test_the_sweep_commands_of_the_docs_parse_as_written(capsys):
     """Every ``rlstruct sweep ALGO ...`` line of the pages' code blocks parses as written: the
     sweep's own flags (tyro, ``SweepCommand``) and the algorithm's flags after ``--``

@@ -24,7 +24,7 @@ from rlstruct.runs.layout_file import write_layout
 from rlstruct.tools.tune.measure import AlgoSetup, tune_algo
 from rlstruct.tools.tune.searches import tuned_layout
 
-__all__ = ["TuneCommand", "load_setup", "main", "run"]
+__all__ = ["TuneCommand", "load_setup", "main", "run", "setup_overrides"]
 
 PROG = "rlstruct tune"
 
@@ -105,7 +105,7 @@ class TuneCommand:
     preset: str | None = None
     """one of the algorithm's presets (e.g. atari: the Nature CNN on Pong's frames), its
     settings under the layout measured (None: the algorithm's defaults)"""
-    env_backend: str | None = None
+    env_backend: Literal["gymnasium", "torch", "atari", "envpool", "vector"] | None = None
     """the training envs' backend, as a run's --env-backend (gymnasium, torch, atari, envpool,
     vector; None: the algorithm's or the preset's): tune once with each to compare them"""
     hidden: int | None = None
@@ -153,6 +153,14 @@ class TuneCommand:
     """the layout file to write"""
 
 
+def setup_overrides(args: TuneCommand) -> dict[str, Any]:
+    """The keywords the command gives the ``--algo`` function: ``seed``, and ``env_id``,
+    ``hidden``, ``preset`` and ``env_backend`` where given."""
+    given = {"env_id": args.env_id, "hidden": args.hidden, "preset": args.preset,
+             "env_backend": args.env_backend}
+    return {"seed": args.seed, **{k: v for k, v in given.items() if v is not None}}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``rlstruct tune``: tune an algorithm's layout, print the table, write JSON.
 
@@ -180,15 +188,7 @@ def run(args: TuneCommand) -> int:
         flag = "--keep-batch" if args.keep_batch else "--batch-size"
         print(f"{PROG}: error: --vary-batch and {flag} exclude each other", file=sys.stderr)
         return 2
-    overrides: dict[str, Any] = {"seed": args.seed}
-    if args.env_id is not None:
-        overrides["env_id"] = args.env_id
-    if args.hidden is not None:
-        overrides["hidden"] = args.hidden
-    if args.preset is not None:
-        overrides["preset"] = args.preset
-    if args.env_backend is not None:
-        overrides["env_backend"] = args.env_backend
+    overrides = setup_overrides(args)
     devices = None
     if args.devices is not None:
         devices = [] if args.devices == "none" else [d for d in args.devices.split(",") if d]
