@@ -44,7 +44,7 @@ from rlstruct import keys as K
 from rlstruct.algos.presets import IMPALA_PRESETS
 from rlstruct.blocks import zoo
 from rlstruct.blocks.distributions import space_spec
-from rlstruct.blocks.optim import Optimizer, adam, gradient_step
+from rlstruct.blocks.optim import Optimizer, adam, gradient_step, rmsprop_tf
 from rlstruct.blocks.sampling import greedy_info
 from rlstruct.blocks.vtrace_replay import behaviour_agent, replay_segment
 from rlstruct.envs import GymEnvInf
@@ -65,9 +65,10 @@ class Config(RunConfig):
     """the zoo's actor-critic (rlstruct/blocks/zoo.py): mlp, the Nature CNN on stacked frames
     (--env-backend atari), or a recurrent one (LSTM/GRU cell), replayed at the learner from the
     state stored at each segment's start"""
-    optimizer: Literal["adam", "rmsprop"] = "adam"
-    """adam (eps 1e-5), or torch's RMSprop with IMPALA's alpha 0.99 and eps 0.01 (--preset
-    atari)"""
+    optimizer: Literal["adam", "rmsprop", "rmsprop-tf"] = "adam"
+    """adam (eps 1e-5), torch's RMSprop with IMPALA's alpha 0.99 and eps 0.01, or RMSprop as
+    TensorFlow has it (the IMPALA paper's: eps 0.01 inside the square root, the square average
+    starting at ones)"""
     reduction: Literal["mean", "sum"] = "mean"
     """the losses averaged over the segment's valid steps, or summed (TorchBeast's)"""
     anneal_lr: bool = False
@@ -121,6 +122,8 @@ def make_optimizer(cfg: Config) -> partial[Optimizer]:
     larger."""
     if cfg.optimizer == "rmsprop":
         return partial(torch_rmsprop, lr=cfg.lr, alpha=0.99, eps=0.01)
+    if cfg.optimizer == "rmsprop-tf":
+        return partial(rmsprop_tf, lr=cfg.lr, alpha=0.99, eps=0.01)
     return partial(adam, lr=cfg.lr, eps=1e-5)
 
 

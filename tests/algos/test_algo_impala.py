@@ -22,7 +22,7 @@ from rlstruct import keys as K
 from rlstruct.algos import impala
 from rlstruct.blocks import zoo
 from rlstruct.blocks.distributions import space_spec
-from rlstruct.blocks.optim import adam
+from rlstruct.blocks.optim import RMSpropTF, adam
 from rlstruct.blocks.recurrent import RecurrentAgent
 from rlstruct.blocks.sampling import ActorAgent
 from rlstruct.blocks.vtrace_replay import replay_segment
@@ -274,6 +274,18 @@ def test_the_atari_preset_is_torchbeast_s_and_resolves():
     assert isinstance(optimizer, torch.optim.RMSprop)
     assert {k: optimizer.defaults[k] for k in ("alpha", "eps", "momentum")} == {
         "alpha": 0.99, "eps": 0.01, "momentum": 0}
+
+
+def test_rmsprop_tf_is_the_papers_rmsprop_eps_inside_the_root_from_a_square_average_of_ones():
+    w = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    make = impala.make_optimizer(impala.Config(optimizer="rmsprop-tf", lr=0.1))
+    optimizer = make([w], device="cpu")
+    assert isinstance(optimizer, RMSpropTF)
+    assert {k: optimizer.defaults[k] for k in ("alpha", "eps")} == {"alpha": 0.99, "eps": 0.01}
+    w.grad = torch.tensor([3.0, 0.0])
+    optimizer.step()  # v = 0.99 + 0.01 g^2 (torch's RMSprop: v = 0.01 g^2, a 10x larger step)
+    assert torch.allclose(w.detach(), torch.tensor([1.0 - 0.1 * 3.0 / (0.99 + 0.09 + 0.01) ** 0.5,
+                                                    -2.0]))
 
 
 @pytest.mark.timeout(240)
