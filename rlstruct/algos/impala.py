@@ -66,9 +66,9 @@ class Config(RunConfig):
     (--env-backend atari), or a recurrent one (LSTM/GRU cell), replayed at the learner from the
     state stored at each segment's start"""
     optimizer: Literal["adam", "rmsprop", "rmsprop-tf"] = "adam"
-    """adam (eps 1e-5), torch's RMSprop with IMPALA's alpha 0.99 and eps 0.01, or RMSprop as
-    TensorFlow has it (the IMPALA paper's: eps 0.01 inside the square root, the square average
-    starting at ones)"""
+    """adam (eps 1e-5), torch's RMSprop with MonoBeast's alpha 0.99 and eps 0.01, or RMSprop as
+    TensorFlow has it, the optimizer of the IMPALA paper's code (the same alpha and eps, here
+    inside the square root, and the square average starting at ones)"""
     reduction: Literal["mean", "sum"] = "mean"
     """the losses averaged over the segment's valid steps, or summed (TorchBeast's)"""
     anneal_lr: bool = False
