@@ -10,7 +10,7 @@ One iteration:
    ``mlp-gru``, ``cnn-lstm``, ``cnn-gru``) through ``RecurrentAgent``, which carries ``h`` in
    its state, resets it where ``observation["initial_state"]`` is true, and whose batcher
    records the state at the segment start in ``info["agent_state/h"]``.
-2. **Replay** the agent on the learner device, with gradients: ``replay_agent`` for a recurrent
+2. **Replay** the agent on the learner device, with gradients: ``replay_rows`` for a recurrent
    model, from the stored ``agent_state/h`` (the memory of an episode begun in an earlier
    segment is restored exactly); ``replay_agent_stateless`` (one batched call) otherwise.
 3. **One gradient step** on ``-logp(a) A + vf_coef (V - R)^2 - ent_coef H`` with GAE(lambda)
@@ -38,11 +38,11 @@ from torch import Tensor, nn
 from rlstruct import Agent, TemporalDictTensor, Trajectories
 from rlstruct import functional as F
 from rlstruct import keys as K
-from rlstruct.agent_replay import replay_agent, replay_agent_stateless
+from rlstruct.agent_replay import replay_agent_stateless
 from rlstruct.algos.presets import A2C_PRESETS
 from rlstruct.blocks.distributions import ActionHead, space_spec
 from rlstruct.blocks.optim import Optimizer, adam, gradient_step, rmsprop_tf
-from rlstruct.blocks.recurrent import STATE, RecurrentAgent, bootstrap_values
+from rlstruct.blocks.recurrent import STATE, RecurrentAgent, bootstrap_values, replay_rows
 from rlstruct.blocks.sampling import PolicyAgent, greedy_info
 from rlstruct.blocks.zoo import RECURRENT_MODELS, actor_critic, is_recurrent, model_problems
 from rlstruct.envs import GymEnvInf
@@ -99,7 +99,7 @@ def make_optimizer(cfg: Config) -> partial[Optimizer]:
 def replay(agent: Agent, traj: Trajectories) -> TemporalDictTensor:
     """The agent's outputs ``(B, T, ...)`` with gradients (a recurrent one from agent_state):
     ``params``, ``value`` (and ``h``, the state after each step, for a recurrent model)."""
-    return (replay_agent if is_recurrent(agent.model) else replay_agent_stateless)(agent, traj)
+    return (replay_rows if is_recurrent(agent.model) else replay_agent_stateless)(agent, traj)
 
 
 class _Memoryless:

@@ -199,6 +199,16 @@ class MultiInputModel(nn.Module):
     def forward(self, x: Mapping[str, Tensor], *args: Any, **kwargs: Any) -> Any:
         return self.inner(self.encode(x, bool(kwargs.get("frozen", False))), *args, **kwargs)
 
+    def forward_sequence(self, x: Mapping[str, Tensor] | Tensor, state: Tensor, starts: Tensor,
+                         keep: Tensor) -> Any:
+        """A recurrent inner network's whole segment (``forward_sequence`` of
+        :class:`~rlstruct.blocks.zoo.RecurrentActorCritic`): the ``(B, T)`` observations
+        encoded as one batch of ``B * T``, then ``inner.forward_sequence`` on their features
+        ``(B, T, F)``."""
+        b, n_t = starts.shape
+        feats = self.encoder(x.flatten(0, 1)).view(b, n_t, -1)
+        return self.inner.forward_sequence(feats, state, starts, keep)
+
     def __getattr__(self, name: str) -> Any:
         try:
             return super().__getattr__(name)

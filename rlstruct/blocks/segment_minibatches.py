@@ -5,7 +5,7 @@ shuffled transitions. A recurrent actor-critic (``--model mlp-lstm`` and kin) le
 
 Its memory at step ``t`` is made by the steps before it, so each minibatch is a set of
 whole env rows of the batch (:func:`row_minibatches`), replayed with
-:func:`~rlstruct.agent_replay.replay_agent` from the state the batcher stored at the segment's
+:func:`~rlstruct.blocks.recurrent.replay_rows` from the state the batcher stored at the segment's
 start (``info["agent_state/h"]``; the agent restarts from zeros at episode starts, as it did
 while acting), and the loss is taken over the valid steps only (:func:`replay_valid_steps`).
 Advantages come from the stored values and :func:`~rlstruct.blocks.recurrent.bootstrap_values`
@@ -29,12 +29,11 @@ from torch import Tensor
 
 from rlstruct import keys as K
 from rlstruct.agent import Agent
-from rlstruct.agent_replay import replay_agent
 from rlstruct.blocks import functional as F
 from rlstruct.blocks import normalization
 from rlstruct.blocks.masks import mask_head_params, stored_mask
 from rlstruct.blocks.obs_input import model_input
-from rlstruct.blocks.recurrent import STORED_STATE, bootstrap_values
+from rlstruct.blocks.recurrent import STORED_STATE, bootstrap_values, replay_rows
 from rlstruct.dicttensor import DictTensor
 from rlstruct.errors import ConfigError
 from rlstruct.trajectories import Trajectories
@@ -69,7 +68,7 @@ def replay_valid_steps(agent: Agent, traj: Trajectories) -> tuple[DictTensor, Di
     """Replays ``agent`` over ``traj`` from its stored start state, with gradients; returns
     ``(replayed outputs (N, *feat), stored steps (N, *feat))`` on the ``N`` valid steps, row
     by row (padding dropped), aligned with each other."""
-    return replay_agent(agent, traj).to_transitions(), traj.trajectories.to_transitions()
+    return replay_rows(agent, traj).to_transitions(), traj.trajectories.to_transitions()
 
 
 def scaled_rewards(model: Any, traj: Trajectories, gamma: float) -> Tensor:
@@ -159,7 +158,7 @@ def relabel_recurrent(agent: Agent, traj: Trajectories) -> Trajectories:
     steps = traj.trajectories
     shape = steps[K.STORED_VALUE].shape
     with torch.no_grad():
-        out = replay_agent(agent, traj)
+        out = replay_rows(agent, traj)
         params = out[agent.replay_key].flatten(0, 1)
         logp = agent.model.head.log_prob(params, steps[K.STORED_SAMPLE].flatten(0, 1))
     steps.set(K.STORED_LOGP, logp.view(shape))

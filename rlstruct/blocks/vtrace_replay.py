@@ -3,9 +3,10 @@ recurrent ones included: the behaviour agent, the replay of a segment's logits a
 APPO's minibatches of whole rows.
 
 A feed-forward model is replayed in ONE batched call over the segment's ``B * T`` steps
-(``replay_agent_stateless``); a recurrent one step by step from the state the batcher stored
-at the segment's start (``replay_agent`` from ``info["agent_state/h"]``; the agent restarts
-from zeros at episode starts, as while acting). Either way the learner gets the logits and
+(``replay_agent_stateless``); a recurrent one from the state the batcher stored at the
+segment's start (``replay_rows`` from ``info["agent_state/h"]``: the encoder of every step in
+one batch, the cell step by step; the agent restarts from zeros at episode starts, as while
+acting). Either way the learner gets the logits and
 values with gradients, and ``V'`` of the true next observations without
 (:func:`~rlstruct.blocks.recurrent.bootstrap_values` for a recurrent model).
 
@@ -30,11 +31,11 @@ from torch import Tensor, nn
 
 from rlstruct import keys as K
 from rlstruct.agent import Agent
-from rlstruct.agent_replay import replay_agent, replay_agent_stateless
+from rlstruct.agent_replay import replay_agent_stateless
 from rlstruct.batchers.make import default_processes
 from rlstruct.blocks.masks import mask_logits, stored_mask
 from rlstruct.blocks.obs_input import model_input
-from rlstruct.blocks.recurrent import STATE, RecurrentAgent, bootstrap_values
+from rlstruct.blocks.recurrent import STATE, RecurrentAgent, bootstrap_values, replay_rows
 from rlstruct.blocks.sampling import ActorAgent
 from rlstruct.blocks.zoo import is_recurrent
 from rlstruct.dicttensor import DictTensor
@@ -72,7 +73,7 @@ def replay_segment(agent: Agent, traj: Trajectories) -> tuple[Tensor, Tensor, Te
             model, the ``agent_state/h`` the batcher stored).
     """
     if is_recurrent(agent.model):
-        out = replay_agent(agent, traj)
+        out = replay_rows(agent, traj)
         value = out[K.VALUE]
         return out["logits"], value, bootstrap_values(agent.model, traj, value.detach(),
                                                       out[STATE])
@@ -90,7 +91,7 @@ def replay_transitions(agent: Agent, minibatch: DictTensor | Trajectories,
     their valid steps taken row after row.
     """
     if isinstance(minibatch, Trajectories):
-        new = replay_agent(agent, minibatch).get(["logits", K.VALUE]).to_transitions()
+        new = replay_rows(agent, minibatch).get(["logits", K.VALUE]).to_transitions()
         return new, minibatch.trajectories.get(keys).to_transitions()
     return replay_agent_stateless(agent, minibatch), minibatch
 
