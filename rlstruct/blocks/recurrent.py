@@ -155,7 +155,8 @@ def replay_rows(agent: Agent, trajectories: Trajectories) -> TemporalDictTensor:
     the same outputs to float rounding, 5.7x faster on Pong's ``cnn-lstm`` minibatch),
     :func:`~rlstruct.agent_replay.replay_agent` step by step for any other agent (a
     :class:`~rlstruct.checks.CheckDevice` around one included, so that its checks run)."""
-    if isinstance(agent, RecurrentAgent) and hasattr(agent.model, "forward_sequence"):
+    if (isinstance(agent, RecurrentAgent) and hasattr(agent.model, "forward_sequence")
+            and trajectories.trajectories.n_timesteps() > 0):
         return agent.replay_sequence(trajectories)
     return replay_agent(agent, trajectories)
 
