@@ -71,15 +71,19 @@ def test_a_long_run_of_an_lstm_is_fused_and_its_unkept_cell_states_are_nan():
     assert not states[:, -1].isnan().any() and not states[..., :3].isnan().any()
 
 
-def segment(model: str, b: int = 3, n_t: int = 24, seed: int = 0) -> Trajectories:
+def segment(model: str, b: int = 3, n_t: int = 24, seed: int = 0,
+            obs: dict[str, torch.Tensor] | None = None) -> Trajectories:
     """A segment ``(B, T)`` as a batcher stores one: the state at its start, episodes that
     end (a terminated or truncated step, then a restart), a row shorter than the others, and
-    action masks."""
+    action masks; ``obs``: the observation's keys ``(B, T, ...)`` instead of a frame."""
     g = torch.Generator().manual_seed(seed)
-    if model.startswith("cnn"):
-        obs = torch.randint(0, 256, (b, n_t, 1, 84, 84), generator=g, dtype=torch.uint8)
+    if obs is not None:
+        frame = next(iter(obs.values()))
+    elif model.startswith("cnn"):
+        frame = torch.randint(0, 256, (b, n_t, 1, 84, 84), generator=g, dtype=torch.uint8)
     else:
-        obs = torch.randn(b, n_t, 5, generator=g)
+        frame = torch.randn(b, n_t, 5, generator=g)
+    obs = obs or {K.OBS_FRAME: frame}
     terminated = torch.rand(b, n_t, generator=g) < 0.06
     truncated = (torch.rand(b, n_t, generator=g) < 0.03) & ~terminated
     starts = torch.zeros(b, n_t, dtype=torch.bool)
@@ -87,9 +91,9 @@ def segment(model: str, b: int = 3, n_t: int = 24, seed: int = 0) -> Trajectorie
     starts[0, 0] = True
     mask = torch.rand(b, n_t, N_ACTIONS, generator=g) < 0.7
     mask[..., 0] = True
-    net = actor_critic(model, tuple(obs.shape[2:]), space_spec(spaces.Discrete(N_ACTIONS)), 8)
+    net = actor_critic(model, tuple(frame.shape[2:]), space_spec(spaces.Discrete(N_ACTIONS)), 8)
     steps = TemporalDictTensor(DictTensor({
-        K.OBS_FRAME: obs, K.OBS_INITIAL_STATE: starts, K.OBS_ACTION_MASK: mask,
+        **obs, K.OBS_INITIAL_STATE: starts, K.OBS_ACTION_MASK: mask,
         K.NEXT_TERMINATED: terminated, K.NEXT_TRUNCATED: truncated,
     }), torch.tensor([n_t, n_t - 7, n_t])[:b])
     info = DictTensor({K.AGENT_STATE + "h": torch.randn(b, net.state_size, generator=g)})
@@ -128,3 +132,26 @@ def test_an_agent_under_check_device_is_replayed_step_by_step_with_its_checks():
     out = replay_rows(checked, traj)
     assert out["h"].equal(replay_agent(agent, traj)["h"])  # whole at every step: no fused run
     assert replay_rows(agent, traj)["h"].isnan().any()  # where the fast path leaves c unread
+
+
+def test_a_recurrent_model_behind_a_multi_input_encoder_replays_as_replay_agent_does():
+    import numpy as np
+
+    from rlstruct.blocks.multi_input import feature_size, model_factory, obs_spec
+
+    space = spaces.Dict({"image": spaces.Box(0, 255, (1, 16, 16), np.uint8),
+                         "vector": spaces.Box(-1, 1, (3,), np.float32)})
+    spec = obs_spec(space)
+    torch.manual_seed(2)
+    net = model_factory(spec, actor_critic, "mlp-gru", (feature_size(spec),),
+                        space_spec(spaces.Discrete(N_ACTIONS)), 8)()
+    agent = RecurrentAgent(net)
+    g, b, n_t = torch.Generator().manual_seed(3), 3, 3 * FUSED_MIN_STEPS
+    traj = segment("mlp-gru", b, n_t, obs={
+        K.OBSERVATION + "image": torch.randint(0, 256, (b, n_t, 1, 16, 16), generator=g,
+                                               dtype=torch.uint8),
+        K.OBSERVATION + "vector": torch.rand(b, n_t, 3, generator=g) * 2 - 1})
+    fast, ref = replay_rows(agent, traj), replay_agent(agent, traj)
+    valid = traj.trajectories.mask()
+    for key in ("params", K.VALUE, "h"):  # a GRU's state: whole at every step
+        torch.testing.assert_close(fast[key][valid], ref[key][valid], atol=1e-5, rtol=1e-5)
