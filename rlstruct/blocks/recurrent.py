@@ -111,7 +111,6 @@ class RecurrentAgent(Agent):
         return DictTensor({self.replay_key: params, K.VALUE: value, STATE: h}), \
             DictTensor({STATE: h})
 
-
     def replay_sequence(self, trajectories: Trajectories) -> TemporalDictTensor:
         """What :func:`~rlstruct.agent_replay.replay_agent` returns, with gradients, with the
         encoder of every step run as one batch (``model.forward_sequence``): the learners'

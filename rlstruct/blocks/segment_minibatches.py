@@ -154,7 +154,8 @@ def relabel_recurrent(agent: Agent, traj: Trajectories) -> Trajectories:
     """``action/logp``, ``action/value`` and ``action/h`` of ``traj`` recomputed in place by a
     gradient-free replay of the current model from the stored start state (a batch collected
     one update ago, ``--pipeline 2``); returns ``traj``. ``agent.replay_key`` names the head
-    params in the replay's outputs."""
+    params in the replay's outputs. The new ``action/h`` is whole after the steps a bootstrap
+    reads (:func:`~rlstruct.blocks.recurrent.replay_rows`), all that the batch's GAE reads."""
     steps = traj.trajectories
     shape = steps[K.STORED_VALUE].shape
     with torch.no_grad():
