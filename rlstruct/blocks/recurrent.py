@@ -151,7 +151,7 @@ def replay_rows(agent: Agent, trajectories: Trajectories) -> TemporalDictTensor:
     state, with gradients: :meth:`RecurrentAgent.replay_sequence` for a
     :class:`RecurrentAgent` whose model has ``forward_sequence`` (the zoo's, behind a
     multi-input encoder or not: every step's encoder in one batch, the cell's steps fused;
-    the same outputs to float rounding, 5.7x faster on Pong's ``cnn-lstm`` minibatch),
+    the same outputs to float rounding, many times faster on Pong's ``cnn-lstm``),
     :func:`~rlstruct.agent_replay.replay_agent` step by step for any other agent (a
     :class:`~rlstruct.checks.CheckDevice` around one included, so that its checks run)."""
     if (isinstance(agent, RecurrentAgent) and hasattr(agent.model, "forward_sequence")

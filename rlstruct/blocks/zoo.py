@@ -288,16 +288,19 @@ class RecurrentActorCritic(nn.Module):
         if self.obs_norm is not None:
             self.obs_norm.update(frame.flatten(1).float())
 
-    def forward(self, frame: Tensor, state: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _inputs(self, frame: Tensor) -> Tensor:
         x = scaled_pixels(frame) if self.cnn else frame.flatten(1).float()
-        if self.obs_norm is not None:
-            x = self.obs_norm(x)
+        return x if self.obs_norm is None else self.obs_norm(x)
+
+    def _heads(self, outs: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
+        with torch.autocast(outs[0].device.type, enabled=False):  # the heads in float32
+            return self.actor(outs[0].float()), self.critic(outs[-1].float()).squeeze(-1)
+
+    def forward(self, frame: Tensor, state: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        x = self._inputs(frame)
         outs, states = zip(*(tower(x, s) for tower, s in
                              zip(self.towers, state.split(self._sizes, -1), strict=True)))
-        with torch.autocast(x.device.type, enabled=False):  # the heads in float32
-            params = self.actor(outs[0].float())
-            value = self.critic(outs[-1].float()).squeeze(-1)
-        return params, value, torch.cat(states, -1)
+        return *self._heads(outs), torch.cat(states, -1)
 
     def forward_sequence(self, frames: Tensor, state: Tensor, starts: Tensor,
                          keep: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -317,15 +320,10 @@ class RecurrentActorCritic(nn.Module):
             (an LSTM's cell half whole only after the steps in ``keep``: :meth:`Core.sequence`).
         """
         b, n_t = starts.shape
-        flat = frames.flatten(0, 1)
-        x = scaled_pixels(flat) if self.cnn else flat.flatten(1).float()
-        if self.obs_norm is not None:
-            x = self.obs_norm(x)
+        x = self._inputs(frames.flatten(0, 1))
         outs, states = zip(*(tower.sequence(x, s, starts, keep) for tower, s in
                              zip(self.towers, state.split(self._sizes, -1), strict=True)))
-        with torch.autocast(x.device.type, enabled=False):  # the heads in float32
-            params = self.actor(outs[0].float())
-            value = self.critic(outs[-1].float()).squeeze(-1)
+        params, value = self._heads(outs)
         return params.view(b, n_t, -1), value.view(b, n_t), torch.cat(states, -1)
 
     def value(self, frame: Tensor, state: Tensor) -> Tensor:
